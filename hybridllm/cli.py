@@ -1,0 +1,177 @@
+"""The `hybridllm` command.
+
+Each command group lives in a `_register_<group>(subparsers)` function that adds its parsers and
+sets `func=<handler>` on each; a handler takes the parsed arguments and returns an exit code.
+`build_parser()` calls the registrars in `_REGISTRARS`. To add a command group (demo, chat,
+bench, router), write its registrar and handlers and append it there.
+
+Exit codes: 0 ok, 1 command-specific failure, 2 a hybridllm error or bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from . import models
+from .errors import HybridError
+
+Handler = Callable[[argparse.Namespace], int]
+Subparsers = Any  # argparse._SubParsersAction[argparse.ArgumentParser] (a private type)
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def _format_size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+class ProgressBar:
+    """A progress callback for `models.pull` drawing `name phase [####....] 12.3/98.4 MB`.
+
+    On a terminal it redraws one line (at most 10 times a second); otherwise it prints a line
+    when a phase starts and when it completes.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self._phase = ""
+        self._last_draw = 0.0
+        self._drawn = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        new_phase = phase != self._phase
+        if new_phase and self._drawn and self.tty:
+            self.stream.write("\n")
+        self._phase = phase
+        finished = total > 0 and done >= total
+        now = time.monotonic()
+        if self.tty:
+            if not (new_phase or finished or now - self._last_draw >= 0.1):
+                return
+            self._last_draw = now
+            self.stream.write("\r" + self._line(phase, done, total))
+        elif new_phase or finished:
+            self.stream.write(self._line(phase, done, total) + "\n")
+        self._drawn = True
+        self.stream.flush()
+
+    def _line(self, phase: str, done: int, total: int) -> str:
+        frac = min(done / total, 1.0) if total > 0 else 0.0
+        filled = int(frac * self.width)
+        bar = "#" * filled + "-" * (self.width - filled)
+        return (
+            f"{self.label} {phase:<8} [{bar}] {done / 1e6:7.1f}/{total / 1e6:.1f} MB "
+            f"{frac * 100:3.0f}%"
+        )
+
+    def close(self) -> None:
+        if self._drawn and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._drawn = False
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    rows = [("NAME", "ROLE", "SIZE", "PRESENT", "PATH")]
+    for m in models.list_manifests():
+        present = models.is_present(m, verify=args.verify)
+        rows.append(
+            (m.name, m.role, _format_size(m.size_bytes), "yes" if present else "no",
+             str(models.cached_path(m)))
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    for name in args.names:
+        manifest = models.get_manifest(name)
+        if not args.force and models.is_present(manifest, verify=True):
+            print(f"{name}: already present", file=sys.stderr)
+            print(models.cached_path(manifest))
+            continue
+        bar = ProgressBar(name) if not args.quiet else None
+        try:
+            path = models.pull(name, progress=bar, force=args.force)
+        finally:
+            if bar is not None:
+                bar.close()
+        print(path)
+    return 0
+
+
+def cmd_models_path(args: argparse.Namespace) -> int:
+    print(models.resolve_model(args.name))
+    return 0
+
+
+def _register_models(subparsers: Subparsers) -> None:
+    group = subparsers.add_parser("models", help="list, pull and locate local GGUF models")
+    sub = group.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("list", help="list the known models and whether they are pulled")
+    p.add_argument("--verify", action="store_true", help="check sha256 (slow the first time)")
+    p.set_defaults(func=cmd_models_list)
+
+    p = sub.add_parser("pull", help="fetch and assemble models into the cache")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--force", action="store_true", help="pull again even if present")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_models_pull)
+
+    p = sub.add_parser("path", help="print the cached file of a pulled model")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_models_path)
+
+
+# --- demo -----------------------------------------------------------------------------------
+# `hybridllm demo` goes here: def _register_demo(subparsers) + cmd_demo(args), then add
+# _register_demo to _REGISTRARS below.
+
+
+_REGISTRARS: list[Callable[[Subparsers], None]] = [
+    _register_models,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybridllm",
+        description="Route LLM requests between a local quantized model and a cloud endpoint.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in _REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Handler | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return func(args)
+    except HybridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""`HybridClient`: the public face of hybridllm.
+
+    client = HybridClient(local=LlamaCppEngine(), cloud=OpenAIEngine(base_url=..., model=...))
+    async with client:
+        async for token in client.stream(messages, policy="voice-assistant"):
+            speak(token)
+
+Scripts without an event loop use the blocking forms: `with client:` and
+`client.stream_sync(...)` / `client.complete_sync(...)`, which run the client on a private
+event loop thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from hybridllm import errors
+from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.events import EngineName
+from hybridllm.policy import Policy, resolve_policy
+from hybridllm.stream import RequestRun, Stream, _Item
+from hybridllm.trace import Trace
+
+Messages = str | Sequence[Mapping[str, str]]
+_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    trace: Trace
+
+
+class HybridClient:
+    def __init__(
+        self,
+        local: Engine | None = None,
+        cloud: Engine | None = None,
+        *,
+        policy: str | Path | Policy | None = None,
+    ) -> None:
+        if local is None and cloud is None:
+            raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
+        self.local = local
+        self.cloud = cloud
+        self.policy = resolve_policy(policy)
+        self._stack: AsyncExitStack | None = None
+        self._tg: TaskGroup | None = None
+        self._runs: set[RequestRun] = set()
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+
+    @property
+    def engines(self) -> dict[EngineName, Engine]:
+        found: dict[EngineName, Engine] = {}
+        if self.local is not None:
+            found["local"] = self.local
+        if self.cloud is not None:
+            found["cloud"] = self.cloud
+        return found
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            raise errors.ClientStateError("this HybridClient is already open")
+        async with anyio.create_task_group() as tg:
+            for engine in self.engines.values():
+                tg.start_soon(engine.start)
+        stack = AsyncExitStack()
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack = self._stack, None
+        for run in list(self._runs):
+            run.cancel()
+        try:
+            if stack is not None:
+                await stack.aclose()
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                for engine in self.engines.values():
+                    await engine.aclose()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def stream(
+        self,
+        messages: Messages,
+        *,
+        policy: str | Path | Policy | None = None,
+        engine: Literal["local", "cloud"] | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> Stream:
+        """Start a request now and return its `Stream` (TTFT is measured from this call)."""
+        trace = Trace()
+        if self._tg is None:
+            raise errors.ClientStateError(
+                "the client is not open: use 'async with HybridClient(...) as client:'"
+            )
+        pol = self.policy if policy is None else resolve_policy(policy)
+        request = GenerationRequest(
+            messages=normalize_messages(messages),
+            max_tokens=pol.max_tokens if max_tokens is None else _positive(max_tokens),
+            temperature=pol.temperature if temperature is None else temperature,
+            top_p=pol.top_p if top_p is None else top_p,
+            stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
+            seed=seed,
+        )
+        target, reason = self._route(pol, engine)
+        send, recv = anyio.create_memory_object_stream[_Item](math.inf)
+        run = RequestRun(trace, send)
+        self._runs.add(run)
+        self._tg.start_soon(self._drive, run, target, request, reason)
+        return Stream(run, recv)
+
+    async def _drive(self, run: RequestRun, engine: Engine, req: GenerationRequest, why: str) -> None:
+        try:
+            await run.run(partial(RequestRun.single, engine=engine, request=req, reason=why))
+        finally:
+            self._runs.discard(run)
+
+    async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
+        """The whole answer at once, with its trace."""
+        async with self.stream(messages, **kwargs) as s:
+            text = "".join([token async for token in s])
+        return Completion(text, s.trace)
+
+    def _route(self, policy: Policy, forced: str | None) -> tuple[Engine, str]:
+        engines = self.engines
+        if forced is not None:
+            if forced not in ("local", "cloud"):
+                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
+            if forced == "cloud" and not policy.allow_cloud:
+                raise errors.PolicyError(f"policy {policy.name!r} keeps requests on the device")
+            if forced not in engines:
+                raise errors.ConfigError(f"no {forced} engine configured on this client")
+            return engines[forced], f"engine={forced} forced by the caller"  # type: ignore[index]
+        cloud = engines.get("cloud") if policy.allow_cloud else None
+        local = engines.get("local")
+        order = [("cloud", cloud), ("local", local)] if policy.prefer == "cloud" else [
+            ("local", local), ("cloud", cloud)]
+        for name, eng in order:
+            if eng is not None:
+                why = f"policy {policy.name!r} prefers {policy.prefer}"
+                if name != policy.prefer and policy.prefer != "auto":
+                    why += f"; no {policy.prefer} engine available"
+                return eng, why
+        raise errors.PolicyError(
+            f"policy {policy.name!r} allows no engine this client has (cloud disabled)"
+        )
+
+    # ---- blocking wrappers ------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self._blocking_portal()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close a client that was used through the blocking wrappers."""
+        portal, cm = self._portal, self._portal_cm
+        self._portal = self._portal_cm = None
+        if portal is not None and cm is not None:
+            try:
+                portal.call(self.__aexit__, None, None, None)
+            finally:
+                cm.__exit__(None, None, None)
+
+    def _blocking_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            if self._tg is not None:
+                raise errors.ClientStateError(
+                    "this client is open in an event loop: use stream(), not stream_sync()"
+                )
+            cm = start_blocking_portal()
+            portal = cm.__enter__()
+            try:
+                portal.call(self.__aenter__)
+            except BaseException:
+                cm.__exit__(None, None, None)
+                raise
+            self._portal, self._portal_cm = portal, cm
+        return self._portal
+
+    def stream_sync(self, messages: Messages, **kwargs: Any) -> Iterator[str]:
+        """Blocking token iterator for scripts without an event loop."""
+        portal = self._blocking_portal()
+        s: Stream = portal.call(partial(self.stream, messages, **kwargs))
+        try:
+            while True:
+                try:
+                    token: str = portal.call(s.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield token
+        finally:
+            portal.call(s.aclose)
+
+    def complete_sync(self, messages: Messages, **kwargs: Any) -> Completion:
+        portal = self._blocking_portal()
+        result: Completion = portal.call(partial(self.complete, messages, **kwargs))
+        return result
+
+
+def normalize_messages(messages: Messages) -> tuple[Message, ...]:
+    """A prompt string becomes one user message; malformed messages get a ConfigError."""
+    if isinstance(messages, str):
+        return ({"role": "user", "content": messages},)
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise errors.ConfigError(f"messages[{i}] must be a mapping with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in _ROLES:
+            raise errors.ConfigError(f"messages[{i}].role must be one of {sorted(_ROLES)}")
+        if not isinstance(content, str):
+            raise errors.ConfigError(f"messages[{i}].content must be a string")
+        out.append({"role": role, "content": content})
+    if not out:
+        raise errors.ConfigError("messages is empty")
+    return tuple(out)
+
+
+def _positive(n: int) -> int:
+    if n < 1:
+        raise errors.ConfigError(f"max_tokens must be at least 1, not {n}")
+    return n

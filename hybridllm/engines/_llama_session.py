@@ -1,0 +1,238 @@
+"""The synchronous side of `LlamaCppEngine`: everything that touches the `llama_cpp.Llama` object.
+
+Every method here runs in a worker thread (never on the event loop), one request at a time per
+model. The async engine drives it step by step: `prepare()` (template + tokenize + context check,
+no model work), `prefill()` (interruptible through llama.cpp's abort callback), then `step()` once
+per token. `abort()` may be called from any thread and stops a running `llama_decode` at once.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import random
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybridllm import errors
+from hybridllm.engines.base import GenerationRequest, Message
+
+_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class Prepared:
+    tokens: list[int]
+    max_tokens: int
+    stop: tuple[str, ...]
+    request: GenerationRequest
+
+
+@dataclass
+class Generation:
+    """State of one running generation (owned by the worker thread)."""
+
+    prepared: Prepared
+    reused_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    tokens_out: list[int] = field(default_factory=list)
+    _gen: Iterator[int] | None = None
+    _decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+    _held: str = ""
+
+
+class LlamaSession:
+    """Owns one loaded `llama_cpp.Llama`. Not thread-safe: the engine serialises access."""
+
+    def __init__(self, path: Path, *, n_ctx: int, n_threads: int, n_batch: int,
+                 flash_attn: bool, extra: dict[str, Any]) -> None:
+        self.path = path
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic != b"GGUF":
+            raise errors.ModelCorruptError("not a GGUF file (bad magic)", path=path)
+        import llama_cpp  # heavy import: only when a model is really loaded
+
+        self._lc = llama_cpp
+        try:
+            self.llm: Any = llama_cpp.Llama(
+                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads,
+                n_threads_batch=n_threads, n_batch=n_batch, flash_attn=flash_attn,
+                verbose=False, **extra,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise errors.ModelCorruptError(f"llama.cpp cannot load the model ({exc})",
+                                           path=path) from exc
+        self.n_ctx: int = self.llm.n_ctx()
+        self._abort = threading.Event()
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort.is_set())
+        llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)
+        self._eos = self.llm.token_eos()
+        self._vocab = self.llm._model.vocab
+        self._formatter = self._make_formatter()
+
+    def _make_formatter(self) -> Any:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.llm.metadata.get("tokenizer.chat_template") or _CHATML
+        model = self.llm._model
+        eos = model.token_get_text(self._eos) if self._eos != -1 else ""
+        bos_id = self.llm.token_bos()
+        bos = model.token_get_text(bos_id) if bos_id != -1 else ""
+        return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Message]) -> str:
+        try:
+            return str(self._formatter(messages=[dict(m) for m in messages]).prompt)
+        except Exception as exc:  # jinja errors: raise_exception() in templates, bad roles
+            raise errors.LocalEngineError(f"chat template failed: {exc}", engine="local") from exc
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """Template and tokenize; refuse a prompt that does not fit before any model work."""
+        tokens = self.tokenize(self.render(request.messages))
+        room = self.n_ctx - len(tokens)
+        if room < 1:
+            raise errors.ContextOverflowError(
+                engine="local", prompt_tokens=len(tokens), max_tokens=request.max_tokens,
+                n_ctx=self.n_ctx,
+            )
+        return Prepared(tokens, min(request.max_tokens, room), request.stop, request)
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading prompt tokens are already in the KV cache."""
+        n = 0
+        for a, b in zip(self.llm._input_ids[: self.llm.n_tokens], tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(tokens) - 1)
+
+    def prefill(self, prepared: Prepared) -> Generation:
+        """Evaluate the uncached part of the prompt (all but its last token)."""
+        self._abort.clear()
+        gen = Generation(prepared)
+        tokens = prepared.tokens
+        reuse = self.cached_prefix(tokens)
+        llm = self.llm
+        if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+            reuse = 0
+            llm.reset()
+        llm.n_tokens = reuse
+        gen.reused_tokens = reuse
+        try:
+            llm.eval(tokens[reuse:-1])  # generate() then evaluates just the last token
+        except RuntimeError as exc:
+            self._after_abort()
+            if self._abort.is_set():
+                raise _Aborted from exc
+            raise errors.LocalEngineError(f"prefill failed: {exc}", engine="local") from exc
+        req = prepared.request
+        llm.set_seed(req.seed if req.seed is not None else random.randint(0, 2**31 - 1))
+        gen._gen = llm.generate(
+            tokens, temp=req.temperature, top_p=req.top_p, top_k=40, min_p=0.05,
+            repeat_penalty=1.0, reset=True,
+        )
+        return gen
+
+    def step(self, gen: Generation) -> str | None:
+        """Decode one token; return new text ('' while held back), None when finished."""
+        if gen.finish_reason is not None or gen._gen is None:
+            return None
+        if gen.completion_tokens >= gen.prepared.max_tokens:
+            return self._finish(gen, "length")
+        try:
+            tok = next(gen._gen)
+        except RuntimeError as exc:
+            self._after_abort()
+            if self._abort.is_set():
+                raise _Aborted from exc
+            raise errors.LocalEngineError(f"decode failed: {exc}", engine="local") from exc
+        gen.completion_tokens += 1
+        if self._lc.llama_vocab_is_eog(self._vocab, tok):
+            return self._finish(gen, "stop")
+        piece = self.llm.detokenize([tok], prev_tokens=gen.tokens_out or None)
+        gen.tokens_out.append(tok)
+        return self._emit(gen, gen._decoder.decode(piece))
+
+    def _emit(self, gen: Generation, text: str) -> str | None:
+        """Apply stop strings: hold back a tail that might begin one."""
+        stops = gen.prepared.stop
+        if not stops:
+            return text
+        buf = gen._held + text
+        for s in stops:
+            i = buf.find(s)
+            if i >= 0:
+                self._finish(gen, "stop", flush=False)
+                return buf[:i]
+        hold = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])),
+                   default=0)
+        gen._held = buf[len(buf) - hold:] if hold else ""
+        return buf[: len(buf) - hold]
+
+    def _finish(self, gen: Generation, reason: str, *, flush: bool = True) -> str | None:
+        """Mark finished; return what was still held back (unless a stop string cut it)."""
+        gen.finish_reason = reason
+        tail = gen._held + gen._decoder.decode(b"", final=True) if flush else ""
+        gen._held = ""
+        self.close(gen)
+        return tail or None
+
+    def close(self, gen: Generation) -> None:
+        g, gen._gen = gen._gen, None
+        if g is not None:
+            g.close()  # type: ignore[attr-defined]
+
+    # ---- cancellation & warm-up -----------------------------------------------------------
+
+    def abort(self) -> None:
+        """Stop a running llama_decode (from any thread)."""
+        self._abort.set()
+
+    def _after_abort(self) -> None:
+        # drop whatever a half-finished batch left in the KV cache
+        self.llm._ctx.kv_cache_seq_rm(-1, self.llm.n_tokens, -1)
+
+    def warm_up(self) -> tuple[float, float]:
+        """Run a short prefill and a few decode steps; return (prefill tok/s, decode s/token)."""
+        text = "Warm-up. " * 16
+        tokens = self.tokenize(text)
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(tokens)
+        t1 = time.perf_counter()
+        prefill_rate = len(tokens) / max(t1 - t0, 1e-6)
+        steps = 4
+        gen = self.llm.generate(tokens, temp=0.0, reset=True)
+        t2 = time.perf_counter()
+        for _ in range(steps):
+            next(gen)
+        tpot = (time.perf_counter() - t2) / steps
+        gen.close()
+        self.llm.reset()
+        return prefill_rate, tpot
+
+    def unload(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.close()
+
+
+class _Aborted(Exception):
+    """Internal: a decode was aborted on request."""

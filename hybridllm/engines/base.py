@@ -1,0 +1,59 @@
+"""The engine seam: one small async interface every engine implements.
+
+Like an httpx transport, an engine knows nothing about routing, deadlines or the app. It takes a
+`GenerationRequest` and streams `Chunk`s (`Delta`, `Mark`, `Finish`); it maps its own failures to
+`hybridllm.errors.EngineError` subclasses at the boundary. `stream()` is an async generator that
+the orchestrator always closes (``contextlib.aclosing``): closing it must stop the work at once
+(the local worker stops decoding, the cloud connection is closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from hybridllm.events import Chunk, EngineName
+
+Message = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    messages: Sequence[Message]
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.95
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine can do and how busy it is, for the router and the orchestrator."""
+
+    name: EngineName
+    model: str
+    can_draft: bool = False
+    can_verify: bool = False
+    queue_depth: int = 0
+    expected_wait_s: float = 0.0
+    n_ctx: int | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: EngineName
+
+    async def start(self) -> None:
+        """Load, connect, warm up. Idempotent."""
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        """Stream chunks for one request; closing the iterator stops the work."""
+        ...
+
+    def info(self) -> EngineInfo: ...
+
+    async def aclose(self) -> None:
+        """Release every resource (threads, sockets, model memory). Idempotent."""

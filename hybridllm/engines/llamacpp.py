@@ -1,0 +1,224 @@
+"""`LlamaCppEngine`: a local GGUF model through llama-cpp-python, off the event loop.
+
+One generation at a time per model (FIFO queue), each prefill and each decode step in a worker
+thread, so the event loop stays responsive. Leaving the stream stops the work within one decode
+step: the async side stops asking for steps, and a running `llama_decode` (a long prefill) is cut
+by llama.cpp's abort callback. The KV cache is reused for a shared prompt prefix.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from hybridllm import errors
+from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
+from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+from hybridllm.models import get_manifest, resolve_model
+
+T = TypeVar("T")
+
+DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+class LlamaCppEngine:
+    """A local model: a manifest name (see `hybridllm models list`) or a path to a GGUF file.
+
+    `pull=True` fetches a manifest's model into the cache when it is missing. `n_threads`
+    defaults to every core; `flash_attn=True` measured faster here (DESIGN.md).
+    """
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_LOCAL_MODEL,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool = True,
+        warm_up: bool = True,
+        pull: bool = False,
+        name: EngineName = "local",
+        llama_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.name: EngineName = name
+        self.model = str(model)
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads or os.cpu_count() or 1
+        self._n_batch = n_batch
+        self._flash_attn = flash_attn
+        self._warm_up = warm_up
+        self._pull = pull
+        self._llama_kwargs = dict(llama_kwargs or {})
+        self._session: LlamaSession | None = None
+        self._start_lock = anyio.Lock()
+        self._lock = anyio.Lock()  # one generation at a time, FIFO
+        self._ids = itertools.count()
+        self._pending: dict[int, float] = {}  # queued request id -> estimated seconds
+        self._active: tuple[float, float] | None = None  # (started at, estimated seconds)
+        # Measured at warm-up, then refined from real requests (exponential average).
+        self.prefill_tps: float | None = None
+        self.tpot_s: float | None = None
+        # Observability for tests and benchmarks.
+        self.steps_total = 0
+        self.busy = False
+        self.stopped_at: float | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._session is not None:
+                return
+            path = await anyio.to_thread.run_sync(self._resolve)
+            n_ctx = self._n_ctx or self._default_n_ctx()
+            session = await anyio.to_thread.run_sync(
+                lambda: LlamaSession(path, n_ctx=n_ctx, n_threads=self._n_threads,
+                                     n_batch=self._n_batch, flash_attn=self._flash_attn,
+                                     extra=self._llama_kwargs)
+            )
+            if self._warm_up:
+                self.prefill_tps, self.tpot_s = await anyio.to_thread.run_sync(session.warm_up)
+            self._session = session
+
+    def _resolve(self) -> Path:
+        return resolve_model(self.model, pull=self._pull)
+
+    def _default_n_ctx(self) -> int:
+        try:
+            return get_manifest(self.model).default_n_ctx
+        except errors.ConfigError:
+            return 4096
+
+    async def aclose(self) -> None:
+        async with self._start_lock, self._lock:
+            session, self._session = self._session, None
+            if session is not None:
+                await anyio.to_thread.run_sync(session.unload)
+
+    # ---- state ----------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int | None:
+        return None if self._session is None else self._session.n_ctx
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            name=self.name, model=self.model, can_draft=True,
+            queue_depth=len(self._pending) + (1 if self._active else 0),
+            expected_wait_s=self.expected_wait_s(), n_ctx=self.n_ctx,
+        )
+
+    def expected_wait_s(self) -> float:
+        """Seconds a request queued now would wait before its prefill starts (estimate)."""
+        wait = sum(self._pending.values())
+        if self._active is not None:
+            started, est = self._active
+            wait += max(0.0, est - (time.perf_counter() - started))
+        return wait
+
+    def estimate_s(self, prompt_tokens: int, max_tokens: int) -> float:
+        prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
+        return prefill + max_tokens * (self.tpot_s or 0.0)
+
+    # ---- streaming ------------------------------------------------------------------------
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        await self.start()
+        session = self._session
+        if session is None:
+            raise errors.ClientStateError("the local engine was closed")
+        # Template, tokenize and context check happen before queueing: no model work.
+        prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        rid = next(self._ids)
+        est = self.estimate_s(len(prepared.tokens), prepared.max_tokens)
+        self._pending[rid] = est
+        yield Mark("queued", time.perf_counter())
+        try:
+            await self._lock.acquire()
+        finally:
+            del self._pending[rid]
+        gen: Generation | None = None
+        try:
+            self._active = (time.perf_counter(), est)
+            self.busy = True
+            yield Mark("started", time.perf_counter())
+            t0 = time.perf_counter()
+            gen = await self._in_worker(session, session.prefill, prepared)
+            yield Mark("prefill_done", time.perf_counter())
+            n_new = len(prepared.tokens) - gen.reused_tokens
+            self._learn_prefill(n_new, time.perf_counter() - t0)
+            t_first: float | None = None
+            while True:
+                text = await self._in_worker(session, self._step, session, gen)
+                now = time.perf_counter()
+                if text:
+                    t_first = t_first or now
+                    yield Delta(text, now)
+                if text is None or gen.finish_reason is not None:
+                    break
+            if t_first is not None and gen.completion_tokens > 1:
+                self._learn_tpot((now - t_first) / (gen.completion_tokens - 1))
+            yield Finish(gen.finish_reason or "stop", len(prepared.tokens),
+                         gen.completion_tokens, time.perf_counter(),
+                         cached_prompt_tokens=gen.reused_tokens)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if gen is not None:
+                    await anyio.to_thread.run_sync(session.close, gen)
+                self._active = None
+                self.busy = False
+                self.stopped_at = time.perf_counter()
+                self._lock.release()
+
+    def _step(self, session: LlamaSession, gen: Generation) -> str | None:
+        text = session.step(gen)
+        self.steps_total += 1
+        return text
+
+    async def _in_worker(self, session: LlamaSession, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` in a worker thread; on cancellation abort llama.cpp and wait for the thread."""
+        done = threading.Event()
+        gate = threading.Lock()
+        state = {"started": False, "skip": False}
+
+        def work() -> T:
+            with gate:
+                if state["skip"]:
+                    raise _Aborted
+                state["started"] = True
+            try:
+                return fn(*args)
+            finally:
+                done.set()
+
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            session.abort()
+            with gate:
+                # anyio may drop a job it had not started yet: then there is nothing to wait for
+                state["skip"] = not state["started"]
+            if not state["skip"]:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(done.wait)
+            raise
+        except _Aborted as exc:  # aborted without our cancellation: engine shutting down
+            raise errors.LocalEngineError("generation aborted", engine="local") from exc
+
+    def _learn_prefill(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens >= 16 and seconds > 0:
+            rate = n_tokens / seconds
+            self.prefill_tps = rate if self.prefill_tps is None else 0.7 * self.prefill_tps + 0.3 * rate
+
+    def _learn_tpot(self, tpot: float) -> None:
+        self.tpot_s = tpot if self.tpot_s is None else 0.7 * self.tpot_s + 0.3 * tpot

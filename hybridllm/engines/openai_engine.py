@@ -1,0 +1,195 @@
+"""`OpenAIEngine`: streaming chat completions from any OpenAI-compatible endpoint.
+
+Uses `openai.AsyncOpenAI` with the SDK's own retries off (retries, if any, belong to the
+orchestrator, which knows the deadline). Every failure leaves this module as a
+`hybridllm.errors.CloudError` subclass carrying the status code, Retry-After and whether content
+had already been delivered. Closing the stream closes the HTTP response at once, so the server
+sees the disconnect.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+import httpx2
+import openai
+
+from hybridllm import errors
+from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible chat endpoint.
+
+    `base_url` and `api_key` default to the openai SDK's environment variables
+    (`OPENAI_BASE_URL`, `OPENAI_API_KEY`). `timeout` is the SDK's timeout (seconds or
+    `httpx2.Timeout`); `include_usage` asks the server for a final usage chunk.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
+        timeout: float | httpx2.Timeout = httpx2.Timeout(60.0, connect=5.0),
+        include_usage: bool = True,
+        default_headers: Mapping[str, str] | None = None,
+        name: EngineName = "cloud",
+    ) -> None:
+        self.name: EngineName = name
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
+        self.model = model or os.environ.get("OPENAI_MODEL") or "gpt-4o-mini"
+        self.include_usage = include_usage
+        self._timeout = timeout
+        self._headers = dict(default_headers or {})
+        self._client: openai.AsyncOpenAI | None = None
+        self._active = 0
+
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self._timeout,
+                max_retries=0,
+                default_headers=self._headers or None,
+            )
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name=self.name, model=self.model, can_verify=True,
+                          queue_depth=self._active)
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        if self._client is None:
+            await self.start()
+        assert self._client is not None
+        kwargs: dict[str, Any] = dict(request.extra)
+        if request.seed is not None:
+            kwargs["seed"] = request.seed
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        if self.include_usage:
+            kwargs["stream_options"] = {"include_usage": True}
+        received = False
+        n_deltas = 0
+        finish: str | None = None
+        prompt_tokens: int | None = None
+        completion_tokens: int | None = None
+        self._active += 1
+        stream: openai.AsyncStream[Any] | None = None
+        try:
+            yield Mark("request_sent", time.perf_counter())
+            try:
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    model=self.model,
+                    messages=[dict(m) for m in request.messages],  # type: ignore[misc]
+                    max_tokens=request.max_tokens,
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    stream=True,
+                    **kwargs,
+                )
+                yield Mark("first_byte", time.perf_counter())
+                stream = raw.parse()
+                async for chunk in stream:
+                    usage = getattr(chunk, "usage", None)
+                    if usage is not None:
+                        prompt_tokens = usage.prompt_tokens
+                        completion_tokens = usage.completion_tokens
+                    for choice in chunk.choices or ():
+                        text = choice.delta.content if choice.delta else None
+                        if text:
+                            received = True
+                            n_deltas += 1
+                            yield Delta(text, time.perf_counter())
+                        if choice.finish_reason:
+                            finish = choice.finish_reason
+            except errors.HybridError:
+                raise
+            except (openai.OpenAIError, httpx2.HTTPError) as exc:
+                raise map_error(exc, received_content=received) from exc
+            if finish is None:
+                raise errors.CloudProtocolError(
+                    "stream ended without a finish reason", received_content=received
+                )
+            yield Finish(finish, prompt_tokens, completion_tokens, time.perf_counter())
+        finally:
+            self._active -= 1
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.close()
+
+
+def map_error(exc: BaseException, *, received_content: bool) -> errors.CloudError:
+    """Translate an openai / httpx2 exception into hybridllm's tree (the boundary)."""
+    rc = received_content
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retry_after = _retry_after(exc.response.headers)
+        msg = _status_message(exc)
+        if status in (401, 403):
+            return errors.AuthenticationError(msg, status_code=status, received_content=rc)
+        if status == 429:
+            return errors.RateLimitError(
+                msg, status_code=status, retry_after=retry_after, received_content=rc
+            )
+        if status >= 500:
+            return errors.ServerError(
+                msg, status_code=status, retry_after=retry_after, received_content=rc
+            )
+        return errors.CloudStatusError(
+            msg, status_code=status, retry_after=retry_after, received_content=rc
+        )
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
+        return errors.CloudTimeoutError(f"cloud endpoint timed out: {exc}", received_content=rc)
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
+        cause = exc.__cause__ or exc
+        return errors.CloudConnectionError(
+            f"cannot reach the cloud endpoint: {type(cause).__name__}: {cause}",
+            received_content=rc,
+        )
+    return errors.CloudProtocolError(f"{type(exc).__name__}: {exc}", received_content=rc)
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and "message" in inner:
+            return str(inner["message"])
+        if "detail" in body:
+            return str(body["detail"])
+    return exc.message
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())

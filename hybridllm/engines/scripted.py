@@ -1,0 +1,78 @@
+"""`ScriptedEngine`: a test double that plays a script with exact timing.
+
+For unit tests of orchestration timing only (deadlines, cancellation, event order). It is never a
+stand-in for the real engines in integration tests.
+
+    engine = ScriptedEngine("local", tokens=["Hel", "lo"], ttft_s=0.05, tpot_s=0.01)
+    engine = ScriptedEngine("cloud", script=[0.2, "Hi", 0.01, "!", CloudConnectionError("reset")])
+
+A script is a list of steps: a float sleeps that many seconds, a str is emitted as a delta,
+an exception instance is raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+
+from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+
+Step = float | str | BaseException
+
+
+class ScriptedEngine:
+    def __init__(
+        self,
+        name: EngineName,
+        *,
+        tokens: Sequence[str] = (),
+        ttft_s: float = 0.0,
+        tpot_s: float = 0.0,
+        script: Sequence[Step] | None = None,
+        model: str = "scripted",
+    ) -> None:
+        self.name: EngineName = name
+        self.model = model
+        if script is None:
+            steps: list[Step] = []
+            for i, tok in enumerate(tokens):
+                steps += [ttft_s if i == 0 else tpot_s, tok]
+            script = steps
+        self.script = list(script)
+        self.requests: list[GenerationRequest] = []
+        self.active = 0
+        self.closed_streams = 0
+        self.emitted = 0
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name=self.name, model=self.model, queue_depth=self.active)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(request)
+        self.active += 1
+        n = 0
+        try:
+            yield Mark("request_sent", time.perf_counter())
+            for step in self.script:
+                if isinstance(step, BaseException):
+                    raise step
+                if isinstance(step, str):
+                    n += 1
+                    self.emitted += 1
+                    yield Delta(step, time.perf_counter())
+                else:
+                    await anyio.sleep(step)
+            yield Finish("stop", None, n, time.perf_counter())
+        finally:
+            self.active -= 1
+            self.closed_streams += 1
+
+    async def aclose(self) -> None:
+        self.started = False

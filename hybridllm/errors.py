@@ -1,0 +1,157 @@
+"""Every error hybridllm raises, in one tree.
+
+```
+HybridError
+├── ConfigError                 bad input from the user: arguments, manifests, policies
+│   ├── ManifestError           a model manifest is malformed or unknown
+│   └── PolicyError             a policy file or name is wrong
+├── ModelError                  a model file cannot be used
+│   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
+│   └── ModelCorruptError       the file exists but does not load / fails its checksum
+├── PullError                   `models pull` could not fetch or assemble a model
+├── ClientStateError            the client or a stream was used outside its lifetime
+└── EngineError                 an engine failed while serving a request
+    ├── ContextOverflowError    prompt (+ requested output) does not fit the context
+    ├── LocalEngineError        llama.cpp failed during prefill or decode
+    └── CloudError              an OpenAI-compatible endpoint failed
+        ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
+        ├── CloudTimeoutError       the endpoint did not answer in time
+        ├── CloudProtocolError      malformed stream, error event inside the stream
+        └── CloudStatusError        an HTTP error status
+            ├── AuthenticationError 401 / 403
+            ├── RateLimitError      429 (retry_after from the header)
+            └── ServerError         5xx
+```
+
+Engine errors carry `engine` ("local" or "cloud") and `received_content`: whether any content
+token of this request had already been delivered when the failure happened. Callers use it to
+decide between a retry (nothing delivered) and a continuation (some text delivered).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class HybridError(Exception):
+    """Base class of every error raised by hybridllm."""
+
+
+class ConfigError(HybridError):
+    """Bad input from the user (arguments, files)."""
+
+
+class ManifestError(ConfigError):
+    def __init__(self, message: str, *, path: Path | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class PolicyError(ConfigError):
+    def __init__(self, message: str, *, path: Path | None = None, field: str | None = None) -> None:
+        self.path = path
+        self.field = field
+        where = ": ".join(str(p) for p in (path, field) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class ModelError(HybridError):
+    def __init__(self, message: str, *, path: Path | str) -> None:
+        self.path = Path(path)
+        super().__init__(f"{message}: {self.path}")
+
+
+class ModelNotFoundError(ModelError):
+    """The model file does not exist (or a manifest name has not been pulled)."""
+
+
+class ModelCorruptError(ModelError):
+    """The model file exists but llama.cpp cannot load it, or its checksum is wrong."""
+
+
+class PullError(HybridError):
+    """Fetching or assembling a model failed; no partial file was left behind."""
+
+
+class ClientStateError(HybridError):
+    """The client or a stream was used outside its lifetime (not entered, already closed)."""
+
+
+class EngineError(HybridError):
+    """An engine failed while serving a request."""
+
+    def __init__(self, message: str, *, engine: str, received_content: bool = False) -> None:
+        self.engine = engine
+        self.received_content = received_content
+        super().__init__(message)
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+class ContextOverflowError(EngineError):
+    def __init__(self, *, engine: str, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"prompt of {prompt_tokens} tokens (+{max_tokens} requested output tokens) does not "
+            f"fit the {engine} engine's context of {n_ctx} tokens",
+            engine=engine,
+        )
+
+
+class LocalEngineError(EngineError):
+    pass
+
+
+class CloudError(EngineError):
+    def __init__(self, message: str, *, received_content: bool = False) -> None:
+        super().__init__(message, engine="cloud", received_content=received_content)
+
+
+class CloudConnectionError(CloudError):
+    @property
+    def retryable(self) -> bool:
+        return not self.received_content
+
+
+class CloudTimeoutError(CloudError):
+    @property
+    def retryable(self) -> bool:
+        return not self.received_content
+
+
+class CloudProtocolError(CloudError):
+    pass
+
+
+class CloudStatusError(CloudError):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        retry_after: float | None = None,
+        received_content: bool = False,
+    ) -> None:
+        self.status_code = status_code
+        self.retry_after = retry_after
+        super().__init__(f"HTTP {status_code}: {message}", received_content=received_content)
+
+
+class AuthenticationError(CloudStatusError):
+    pass
+
+
+class RateLimitError(CloudStatusError):
+    @property
+    def retryable(self) -> bool:
+        return not self.received_content
+
+
+class ServerError(CloudStatusError):
+    @property
+    def retryable(self) -> bool:
+        return not self.received_content

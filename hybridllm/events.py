@@ -1,0 +1,95 @@
+"""Typed events a stream hands to the app, and the chunks an engine hands to the orchestrator.
+
+```
+Event                 what the app sees through `Stream.events()`
+├── Route             which engine serves the request, and why
+├── Token             one piece of answer text (never empty)
+├── Fallback          the answer moved to another engine (later issues)
+├── Usage             token counts as reported (or counted) by the engine
+└── Done              the request finished; carries the final trace
+```
+
+Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as
+"request_sent" or "first_byte"), `Finish` (reason and usage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from hybridllm.trace import Trace
+
+EngineName = Literal["local", "cloud"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of every event; `t` is `time.perf_counter()` when the event was produced."""
+
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route(Event):
+    engine: EngineName
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Token(Event):
+    text: str
+    engine: EngineName
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback(Event):
+    from_engine: EngineName
+    to_engine: EngineName
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage(Event):
+    engine: EngineName
+    prompt_tokens: int
+    completion_tokens: int
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Event):
+    finish_reason: str
+    trace: Trace = field(repr=False)
+
+
+# ---- engine chunks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of generated text (may be empty for engines that emit empty deltas)."""
+
+    text: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A phase an engine can observe: queued, started, request_sent, first_byte, prefill_done."""
+
+    name: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    t: float
+    cached_prompt_tokens: int | None = None
+
+
+Chunk = Delta | Mark | Finish

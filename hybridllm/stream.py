@@ -1,0 +1,186 @@
+"""`Stream`: the object `HybridClient.stream()` returns.
+
+The work of a request runs in a producer task owned by the client's task group (never inside an
+async generator), and reaches the app through a memory object stream. `Stream` itself is a plain
+class, so both forms work:
+
+    async for token in client.stream(msgs):      # tokens only
+        ...
+    async with client.stream(msgs) as s:          # deterministic cleanup, typed events
+        async for event in s.events(): ...
+        s.trace
+
+Leaving early stops every engine promptly: `async with` closes and waits; a bare `async for`
+that breaks, raises or is cancelled drops the Stream, whose finaliser cancels the producer (the
+producer holds no reference to the Stream, so CPython drops it at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from types import TracebackType
+from typing import Self
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from hybridllm import errors
+from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.events import Delta, Done, Event, Finish, Mark, Route, Token, Usage
+from hybridllm.trace import Trace
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_Item = Event | _Failure
+
+
+class RequestRun:
+    """Producer side of one request: runs the plan, feeds events, fills the trace."""
+
+    def __init__(self, trace: Trace, send: MemoryObjectSendStream[_Item]) -> None:
+        self.trace = trace
+        self._send = send
+        self.scope = anyio.CancelScope()
+        self.finished = anyio.Event()
+
+    async def run(self, plan: Callable[[RequestRun], Awaitable[None]]) -> None:
+        try:
+            with self.scope:
+                try:
+                    await plan(self)
+                except errors.HybridError as exc:
+                    self.trace.error = f"{type(exc).__name__}: {exc}"
+                    self._emit(_Failure(exc))
+                except anyio.BrokenResourceError:
+                    pass  # the app dropped the stream
+        finally:
+            self.trace.t_done = self.trace.t_done or time.perf_counter()
+            self._send.close()
+            self.finished.set()
+
+    def _emit(self, item: _Item) -> None:
+        try:
+            self._send.send_nowait(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.scope.cancel()  # nobody is listening any more
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+    async def single(self, engine: Engine, request: GenerationRequest, reason: str) -> None:
+        """The simplest plan: one engine, start to finish."""
+        trace = self.trace
+        trace.engine = engine.name
+        trace.route_reason = reason
+        self._emit(Route(time.perf_counter(), engine.name, reason))
+        finish: Finish | None = None
+        async with aclosing(engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, Delta):
+                    if chunk.text:
+                        trace.token(chunk.t)
+                        self._emit(Token(chunk.t, chunk.text, engine.name))
+                elif isinstance(chunk, Mark):
+                    trace.mark(chunk.name, chunk.t)
+                else:
+                    finish = chunk
+        assert finish is not None
+        estimated = finish.completion_tokens is None
+        trace.prompt_tokens = finish.prompt_tokens
+        trace.completion_tokens = (
+            trace.n_tokens if finish.completion_tokens is None else finish.completion_tokens
+        )
+        trace.cached_prompt_tokens = finish.cached_prompt_tokens
+        trace.usage_estimated = estimated
+        trace.done(finish.reason, finish.t)
+        now = time.perf_counter()
+        self._emit(Usage(now, engine.name, trace.prompt_tokens or 0,
+                         trace.completion_tokens, estimated))
+        self._emit(Done(now, finish.reason, trace))
+
+
+class Stream:
+    """One streaming request. Iterate for tokens, or use `events()` for typed events."""
+
+    def __init__(self, run: RequestRun, recv: MemoryObjectReceiveStream[_Item]) -> None:
+        self._run = run
+        self._recv = recv
+        self._thread = threading.get_ident()
+        self._events_taken = False
+
+    @property
+    def trace(self) -> Trace:
+        return self._run.trace
+
+    # ---- token iteration ------------------------------------------------------------------
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            event = await self._next_event()
+            if isinstance(event, Token):
+                return event.text
+
+    # ---- events -----------------------------------------------------------------------------
+
+    def events(self) -> _EventIterator:
+        """Every typed event of the request (Route, Token, Usage, Done, ...), once."""
+        if self._events_taken:
+            raise errors.ClientStateError("events() can be iterated only once per stream")
+        self._events_taken = True
+        return _EventIterator(self)
+
+    async def _next_event(self) -> Event:
+        try:
+            item = await self._recv.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if isinstance(item, _Failure):
+            raise item.exc
+        return item
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the request (if still running) and wait until every engine has let go."""
+        self._run.cancel()
+        self._recv.close()
+        with anyio.CancelScope(shield=True):
+            await self._run.finished.wait()
+
+    def __del__(self) -> None:
+        # A bare `async for` that was left: stop the producer. CancelScope.cancel() must run on
+        # the event loop's thread, which is where CPython drops the last reference.
+        if threading.get_ident() == self._thread:
+            self._run.cancel()
+            self._recv.close()
+
+
+class _EventIterator:
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._stream._next_event()

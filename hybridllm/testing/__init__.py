@@ -1,0 +1,18 @@
+"""Public test tooling: tools for testing apps built on hybridllm (like httpx's MockTransport).
+
+- :class:`FaultProxy` / :class:`Faults`: a loopback TCP proxy that injects latency, jitter,
+  stalls and resets between a client and a real server.
+- :class:`LlamaServer`: a real OpenAI-compatible server (``llama_cpp.server``) on loopback, as a
+  subprocess, for integration tests.
+"""
+
+from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
+from hybridllm.testing.server import LlamaServer, ServerStartError
+
+__all__ = [
+    "ConnectionRecord",
+    "FaultProxy",
+    "Faults",
+    "LlamaServer",
+    "ServerStartError",
+]

@@ -1,0 +1,466 @@
+"""A loopback TCP proxy that injects network faults, for tests and benchmarks.
+
+`tc netem` is not available everywhere, so WAN latency, jitter, stalls and resets are emulated
+by a small proxy between the client under test and a real upstream server (for instance the
+OpenAI-compatible server of :class:`hybridllm.testing.LlamaServer`). The proxy forwards raw
+bytes, so HTTP/1.1, keep-alive and server-sent events pass through unchanged.
+
+The proxy runs its own asyncio event loop in a daemon thread, so it works the same from a
+synchronous pytest fixture and from async tests on any event loop::
+
+    with FaultProxy(upstream=("127.0.0.1", server.port)) as proxy:
+        proxy.faults = Faults(latency_ms=80, jitter_ms=20, seed=1)
+        client = OpenAI(base_url=proxy.url + "/v1", api_key="x")
+        ...
+        proxy.wait_client_closed(timeout=2.0)   # from async code: anyio.to_thread.run_sync
+
+Faults are read live: setting ``proxy.faults`` affects new connections (``refuse``), and on open
+connections the next response chunk (``latency_ms``, ``jitter_ms``), the next response
+(``first_byte_stall_ms``) and the byte count (``reset_after_bytes``).
+
+All timestamps are ``time.monotonic()`` values, comparable with the test's own clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Self
+
+__all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults"]
+
+ClosedBy = Literal["client", "upstream", "proxy-reset", "proxy"]
+"""Who ended a proxied connection.
+
+``"client"``: the client closed or reset its side (the upstream connection is then closed too).
+``"upstream"``: the upstream closed, or could not be reached.
+``"proxy-reset"``: a fault (``refuse`` or ``reset_after_bytes``) sent a TCP RST to the client.
+``"proxy"``: the proxy was stopped with the connection still open.
+"""
+
+_READ_SIZE = 65536
+_QUEUE_CHUNKS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Faults to inject; all off by default.
+
+    - ``latency_ms``: one-way delay added to every upstream->client chunk (chunks stay in
+      order and are pipelined: a steady stream is shifted, not slowed down).
+    - ``jitter_ms``: plus a uniform random 0..jitter_ms per chunk (RNG seeded by ``seed``).
+    - ``first_byte_stall_ms``: extra delay before the first response byte after each request
+      (each time the client sent bytes since the last response byte; with keep-alive, every
+      request on a reused connection is stalled, not only the first).
+    - ``stall_probability``: the chance that a response gets the stall (1.0: every response);
+      draws use the seeded RNG, so a heavy tail is reproducible.
+    - ``reset_after_bytes``: forward this many response bytes per connection, then send the
+      client a TCP RST (0: reset on the first response byte, before anything is forwarded).
+    - ``refuse``: reset every new connection at once (the client sees a connection reset).
+    - ``seed``: seed for the jitter and stall RNG; ``None`` for a random seed.
+    """
+
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+    first_byte_stall_ms: float = 0.0
+    stall_probability: float = 1.0
+    reset_after_bytes: int | None = None
+    refuse: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ms", "jitter_ms", "first_byte_stall_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Faults.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.stall_probability <= 1.0:
+            raise ValueError(
+                f"Faults.stall_probability must be in [0, 1], got {self.stall_probability!r}"
+            )
+        if self.reset_after_bytes is not None and self.reset_after_bytes < 0:
+            raise ValueError(f"Faults.reset_after_bytes must be >= 0, got {self.reset_after_bytes}")
+
+
+@dataclass(slots=True)
+class ConnectionRecord:
+    """What happened on one accepted client connection (a snapshot; times are monotonic)."""
+
+    id: int
+    opened_at: float
+    refused: bool = False
+    closed_by: ClosedBy | None = None
+    closed_at: float | None = None
+    client_closed_at: float | None = None
+    """When the proxy saw the client side close (EOF or reset); None if the proxy closed it."""
+    upstream_closed_at: float | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    first_byte_down_at: float | None = None
+    error: str | None = None
+
+
+class FaultProxy:
+    """A fault-injecting TCP proxy on ``127.0.0.1:<free port>`` in front of ``upstream``.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. Stopping closes every
+    socket, ends the event loop and joins the thread.
+    """
+
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        faults: Faults | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.upstream = upstream
+        self._host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._faults = faults if faults is not None else Faults()
+        self._rng = random.Random(self._faults.seed)
+        self._records: list[ConnectionRecord] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def faults(self) -> Faults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: Faults) -> None:
+        with self._cond:
+            self._faults = faults
+            self._rng = random.Random(faults.seed)
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("FaultProxy is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (append ``/v1`` for an OpenAI-compatible base URL)."""
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def connections(self) -> list[ConnectionRecord]:
+        """Copies of the records of all connections accepted so far, oldest first."""
+        with self._cond:
+            return [dataclasses.replace(r) for r in self._records]
+
+    def wait_client_closed(self, conn_id: int | None = None, timeout: float = 5.0) -> float | None:
+        """Block until the client side of a connection closed; return when (monotonic) or None.
+
+        ``conn_id=None`` means the most recent connection (waiting for one to be accepted if
+        there is none yet). Returns None on timeout, or when the connection ended without the
+        client closing it (upstream close, reset, proxy stop).
+        """
+        deadline = time.monotonic() + timeout
+
+        def done() -> bool:
+            rec = self._find(conn_id)
+            return rec is not None and rec.closed_at is not None
+
+        with self._cond:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            rec = self._find(conn_id)
+            assert rec is not None
+            return rec.client_closed_at
+
+    def start(self) -> Self:
+        if self._thread is not None:
+            raise RuntimeError("FaultProxy already started")
+        self._ready.clear()
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"FaultProxy->{self.upstream[0]}:{self.upstream[1]}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            self._thread.join()
+            self._thread = None
+            raise RuntimeError("FaultProxy failed to start") from self._startup_error
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread, loop, stop_event = self._thread, self._loop, self._stop_event
+        if thread is None:
+            return
+        if loop is not None and stop_event is not None:
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                loop.call_soon_threadsafe(stop_event.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError("FaultProxy thread did not stop in time")
+        self._thread = None
+        self._loop = None
+        self._stop_event = None
+        self._port = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = f"port={self._port}" if self._port is not None else "not started"
+        return f"<FaultProxy {where} -> {self.upstream[0]}:{self.upstream[1]} {self._faults}>"
+
+    # -- internals (all below run in the proxy thread unless noted) -------------------------
+
+    def _find(self, conn_id: int | None) -> ConnectionRecord | None:
+        if conn_id is None:
+            return self._records[-1] if self._records else None
+        for rec in self._records:
+            if rec.id == conn_id:
+                return rec
+        return None
+
+    def _update(self, rec: ConnectionRecord, **changes: object) -> None:
+        with self._cond:
+            for key, value in changes.items():
+                setattr(rec, key, value)
+            self._cond.notify_all()
+
+    def _finish(self, rec: ConnectionRecord, by: ClosedBy, *, client_closed: bool = False) -> None:
+        """Mark the connection ended; the first caller decides ``closed_by``."""
+        now = time.monotonic()
+        with self._cond:
+            if rec.closed_by is None:
+                rec.closed_by = by
+                rec.closed_at = now
+                if client_closed:
+                    rec.client_closed_at = now
+            self._cond.notify_all()
+
+    def _draw(self, faults: Faults) -> tuple[float, bool]:
+        """One jitter draw (seconds) and one stall draw, from the seeded RNG."""
+        with self._cond:
+            jitter = self._rng.uniform(0.0, faults.jitter_ms) if faults.jitter_ms > 0 else 0.0
+            stall = faults.stall_probability >= 1.0 or self._rng.random() < faults.stall_probability
+        return jitter / 1000.0, stall
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # surfaced by start() if it happened during startup
+            self._startup_error = exc
+        finally:
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        handlers: set[asyncio.Task[None]] = set()
+
+        async def on_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            handlers.add(task)
+            try:
+                await self._handle(reader, writer)
+            except asyncio.CancelledError:
+                pass  # stop() cancels handlers; asyncio's stream callback logs a cancelled task
+            finally:
+                handlers.discard(task)
+
+        server = await asyncio.start_server(on_accept, self._host, self._requested_port)
+        self._port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stop_event.wait()
+        finally:
+            server.close()
+            for task in list(handlers):
+                task.cancel()
+            if handlers:
+                await asyncio.gather(*handlers, return_exceptions=True)
+            await server.wait_closed()
+
+    async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        faults = self._faults
+        with self._cond:
+            rec = ConnectionRecord(id=len(self._records) + 1, opened_at=time.monotonic())
+            self._records.append(rec)
+            self._cond.notify_all()
+        u_writer: asyncio.StreamWriter | None = None
+        try:
+            if faults.refuse:
+                self._update(rec, refused=True)
+                self._finish(rec, "proxy-reset")
+                _reset(c_writer)
+                return
+            try:
+                u_reader, u_writer = await asyncio.open_connection(*self.upstream)
+            except OSError as exc:
+                self._update(rec, error=f"upstream connect failed: {exc!r}")
+                self._finish(rec, "upstream")
+                _reset(c_writer)
+                return
+            await self._pump(rec, c_reader, c_writer, u_reader, u_writer)
+        except asyncio.CancelledError:
+            self._finish(rec, "proxy")
+            raise
+        finally:
+            _close(c_writer)
+            if u_writer is not None:
+                _close(u_writer)
+            with contextlib.suppress(Exception):
+                await c_writer.wait_closed()
+            if u_writer is not None:
+                with contextlib.suppress(Exception):
+                    await u_writer.wait_closed()
+            if rec.closed_by is None:  # should not happen; keep records consistent
+                self._finish(rec, "proxy")
+
+    async def _pump(
+        self,
+        rec: ConnectionRecord,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        # (deliver_at, data); None marks upstream EOF.
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        awaiting_response = False  # the client sent bytes since the last response byte
+
+        async def client_to_upstream() -> None:
+            nonlocal awaiting_response
+            while True:
+                try:
+                    data = await c_reader.read(_READ_SIZE)
+                except OSError:
+                    data = b""
+                if not data:
+                    self._finish(rec, "client", client_closed=True)
+                    return
+                awaiting_response = True
+                self._update(rec, bytes_up=rec.bytes_up + len(data))
+                u_writer.write(data)
+                try:
+                    await u_writer.drain()
+                except OSError:
+                    self._finish(rec, "upstream")
+                    return
+
+        async def upstream_to_queue() -> None:
+            nonlocal awaiting_response
+            last_deliver = 0.0
+            while True:
+                try:
+                    data = await u_reader.read(_READ_SIZE)
+                except OSError:
+                    data = b""
+                now = time.monotonic()
+                if not data:
+                    self._update(rec, upstream_closed_at=now)
+                    await queue.put(None)
+                    return
+                faults = self._faults
+                jitter, stall = self._draw(faults)
+                delay = faults.latency_ms / 1000.0 + jitter
+                if awaiting_response:
+                    awaiting_response = False
+                    if stall:
+                        delay += faults.first_byte_stall_ms / 1000.0
+                last_deliver = max(last_deliver, now + delay)
+                await queue.put((last_deliver, data))
+
+        async def queue_to_client() -> None:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    self._finish(rec, "upstream")
+                    return
+                deliver_at, data = item
+                wait = deliver_at - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                limit = self._faults.reset_after_bytes
+                if limit is not None and rec.bytes_down + len(data) >= limit:
+                    data = data[: max(0, limit - rec.bytes_down)]
+                    if data:
+                        await self._send(rec, c_writer, data)
+                    await _flush(c_writer)
+                    self._finish(rec, "proxy-reset")
+                    _reset(c_writer)
+                    return
+                try:
+                    await self._send(rec, c_writer, data)
+                except OSError:
+                    self._finish(rec, "client", client_closed=True)
+                    return
+
+        tasks = [
+            asyncio.create_task(client_to_upstream()),
+            asyncio.create_task(upstream_to_queue()),
+            asyncio.create_task(queue_to_client()),
+        ]
+        try:
+            # The connection ends when the client side closes, the response side finishes
+            # (upstream EOF delivered, or reset), whichever comes first.
+            await asyncio.wait((tasks[0], tasks[2]), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _send(self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        now = time.monotonic()
+        with self._cond:
+            if rec.first_byte_down_at is None:
+                rec.first_byte_down_at = now
+            rec.bytes_down += len(data)
+            self._cond.notify_all()
+        await writer.drain()
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+
+
+async def _flush(writer: asyncio.StreamWriter) -> None:
+    """Wait until asyncio handed every buffered byte to the kernel (best effort, 2 s at most)."""
+    with contextlib.suppress(Exception):
+        writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
+        async with asyncio.timeout(2.0):
+            await writer.drain()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with SO_LINGER 0, so the peer gets a TCP RST instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()

@@ -1,0 +1,105 @@
+"""The figures of one request, measured at the client.
+
+All times come from `time.perf_counter()`. TTFT runs from the `stream()` call to the first
+token that carries content; role-only chunks, keep-alives and empty deltas never count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hybridllm.events import EngineName
+
+
+@dataclass
+class Trace:
+    t_start: float = field(default_factory=time.perf_counter)
+    engine: EngineName | None = None
+    route_reason: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_estimated: bool = False
+    cached_prompt_tokens: int | None = None
+    token_times: list[float] = field(default_factory=list, repr=False)
+    marks: dict[str, float] = field(default_factory=dict)
+    t_done: float | None = None
+
+    # ---- recording (used by the orchestrator) -------------------------------------------
+
+    def mark(self, name: str, t: float | None = None) -> None:
+        """Record the first time a phase was seen (later repeats are ignored)."""
+        self.marks.setdefault(name, time.perf_counter() if t is None else t)
+
+    def token(self, t: float) -> None:
+        if not self.token_times:
+            self.mark("first_token", t)
+        self.token_times.append(t)
+
+    def done(self, finish_reason: str, t: float | None = None) -> None:
+        self.finish_reason = finish_reason
+        self.t_done = time.perf_counter() if t is None else t
+        self.mark("done", self.t_done)
+
+    # ---- figures --------------------------------------------------------------------------
+
+    @property
+    def n_tokens(self) -> int:
+        """Content tokens delivered to the app (deltas carrying text)."""
+        return len(self.token_times)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        if not self.token_times:
+            return None
+        return (self.token_times[0] - self.t_start) * 1000.0
+
+    @property
+    def itl_ms(self) -> list[float]:
+        """Inter-token gaps in milliseconds, in order."""
+        tt = self.token_times
+        return [(b - a) * 1000.0 for a, b in zip(tt, tt[1:], strict=False)]
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first (decode speed as the app felt it)."""
+        tt = self.token_times
+        if len(tt) < 2:
+            return None
+        return (tt[-1] - tt[0]) * 1000.0 / (len(tt) - 1)
+
+    @property
+    def total_ms(self) -> float | None:
+        return None if self.t_done is None else (self.t_done - self.t_start) * 1000.0
+
+    @property
+    def segments_ms(self) -> dict[str, float]:
+        """Each observed phase as milliseconds since the `stream()` call."""
+        return {k: (v - self.t_start) * 1000.0 for k, v in sorted(self.marks.items(), key=_by_t)}
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        tpot = self.tpot_ms
+        return None if not tpot else 1000.0 / tpot
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "ttft_ms": _r(self.ttft_ms),
+            "tpot_ms": _r(self.tpot_ms),
+            "tokens": self.n_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_ms": _r(self.total_ms),
+            "finish_reason": self.finish_reason,
+        }
+
+
+def _by_t(item: tuple[str, float]) -> float:
+    return item[1]
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
