@@ -1,7 +1,13 @@
 """hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud."""
 
 from hybridllm.client import Completion, HybridClient
-from hybridllm.engines import Engine, GenerationRequest, LlamaCppEngine, OpenAIEngine, ScriptedEngine
+from hybridllm.engines import (
+    Engine,
+    GenerationRequest,
+    LlamaCppEngine,
+    OpenAIEngine,
+    ScriptedEngine,
+)
 from hybridllm.errors import (
     AuthenticationError,
     ClientStateError,
@@ -30,11 +36,40 @@ from hybridllm.stream import Stream
 from hybridllm.trace import Trace
 
 __all__ = [
-    "AuthenticationError", "ClientStateError", "CloudConnectionError", "CloudError",
-    "CloudProtocolError", "CloudStatusError", "CloudTimeoutError", "Completion", "ConfigError",
-    "ContextOverflowError", "Done", "Engine", "EngineError", "Event", "Fallback",
-    "GenerationRequest", "HybridClient", "HybridError", "LlamaCppEngine", "LocalEngineError",
-    "ManifestError", "ModelCorruptError", "ModelError", "ModelNotFoundError", "OpenAIEngine",
-    "Policy", "PolicyError", "PullError", "RateLimitError", "Route", "ServerError",
-    "ScriptedEngine", "Stream", "Token", "Trace", "Usage",
+    "AuthenticationError",
+    "ClientStateError",
+    "CloudConnectionError",
+    "CloudError",
+    "CloudProtocolError",
+    "CloudStatusError",
+    "CloudTimeoutError",
+    "Completion",
+    "ConfigError",
+    "ContextOverflowError",
+    "Done",
+    "Engine",
+    "EngineError",
+    "Event",
+    "Fallback",
+    "GenerationRequest",
+    "HybridClient",
+    "HybridError",
+    "LlamaCppEngine",
+    "LocalEngineError",
+    "ManifestError",
+    "ModelCorruptError",
+    "ModelError",
+    "ModelNotFoundError",
+    "OpenAIEngine",
+    "Policy",
+    "PolicyError",
+    "PullError",
+    "RateLimitError",
+    "Route",
+    "ServerError",
+    "ScriptedEngine",
+    "Stream",
+    "Token",
+    "Trace",
+    "Usage",
 ]

@@ -60,6 +60,7 @@ class HybridClient:
         self._runs: set[RequestRun] = set()
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
+        self._sync_cm: AbstractContextManager[HybridClient] | None = None
 
     @property
     def engines(self) -> dict[EngineName, Engine]:
@@ -75,9 +76,15 @@ class HybridClient:
     async def __aenter__(self) -> Self:
         if self._stack is not None:
             raise errors.ClientStateError("this HybridClient is already open")
-        async with anyio.create_task_group() as tg:
-            for engine in self.engines.values():
-                tg.start_soon(engine.start)
+        try:
+            async with anyio.create_task_group() as tg:
+                for engine in self.engines.values():
+                    tg.start_soon(engine.start)
+        except BaseExceptionGroup as group:
+            with anyio.CancelScope(shield=True):
+                for engine in self.engines.values():
+                    await engine.aclose()
+            raise _first_error(group) from None
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
@@ -134,7 +141,9 @@ class HybridClient:
         self._tg.start_soon(self._drive, run, target, request, reason)
         return Stream(run, recv)
 
-    async def _drive(self, run: RequestRun, engine: Engine, req: GenerationRequest, why: str) -> None:
+    async def _drive(
+        self, run: RequestRun, engine: Engine, req: GenerationRequest, why: str
+    ) -> None:
         try:
             await run.run(partial(RequestRun.single, engine=engine, request=req, reason=why))
         finally:
@@ -155,11 +164,14 @@ class HybridClient:
                 raise errors.PolicyError(f"policy {policy.name!r} keeps requests on the device")
             if forced not in engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
-            return engines[forced], f"engine={forced} forced by the caller"  # type: ignore[index]
+            return engines[forced], f"engine={forced} forced by the caller"
         cloud = engines.get("cloud") if policy.allow_cloud else None
         local = engines.get("local")
-        order = [("cloud", cloud), ("local", local)] if policy.prefer == "cloud" else [
-            ("local", local), ("cloud", cloud)]
+        order = (
+            [("cloud", cloud), ("local", local)]
+            if policy.prefer == "cloud"
+            else [("local", local), ("cloud", cloud)]
+        )
         for name, eng in order:
             if eng is not None:
                 why = f"policy {policy.name!r} prefers {policy.prefer}"
@@ -183,13 +195,14 @@ class HybridClient:
 
     def close(self) -> None:
         """Close a client that was used through the blocking wrappers."""
-        portal, cm = self._portal, self._portal_cm
-        self._portal = self._portal_cm = None
-        if portal is not None and cm is not None:
+        portal_cm, client_cm = self._portal_cm, self._sync_cm
+        self._portal = self._portal_cm = self._sync_cm = None
+        if portal_cm is not None:
             try:
-                portal.call(self.__aexit__, None, None, None)
+                if client_cm is not None:
+                    client_cm.__exit__(None, None, None)
             finally:
-                cm.__exit__(None, None, None)
+                portal_cm.__exit__(None, None, None)
 
     def _blocking_portal(self) -> BlockingPortal:
         if self._portal is None:
@@ -197,14 +210,16 @@ class HybridClient:
                 raise errors.ClientStateError(
                     "this client is open in an event loop: use stream(), not stream_sync()"
                 )
-            cm = start_blocking_portal()
-            portal = cm.__enter__()
+            portal_cm = start_blocking_portal()
+            portal = portal_cm.__enter__()
+            # the client's task group must live in one task: let the portal host it
+            client_cm = portal.wrap_async_context_manager(self)
             try:
-                portal.call(self.__aenter__)
+                client_cm.__enter__()
             except BaseException:
-                cm.__exit__(None, None, None)
+                portal_cm.__exit__(None, None, None)
                 raise
-            self._portal, self._portal_cm = portal, cm
+            self._portal, self._portal_cm, self._sync_cm = portal, portal_cm, client_cm
         return self._portal
 
     def stream_sync(self, messages: Messages, **kwargs: Any) -> Iterator[str]:
@@ -225,6 +240,20 @@ class HybridClient:
         portal = self._blocking_portal()
         result: Completion = portal.call(partial(self.complete, messages, **kwargs))
         return result
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """Unwrap a task group's errors: the first HybridError if any, else the first error."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    hybrid = [e for e in leaves if isinstance(e, errors.HybridError)]
+    return (hybrid or leaves)[0]
 
 
 def normalize_messages(messages: Messages) -> tuple[Message, ...]:

@@ -103,8 +103,9 @@ class RequestRun:
         trace.usage_estimated = estimated
         trace.done(finish.reason, finish.t)
         now = time.perf_counter()
-        self._emit(Usage(now, engine.name, trace.prompt_tokens or 0,
-                         trace.completion_tokens, estimated))
+        self._emit(
+            Usage(now, engine.name, trace.prompt_tokens or 0, trace.completion_tokens, estimated)
+        )
         self._emit(Done(now, finish.reason, trace))
 
 
@@ -145,8 +146,10 @@ class Stream:
         try:
             item = await self._recv.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._recv.close()
             raise StopAsyncIteration from None
         if isinstance(item, _Failure):
+            self._recv.close()
             raise item.exc
         return item
 

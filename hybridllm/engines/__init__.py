@@ -9,6 +9,10 @@ from hybridllm.engines.openai_engine import OpenAIEngine
 from hybridllm.engines.scripted import ScriptedEngine
 
 __all__ = [
-    "Engine", "EngineInfo", "GenerationRequest", "LlamaCppEngine", "OpenAIEngine",
+    "Engine",
+    "EngineInfo",
+    "GenerationRequest",
+    "LlamaCppEngine",
+    "OpenAIEngine",
     "ScriptedEngine",
 ]

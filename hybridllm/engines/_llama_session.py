@@ -9,7 +9,6 @@ per token. `abort()` may be called from any thread and stops a running `llama_de
 from __future__ import annotations
 
 import codecs
-import ctypes
 import random
 import threading
 import time
@@ -55,8 +54,16 @@ class Generation:
 class LlamaSession:
     """Owns one loaded `llama_cpp.Llama`. Not thread-safe: the engine serialises access."""
 
-    def __init__(self, path: Path, *, n_ctx: int, n_threads: int, n_batch: int,
-                 flash_attn: bool, extra: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        n_threads: int,
+        n_batch: int,
+        flash_attn: bool,
+        extra: dict[str, Any],
+    ) -> None:
         self.path = path
         with open(path, "rb") as fh:
             magic = fh.read(4)
@@ -67,13 +74,19 @@ class LlamaSession:
         self._lc = llama_cpp
         try:
             self.llm: Any = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads,
-                n_threads_batch=n_threads, n_batch=n_batch, flash_attn=flash_attn,
-                verbose=False, **extra,
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                n_batch=n_batch,
+                flash_attn=flash_attn,
+                verbose=False,
+                **extra,
             )
         except (ValueError, RuntimeError) as exc:
-            raise errors.ModelCorruptError(f"llama.cpp cannot load the model ({exc})",
-                                           path=path) from exc
+            raise errors.ModelCorruptError(
+                f"llama.cpp cannot load the model ({exc})", path=path
+            ) from exc
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort.is_set())
@@ -109,7 +122,9 @@ class LlamaSession:
         room = self.n_ctx - len(tokens)
         if room < 1:
             raise errors.ContextOverflowError(
-                engine="local", prompt_tokens=len(tokens), max_tokens=request.max_tokens,
+                engine="local",
+                prompt_tokens=len(tokens),
+                max_tokens=request.max_tokens,
                 n_ctx=self.n_ctx,
             )
         return Prepared(tokens, min(request.max_tokens, room), request.stop, request)
@@ -145,8 +160,13 @@ class LlamaSession:
         req = prepared.request
         llm.set_seed(req.seed if req.seed is not None else random.randint(0, 2**31 - 1))
         gen._gen = llm.generate(
-            tokens, temp=req.temperature, top_p=req.top_p, top_k=40, min_p=0.05,
-            repeat_penalty=1.0, reset=True,
+            tokens,
+            temp=req.temperature,
+            top_p=req.top_p,
+            top_k=40,
+            min_p=0.05,
+            repeat_penalty=1.0,
+            reset=True,
         )
         return gen
 
@@ -181,9 +201,8 @@ class LlamaSession:
             if i >= 0:
                 self._finish(gen, "stop", flush=False)
                 return buf[:i]
-        hold = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])),
-                   default=0)
-        gen._held = buf[len(buf) - hold:] if hold else ""
+        hold = max((k for s in stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        gen._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
 
     def _finish(self, gen: Generation, reason: str, *, flush: bool = True) -> str | None:

@@ -9,7 +9,7 @@ the orchestrator always closes (``contextlib.aclosing``): closing it must stop t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -49,7 +49,7 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load, connect, warm up. Idempotent."""
 
-    def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         """Stream chunks for one request; closing the iterator stops the work."""
         ...
 

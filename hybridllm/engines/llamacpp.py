@@ -12,7 +12,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,9 +82,14 @@ class LlamaCppEngine:
             path = await anyio.to_thread.run_sync(self._resolve)
             n_ctx = self._n_ctx or self._default_n_ctx()
             session = await anyio.to_thread.run_sync(
-                lambda: LlamaSession(path, n_ctx=n_ctx, n_threads=self._n_threads,
-                                     n_batch=self._n_batch, flash_attn=self._flash_attn,
-                                     extra=self._llama_kwargs)
+                lambda: LlamaSession(
+                    path,
+                    n_ctx=n_ctx,
+                    n_threads=self._n_threads,
+                    n_batch=self._n_batch,
+                    flash_attn=self._flash_attn,
+                    extra=self._llama_kwargs,
+                )
             )
             if self._warm_up:
                 self.prefill_tps, self.tpot_s = await anyio.to_thread.run_sync(session.warm_up)
@@ -113,9 +118,12 @@ class LlamaCppEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(
-            name=self.name, model=self.model, can_draft=True,
+            name=self.name,
+            model=self.model,
+            can_draft=True,
             queue_depth=len(self._pending) + (1 if self._active else 0),
-            expected_wait_s=self.expected_wait_s(), n_ctx=self.n_ctx,
+            expected_wait_s=self.expected_wait_s(),
+            n_ctx=self.n_ctx,
         )
 
     def expected_wait_s(self) -> float:
@@ -132,7 +140,7 @@ class LlamaCppEngine:
 
     # ---- streaming ------------------------------------------------------------------------
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         await self.start()
         session = self._session
         if session is None:
@@ -168,9 +176,13 @@ class LlamaCppEngine:
                     break
             if t_first is not None and gen.completion_tokens > 1:
                 self._learn_tpot((now - t_first) / (gen.completion_tokens - 1))
-            yield Finish(gen.finish_reason or "stop", len(prepared.tokens),
-                         gen.completion_tokens, time.perf_counter(),
-                         cached_prompt_tokens=gen.reused_tokens)
+            yield Finish(
+                gen.finish_reason or "stop",
+                len(prepared.tokens),
+                gen.completion_tokens,
+                time.perf_counter(),
+                cached_prompt_tokens=gen.reused_tokens,
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 if gen is not None:
@@ -218,7 +230,8 @@ class LlamaCppEngine:
     def _learn_prefill(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= 16 and seconds > 0:
             rate = n_tokens / seconds
-            self.prefill_tps = rate if self.prefill_tps is None else 0.7 * self.prefill_tps + 0.3 * rate
+            old = self.prefill_tps
+            self.prefill_tps = rate if old is None else 0.7 * old + 0.3 * rate
 
     def _learn_tpot(self, tpot: float) -> None:
         self.tpot_s = tpot if self.tpot_s is None else 0.7 * self.tpot_s + 0.3 * tpot

@@ -12,8 +12,8 @@ from __future__ import annotations
 import email.utils
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -22,6 +22,8 @@ import openai
 from hybridllm import errors
 from hybridllm.engines.base import EngineInfo, GenerationRequest
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+
+DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 
 
 class OpenAIEngine:
@@ -38,7 +40,7 @@ class OpenAIEngine:
         base_url: str | None = None,
         api_key: str | None = None,
         model: str | None = None,
-        timeout: float | httpx2.Timeout = httpx2.Timeout(60.0, connect=5.0),
+        timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
         include_usage: bool = True,
         default_headers: Mapping[str, str] | None = None,
         name: EngineName = "cloud",
@@ -64,15 +66,16 @@ class OpenAIEngine:
             )
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, model=self.model, can_verify=True,
-                          queue_depth=self._active)
+        return EngineInfo(
+            name=self.name, model=self.model, can_verify=True, queue_depth=self._active
+        )
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         if self._client is None:
             await self.start()
         assert self._client is not None
@@ -103,7 +106,7 @@ class OpenAIEngine:
                     **kwargs,
                 )
                 yield Mark("first_byte", time.perf_counter())
-                stream = raw.parse()
+                stream = cast("openai.AsyncStream[Any]", raw.parse())
                 async for chunk in stream:
                     usage = getattr(chunk, "usage", None)
                     if usage is not None:
@@ -189,7 +192,8 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     try:
         return max(0.0, float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
             return None
         return max(0.0, parsed.timestamp() - time.time())

@@ -13,7 +13,7 @@ an exception instance is raised.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
@@ -54,7 +54,7 @@ class ScriptedEngine:
     def info(self) -> EngineInfo:
         return EngineInfo(name=self.name, model=self.model, queue_depth=self.active)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         self.requests.append(request)
         self.active += 1
         n = 0

@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
+from hybridllm.errors import HybridError
+
 __all__ = ["LlamaServer", "ServerStartError"]
 
 
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # finalize is generic only in typeshed
     _Finalizer = weakref.finalize[[subprocess.Popen[bytes], float], "LlamaServer"]
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(HybridError, RuntimeError):
     """The server process exited early or did not answer ``GET /v1/models`` in time."""
 
 

@@ -1,0 +1,229 @@
+"""The real llama-cpp-python engine on a real GGUF (SmolLM2-135M), through HybridClient."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from hybridllm import (
+    ContextOverflowError,
+    Done,
+    HybridClient,
+    LlamaCppEngine,
+    ModelCorruptError,
+    ModelNotFoundError,
+    Route,
+    Token,
+    Usage,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+LONG = "Count from 1 to 500, separated by commas."
+
+
+def make_client(model_path: Path, **kw: object) -> tuple[HybridClient, LlamaCppEngine]:
+    engine = LlamaCppEngine(model_path, n_ctx=1024, **kw)  # type: ignore[arg-type]
+    return HybridClient(local=engine), engine
+
+
+async def wait_stopped(engine: LlamaCppEngine, timeout: float = 2.0) -> float:
+    """Wait until the engine's worker has stopped decoding; return the time it stopped."""
+    with anyio.fail_after(timeout):
+        while engine.busy:
+            await anyio.sleep(0.002)
+    assert engine.stopped_at is not None
+    return engine.stopped_at
+
+
+async def test_stream_tokens_and_trace(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        assert engine.prefill_tps and engine.tpot_s  # warm-up measured the engine
+        s = client.stream("Name three colours.", engine="local", max_tokens=24, temperature=0)
+        tokens = [t async for t in s]
+    trace = s.trace
+    assert tokens and all(tokens)
+    assert trace.engine == "local"
+    assert trace.n_tokens == len(tokens)
+    assert trace.ttft_ms is not None and trace.ttft_ms > 0
+    assert trace.tpot_ms is not None and trace.tpot_ms > 0
+    assert len(trace.itl_ms) == len(tokens) - 1
+    assert trace.prompt_tokens and trace.prompt_tokens > 5
+    assert trace.completion_tokens and trace.completion_tokens >= len(tokens)
+    assert trace.finish_reason in ("stop", "length")
+    seg = trace.segments_ms
+    assert list(seg)[:3] == ["queued", "started", "prefill_done"]
+    assert seg["first_token"] <= seg["done"]
+
+
+async def test_events_form_and_greedy_is_deterministic(model_path: Path) -> None:
+    client, _ = make_client(model_path)
+    async with client:
+        texts = []
+        for _ in range(2):
+            async with client.stream(
+                "What is 2+2?", engine="local", max_tokens=16, temperature=0
+            ) as s:
+                events = [e async for e in s.events()]
+            assert isinstance(events[0], Route) and events[0].engine == "local"
+            assert isinstance(events[-2], Usage) and isinstance(events[-1], Done)
+            assert events[-1].trace is s.trace
+            texts.append("".join(e.text for e in events if isinstance(e, Token)))
+        assert texts[0] and texts[0] == texts[1]
+
+
+async def test_seed_reproducible_sampling(model_path: Path) -> None:
+    client, _ = make_client(model_path)
+    async with client:
+        a = await client.complete("Tell me a word.", engine="local", max_tokens=12, seed=7)
+        b = await client.complete("Tell me a word.", engine="local", max_tokens=12, seed=7)
+    assert a.text == b.text
+
+
+async def test_stop_strings_cut_the_text(model_path: Path) -> None:
+    client, _ = make_client(model_path)
+    async with client:
+        full = await client.complete(LONG, engine="local", max_tokens=40, temperature=0)
+        assert "5" in full.text
+        cut = full.text[: full.text.index("5")]
+        res = await client.complete(LONG, engine="local", max_tokens=40, temperature=0, stop="5")
+    assert res.text == cut
+    assert res.trace.finish_reason == "stop"
+
+
+async def test_break_stops_generation_within_a_step(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        n = 0
+        async for _ in client.stream(LONG, engine="local", max_tokens=400):
+            n += 1
+            if n == 3:
+                break
+        t_left = time.perf_counter()
+        stopped = await wait_stopped(engine)
+        steps = engine.steps_total
+        await anyio.sleep(0.2)
+        assert engine.steps_total == steps  # nothing decodes any more
+        assert stopped - t_left < 0.5
+        assert steps < 20
+
+
+async def test_exception_in_loop_stops_generation(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        with pytest.raises(KeyError):
+            async for _ in client.stream(LONG, engine="local", max_tokens=400):
+                raise KeyError("app failed")
+        await wait_stopped(engine)
+        assert engine.steps_total < 20
+
+
+async def test_cancelled_consumer_stops_generation(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        got: list[str] = []
+        with anyio.move_on_after(0.3) as scope:
+            async for token in client.stream(LONG, engine="local", max_tokens=400):
+                got.append(token)
+        assert scope.cancelled_caught and got
+        await wait_stopped(engine)
+        steps = engine.steps_total
+        await anyio.sleep(0.1)
+        assert engine.steps_total == steps
+
+
+async def test_cancel_during_long_prefill_aborts_llama_decode(model_path: Path) -> None:
+    client, engine = make_client(model_path, n_batch=1024)
+    prompt = "word " * 900
+    async with client:
+        t0 = time.perf_counter()
+        full = await client.complete(prompt, engine="local", max_tokens=1)
+        full_prefill = time.perf_counter() - t0
+        async with client.stream("other " * 900, engine="local", max_tokens=4) as s:
+            await anyio.sleep(full_prefill * 0.2)
+        # `async with` waited for the worker: it must have stopped well before a full prefill
+        assert time.perf_counter() - t0 - full_prefill < full_prefill * 0.8
+        assert s.trace.n_tokens == 0
+        assert full.trace.completion_tokens == 1
+
+
+async def test_requests_queue_one_at_a_time(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        first = client.stream(LONG, engine="local", max_tokens=30)
+        second = client.stream(LONG, engine="local", max_tokens=30)
+        await anyio.sleep(0.05)
+        info = engine.info()
+        assert info.queue_depth == 2
+        assert info.expected_wait_s > 0
+        async with first, second:
+            a = [t async for t in first]
+            b = [t async for t in second]
+        assert a and b
+        # the second only started after the first finished
+        assert second.trace.marks["started"] >= first.trace.marks["done"] - 0.01
+        assert engine.info().queue_depth == 0
+
+
+async def test_shared_prefix_reuses_kv_cache(model_path: Path) -> None:
+    system = {"role": "system", "content": "You are a terse assistant. " * 30}
+    client, _ = make_client(model_path)
+    async with client:
+        a = await client.complete([system, {"role": "user", "content": "Hi"}],
+                                  engine="local", max_tokens=4)
+        b = await client.complete([system, {"role": "user", "content": "Bye now"}],
+                                  engine="local", max_tokens=4)
+    assert a.trace.prompt_tokens and b.trace.prompt_tokens
+    assert b.trace.cached_prompt_tokens is not None
+    assert b.trace.cached_prompt_tokens > a.trace.prompt_tokens * 0.8
+
+
+async def test_prompt_longer_than_context_is_refused_before_work(model_path: Path) -> None:
+    client, engine = make_client(model_path)
+    async with client:
+        steps = engine.steps_total
+        with pytest.raises(ContextOverflowError) as info:
+            async for _ in client.stream("hello " * 2000, engine="local"):
+                pass
+        assert info.value.n_ctx == 1024 and info.value.prompt_tokens > 1024
+        assert info.value.engine == "local" and not info.value.received_content
+        assert engine.steps_total == steps
+        # the engine is still usable afterwards
+        assert (await client.complete("Hi", engine="local", max_tokens=3)).text
+
+
+async def test_missing_model_names_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelNotFoundError, match="nope.gguf"):
+        async with HybridClient(local=LlamaCppEngine(missing)):
+            pass
+
+
+async def test_corrupt_model_names_the_file(tmp_path: Path, model_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all" * 100)
+    with pytest.raises(ModelCorruptError, match="bad.gguf"):
+        async with HybridClient(local=LlamaCppEngine(bad)):
+            pass
+    truncated = tmp_path / "truncated.gguf"
+    with model_path.open("rb") as fh:
+        truncated.write_bytes(fh.read(1_000_000))
+    with pytest.raises(ModelCorruptError, match="truncated.gguf"):
+        async with HybridClient(local=LlamaCppEngine(truncated)):
+            pass
+
+
+def test_blocking_wrappers(model_path: Path) -> None:
+    with HybridClient(local=LlamaCppEngine(model_path, n_ctx=1024)) as client:
+        tokens = list(client.stream_sync("Say hello.", max_tokens=8, temperature=0))
+        assert tokens
+        res = client.complete_sync("Say hello.", max_tokens=8, temperature=0)
+        assert res.text == "".join(tokens)
+        for i, _ in enumerate(client.stream_sync(LONG, max_tokens=300)):
+            if i == 2:
+                break
+        assert client.local is not None and not client.local.busy  # type: ignore[attr-defined]
