@@ -90,6 +90,7 @@ class Finish:
     completion_tokens: int | None
     t: float
     cached_prompt_tokens: int | None = None
+    usage_estimated: bool = False
 
 
 Chunk = Delta | Mark | Finish

@@ -94,7 +94,7 @@ class RequestRun:
                 else:
                     finish = chunk
         assert finish is not None
-        estimated = finish.completion_tokens is None
+        estimated = finish.usage_estimated or finish.completion_tokens is None
         trace.prompt_tokens = finish.prompt_tokens
         trace.completion_tokens = (
             trace.n_tokens if finish.completion_tokens is None else finish.completion_tokens

@@ -40,10 +40,15 @@ async def client_closed_at(proxy: FaultProxy) -> float | None:
 
 async def test_stream_tokens_events_and_trace(proxy: FaultProxy) -> None:
     async with cloud_client(proxy) as client:
-        tokens = [t async for t in client.stream("Name three colours.", engine="cloud",
-                                                   max_tokens=24, temperature=0)]
-        async with client.stream("Name three colours.", engine="cloud", max_tokens=24,
-                                 temperature=0) as s:
+        tokens = [
+            t
+            async for t in client.stream(
+                "Name three colours.", engine="cloud", max_tokens=24, temperature=0
+            )
+        ]
+        async with client.stream(
+            "Name three colours.", engine="cloud", max_tokens=24, temperature=0
+        ) as s:
             events = [e async for e in s.events()]
     assert tokens and all(tokens)
     assert isinstance(events[0], Route) and events[0].engine == "cloud"

@@ -173,10 +173,12 @@ async def test_shared_prefix_reuses_kv_cache(model_path: Path) -> None:
     system = {"role": "system", "content": "You are a terse assistant. " * 30}
     client, _ = make_client(model_path)
     async with client:
-        a = await client.complete([system, {"role": "user", "content": "Hi"}],
-                                  engine="local", max_tokens=4)
-        b = await client.complete([system, {"role": "user", "content": "Bye now"}],
-                                  engine="local", max_tokens=4)
+        a = await client.complete(
+            [system, {"role": "user", "content": "Hi"}], engine="local", max_tokens=4
+        )
+        b = await client.complete(
+            [system, {"role": "user", "content": "Bye now"}], engine="local", max_tokens=4
+        )
     assert a.trace.prompt_tokens and b.trace.prompt_tokens
     assert b.trace.cached_prompt_tokens is not None
     assert b.trace.cached_prompt_tokens > a.trace.prompt_tokens * 0.8

@@ -126,14 +126,32 @@ class OpenAIEngine:
                 raise map_error(exc, received_content=received) from exc
             if finish is None:
                 raise errors.CloudProtocolError(
-                    "stream ended without a finish reason", received_content=received
+                    "the stream ended without a finish reason (the server dropped the request; a prompt "
+                    "longer than its context does this on llama_cpp.server)",
+                    received_content=received,
                 )
-            yield Finish(finish, prompt_tokens, completion_tokens, time.perf_counter())
+            estimated = prompt_tokens is None or completion_tokens is None
+            if prompt_tokens is None:
+                prompt_tokens = estimate_prompt_tokens(request)
+            if completion_tokens is None:
+                completion_tokens = n_deltas  # servers send about one delta per token
+            yield Finish(
+                finish,
+                prompt_tokens,
+                completion_tokens,
+                time.perf_counter(),
+                usage_estimated=estimated,
+            )
         finally:
             self._active -= 1
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+
+def estimate_prompt_tokens(request: GenerationRequest) -> int:
+    """About 4 characters per token plus the chat template's few tokens per message."""
+    return sum(4 + len(m.get("content", "")) // 4 for m in request.messages) + 3
 
 
 def map_error(exc: BaseException, *, received_content: bool) -> errors.CloudError:
