@@ -126,8 +126,8 @@ class OpenAIEngine:
                 raise map_error(exc, received_content=received) from exc
             if finish is None:
                 raise errors.CloudProtocolError(
-                    "the stream ended without a finish reason (the server dropped the request; a prompt "
-                    "longer than its context does this on llama_cpp.server)",
+                    "the stream ended without a finish reason (the server dropped the request; "
+                    "llama_cpp.server does this for a prompt longer than its context)",
                     received_content=received,
                 )
             estimated = prompt_tokens is None or completion_tokens is None
