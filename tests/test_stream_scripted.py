@@ -6,7 +6,6 @@ integration tests.
 
 from __future__ import annotations
 
-
 import anyio
 import pytest
 
