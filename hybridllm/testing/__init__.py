@@ -4,8 +4,10 @@
   stalls and resets between a client and a real server.
 - :class:`LlamaServer`: a real OpenAI-compatible server (``llama_cpp.server``) on loopback, as a
   subprocess, for integration tests.
+- :class:`ScriptedEngine`: an engine that plays a timed script, for unit tests of orchestration.
 """
 
+from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
 from hybridllm.testing.server import LlamaServer, ServerStartError
 
@@ -14,5 +16,6 @@ __all__ = [
     "FaultProxy",
     "Faults",
     "LlamaServer",
+    "ScriptedEngine",
     "ServerStartError",
 ]
