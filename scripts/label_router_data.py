@@ -297,17 +297,25 @@ def score(item: Item, response: str) -> bool:
 # ---- running ------------------------------------------------------------------------------------
 
 
-async def run(out: Path, limit: int | None, log: Callable[[str], None]) -> None:
+def pending(out: Path, limit: int | None) -> list[Item]:
+    """Items not yet in the output file, in round-robin order."""
     done: set[tuple[str, str]] = set()
     if out.exists():
         for line in out.read_text().splitlines():
             row = json.loads(line)
             done.add((row["source"], row["id"]))
     items = [it for it in round_robin(load_items()) if (it.source, it.id) not in done]
-    if limit is not None:
-        items = items[:limit]
-    log(f"{len(done)} labelled already, {len(items)} to go")
+    print(f"{len(done)} labelled already, {len(items)} to go", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
+    return items if limit is None else items[:limit]
+
+
+def append(out: Path, row: dict[str, Any]) -> None:
+    with out.open("a") as fh:
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+async def run(out: Path, items: list[Item], log: Callable[[str], None]) -> None:
     small = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048, pull=True)
     big = LlamaCppEngine("qwen2.5-coder-1.5b-instruct", n_ctx=2048, pull=True, name="cloud")
     t0 = time.time()
@@ -336,8 +344,7 @@ async def run(out: Path, limit: int | None, log: Callable[[str], None]) -> None:
                     "ttft_ms": round(tr.ttft_ms or 0.0, 1),
                     "tpot_ms": round(tr.tpot_ms or 0.0, 1),
                 }
-            with out.open("a") as fh:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            append(out, row)
             if n % 20 == 0:
                 rate = n / (time.time() - t0)
                 log(f"{n}/{len(items)} labelled, {rate * 3600:.0f}/hour")
@@ -348,7 +355,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("data/router/labels.jsonl"))
     ap.add_argument("--limit", type=int)
     args = ap.parse_args()
-    anyio.run(run, args.out, args.limit, lambda m: print(m, file=sys.stderr, flush=True))
+    items = pending(args.out, args.limit)
+    anyio.run(run, args.out, items, lambda m: print(m, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":
