@@ -173,8 +173,13 @@ class Stream:
     def __del__(self) -> None:
         # A bare `async for` that was left: stop the producer. CancelScope.cancel() must run on
         # the event loop's thread, which is where CPython drops the last reference.
-        if threading.get_ident() == self._thread:
-            self._run.cancel()
+        if self._run.finished.is_set():
+            self._recv.close()
+        elif threading.get_ident() == self._thread:
+            try:
+                self._run.cancel()
+            except RuntimeError:  # no running event loop any more: nothing left to stop
+                pass
             self._recv.close()
 
 
