@@ -136,12 +136,40 @@ def _register_models(subparsers: Subparsers) -> None:
 
 
 # --- demo -----------------------------------------------------------------------------------
-# `hybridllm demo` goes here: def _register_demo(subparsers) + cmd_demo(args), then add
-# _register_demo to _REGISTRARS below.
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo  # heavy imports (engines, anyio) only when the demo runs
+
+    return run_demo(args)
+
+
+def _register_demo(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="stream a few scenarios through the local model and a cloud, with timings",
+        description=(
+            "Stream requests from several scenarios (code completion, voice, chat, translation, "
+            "long writing) through a local model and a cloud, printing the route, the live "
+            "tokens, TTFT and TPOT. Without OPENAI_BASE_URL / OPENAI_API_KEY (or --base-url / "
+            "--api-key) a stand-in cloud (Qwen2.5-Coder-1.5B) is started on 127.0.0.1."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="fewer and shorter requests")
+    p.add_argument("--no-cloud", action="store_true", help="local engine only")
+    p.add_argument("--local-model", metavar="NAME", help="local model name or GGUF path")
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads for each model (default: all)"
+    )
+    p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint for the cloud")
+    p.add_argument("--api-key", metavar="KEY", help="API key for the cloud endpoint")
+    p.add_argument("--model", metavar="NAME", help="cloud model name")
+    p.set_defaults(func=cmd_demo)
 
 
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
+    _register_demo,
 ]
 
 

@@ -9,6 +9,7 @@ per token. `abort()` may be called from any thread and stops a running `llama_de
 from __future__ import annotations
 
 import codecs
+import logging
 import random
 import threading
 import time
@@ -87,6 +88,9 @@ class LlamaSession:
             raise errors.ModelCorruptError(
                 f"llama.cpp cannot load the model ({exc})", path=path
             ) from exc
+        # llama-cpp-python 0.3.36 maps ggml's log levels wrongly, so with verbose=False it still
+        # prints warnings (e.g. after every abort); its constructor resets the level, so set it here
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort.is_set())

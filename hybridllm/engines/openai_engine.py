@@ -123,7 +123,7 @@ class OpenAIEngine:
             except errors.HybridError:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
-                raise map_error(exc, received_content=received) from exc
+                raise map_error(exc, received_content=received, url=self.base_url) from exc
             if finish is None:
                 raise errors.CloudProtocolError(
                     "the stream ended without a finish reason (the server dropped the request; "
@@ -154,7 +154,9 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     return sum(4 + len(m.get("content", "")) // 4 for m in request.messages) + 3
 
 
-def map_error(exc: BaseException, *, received_content: bool) -> errors.CloudError:
+def map_error(
+    exc: BaseException, *, received_content: bool, url: str | None = None
+) -> errors.CloudError:
     """Translate an openai / httpx2 exception into hybridllm's tree (the boundary)."""
     rc = received_content
     if isinstance(exc, openai.APIStatusError):
@@ -179,7 +181,7 @@ def map_error(exc: BaseException, *, received_content: bool) -> errors.CloudErro
     if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):
         cause = exc.__cause__ or exc
         return errors.CloudConnectionError(
-            f"cannot reach the cloud endpoint: {type(cause).__name__}: {cause}",
+            f"cannot reach the cloud endpoint {url or ''}: {type(cause).__name__}: {cause}",
             received_content=rc,
         )
     return errors.CloudProtocolError(f"{type(exc).__name__}: {exc}", received_content=rc)
