@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import logging
 import random
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -233,23 +234,23 @@ class LlamaSession:
         self.llm._ctx.kv_cache_seq_rm(-1, self.llm.n_tokens, -1)
 
     def warm_up(self) -> tuple[float, float]:
-        """Run a short prefill and a few decode steps; return (prefill tok/s, decode s/token)."""
-        text = "Warm-up. " * 16
-        tokens = self.tokenize(text)
-        self.llm.reset()
+        """Run a short prefill and some decode steps; return (prefill tok/s, decode s/token)."""
+        tokens = self.tokenize("Warm-up. " * 24)
+        llm = self.llm
+        llm.reset()
         t0 = time.perf_counter()
-        self.llm.eval(tokens)
-        t1 = time.perf_counter()
-        prefill_rate = len(tokens) / max(t1 - t0, 1e-6)
-        steps = 4
-        gen = self.llm.generate(tokens, temp=0.0, reset=True)
-        t2 = time.perf_counter()
-        for _ in range(steps):
+        llm.eval(tokens[:-1])
+        prefill_rate = (len(tokens) - 1) / max(time.perf_counter() - t0, 1e-6)
+        gen = llm.generate(tokens, temp=0.0, reset=True)
+        next(gen)  # evaluates the last prompt token and samples: not a decode step yet
+        steps = []
+        for _ in range(8):
+            t = time.perf_counter()
             next(gen)
-        tpot = (time.perf_counter() - t2) / steps
+            steps.append(time.perf_counter() - t)
         gen.close()
-        self.llm.reset()
-        return prefill_rate, tpot
+        llm.reset()
+        return prefill_rate, statistics.median(steps)
 
     def unload(self) -> None:
         llm, self.llm = self.llm, None

@@ -8,24 +8,26 @@ by llama.cpp's abort callback. The KV cache is reused for a shared prompt prefix
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from hybridllm import errors
 from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
+from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines.base import EngineInfo, GenerationRequest
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 from hybridllm.models import get_manifest, resolve_model
-
-T = TypeVar("T")
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -68,6 +70,7 @@ class LlamaCppEngine:
         # Measured at warm-up, then refined from real requests (exponential average).
         self.prefill_tps: float | None = None
         self.tpot_s: float | None = None
+        self._learned_prefill = self._learned_tpot = False
         # Observability for tests and benchmarks.
         self.steps_total = 0
         self.busy = False
@@ -81,7 +84,7 @@ class LlamaCppEngine:
                 return
             path = await anyio.to_thread.run_sync(self._resolve)
             n_ctx = self._n_ctx or self._default_n_ctx()
-            session = await anyio.to_thread.run_sync(
+            session = await run_on_llama_thread(
                 lambda: LlamaSession(
                     path,
                     n_ctx=n_ctx,
@@ -89,10 +92,13 @@ class LlamaCppEngine:
                     n_batch=self._n_batch,
                     flash_attn=self._flash_attn,
                     extra=self._llama_kwargs,
-                )
+                ),
+                on_cancel=_noop,
             )
             if self._warm_up:
-                self.prefill_tps, self.tpot_s = await anyio.to_thread.run_sync(session.warm_up)
+                self.prefill_tps, self.tpot_s = await run_on_llama_thread(
+                    session.warm_up, on_cancel=_noop
+                )
             self._session = session
 
     def _resolve(self) -> Path:
@@ -108,7 +114,7 @@ class LlamaCppEngine:
         async with self._start_lock, self._lock:
             session, self._session = self._session, None
             if session is not None:
-                await anyio.to_thread.run_sync(session.unload)
+                await run_on_llama_thread(session.unload, on_cancel=_noop)
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -145,11 +151,12 @@ class LlamaCppEngine:
         session = self._session
         if session is None:
             raise errors.ClientStateError("the local engine was closed")
-        # Template, tokenize and context check happen before queueing: no model work.
+        # Template, tokenize and context check happen before queueing: no model work. The
+        # tokenizer does no ggml compute, so it may run off the llama thread.
         prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
         rid = next(self._ids)
-        est = self.estimate_s(len(prepared.tokens), prepared.max_tokens)
-        self._pending[rid] = est
+        self._pending[rid] = self.estimate_s(new_tokens, prepared.max_tokens)
         yield Mark("queued", time.perf_counter())
         try:
             await self._lock.acquire()
@@ -157,25 +164,20 @@ class LlamaCppEngine:
             del self._pending[rid]
         gen: Generation | None = None
         try:
-            self._active = (time.perf_counter(), est)
             self.busy = True
+            new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
+            self._active = (time.perf_counter(), self.estimate_s(new_tokens, prepared.max_tokens))
             yield Mark("started", time.perf_counter())
             t0 = time.perf_counter()
-            gen = await self._in_worker(session, session.prefill, prepared)
-            yield Mark("prefill_done", time.perf_counter())
-            n_new = len(prepared.tokens) - gen.reused_tokens
-            self._learn_prefill(n_new, time.perf_counter() - t0)
-            t_first: float | None = None
-            while True:
-                text = await self._in_worker(session, self._step, session, gen)
-                now = time.perf_counter()
-                if text:
-                    t_first = t_first or now
-                    yield Delta(text, now)
-                if text is None or gen.finish_reason is not None:
-                    break
-            if t_first is not None and gen.completion_tokens > 1:
-                self._learn_tpot((now - t_first) / (gen.completion_tokens - 1))
+            gen = await run_on_llama_thread(partial(session.prefill, prepared),
+                                            on_cancel=session.abort)
+            t1 = time.perf_counter()
+            yield Mark("prefill_done", t1)
+            self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
+            self._active = (t1, self.estimate_s(0, prepared.max_tokens))
+            async with contextlib.aclosing(self._decode(session, gen)) as deltas:
+                async for delta in deltas:
+                    yield delta
             yield Finish(
                 gen.finish_reason or "stop",
                 len(prepared.tokens),
@@ -186,52 +188,72 @@ class LlamaCppEngine:
         finally:
             with anyio.CancelScope(shield=True):
                 if gen is not None:
-                    await anyio.to_thread.run_sync(session.close, gen)
+                    await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 self._active = None
                 self.busy = False
-                self.stopped_at = time.perf_counter()
                 self._lock.release()
 
-    def _step(self, session: LlamaSession, gen: Generation) -> str | None:
-        text = session.step(gen)
-        self.steps_total += 1
-        return text
+    async def _decode(self, session: LlamaSession, gen: Generation) -> AsyncGenerator[Delta, None]:
+        """Decode on the llama thread without pausing between tokens; stop when told."""
+        send, recv = anyio.create_memory_object_stream[Delta](math.inf)
+        stop = threading.Event()
+        finished = anyio.Event()
+        post = loop_caller()
 
-    async def _in_worker(self, session: LlamaSession, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn` in a worker thread; on cancellation abort llama.cpp and wait for the thread."""
-        done = threading.Event()
-        gate = threading.Lock()
-        state = {"started": False, "skip": False}
+        def push(delta: Delta) -> None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                send.send_nowait(delta)
 
-        def work() -> T:
-            with gate:
-                if state["skip"]:
-                    raise _Aborted
-                state["started"] = True
+        def decode() -> None:
             try:
-                return fn(*args)
+                while not stop.is_set():
+                    text = session.step(gen)
+                    self.steps_total += 1
+                    if text:
+                        post(partial(push, Delta(text, time.perf_counter())))
+                    if text is None or gen.finish_reason is not None:
+                        break
             finally:
-                done.set()
+                self.stopped_at = time.perf_counter()
 
+        def ended() -> None:
+            send.close()
+            finished.set()
+
+        fut = LlamaThread.shared().submit(decode)
+        fut.add_done_callback(lambda _f: post(ended))
+        first = last = None
         try:
-            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
-        except anyio.get_cancelled_exc_class():
-            session.abort()
-            with gate:
-                # anyio may drop a job it had not started yet: then there is nothing to wait for
-                state["skip"] = not state["started"]
-            if not state["skip"]:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(done.wait)
-            raise
-        except _Aborted as exc:  # aborted without our cancellation: engine shutting down
+            async with recv:
+                async for delta in recv:
+                    first = first or delta.t
+                    last = delta.t
+                    yield delta
+            fut.result()  # raises the worker's error, if any (the stream closed after it ended)
+        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("generation aborted", engine="local") from exc
+        finally:
+            if not fut.done():
+                stop.set()
+                session.abort()  # cut a decode step that is running now
+                with anyio.CancelScope(shield=True):
+                    await finished.wait()
+        if first is not None and last is not None and gen.completion_tokens > 1:
+            self._learn_tpot((last - first) / (gen.completion_tokens - 1))
 
     def _learn_prefill(self, n_tokens: int, seconds: float) -> None:
+        """Exponential average; the first real measurement replaces the warm-up figure."""
         if n_tokens >= 16 and seconds > 0:
             rate = n_tokens / seconds
-            old = self.prefill_tps
+            old = self.prefill_tps if self._learned_prefill else None
             self.prefill_tps = rate if old is None else 0.7 * old + 0.3 * rate
+            self._learned_prefill = True
 
     def _learn_tpot(self, tpot: float) -> None:
-        self.tpot_s = tpot if self.tpot_s is None else 0.7 * self.tpot_s + 0.3 * tpot
+        old = self.tpot_s if self._learned_tpot else None
+        self.tpot_s = tpot if old is None else 0.7 * old + 0.3 * tpot
+        self._learned_tpot = True
+
+
+def _noop() -> None:
+    pass
