@@ -39,13 +39,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from hybridllm import HybridClient
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
+from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.models import resolve_model
 from hybridllm.testing import FaultProxy, LlamaServer
 from hybridllm.trace import Trace
@@ -53,6 +55,7 @@ from hybridllm.trace import Trace
 N_CTX = 4096
 N_BATCH = 512
 API_KEY = "sk-bench"
+T = TypeVar("T")
 RawMode = Literal["thread", "subprocess", "main"]  # where the raw local baseline runs
 
 COUNT_PROMPT = [
@@ -294,9 +297,9 @@ class RawLocal:
     counts more managed threads than CPUs and throttles its spin-waits: every decode step then
     runs about 40% slower (42 -> 58 ms on 2 cores) for as long as both threads live. So:
 
-    - "thread" (default): in this process, through `anyio.to_thread.run_sync`, which reuses the
-      most recently idle worker: the very thread that runs the engine's steps (checked and
-      reported: "OS threads driving llama.cpp" must be 1);
+    - "thread" (default): in this process, on hybridllm's shared llama thread, the very thread
+      that runs the engine's steps (checked and reported: "OS threads driving llama.cpp" must
+      be 1);
     - "subprocess": in a process of its own (immune to the above, but each process has its own
       speed offset of about 1-2% on these VMs, which no interleaving cancels);
     - "main": on the event loop's thread, as a plain script would; shows the slowdown.
@@ -313,7 +316,7 @@ class RawLocal:
         if mode == "main":
             self.llm = load_raw_llama(model_path)
         elif mode == "thread":
-            self.llm = await anyio.to_thread.run_sync(load_raw_llama, model_path)
+            self.llm = await on_llama_thread(partial(load_raw_llama, model_path))
         else:
             await anyio.to_thread.run_sync(self._spawn, model_path)
         return self
@@ -350,7 +353,7 @@ class RawLocal:
         if self.mode == "main":
             return raw_local_run(self.llm, messages, n)  # blocks the loop, like a plain script
         if self.mode == "thread":
-            return await anyio.to_thread.run_sync(raw_local_run, self.llm, messages, n)
+            return await on_llama_thread(partial(raw_local_run, self.llm, messages, n))
         return await anyio.to_thread.run_sync(self._remote, messages, n)
 
     def close(self) -> None:
@@ -386,6 +389,11 @@ async def timed(watch: CpuWatch, fn: Callable[[], Awaitable[Run]], tries: int = 
     return r
 
 
+async def on_llama_thread(fn: Callable[[], T]) -> T:
+    """Run raw llama-cpp-python work on the thread hybridllm drives llama.cpp from."""
+    return await run_on_llama_thread(fn, on_cancel=lambda: None)
+
+
 async def raw_on_engine_llama(
     engine: LlamaCppEngine, messages: list[dict[str, str]], n: int
 ) -> Run:
@@ -404,7 +412,7 @@ async def raw_on_engine_llama(
             llama_cpp.llama_set_abort_callback(ctx, session._abort_cb, None)
 
     async with engine._lock:  # the engine must not touch its Llama meanwhile
-        return await anyio.to_thread.run_sync(work)
+        return await on_llama_thread(work)
 
 
 def track_compute_threads(engine: LlamaCppEngine, seen: set[int]) -> None:

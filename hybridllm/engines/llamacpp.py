@@ -189,6 +189,8 @@ class LlamaCppEngine:
             with anyio.CancelScope(shield=True):
                 if gen is not None:
                     await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
+                else:  # stopped in the queue or during prefill: the llama thread let go now
+                    self.stopped_at = time.perf_counter()
                 self._active = None
                 self.busy = False
                 self._lock.release()
