@@ -1,8 +1,7 @@
 """LlamaServer (a real llama_cpp.server on loopback) and FaultProxy in front of it.
 
-The model: ``$HYBRIDLLM_TEST_MODEL``, else SmolLM2-135M-Instruct Q4_1 in the model cache
-(``$HYBRIDLLM_CACHE_DIR`` or ``~/.cache/hybridllm/models``; ``hybridllm models pull`` puts it
-there).
+The model: conftest's ``model_path`` (``$HYBRIDLLM_TEST_MODEL``, else SmolLM2-135M-Instruct
+pulled from its PyPI package into the model cache).
 
 Some tests pin down llama_cpp.server 0.3.36 behaviour the engines rely on (role-only first chunk,
 no usage chunk, the two faces of a context overflow); if an upgrade changes it, they say so.
@@ -10,7 +9,6 @@ no usage chunk, the two faces of a context overflow); if an upgrade changes it, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -26,38 +24,18 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from hybridllm.testing import FaultProxy, Faults, LlamaServer, ServerStartError
 
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 API_KEY = "sk-test-key"
 ALIAS = "smol"
 N_CTX = 1024
 EOS_BAN = {"2": -100}  # SmolLM2's <|im_end|>: forces generation to run to max_tokens
 
 
-def _model_path() -> Path | None:
-    env = os.environ.get("HYBRIDLLM_TEST_MODEL")
-    if env:
-        return Path(env)
-    cache = os.environ.get("HYBRIDLLM_CACHE_DIR")
-    base = Path(cache) if cache else Path.home() / ".cache" / "hybridllm" / "models"
-    path = base / MODEL_FILE
-    return path if path.is_file() else None
-
-
-def _require_llama() -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed")
-
-
 @pytest.fixture(scope="module")
-def server() -> Iterator[LlamaServer]:
-    _require_llama()
-    path = _model_path()
-    if path is None or not path.is_file():
-        pytest.skip(
-            f"no test model: set HYBRIDLLM_TEST_MODEL or run `hybridllm models pull` ({MODEL_FILE})"
-        )
+def server(model_path: Path) -> Iterator[LlamaServer]:
     threads = min(4, os.cpu_count() or 1)
-    with LlamaServer(path, alias=ALIAS, api_key=API_KEY, n_ctx=N_CTX, n_threads=threads) as srv:
+    with LlamaServer(
+        model_path, alias=ALIAS, api_key=API_KEY, n_ctx=N_CTX, n_threads=threads
+    ) as srv:
         yield srv
 
 
@@ -85,7 +63,6 @@ def test_missing_model_file(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_bad_model_file_fails_fast_with_log(tmp_path: Path) -> None:
-    _require_llama()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file" * 100)
     srv = LlamaServer(bad, startup_timeout=60.0)
