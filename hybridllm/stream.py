@@ -57,11 +57,9 @@ class RequestRun:
             with self.scope:
                 try:
                     await plan(self)
-                except errors.HybridError as exc:
+                except Exception as exc:  # delivered to the app, never lost in the task group
                     self.trace.error = f"{type(exc).__name__}: {exc}"
                     self._emit(_Failure(exc))
-                except anyio.BrokenResourceError:
-                    pass  # the app dropped the stream
         finally:
             self.trace.t_done = self.trace.t_done or time.perf_counter()
             self._send.close()
@@ -93,7 +91,8 @@ class RequestRun:
                     trace.mark(chunk.name, chunk.t)
                 else:
                     finish = chunk
-        assert finish is not None
+        if finish is None:
+            raise errors.EngineError("the engine stopped without finishing", engine=engine.name)
         estimated = finish.usage_estimated or finish.completion_tokens is None
         trace.prompt_tokens = finish.prompt_tokens
         trace.completion_tokens = (

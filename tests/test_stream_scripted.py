@@ -186,3 +186,12 @@ async def test_policy_defaults_apply_and_arguments_override() -> None:
         await client.complete("hi", max_tokens=5)
     assert engine.requests[0].max_tokens == 64
     assert engine.requests[1].max_tokens == 5
+
+
+async def test_unexpected_engine_bug_reaches_the_app_and_the_client_survives() -> None:
+    broken = ScriptedEngine("cloud", script=["one", ValueError("engine bug")])
+    local = scripted_local(tokens=["fine"])
+    async with HybridClient(local=local, cloud=broken) as client:
+        with pytest.raises(ValueError, match="engine bug"):
+            await client.complete("hi", engine="cloud")
+        assert (await client.complete("hi", engine="local")).text == "fine"

@@ -169,8 +169,12 @@ class LlamaCppEngine:
             self._active = (time.perf_counter(), self.estimate_s(new_tokens, prepared.max_tokens))
             yield Mark("started", time.perf_counter())
             t0 = time.perf_counter()
-            gen = await run_on_llama_thread(partial(session.prefill, prepared),
-                                            on_cancel=session.abort)
+            try:
+                gen = await run_on_llama_thread(
+                    partial(session.prefill, prepared), on_cancel=session.abort
+                )
+            except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+                raise errors.LocalEngineError("prefill aborted", engine="local") from exc
             t1 = time.perf_counter()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
