@@ -162,3 +162,19 @@ async def test_prompt_longer_than_server_context_is_a_typed_error(
         with pytest.raises(CloudError) as info:
             await client.complete("hello " * 3000, engine="cloud", max_tokens=8)
     assert not info.value.received_content
+
+
+async def test_no_connection_outlives_the_client(proxy: FaultProxy) -> None:
+    async with cloud_client(proxy) as client:
+        await client.complete("Say hi.", engine="cloud", max_tokens=4)
+        async for _ in client.stream(LONG, engine="cloud", max_tokens=400):
+            break
+        with anyio.move_on_after(0.3):
+            async for _ in client.stream(LONG, engine="cloud", max_tokens=400):
+                pass
+    for _ in range(300):  # the proxy notices closes on its own thread: give it 3 s at most
+        if all(c.closed_at is not None for c in proxy.connections):
+            break
+        await anyio.sleep(0.01)
+    assert proxy.connections
+    assert all(c.closed_at is not None for c in proxy.connections), proxy.connections
