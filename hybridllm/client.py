@@ -13,7 +13,7 @@ event loop thread.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -28,11 +28,13 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import EngineName
+from hybridllm.orchestrate import race
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.stream import RequestRun, Stream, _Item
 from hybridllm.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
+Plan = Callable[[RequestRun], Awaitable[None]]
 _ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 
 
@@ -135,19 +137,36 @@ class HybridClient:
             seed=seed,
         )
         target, reason = self._route(pol, engine)
+        backup = self._backup(target, pol) if engine is None else None
+        plan: Plan
+        if backup is not None and pol.ttft_deadline_ms is not None:
+            plan = partial(
+                race,
+                primary=target,
+                fallback=backup,
+                request=request,
+                deadline_s=pol.ttft_deadline_ms / 1000.0,
+                reason=reason,
+            )
+        else:
+            plan = partial(RequestRun.single, engine=target, request=request, reason=reason)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send)
         self._runs.add(run)
-        self._tg.start_soon(self._drive, run, target, request, reason)
+        self._tg.start_soon(self._drive, run, plan)
         return Stream(run, recv)
 
-    async def _drive(
-        self, run: RequestRun, engine: Engine, req: GenerationRequest, why: str
-    ) -> None:
+    async def _drive(self, run: RequestRun, plan: Plan) -> None:
         try:
-            await run.run(partial(RequestRun.single, engine=engine, request=req, reason=why))
+            await run.run(plan)
         finally:
             self._runs.discard(run)
+
+    def _backup(self, primary: Engine, policy: Policy) -> Engine | None:
+        """The other engine, if the policy allows it (the cloud only where it may be used)."""
+        if primary is self.local:
+            return self.cloud if policy.allow_cloud else None
+        return self.local
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""

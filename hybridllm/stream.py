@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.events import Delta, Done, Event, Finish, Mark, Route, Token, Usage
+from hybridllm.events import Delta, Done, EngineName, Event, Finish, Mark, Route, Token, Usage
 from hybridllm.trace import Trace
 
 
@@ -59,13 +59,13 @@ class RequestRun:
                     await plan(self)
                 except Exception as exc:  # delivered to the app, never lost in the task group
                     self.trace.error = f"{type(exc).__name__}: {exc}"
-                    self._emit(_Failure(exc))
+                    self.emit(_Failure(exc))
         finally:
             self.trace.t_done = self.trace.t_done or time.perf_counter()
             self._send.close()
             self.finished.set()
 
-    def _emit(self, item: _Item) -> None:
+    def emit(self, item: _Item) -> None:
         try:
             self._send.send_nowait(item)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -74,25 +74,24 @@ class RequestRun:
     def cancel(self) -> None:
         self.scope.cancel()
 
-    async def single(self, engine: Engine, request: GenerationRequest, reason: str) -> None:
-        """The simplest plan: one engine, start to finish."""
-        trace = self.trace
-        trace.engine = engine.name
-        trace.route_reason = reason
-        self._emit(Route(time.perf_counter(), engine.name, reason))
-        finish: Finish | None = None
-        async with aclosing(engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, Delta):
-                    if chunk.text:
-                        trace.token(chunk.t)
-                        self._emit(Token(chunk.t, chunk.text, engine.name))
-                elif isinstance(chunk, Mark):
-                    trace.mark(chunk.name, chunk.t)
-                else:
-                    finish = chunk
+    def route(self, engine: Engine, reason: str) -> None:
+        self.trace.engine = engine.name
+        self.trace.route_reason = reason
+        self.emit(Route(time.perf_counter(), engine.name, reason))
+
+    def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
+        """Hand one chunk of the serving engine to the trace and the app."""
+        if isinstance(chunk, Mark):
+            self.trace.mark(chunk.name, chunk.t)
+        elif chunk.text:
+            self.trace.token(chunk.t)
+            self.emit(Token(chunk.t, chunk.text, engine))
+
+    def complete(self, engine: EngineName, finish: Finish | None) -> None:
+        """Record the usage and end the request."""
         if finish is None:
-            raise errors.EngineError("the engine stopped without finishing", engine=engine.name)
+            raise errors.EngineError("the engine stopped without finishing", engine=engine)
+        trace = self.trace
         estimated = finish.usage_estimated or finish.completion_tokens is None
         trace.prompt_tokens = finish.prompt_tokens
         trace.completion_tokens = (
@@ -102,10 +101,20 @@ class RequestRun:
         trace.usage_estimated = estimated
         trace.done(finish.reason, finish.t)
         now = time.perf_counter()
-        self._emit(
-            Usage(now, engine.name, trace.prompt_tokens or 0, trace.completion_tokens, estimated)
-        )
-        self._emit(Done(now, finish.reason, trace))
+        self.emit(Usage(now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated))
+        self.emit(Done(now, finish.reason, trace))
+
+    async def single(self, engine: Engine, request: GenerationRequest, reason: str) -> None:
+        """The simplest plan: one engine, start to finish."""
+        self.route(engine, reason)
+        finish: Finish | None = None
+        async with aclosing(engine.stream(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, Finish):
+                    finish = chunk
+                else:
+                    self.deliver(engine.name, chunk)
+        self.complete(engine.name, finish)
 
 
 class Stream:

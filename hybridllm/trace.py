@@ -17,6 +17,7 @@ class Trace:
     t_start: float = field(default_factory=time.perf_counter)
     engine: EngineName | None = None
     route_reason: str = ""
+    fallback_reason: str | None = None
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None

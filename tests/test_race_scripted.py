@@ -1,0 +1,100 @@
+"""The first-token deadline race, with `ScriptedEngine` doubles (timing logic only)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from hybridllm import (
+    CloudConnectionError,
+    Fallback,
+    HybridClient,
+    LocalEngineError,
+    Policy,
+    Route,
+    ScriptedEngine,
+    Token,
+)
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE = Policy(name="fast", prefer="local", ttft_deadline_ms=100)
+
+
+def engines(local_script: list[object], cloud_script: list[object]) -> tuple[ScriptedEngine, ...]:
+    return (
+        ScriptedEngine("local", script=local_script),  # type: ignore[arg-type]
+        ScriptedEngine("cloud", script=cloud_script),
+    )  # type: ignore[arg-type]
+
+
+async def test_primary_in_time_never_starts_the_fallback() -> None:
+    local, cloud = engines([0.02, "hi", 0.01, "!"], [0.0, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+    assert "".join(e.text for e in events if isinstance(e, Token)) == "hi!"
+    assert not cloud.requests and s.trace.engine == "local"
+    assert not any(isinstance(e, Fallback) for e in events)
+
+
+async def test_slow_primary_loses_to_the_fallback_after_the_deadline() -> None:
+    local, cloud = engines([1.0, "late"], [0.05, "cl", 0.01, "oud"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+        await anyio.sleep(0.01)
+        assert local.active == 0 and local.closed_streams == 1 and local.emitted == 0
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert [t.text for t in tokens] == ["cl", "oud"] and {t.engine for t in tokens} == {"cloud"}
+    assert isinstance(events[0], Route) and events[0].engine == "local"
+    fb = [e for e in events if isinstance(e, Fallback)]
+    assert len(fb) == 1 and fb[0].to_engine == "cloud" and "100 ms" in fb[0].reason
+    tr = s.trace
+    assert tr.engine == "cloud" and tr.fallback_reason
+    assert tr.ttft_ms is not None and 140 <= tr.ttft_ms < 400
+    assert 95 <= tr.segments_ms["fallback_started"] < 300
+
+
+async def test_primary_still_wins_if_it_answers_first_after_the_deadline() -> None:
+    local, cloud = engines([0.15, "local"], [0.5, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        res = await client.complete("q")
+        await anyio.sleep(0.01)
+        assert cloud.requests and cloud.active == 0 and cloud.emitted == 0
+    assert res.text == "local" and res.trace.engine == "local"
+
+
+async def test_primary_failure_before_first_token_starts_fallback_at_once() -> None:
+    boom = LocalEngineError("decode failed", engine="local")
+    local, cloud = engines([0.01, boom], [0.01, "saved"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        res = await client.complete("q")
+    assert res.text == "saved"
+    assert res.trace.segments_ms["fallback_started"] < 60  # not waiting for the deadline
+    assert "failed before its first token" in (res.trace.fallback_reason or "")
+
+
+async def test_both_failing_raises_a_typed_error() -> None:
+    local, cloud = engines(
+        [0.01, LocalEngineError("x", engine="local")], [CloudConnectionError("refused")]
+    )
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        with pytest.raises((LocalEngineError, CloudConnectionError)):
+            await client.complete("q")
+
+
+async def test_empty_deltas_do_not_win_the_race() -> None:
+    local, cloud = engines([0.2, "real"], [0.12, "", 0.3, "late"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        res = await client.complete("q")
+    assert res.text == "real" and res.trace.engine == "local"
+
+
+async def test_forced_engine_and_private_policy_do_not_race() -> None:
+    local, cloud = engines([0.3, "slow"], [0.0, "cloud"])
+    private = Policy(name="p", prefer="local", allow_cloud=False, ttft_deadline_ms=50)
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        assert (await client.complete("q", engine="local")).text == "slow"
+        assert (await client.complete("q", policy=private)).text == "slow"
+    assert not cloud.requests
