@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -14,8 +15,11 @@ from hybridllm import (
     CloudError,
     CloudTimeoutError,
     Done,
+    Fallback,
     HybridClient,
+    LlamaCppEngine,
     OpenAIEngine,
+    Policy,
     Route,
     Token,
 )
@@ -178,3 +182,20 @@ async def test_no_connection_outlives_the_client(proxy: FaultProxy) -> None:
         await anyio.sleep(0.01)
     assert proxy.connections
     assert all(c.closed_at is not None for c in proxy.connections), proxy.connections
+
+
+async def test_deadline_race_real_engines_stalled_cloud_loses(
+    proxy: FaultProxy, model_path: Path
+) -> None:
+    proxy.faults = Faults(first_byte_stall_ms=10_000)
+    policy = Policy(name="race", prefer="cloud", ttft_deadline_ms=300, max_tokens=8)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    local = LlamaCppEngine(model_path, n_ctx=1024)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        async with client.stream("Say hi.") as s:
+            events = [e async for e in s.events()]
+        closed = await client_closed_at(proxy)
+    assert s.trace.engine == "local" and s.trace.n_tokens > 0
+    assert any(isinstance(e, Fallback) for e in events)
+    assert s.trace.segments_ms["fallback_started"] >= 290
+    assert closed is not None, "the stalled cloud request was not cancelled"
