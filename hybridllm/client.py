@@ -28,6 +28,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import EngineName
+from hybridllm.health import CircuitBreaker
 from hybridllm.orchestrate import race
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.stream import RequestRun, Stream, _Item
@@ -60,6 +61,10 @@ class HybridClient:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
+        self.breakers: dict[EngineName, CircuitBreaker] = {
+            "local": CircuitBreaker(),
+            "cloud": CircuitBreaker(),
+        }
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._sync_cm: AbstractContextManager[HybridClient] | None = None
@@ -136,22 +141,22 @@ class HybridClient:
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
         )
-        target, reason = self._route(pol, engine)
-        backup = self._backup(target, pol) if engine is None else None
+        target, backup, reason = self._route(pol, engine)
         plan: Plan
-        if backup is not None and pol.ttft_deadline_ms is not None:
+        if backup is not None:
+            deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0
             plan = partial(
                 race,
                 primary=target,
                 fallback=backup,
                 request=request,
-                deadline_s=pol.ttft_deadline_ms / 1000.0,
+                deadline_s=deadline,
                 reason=reason,
             )
         else:
             plan = partial(RequestRun.single, engine=target, request=request, reason=reason)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
-        run = RequestRun(trace, send)
+        run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
         self._tg.start_soon(self._drive, run, plan)
         return Stream(run, recv)
@@ -162,19 +167,14 @@ class HybridClient:
         finally:
             self._runs.discard(run)
 
-    def _backup(self, primary: Engine, policy: Policy) -> Engine | None:
-        """The other engine, if the policy allows it (the cloud only where it may be used)."""
-        if primary is self.local:
-            return self.cloud if policy.allow_cloud else None
-        return self.local
-
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
         async with self.stream(messages, **kwargs) as s:
             text = "".join([token async for token in s])
         return Completion(text, s.trace)
 
-    def _route(self, policy: Policy, forced: str | None) -> tuple[Engine, str]:
+    def _route(self, policy: Policy, forced: str | None) -> tuple[Engine, Engine | None, str]:
+        """(primary, backup or None, reason). A forced engine gets no backup."""
         engines = self.engines
         if forced is not None:
             if forced not in ("local", "cloud"):
@@ -183,23 +183,27 @@ class HybridClient:
                 raise errors.PolicyError(f"policy {policy.name!r} keeps requests on the device")
             if forced not in engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
-            return engines[forced], f"engine={forced} forced by the caller"
-        cloud = engines.get("cloud") if policy.allow_cloud else None
+            return engines[forced], None, f"engine={forced} forced by the caller"
         local = engines.get("local")
-        order = (
-            [("cloud", cloud), ("local", local)]
-            if policy.prefer == "cloud"
-            else [("local", local), ("cloud", cloud)]
-        )
-        for name, eng in order:
-            if eng is not None:
-                why = f"policy {policy.name!r} prefers {policy.prefer}"
-                if name != policy.prefer and policy.prefer != "auto":
-                    why += f"; no {policy.prefer} engine available"
-                return eng, why
-        raise errors.PolicyError(
-            f"policy {policy.name!r} allows no engine this client has (cloud disabled)"
-        )
+        cloud = engines.get("cloud") if policy.allow_cloud else None
+        why = f"policy {policy.name!r} prefers {policy.prefer}"
+        # an open circuit sends requests to the local engine at once (when there is one)
+        if cloud is not None and local is not None and not self.breakers["cloud"].allow():
+            cloud = None
+            why += "; cloud circuit open"
+        first, second = (cloud, local) if policy.prefer == "cloud" else (local, cloud)
+        if first is None:
+            first, second = second, None
+            if policy.prefer != "auto":
+                why += f"; no {policy.prefer} engine available"
+        if first is None:
+            raise errors.PolicyError(
+                f"policy {policy.name!r} allows no engine this client has (cloud disabled)"
+            )
+        return first, second, why
+
+    def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+        self.breakers[engine].record(exc)
 
     # ---- blocking wrappers ------------------------------------------------------------------
 

@@ -1,17 +1,16 @@
 """Plans beyond a single engine. For now: the first-token deadline race.
 
-`race()`: the primary starts at once; the deadline counts from the `stream()` call. If the primary
-has produced no content token by then, or fails before its first one, the fallback starts while
-the primary keeps running. The first content token wins and the loser is cancelled at once (its
-stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
-empty deltas never win.
+`race()`: the primary starts at once; the deadline (if the policy has one) counts from the
+`stream()` call. If the primary has produced no content token by then, or fails before its first
+one, the fallback starts while the primary keeps running. The first content token wins and the
+loser is cancelled at once (its stream closed: connection dropped, local decoding stopped).
+Role-only chunks, keep-alives and empty deltas never win.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from contextlib import aclosing
 
 import anyio
 
@@ -29,11 +28,16 @@ async def race(
     fallback: Engine,
     request: GenerationRequest,
     *,
-    deadline_s: float,
+    deadline_s: float | None,
     reason: str,
 ) -> None:
     trace = run.trace
-    run.route(primary, f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms")
+    if deadline_s is None:
+        run.route(primary, f"{reason}; {fallback.name} takes over if it fails before a token")
+    else:
+        run.route(
+            primary, f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
+        )
     send, recv = anyio.create_memory_object_stream[_Item](math.inf)
     scopes: dict[EngineName, anyio.CancelScope] = {}
     pending_marks: dict[EngineName, list[Mark]] = {primary.name: [], fallback.name: []}
@@ -45,9 +49,9 @@ async def race(
     async def contend(engine: Engine, scope: anyio.CancelScope) -> None:
         with scope:
             try:
-                async with aclosing(engine.stream(request)) as chunks:
-                    async for chunk in chunks:
-                        send.send_nowait((engine.name, chunk))
+                await run.relay(
+                    engine, request, lambda chunk: send.send_nowait((engine.name, chunk))
+                )
                 send.send_nowait((engine.name, None))
             except Exception as exc:  # judged by the coordinator below
                 send.send_nowait((engine.name, exc))
@@ -65,6 +69,8 @@ async def race(
                 run.emit(Fallback(time.perf_counter(), primary.name, fallback.name, why))
 
         async def deadline() -> None:
+            if deadline_s is None:
+                return
             await anyio.sleep(max(0.0, trace.t_start + deadline_s - time.perf_counter()))
             start(fallback, f"no token from {primary.name} within {deadline_s * 1e3:.0f} ms")
 

@@ -29,7 +29,18 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.events import Delta, Done, EngineName, Event, Finish, Mark, Route, Token, Usage
+from hybridllm.events import (
+    Chunk,
+    Delta,
+    Done,
+    EngineName,
+    Event,
+    Finish,
+    Mark,
+    Route,
+    Token,
+    Usage,
+)
 from hybridllm.trace import Trace
 
 
@@ -46,9 +57,15 @@ _Item = Event | _Failure
 class RequestRun:
     """Producer side of one request: runs the plan, feeds events, fills the trace."""
 
-    def __init__(self, trace: Trace, send: MemoryObjectSendStream[_Item]) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        send: MemoryObjectSendStream[_Item],
+        on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
+    ) -> None:
         self.trace = trace
         self._send = send
+        self._on_outcome = on_outcome
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
@@ -104,17 +121,42 @@ class RequestRun:
         self.emit(Usage(now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated))
         self.emit(Done(now, finish.reason, trace))
 
+    async def relay(
+        self, engine: Engine, request: GenerationRequest, handle: Callable[[Chunk], None]
+    ) -> None:
+        """Stream `engine` into `handle`, reporting the engine's health (first content token or
+        a clean finish: healthy; an error: its outcome). The stream is always closed."""
+        healthy = False
+        try:
+            async with aclosing(engine.stream(request)) as chunks:
+                async for chunk in chunks:
+                    if not healthy and isinstance(chunk, Delta) and chunk.text:
+                        healthy = True
+                        self._outcome(engine.name, None)
+                    handle(chunk)
+        except Exception as exc:
+            self._outcome(engine.name, exc)
+            raise
+        if not healthy:
+            self._outcome(engine.name, None)
+
+    def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(engine, exc)
+
     async def single(self, engine: Engine, request: GenerationRequest, reason: str) -> None:
         """The simplest plan: one engine, start to finish."""
         self.route(engine, reason)
-        finish: Finish | None = None
-        async with aclosing(engine.stream(request)) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, Finish):
-                    finish = chunk
-                else:
-                    self.deliver(engine.name, chunk)
-        self.complete(engine.name, finish)
+        finishes: list[Finish] = []
+
+        def handle(chunk: Chunk) -> None:
+            if isinstance(chunk, Finish):
+                finishes.append(chunk)
+            else:
+                self.deliver(engine.name, chunk)
+
+        await self.relay(engine, request, handle)
+        self.complete(engine.name, finishes[-1] if finishes else None)
 
 
 class Stream:

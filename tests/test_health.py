@@ -1,0 +1,69 @@
+"""Circuit breaker: unit tests of the state machine, and routing around an open circuit
+(with `ScriptedEngine` doubles)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hybridllm import (
+    AuthenticationError,
+    CloudConnectionError,
+    HybridClient,
+    Policy,
+    ScriptedEngine,
+)
+from hybridllm.health import CircuitBreaker
+
+
+def test_opens_after_threshold_and_probes_after_reset() -> None:
+    cb = CircuitBreaker(threshold=2, reset_after_s=0.05)
+    assert cb.allow() and cb.state == "closed"
+    cb.record(CloudConnectionError("refused"))
+    assert cb.state == "closed"
+    cb.record(CloudConnectionError("refused"))
+    assert cb.state == "open" and not cb.allow()
+    time.sleep(0.06)
+    assert cb.state == "half-open"
+    assert cb.allow() and not cb.allow()  # one probe at a time
+    cb.record(CloudConnectionError("still down"))
+    assert cb.state == "open"
+    time.sleep(0.06)
+    assert cb.allow()
+    cb.record(None)
+    assert cb.state == "closed" and cb.failures == 0 and cb.allow()
+
+
+def test_configuration_errors_do_not_open_the_circuit() -> None:
+    cb = CircuitBreaker(threshold=1)
+    cb.record(AuthenticationError("bad key", status_code=401))
+    assert cb.state == "closed"
+
+
+@pytest.mark.anyio
+async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
+    down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
+    local = ScriptedEngine("local", tokens=["local"])
+    policy = Policy(name="cloudy", prefer="cloud")
+    async with HybridClient(local=local, cloud=down, policy=policy) as client:
+        client.breakers["cloud"] = CircuitBreaker(threshold=2, reset_after_s=60)
+        for _ in range(2):  # the cloud fails before its first token: the local engine answers
+            res = await client.complete("q")
+            assert res.text == "local" and res.trace.fallback_reason
+        assert client.breakers["cloud"].state == "open"
+        res = await client.complete("q")
+        assert res.text == "local" and "circuit open" in res.trace.route_reason
+        assert res.trace.fallback_reason is None
+    assert len(down.requests) == 2
+
+
+@pytest.mark.anyio
+async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
+    down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
+    async with HybridClient(cloud=down) as client:
+        client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=60)
+        for _ in range(2):
+            with pytest.raises(CloudConnectionError):
+                await client.complete("q")
+    assert len(down.requests) == 2
