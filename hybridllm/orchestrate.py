@@ -81,6 +81,13 @@ async def race(
                 await deadline()
 
         start(primary, "")
+        predicted = primary.predict_ttft_s(request)
+        if deadline_s is not None and predicted is not None and predicted > deadline_s:
+            start(
+                fallback,
+                f"{primary.name} predicts a first token in {predicted * 1e3:.0f} ms, "
+                f"past the {deadline_s * 1e3:.0f} ms deadline",
+            )
         tg.start_soon(timer_task)
         async with recv:
             async for name, item in recv:

@@ -98,3 +98,13 @@ async def test_forced_engine_and_private_policy_do_not_race() -> None:
         assert (await client.complete("q", engine="local")).text == "slow"
         assert (await client.complete("q", policy=private)).text == "slow"
     assert not cloud.requests
+
+
+async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
+    local, cloud = engines([0.5, "slow"], [0.02, "fast"])
+    local.predicted_ttft_s = 0.5  # e.g. a long local queue or a prompt too long to prefill
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        res = await client.complete("q")
+    assert res.text == "fast" and res.trace.engine == "cloud"
+    assert res.trace.segments_ms["fallback_started"] < 50
+    assert "predicts" in (res.trace.fallback_reason or "")

@@ -55,5 +55,9 @@ class Engine(Protocol):
 
     def info(self) -> EngineInfo: ...
 
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        """Expected seconds to the first token if `request` were sent now (None: unknown)."""
+        ...
+
     async def aclose(self) -> None:
         """Release every resource (threads, sockets, model memory). Idempotent."""

@@ -140,6 +140,13 @@ class LlamaCppEngine:
             wait += max(0.0, est - (time.perf_counter() - started))
         return wait
 
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        """Queue wait plus prefill of the prompt (its tokens estimated from its length)."""
+        if self.prefill_tps is None:
+            return None
+        chars = sum(len(m.get("content", "")) for m in request.messages)
+        return self.expected_wait_s() + (chars / 4 + 8 * len(request.messages)) / self.prefill_tps
+
     def estimate_s(self, prompt_tokens: int, max_tokens: int) -> float:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
         return prefill + max_tokens * (self.tpot_s or 0.0)

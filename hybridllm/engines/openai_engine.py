@@ -70,6 +70,9 @@ class OpenAIEngine:
             name=self.name, model=self.model, can_verify=True, queue_depth=self._active
         )
 
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        return None  # learned from traces by the latency model (a later issue)
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:

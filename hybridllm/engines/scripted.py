@@ -47,9 +47,13 @@ class ScriptedEngine:
         self.closed_streams = 0
         self.emitted = 0
         self.started = False
+        self.predicted_ttft_s: float | None = None  # what predict_ttft_s() answers
 
     async def start(self) -> None:
         self.started = True
+
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        return self.predicted_ttft_s
 
     def info(self) -> EngineInfo:
         return EngineInfo(name=self.name, model=self.model, queue_depth=self.active)
