@@ -13,6 +13,8 @@ event loop thread.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -61,6 +63,10 @@ class HybridClient:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
+        self._ttft_ms: dict[EngineName, deque[float]] = {
+            "local": deque(maxlen=100),
+            "cloud": deque(maxlen=100),
+        }
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(),
             "cloud": CircuitBreaker(),
@@ -152,6 +158,7 @@ class HybridClient:
                 request=request,
                 deadline_s=deadline,
                 reason=reason,
+                hedge_s=self._hedge_s(pol, target.name),
             )
         else:
             plan = partial(RequestRun.single, engine=target, request=request, reason=reason)
@@ -166,6 +173,20 @@ class HybridClient:
             await run.run(plan)
         finally:
             self._runs.discard(run)
+            tr = run.trace
+            if tr.engine is not None and tr.ttft_ms is not None and tr.error is None:
+                self._ttft_ms[tr.engine].append(tr.ttft_ms)
+
+    def _hedge_s(self, policy: Policy, primary: EngineName) -> float | None:
+        """When to hedge: the policy's delay, or the primary's observed p95 TTFT for "auto"."""
+        if policy.hedge_after_ms is None:
+            return None
+        if policy.hedge_after_ms != "auto":
+            return policy.hedge_after_ms / 1000.0
+        seen = self._ttft_ms[primary]
+        if len(seen) < 5:
+            return None  # not enough history yet: the deadline alone applies
+        return statistics.quantiles(seen, n=20, method="inclusive")[18] / 1000.0
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""

@@ -30,6 +30,7 @@ async def race(
     *,
     deadline_s: float | None,
     reason: str,
+    hedge_s: float | None = None,
 ) -> None:
     trace = run.trace
     if deadline_s is None:
@@ -62,6 +63,8 @@ async def race(
             if engine.name in scopes:
                 return
             scopes[engine.name] = scope = anyio.CancelScope()
+            if engine.name not in trace.started:
+                trace.started.append(engine.name)
             tg.start_soon(contend, engine, scope)
             if engine is fallback:
                 trace.fallback_reason = why
@@ -69,10 +72,16 @@ async def race(
                 run.emit(Fallback(time.perf_counter(), primary.name, fallback.name, why))
 
         async def deadline() -> None:
-            if deadline_s is None:
+            hedge_first = hedge_s is not None and (deadline_s is None or hedge_s < deadline_s)
+            at = hedge_s if hedge_first else deadline_s
+            if at is None:
                 return
-            await anyio.sleep(max(0.0, trace.t_start + deadline_s - time.perf_counter()))
-            start(fallback, f"no token from {primary.name} within {deadline_s * 1e3:.0f} ms")
+            await anyio.sleep(max(0.0, trace.t_start + at - time.perf_counter()))
+            if hedge_first:
+                trace.hedged = True
+                start(fallback, f"hedge: no token from {primary.name} within {at * 1e3:.0f} ms")
+            else:
+                start(fallback, f"no token from {primary.name} within {at * 1e3:.0f} ms")
 
         timer = anyio.CancelScope()
 

@@ -92,6 +92,8 @@ class RequestRun:
         self.scope.cancel()
 
     def route(self, engine: Engine, reason: str) -> None:
+        if not self.trace.started:
+            self.trace.started.append(engine.name)
         self.trace.engine = engine.name
         self.trace.route_reason = reason
         self.emit(Route(time.perf_counter(), engine.name, reason))

@@ -18,6 +18,8 @@ class Trace:
     engine: EngineName | None = None
     route_reason: str = ""
     fallback_reason: str | None = None
+    started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
+    hedged: bool = False  # the backup was started by a hedge
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None

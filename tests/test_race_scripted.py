@@ -108,3 +108,26 @@ async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
     assert res.text == "fast" and res.trace.engine == "cloud"
     assert res.trace.segments_ms["fallback_started"] < 50
     assert "predicts" in (res.trace.fallback_reason or "")
+
+
+async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
+    local, cloud = engines([0.3, "slow"], [0.02, "hedged"])
+    policy = Policy(name="h", prefer="local", ttft_deadline_ms=1000, hedge_after_ms=50)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        res = await client.complete("q")
+    tr = res.trace
+    assert res.text == "hedged" and tr.hedged and tr.started == ["local", "cloud"]
+    assert 45 <= tr.segments_ms["fallback_started"] < 200
+    assert "hedge" in (tr.fallback_reason or "")
+
+
+async def test_auto_hedge_follows_the_primary_p95() -> None:
+    local, cloud = engines([0.03, "ok"], [0.0, "cloud"])
+    policy = Policy(name="h", prefer="local", hedge_after_ms="auto")
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        for _ in range(6):  # history: local answers in about 30 ms
+            assert (await client.complete("q")).trace.started == ["local"]
+        local.script = [0.5, "stuck"]
+        res = await client.complete("q")
+    assert res.text == "cloud" and res.trace.hedged
+    assert res.trace.segments_ms["fallback_started"] < 150
