@@ -161,7 +161,14 @@ class HybridClient:
                 hedge_s=self._hedge_s(pol, target.name),
             )
         else:
-            plan = partial(RequestRun.single, engine=target, request=request, reason=reason)
+            plan = partial(
+                RequestRun.single,
+                engine=target,
+                request=request,
+                reason=reason,
+                retries=pol.retries,
+                deadline_s=None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0,
+            )
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)

@@ -27,6 +27,8 @@ class Policy(BaseModel):
     # start the backup this long after the call even before the deadline; "auto": at the
     # primary's observed p95 TTFT (once a few requests have been seen)
     hedge_after_ms: float | Literal["auto"] | None = None
+    # retries of retryable failures before the first token (never past the deadline)
+    retries: int = Field(default=2, ge=0, le=10)
     max_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)

@@ -41,6 +41,7 @@ from hybridllm.events import (
     Token,
     Usage,
 )
+from hybridllm.retry import RetryPolicy
 from hybridllm.trace import Trace
 
 
@@ -146,8 +147,16 @@ class RequestRun:
         if self._on_outcome is not None:
             self._on_outcome(engine, exc)
 
-    async def single(self, engine: Engine, request: GenerationRequest, reason: str) -> None:
-        """The simplest plan: one engine, start to finish."""
+    async def single(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        reason: str,
+        retries: int = 0,
+        deadline_s: float | None = None,
+    ) -> None:
+        """One engine, start to finish; retryable failures before the first token are retried
+        (at most `retries` times, never past the first-token deadline)."""
         self.route(engine, reason)
         finishes: list[Finish] = []
 
@@ -157,7 +166,13 @@ class RequestRun:
             else:
                 self.deliver(engine.name, chunk)
 
-        await self.relay(engine, request, handle)
+        policy = RetryPolicy(
+            retries, None if deadline_s is None else self.trace.t_start + deadline_s
+        )
+        async for attempt in policy.attempts():
+            with attempt:
+                await self.relay(engine, request, handle)
+        self.trace.retries = policy.retried
         self.complete(engine.name, finishes[-1] if finishes else None)
 
 

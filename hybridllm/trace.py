@@ -20,6 +20,7 @@ class Trace:
     fallback_reason: str | None = None
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge
+    retries: int = 0  # retried attempts before the first token
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None

@@ -61,7 +61,7 @@ async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
 @pytest.mark.anyio
 async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
-    async with HybridClient(cloud=down) as client:
+    async with HybridClient(cloud=down, policy=Policy(retries=0)) as client:
         client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=60)
         for _ in range(2):
             with pytest.raises(CloudConnectionError):

@@ -6,11 +6,13 @@ import anyio
 import pytest
 
 from hybridllm import (
+    AuthenticationError,
     CloudConnectionError,
     Fallback,
     HybridClient,
     LocalEngineError,
     Policy,
+    RateLimitError,
     Route,
     ScriptedEngine,
     Token,
@@ -131,3 +133,47 @@ async def test_auto_hedge_follows_the_primary_p95() -> None:
         res = await client.complete("q")
     assert res.text == "cloud" and res.trace.hedged
     assert res.trace.segments_ms["fallback_started"] < 150
+
+
+class FlakyEngine(ScriptedEngine):
+    """A scripted double whose first `failures` requests fail with the given error."""
+
+    def __init__(self, failures: int, error: Exception, **kw: object) -> None:
+        super().__init__("cloud", **kw)  # type: ignore[arg-type]
+        self.failures = failures
+        self.error = error
+        self.plays = list(self.script)
+
+    def stream(self, request):  # type: ignore[no-untyped-def]
+        self.script = [self.error] if len(self.requests) < self.failures else self.plays
+        return super().stream(request)
+
+
+async def test_retryable_failures_are_retried_before_the_first_token() -> None:
+    cloud = FlakyEngine(2, CloudConnectionError("refused"), tokens=["ok"])
+    async with HybridClient(cloud=cloud) as client:
+        res = await client.complete("q")
+    assert res.text == "ok" and res.trace.retries == 2 and len(cloud.requests) == 3
+
+
+async def test_retry_after_is_honoured() -> None:
+    limited = RateLimitError("slow down", status_code=429, retry_after=0.2)
+    cloud = FlakyEngine(1, limited, tokens=["ok"])
+    async with HybridClient(cloud=cloud) as client:
+        res = await client.complete("q")
+    assert res.text == "ok" and res.trace.ttft_ms is not None and res.trace.ttft_ms >= 190
+
+
+async def test_no_retry_past_the_deadline_or_for_bad_requests() -> None:
+    limited = RateLimitError("slow down", status_code=429, retry_after=5.0)
+    cloud = FlakyEngine(1, limited, tokens=["ok"])
+    policy = Policy(name="d", prefer="cloud", ttft_deadline_ms=500)
+    async with HybridClient(cloud=cloud, policy=policy) as client:
+        with pytest.raises(RateLimitError):
+            await client.complete("q")
+    assert len(cloud.requests) == 1
+    bad = FlakyEngine(1, AuthenticationError("bad key", status_code=401), tokens=["ok"])
+    async with HybridClient(cloud=bad) as client:
+        with pytest.raises(AuthenticationError):
+            await client.complete("q")
+    assert len(bad.requests) == 1
