@@ -64,6 +64,7 @@ class LlamaCppEngine:
         self._session: LlamaSession | None = None
         self._start_lock = anyio.Lock()
         self._lock = anyio.Lock()  # one generation at a time, FIFO
+        self._prepare_lock = anyio.Lock()
         self._ids = itertools.count()
         self._pending: dict[int, float] = {}  # queued request id -> estimated seconds
         self._active: tuple[float, float] | None = None  # (started at, estimated seconds)
@@ -160,7 +161,9 @@ class LlamaCppEngine:
             raise errors.ClientStateError("the local engine was closed")
         # Template, tokenize and context check happen before queueing: no model work. The
         # tokenizer does no ggml compute, so it may run off the llama thread.
-        prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        # Requests queue in the order of their calls: tokenizing one at a time keeps that order.
+        async with self._prepare_lock:
+            prepared = await anyio.to_thread.run_sync(session.prepare, request)
         new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
         rid = next(self._ids)
         self._pending[rid] = self.estimate_s(new_tokens, prepared.max_tokens)
