@@ -159,6 +159,7 @@ class HybridClient:
                 deadline_s=deadline,
                 reason=reason,
                 hedge_s=self._hedge_s(pol, target.name),
+                stall_s=None if pol.stall_ms is None else pol.stall_ms / 1000.0,
             )
         else:
             plan = partial(

@@ -1,25 +1,130 @@
-"""Plans beyond a single engine. For now: the first-token deadline race.
+"""Plans beyond a single engine: the first-token race, hedging and mid-stream failover.
 
 `race()`: the primary starts at once; the deadline (if the policy has one) counts from the
-`stream()` call. If the primary has produced no content token by then, or fails before its first
-one, the fallback starts while the primary keeps running. The first content token wins and the
-loser is cancelled at once (its stream closed: connection dropped, local decoding stopped).
-Role-only chunks, keep-alives and empty deltas never win.
+`stream()` call. If the primary has produced no content token by then, fails before its first
+one, predicts a first token past the deadline, or a hedge delay passes, the fallback starts while
+the primary keeps running. The first content token wins and the loser is cancelled at once (its
+stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
+empty deltas never win.
+
+Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
+inter-token limit moves the answer to the other engine, which continues from the text already
+delivered (given as the start of the assistant turn): nothing repeated, nothing dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
 
 import anyio
+from anyio.abc import TaskGroup
 
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import EngineError
-from hybridllm.events import Chunk, EngineName, Fallback, Finish, Mark
+from hybridllm.events import Chunk, Fallback, Finish, Mark
 from hybridllm.stream import RequestRun
 
-_Item = tuple[EngineName, Chunk | Exception | None]  # None: that engine's stream ended
+_Item = tuple[int, Chunk | Exception | None]  # contender id; None: that stream ended
+
+
+class StallError(EngineError):
+    """The serving engine went quiet for longer than the policy's inter-token limit."""
+
+
+@dataclasses.dataclass
+class _Contender:
+    engine: Engine
+    scope: anyio.CancelScope
+    marks: list[Mark] = dataclasses.field(default_factory=list)
+
+
+class _Race:
+    def __init__(
+        self,
+        run: RequestRun,
+        primary: Engine,
+        fallback: Engine,
+        request: GenerationRequest,
+        tg: TaskGroup,
+    ) -> None:
+        self.run = run
+        self.primary = primary
+        self.fallback = fallback
+        self.request = request
+        self.tg = tg
+        self.send, self.recv = anyio.create_memory_object_stream[_Item](math.inf)
+        self.ids = itertools.count()
+        self.contenders: dict[int, _Contender] = {}
+        self.failed: set[int] = set()
+        self.winner: int | None = None
+        self.finish: Finish | None = None
+        self.failovers = 0
+
+    def start(self, engine: Engine, request: GenerationRequest) -> int:
+        cid = next(self.ids)
+        self.contenders[cid] = c = _Contender(engine, anyio.CancelScope())
+        if engine.name not in self.run.trace.started:
+            self.run.trace.started.append(engine.name)
+        self.tg.start_soon(self._contend, cid, c, request)
+        return cid
+
+    def start_fallback(self, why: str) -> None:
+        if any(c.engine is self.fallback for c in self.contenders.values()):
+            return
+        trace = self.run.trace
+        trace.fallback_reason = why
+        trace.mark("fallback_started")
+        self.run.emit(Fallback(time.perf_counter(), self.primary.name, self.fallback.name, why))
+        self.start(self.fallback, self.request)
+
+    async def _contend(self, cid: int, c: _Contender, request: GenerationRequest) -> None:
+        with c.scope:
+            try:
+                await self.run.relay(c.engine, request, lambda ch: self.send.send_nowait((cid, ch)))
+                self.send.send_nowait((cid, None))
+            except Exception as exc:  # judged by the coordinator
+                self.send.send_nowait((cid, exc))
+
+    def crown(self, cid: int) -> None:
+        """`cid` delivered first: cancel the others, replay its marks."""
+        self.winner = cid
+        for other, c in self.contenders.items():
+            if other != cid:
+                c.scope.cancel()
+        c = self.contenders[cid]
+        self.run.trace.engine = c.engine.name
+        for mark in c.marks:
+            self.run.trace.mark(mark.name, mark.t)
+
+    def failover(self, exc: Exception, allowed: bool) -> bool:
+        """The winner failed mid-stream: continue on the other engine from the delivered text."""
+        old = self.contenders[self.winner] if self.winner is not None else None
+        if old is None or not allowed or self.failovers >= 1:
+            return False
+        other = self.fallback if old.engine is self.primary else self.primary
+        self.failovers += 1
+        delivered = self.run.delivered_text
+        trace = self.run.trace
+        trace.switches.append(
+            (time.perf_counter(), old.engine.name, other.name, str(exc), len(delivered))
+        )
+        self.run.emit(
+            Fallback(
+                time.perf_counter(),
+                old.engine.name,
+                other.name,
+                f"{old.engine.name} failed mid-stream: {exc}",
+            )
+        )
+        old.scope.cancel()
+        cont = dataclasses.replace(
+            self.request, assistant_prefix=self.request.assistant_prefix + delivered
+        )
+        self.crown(self.start(other, cont))
+        return True
 
 
 async def race(
@@ -31,126 +136,94 @@ async def race(
     deadline_s: float | None,
     reason: str,
     hedge_s: float | None = None,
+    stall_s: float | None = None,
+    failover: bool = True,
 ) -> None:
     trace = run.trace
     if deadline_s is None:
-        run.route(primary, f"{reason}; {fallback.name} takes over if it fails before a token")
+        why = f"{reason}; {fallback.name} takes over if it fails"
     else:
-        run.route(
-            primary, f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
-        )
-    send, recv = anyio.create_memory_object_stream[_Item](math.inf)
-    scopes: dict[EngineName, anyio.CancelScope] = {}
-    pending_marks: dict[EngineName, list[Mark]] = {primary.name: [], fallback.name: []}
-    failures: dict[EngineName, Exception] = {}
-    winner: EngineName | None = None
-    finish: Finish | None = None
+        why = f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
+    run.route(primary, why)
     fatal: Exception | None = None
-
-    async def contend(engine: Engine, scope: anyio.CancelScope) -> None:
-        with scope:
-            try:
-                await run.relay(
-                    engine, request, lambda chunk: send.send_nowait((engine.name, chunk))
-                )
-                send.send_nowait((engine.name, None))
-            except Exception as exc:  # judged by the coordinator below
-                send.send_nowait((engine.name, exc))
-
     async with anyio.create_task_group() as tg:
-
-        def start(engine: Engine, why: str) -> None:
-            if engine.name in scopes:
-                return
-            scopes[engine.name] = scope = anyio.CancelScope()
-            if engine.name not in trace.started:
-                trace.started.append(engine.name)
-            tg.start_soon(contend, engine, scope)
-            if engine is fallback:
-                trace.fallback_reason = why
-                trace.mark("fallback_started")
-                run.emit(Fallback(time.perf_counter(), primary.name, fallback.name, why))
-
-        async def deadline() -> None:
-            hedge_first = hedge_s is not None and (deadline_s is None or hedge_s < deadline_s)
-            at = hedge_s if hedge_first else deadline_s
-            if at is None:
-                return
-            await anyio.sleep(max(0.0, trace.t_start + at - time.perf_counter()))
-            if hedge_first:
-                trace.hedged = True
-                start(fallback, f"hedge: no token from {primary.name} within {at * 1e3:.0f} ms")
-            else:
-                start(fallback, f"no token from {primary.name} within {at * 1e3:.0f} ms")
-
+        r = _Race(run, primary, fallback, request, tg)
         timer = anyio.CancelScope()
 
         async def timer_task() -> None:
             with timer:
-                await deadline()
+                hedge_first = hedge_s is not None and (deadline_s is None or hedge_s < deadline_s)
+                at = hedge_s if hedge_first else deadline_s
+                if at is None:
+                    return
+                await anyio.sleep(max(0.0, trace.t_start + at - time.perf_counter()))
+                trace.hedged = hedge_first
+                kind = "hedge: no" if hedge_first else "no"
+                r.start_fallback(f"{kind} token from {primary.name} within {at * 1e3:.0f} ms")
 
-        start(primary, "")
+        r.start(primary, request)
         predicted = primary.predict_ttft_s(request)
         if deadline_s is not None and predicted is not None and predicted > deadline_s:
-            start(
-                fallback,
-                f"{primary.name} predicts a first token in {predicted * 1e3:.0f} ms, "
-                f"past the {deadline_s * 1e3:.0f} ms deadline",
+            r.start_fallback(
+                f"{primary.name} predicts a first token in {predicted * 1e3:.0f} "
+                f"ms, past the {deadline_s * 1e3:.0f} ms deadline"
             )
         tg.start_soon(timer_task)
-        async with recv:
-            async for name, item in recv:
-                if winner is not None and name != winner:
-                    continue  # what the loser sent before it was cancelled
-                if item is None and winner is None:  # ended without a token or a finish
+        async with r.recv:
+            while True:
+                item: Chunk | Exception | None
+                with anyio.move_on_after(
+                    math.inf if r.winner is None or stall_s is None else stall_s
+                ) as quiet:
+                    cid, item = await r.recv.receive()
+                if quiet.cancelled_caught:  # the serving engine stalled
+                    assert r.winner is not None
+                    name = r.contenders[r.winner].engine.name
+                    limit_ms = (stall_s or 0.0) * 1e3
+                    cid, item = (
+                        r.winner,
+                        StallError(
+                            f"no token for {limit_ms:.0f} ms", engine=name, received_content=True
+                        ),
+                    )
+                if r.winner is not None and cid != r.winner:
+                    continue  # what a cancelled contender sent before it stopped
+                name = r.contenders[cid].engine.name
+                if item is None and r.winner is None:  # ended without a token or a finish
                     item = EngineError("the engine stopped without finishing", engine=name)
                 if isinstance(item, Exception):
-                    if winner == name:
-                        fatal = item  # failed after its first token (failover is a later issue)
+                    if r.winner == cid:
+                        if r.failover(item, failover):
+                            continue
+                        fatal = item
                         break
-                    failures[name] = item
-                    if name == primary.name:
-                        start(fallback, f"{primary.name} failed before its first token: {item}")
-                    if len(failures) == len(scopes):
+                    r.failed.add(cid)
+                    if r.contenders[cid].engine is primary:
+                        r.start_fallback(f"{primary.name} failed before its first token: {item}")
+                    if r.failed == set(r.contenders):
                         fatal = item  # every engine that was tried has failed
                         break
                     continue
                 if item is None:
                     break  # the winner's stream ended
                 if isinstance(item, Finish):
-                    finish = item
-                    if winner is None:  # an empty answer finished first: it wins
-                        winner = _crown(run, name, scopes, pending_marks, timer)
+                    r.finish = item
+                    if r.winner is None:  # an empty answer finished first: it wins
+                        r.crown(cid)
+                        timer.cancel()
                     continue
-                if winner is None:
+                if r.winner is None:
                     if isinstance(item, Mark) or not item.text:
                         if isinstance(item, Mark):
-                            pending_marks[name].append(item)
+                            r.contenders[cid].marks.append(item)
                         continue
-                    winner = _crown(run, name, scopes, pending_marks, timer)
+                    r.crown(cid)
+                    timer.cancel()
                 run.deliver(name, item)
-        for scope in scopes.values():
-            scope.cancel()
+        for c in r.contenders.values():
+            c.scope.cancel()
         timer.cancel()
     if fatal is not None:
         raise fatal  # outside the task group: the app gets the engine's own typed error
-    assert winner is not None
-    run.complete(winner, finish)
-
-
-def _crown(
-    run: RequestRun,
-    name: EngineName,
-    scopes: dict[EngineName, anyio.CancelScope],
-    pending_marks: dict[EngineName, list[Mark]],
-    timer: anyio.CancelScope,
-) -> EngineName:
-    """`name` delivered first: cancel the others and the deadline, replay its marks."""
-    timer.cancel()
-    for other, scope in scopes.items():
-        if other != name:
-            scope.cancel()
-    run.trace.engine = name
-    for mark in pending_marks[name]:
-        run.trace.mark(mark.name, mark.t)
-    return name
+    assert r.winner is not None
+    run.complete(r.contenders[r.winner].engine.name, r.finish)

@@ -27,6 +27,8 @@ class Policy(BaseModel):
     # start the backup this long after the call even before the deadline; "auto": at the
     # primary's observed p95 TTFT (once a few requests have been seen)
     hedge_after_ms: float | Literal["auto"] | None = None
+    # a serving engine silent for longer than this mid-answer counts as failed (failover)
+    stall_ms: float | None = Field(default=None, gt=0)
     # retries of retryable failures before the first token (never past the deadline)
     retries: int = Field(default=2, ge=0, le=10)
     max_tokens: int = Field(default=256, ge=1)

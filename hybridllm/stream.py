@@ -67,6 +67,7 @@ class RequestRun:
         self.trace = trace
         self._send = send
         self._on_outcome = on_outcome
+        self._delivered: list[str] = []
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
@@ -105,7 +106,13 @@ class RequestRun:
             self.trace.mark(chunk.name, chunk.t)
         elif chunk.text:
             self.trace.token(chunk.t)
+            self._delivered.append(chunk.text)
             self.emit(Token(chunk.t, chunk.text, engine))
+
+    @property
+    def delivered_text(self) -> str:
+        """Everything handed to the app so far."""
+        return "".join(self._delivered)
 
     def complete(self, engine: EngineName, finish: Finish | None) -> None:
         """Record the usage and end the request."""

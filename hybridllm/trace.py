@@ -21,6 +21,8 @@ class Trace:
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge
     retries: int = 0  # retried attempts before the first token
+    # mid-stream switches: (time, from engine, to engine, why, characters delivered before)
+    switches: list[tuple[float, str, str, str, int]] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None

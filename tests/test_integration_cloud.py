@@ -199,3 +199,25 @@ async def test_deadline_race_real_engines_stalled_cloud_loses(
     assert any(isinstance(e, Fallback) for e in events)
     assert s.trace.segments_ms["fallback_started"] >= 290
     assert closed is not None, "the stalled cloud request was not cancelled"
+
+
+async def test_mid_stream_reset_continues_on_the_real_local_engine(
+    proxy: FaultProxy, model_path: Path
+) -> None:
+    proxy.faults = Faults(reset_after_bytes=3000)
+    policy = Policy(name="failover", prefer="cloud", max_tokens=60, temperature=0)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    local = LlamaCppEngine(model_path, n_ctx=1024)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        async with client.stream(LONG) as s:
+            events = [e async for e in s.events()]
+    tokens = [e for e in events if isinstance(e, Token)]
+    cloud_part = "".join(t.text for t in tokens if t.engine == "cloud")
+    local_part = "".join(t.text for t in tokens if t.engine == "local")
+    print(f"cloud: {cloud_part!r}\nlocal: {local_part!r}")
+    assert cloud_part and local_part, "both engines contributed to one answer"
+    assert [t.engine for t in tokens] == sorted([t.engine for t in tokens])  # cloud, then local
+    tr = s.trace
+    assert len(tr.switches) == 1 and tr.switches[0][1:3] == ("cloud", "local")
+    assert tr.switches[0][4] == len(cloud_part)  # continued from exactly what was delivered
+    assert any(isinstance(e, Fallback) for e in events) and tr.engine == "local"

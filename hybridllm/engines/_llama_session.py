@@ -123,7 +123,7 @@ class LlamaSession:
 
     def prepare(self, request: GenerationRequest) -> Prepared:
         """Template and tokenize; refuse a prompt that does not fit before any model work."""
-        tokens = self.tokenize(self.render(request.messages))
+        tokens = self.tokenize(self.render(request.messages) + request.assistant_prefix)
         room = self.n_ctx - len(tokens)
         if room < 1:
             raise errors.ContextOverflowError(

@@ -26,6 +26,8 @@ class GenerationRequest:
     top_p: float = 0.95
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # text the answer must continue from (mid-stream failover): the start of the assistant turn
+    assistant_prefix: str = ""
     extra: Mapping[str, object] = field(default_factory=dict)
 
 

@@ -23,6 +23,10 @@ from hybridllm import errors
 from hybridllm.engines.base import EngineInfo, GenerationRequest
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 
+CONTINUE_INSTRUCTION = (
+    "Your previous answer was cut off. Continue it exactly where it stopped, mid-word if need "
+    "be; do not repeat any of it and do not comment."
+)
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 
 
@@ -73,6 +77,17 @@ class OpenAIEngine:
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None  # learned from traces by the latency model (a later issue)
 
+    def _messages(self, request: GenerationRequest) -> list[dict[str, str]]:
+        """The chat messages; a continuation (failover) adds the delivered text as a partial
+        assistant turn and asks the model to go on from it without repeating it."""
+        messages = [dict(m) for m in request.messages]
+        if request.assistant_prefix:
+            messages += [
+                {"role": "assistant", "content": request.assistant_prefix},
+                {"role": "user", "content": CONTINUE_INSTRUCTION},
+            ]
+        return messages
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -101,7 +116,7 @@ class OpenAIEngine:
             try:
                 raw = await self._client.chat.completions.with_raw_response.create(
                     model=self.model,
-                    messages=[dict(m) for m in request.messages],  # type: ignore[misc]
+                    messages=self._messages(request),  # type: ignore[arg-type]
                     max_tokens=request.max_tokens,
                     temperature=request.temperature,
                     top_p=request.top_p,
