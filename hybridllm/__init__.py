@@ -9,6 +9,7 @@ from hybridllm.engines import (
     ScriptedEngine,
 )
 from hybridllm.errors import (
+    AllEnginesFailedError,
     AuthenticationError,
     ClientStateError,
     CloudConnectionError,
@@ -30,7 +31,7 @@ from hybridllm.errors import (
     RateLimitError,
     ServerError,
 )
-from hybridllm.events import Done, Event, Fallback, Route, Token, Usage
+from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
 from hybridllm.policy import Policy
 from hybridllm.stream import Stream
 from hybridllm.trace import Trace
@@ -51,6 +52,8 @@ __all__ = [
     "EngineError",
     "Event",
     "Fallback",
+    "Hedge",
+    "AllEnginesFailedError",
     "GenerationRequest",
     "HybridClient",
     "HybridError",

@@ -11,6 +11,8 @@ HybridError
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
 └── EngineError                 an engine failed while serving a request
+    ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
+    ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     └── CloudError              an OpenAI-compatible endpoint failed
@@ -88,6 +90,27 @@ class EngineError(HybridError):
     @property
     def retryable(self) -> bool:
         return False
+
+
+class AllEnginesFailedError(EngineError):
+    """No engine could answer. `attempts`: (engine, error, ms since the stream() call) each."""
+
+    def __init__(
+        self, attempts: list[tuple[str, BaseException, float]], *, received_content: bool
+    ) -> None:
+        self.attempts = attempts
+        lines = "; ".join(
+            f"{eng} at {ms:.0f} ms: {type(e).__name__}: {e}" for eng, e, ms in attempts
+        )
+        super().__init__(
+            f"no engine could answer ({lines})",
+            engine=attempts[-1][0] if attempts else "local",
+            received_content=received_content,
+        )
+
+
+class DeadlineMissError(EngineError):
+    """An engine produced no token before the deadline and lost the race (health bookkeeping)."""
 
 
 class ContextOverflowError(EngineError):

@@ -4,7 +4,8 @@
 Event                 what the app sees through `Stream.events()`
 ├── Route             which engine serves the request, and why
 ├── Token             one piece of answer text (never empty)
-├── Fallback          the answer moved to another engine (later issues)
+├── Fallback          another engine was started (deadline, failure, mid-stream failover)
+│   └── Hedge         ... started early by a hedge
 ├── Usage             token counts as reported (or counted) by the engine
 └── Done              the request finished; carries the final trace
 ```
@@ -48,6 +49,11 @@ class Fallback(Event):
     from_engine: EngineName
     to_engine: EngineName
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hedge(Fallback):
+    """The backup was started early by a hedge (not because the primary failed)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Circuit breakers: stop waiting on an engine that keeps failing.
 
-After `threshold` consecutive failures the circuit opens: requests skip that engine (the local
+After `threshold` consecutive failures (errors, or lost races past the first-token deadline) the
+circuit opens: requests skip that engine (the local
 engine serves at once instead of waiting for timeouts). After `reset_after_s` it is half-open:
 one request may probe it; success closes the circuit, failure opens it again.
 """
@@ -22,12 +23,13 @@ UNHEALTHY = (
     errors.ServerError,
     errors.RateLimitError,
     errors.CloudProtocolError,
+    errors.DeadlineMissError,
 )
 
 
 @dataclass
 class CircuitBreaker:
-    threshold: int = 3
+    threshold: int = 2
     reset_after_s: float = 30.0
     failures: int = 0
     opened_at: float | None = None

@@ -23,8 +23,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.errors import EngineError
-from hybridllm.events import Chunk, Fallback, Finish, Mark
+from hybridllm.errors import AllEnginesFailedError, DeadlineMissError, EngineError
+from hybridllm.events import Chunk, Fallback, Finish, Hedge, Mark
 from hybridllm.stream import RequestRun
 
 _Item = tuple[int, Chunk | Exception | None]  # contender id; None: that stream ended
@@ -62,6 +62,8 @@ class _Race:
         self.winner: int | None = None
         self.finish: Finish | None = None
         self.failovers = 0
+        self.attempts: list[tuple[str, BaseException, float]] = []
+        self.deadline_at: float | None = None
 
     def start(self, engine: Engine, request: GenerationRequest) -> int:
         cid = next(self.ids)
@@ -71,14 +73,23 @@ class _Race:
         self.tg.start_soon(self._contend, cid, c, request)
         return cid
 
-    def start_fallback(self, why: str) -> None:
+    def start_fallback(self, why: str, *, hedge: bool = False) -> None:
         if any(c.engine is self.fallback for c in self.contenders.values()):
             return
         trace = self.run.trace
         trace.fallback_reason = why
+        trace.hedged = hedge
         trace.mark("fallback_started")
-        self.run.emit(Fallback(time.perf_counter(), self.primary.name, self.fallback.name, why))
+        event = Hedge if hedge else Fallback
+        self.run.emit(event(time.perf_counter(), self.primary.name, self.fallback.name, why))
         self.start(self.fallback, self.request)
+
+    def record_failure(self, cid: int, exc: Exception) -> None:
+        ms = (time.perf_counter() - self.run.trace.t_start) * 1e3
+        self.attempts.append((self.contenders[cid].engine.name, exc, ms))
+
+    def all_failed(self) -> AllEnginesFailedError:
+        return AllEnginesFailedError(self.attempts, received_content=bool(self.run.delivered_text))
 
     async def _contend(self, cid: int, c: _Contender, request: GenerationRequest) -> None:
         with c.scope:
@@ -89,8 +100,17 @@ class _Race:
                 self.send.send_nowait((cid, exc))
 
     def crown(self, cid: int) -> None:
-        """`cid` delivered first: cancel the others, replay its marks."""
+        """`cid` delivered first: cancel the others, replay its marks. A primary that lost the
+        race past the deadline is reported as a deadline miss (it may open its circuit)."""
         self.winner = cid
+        late = self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        if late and self.contenders[cid].engine is not self.primary:
+            for other, c in self.contenders.items():
+                if c.engine is self.primary and other not in self.failed:
+                    self.run.outcome(
+                        self.primary.name,
+                        DeadlineMissError("no token before the deadline", engine=self.primary.name),
+                    )
         for other, c in self.contenders.items():
             if other != cid:
                 c.scope.cancel()
@@ -148,6 +168,7 @@ async def race(
     fatal: Exception | None = None
     async with anyio.create_task_group() as tg:
         r = _Race(run, primary, fallback, request, tg)
+        r.deadline_at = None if deadline_s is None else trace.t_start + deadline_s
         timer = anyio.CancelScope()
 
         async def timer_task() -> None:
@@ -157,9 +178,10 @@ async def race(
                 if at is None:
                     return
                 await anyio.sleep(max(0.0, trace.t_start + at - time.perf_counter()))
-                trace.hedged = hedge_first
                 kind = "hedge: no" if hedge_first else "no"
-                r.start_fallback(f"{kind} token from {primary.name} within {at * 1e3:.0f} ms")
+                r.start_fallback(
+                    f"{kind} token from {primary.name} within {at * 1e3:.0f} ms", hedge=hedge_first
+                )
 
         r.start(primary, request)
         predicted = primary.predict_ttft_s(request)
@@ -192,16 +214,18 @@ async def race(
                 if item is None and r.winner is None:  # ended without a token or a finish
                     item = EngineError("the engine stopped without finishing", engine=name)
                 if isinstance(item, Exception):
+                    r.record_failure(cid, item)
                     if r.winner == cid:
                         if r.failover(item, failover):
                             continue
-                        fatal = item
+                        # a failover that failed too: no engine could finish the answer
+                        fatal = r.all_failed() if r.failovers else item
                         break
                     r.failed.add(cid)
                     if r.contenders[cid].engine is primary:
                         r.start_fallback(f"{primary.name} failed before its first token: {item}")
                     if r.failed == set(r.contenders):
-                        fatal = item  # every engine that was tried has failed
+                        fatal = r.all_failed()  # every engine that was tried has failed
                         break
                     continue
                 if item is None:
@@ -224,6 +248,6 @@ async def race(
             c.scope.cancel()
         timer.cancel()
     if fatal is not None:
-        raise fatal  # outside the task group: the app gets the engine's own typed error
+        raise fatal  # outside the task group: the app gets a typed, unwrapped error
     assert r.winner is not None
     run.complete(r.contenders[r.winner].engine.name, r.finish)

@@ -142,15 +142,16 @@ class RequestRun:
                 async for chunk in chunks:
                     if not healthy and isinstance(chunk, Delta) and chunk.text:
                         healthy = True
-                        self._outcome(engine.name, None)
+                        self.outcome(engine.name, None)
                     handle(chunk)
         except Exception as exc:
-            self._outcome(engine.name, exc)
+            self.outcome(engine.name, exc)
             raise
         if not healthy:
-            self._outcome(engine.name, None)
+            self.outcome(engine.name, None)
 
-    def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+    def outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+        """Report an engine's health to the client (circuit breakers)."""
         if self._on_outcome is not None:
             self._on_outcome(engine, exc)
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from hybridllm import CloudConnectionError, Fallback, HybridClient, Policy, ScriptedEngine, Token
+from hybridllm import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    Fallback,
+    HybridClient,
+    Policy,
+    ScriptedEngine,
+    Token,
+)
 from hybridllm.orchestrate import StallError
 
 pytestmark = pytest.mark.anyio
@@ -66,7 +74,9 @@ async def test_failover_happens_once() -> None:
     local = ScriptedEngine("local", script=["two ", 0.01, StallError("x", engine="local")])
     async with HybridClient(local=local, cloud=cloud, policy=CLOUDY) as client:
         got: list[str] = []
-        with pytest.raises(StallError):
+        with pytest.raises(AllEnginesFailedError) as info:
             async for tok in client.stream("q"):
                 got.append(tok)
     assert "".join(got) == "one two "
+    assert [a[0] for a in info.value.attempts] == ["cloud", "local"]
+    assert info.value.received_content

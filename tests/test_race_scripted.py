@@ -6,9 +6,11 @@ import anyio
 import pytest
 
 from hybridllm import (
+    AllEnginesFailedError,
     AuthenticationError,
     CloudConnectionError,
     Fallback,
+    Hedge,
     HybridClient,
     LocalEngineError,
     Policy,
@@ -82,8 +84,11 @@ async def test_both_failing_raises_a_typed_error() -> None:
         [0.01, LocalEngineError("x", engine="local")], [CloudConnectionError("refused")]
     )
     async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
-        with pytest.raises((LocalEngineError, CloudConnectionError)):
+        with pytest.raises(AllEnginesFailedError) as info:
             await client.complete("q")
+    assert [a[0] for a in info.value.attempts] == ["local", "cloud"]
+    assert isinstance(info.value.attempts[1][1], CloudConnectionError)
+    assert "local at" in str(info.value) and "refused" in str(info.value)
 
 
 async def test_empty_deltas_do_not_win_the_race() -> None:
@@ -177,3 +182,39 @@ async def test_no_retry_past_the_deadline_or_for_bad_requests() -> None:
         with pytest.raises(AuthenticationError):
             await client.complete("q")
     assert len(bad.requests) == 1
+
+
+async def test_hedge_events_are_hedges() -> None:
+    local, cloud = engines([0.3, "slow"], [0.0, "fast"])
+    policy = Policy(name="h", prefer="local", hedge_after_ms=20)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+    hedges = [e for e in events if isinstance(e, Hedge)]
+    assert len(hedges) == 1 and "hedge" in hedges[0].reason
+
+
+async def test_a_primary_that_keeps_missing_the_deadline_is_skipped() -> None:
+    cloud = ScriptedEngine("cloud", script=[5.0, "late"])
+    local = ScriptedEngine("local", tokens=["local"])
+    policy = Policy(name="d", prefer="cloud", ttft_deadline_ms=50)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        for _ in range(2):
+            res = await client.complete("q")
+            assert res.text == "local" and res.trace.ttft_ms is not None
+            assert res.trace.ttft_ms >= 45
+        res = await client.complete("q")  # circuit open: local at once
+    assert res.text == "local" and "circuit open" in res.trace.route_reason
+    assert res.trace.ttft_ms is not None and res.trace.ttft_ms < 45
+    assert len(cloud.requests) == 2
+
+
+async def test_cancelling_during_a_race_stops_both_engines() -> None:
+    local, cloud = engines([0.2] + ["x", 0.01] * 50, [0.3, "y"])
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        with anyio.move_on_after(0.15):  # both are running: the deadline has passed
+            async for _ in client.stream("q"):
+                pass
+        await anyio.sleep(0.01)
+        assert local.active == 0 and cloud.active == 0
+        assert len(local.requests) == 1 and len(cloud.requests) == 1
