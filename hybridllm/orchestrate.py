@@ -104,7 +104,8 @@ class _Race:
         race past the deadline is reported as a deadline miss (it may open its circuit)."""
         self.winner = cid
         late = self.deadline_at is not None and time.perf_counter() > self.deadline_at
-        if late and self.contenders[cid].engine is not self.primary:
+        first_crown = not self.run.delivered_text and not self.failovers
+        if late and first_crown and self.contenders[cid].engine is not self.primary:
             for other, c in self.contenders.items():
                 if c.engine is self.primary and other not in self.failed:
                     self.run.outcome(
@@ -126,6 +127,7 @@ class _Race:
             return False
         other = self.fallback if old.engine is self.primary else self.primary
         self.failovers += 1
+        self.failed.add(self.winner)  # type: ignore[arg-type]
         delivered = self.run.delivered_text
         trace = self.run.trace
         trace.switches.append(

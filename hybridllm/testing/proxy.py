@@ -14,9 +14,15 @@ synchronous pytest fixture and from async tests on any event loop::
         ...
         proxy.wait_client_closed(timeout=2.0)   # from async code: anyio.to_thread.run_sync
 
-Faults are read live: setting ``proxy.faults`` affects new connections (``refuse``), and on open
-connections the next response chunk (``latency_ms``, ``jitter_ms``), the next response
-(``first_byte_stall_ms``) and the byte count (``reset_after_bytes``).
+Faults are read live: setting ``proxy.faults`` affects new connections (``refuse`` and the HTTP
+faults), and on open connections the next response chunk (``latency_ms``, ``jitter_ms``), the
+next response (``first_byte_stall_ms``) and the byte count (``reset_after_bytes``).
+
+HTTP-level faults (``http_status``, ``sse_garbage``, ``keepalive_only_s``) make the proxy read the
+first request of a connection (head and ``Content-Length`` body) and answer it itself, without
+contacting the upstream, then close the connection (``Connection: close``: a client's retry
+opens a new one). With ``fail_first=N`` only the first N requests (connections, for ``refuse``)
+after the faults were set are answered that way; later ones reach the real server.
 
 All timestamps are ``time.monotonic()`` values, comparable with the test's own clock.
 """
@@ -26,28 +32,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import http
+import itertools
+import json
+import math
 import random
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
-__all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults"]
+__all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults", "StallDist", "heavy_tail"]
 
-ClosedBy = Literal["client", "upstream", "proxy-reset", "proxy"]
+ClosedBy = Literal["client", "upstream", "proxy-reset", "proxy", "proxy-answer"]
 """Who ended a proxied connection.
 
 ``"client"``: the client closed or reset its side (the upstream connection is then closed too).
 ``"upstream"``: the upstream closed, or could not be reached.
 ``"proxy-reset"``: a fault (``refuse`` or ``reset_after_bytes``) sent a TCP RST to the client.
 ``"proxy"``: the proxy was stopped with the connection still open.
+``"proxy-answer"``: an HTTP fault answered the request and the proxy closed the connection.
 """
+
+StallDist = Callable[[random.Random], float]
+"""Draws one first-byte stall in milliseconds from the proxy's seeded RNG."""
 
 _READ_SIZE = 65536
 _QUEUE_CHUNKS = 256
+_MAX_HEAD = 65536
+
+
+def heavy_tail(
+    median_ms: float = 150.0,
+    p99_ms: float = 3000.0,
+    spike_probability: float = 0.0,
+    spike_ms: float = 5000.0,
+) -> StallDist:
+    """A heavy-tailed stall distribution for ``Faults.first_byte_stall_dist``: lognormal with
+    the given median and 99th percentile, plus (with ``spike_probability``) a fixed ``spike_ms``
+    stall instead (a request stuck in a queue)."""
+    if not 0 < median_ms <= p99_ms:
+        raise ValueError(f"need 0 < median_ms <= p99_ms, got {median_ms!r}, {p99_ms!r}")
+    if not 0.0 <= spike_probability <= 1.0:
+        raise ValueError(f"spike_probability must be in [0, 1], got {spike_probability!r}")
+    mu = math.log(median_ms)
+    sigma = math.log(p99_ms / median_ms) / 2.3263478740408408  # z of the 99th percentile
+
+    def draw(rng: random.Random) -> float:
+        if spike_probability and rng.random() < spike_probability:
+            return spike_ms
+        return rng.lognormvariate(mu, sigma)
+
+    return draw
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +105,21 @@ class Faults:
     - ``reset_after_bytes``: forward this many response bytes per connection, then send the
       client a TCP RST (0: reset on the first response byte, before anything is forwarded).
     - ``refuse``: reset every new connection at once (the client sees a connection reset).
+    - ``first_byte_stall_dist``: draw each stall (ms) from this function of the RNG instead of
+      ``first_byte_stall_ms`` (see :func:`heavy_tail`).
     - ``seed``: seed for the jitter and stall RNG; ``None`` for a random seed.
+
+    HTTP faults (at most one; each answers the request without contacting the upstream, after
+    ``latency_ms`` and any stall, and closes the connection):
+
+    - ``http_status``: a canned response with this status (400-599) and an OpenAI-style JSON
+      error body; ``retry_after_s`` adds a ``Retry-After`` header.
+    - ``sse_garbage``: ``200 text/event-stream`` with malformed events (``data: {not json``).
+    - ``keepalive_only_s``: ``200 text/event-stream`` carrying only SSE comments (``: ping``,
+      every ``keepalive_interval_ms``) for this long (``math.inf``: until the client leaves),
+      then the end of the stream without a single event.
+    - ``fail_first``: apply ``refuse`` and the HTTP faults to the first N connections/requests
+      only (counted from when the faults were set); ``None``: to all.
     """
 
     latency_ms: float = 0.0
@@ -74,18 +128,55 @@ class Faults:
     stall_probability: float = 1.0
     reset_after_bytes: int | None = None
     refuse: bool = False
+    first_byte_stall_dist: StallDist | None = None
     seed: int | None = None
+    http_status: int | None = None
+    retry_after_s: float | None = None
+    sse_garbage: bool = False
+    keepalive_only_s: float | None = None
+    keepalive_interval_ms: float = 100.0
+    fail_first: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("latency_ms", "jitter_ms", "first_byte_stall_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Faults.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("retry_after_s", "keepalive_only_s", "fail_first"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"Faults.{name} must be >= 0, got {value!r}")
+        if self.http_status is not None and not 400 <= self.http_status <= 599:
+            raise ValueError(f"Faults.http_status must be in 400..599, got {self.http_status!r}")
+        if not self.keepalive_interval_ms > 0:
+            raise ValueError(
+                f"Faults.keepalive_interval_ms must be > 0, got {self.keepalive_interval_ms!r}"
+            )
+        chosen = [
+            self.http_status is not None,
+            self.sse_garbage,
+            self.keepalive_only_s is not None,
+        ]
+        if sum(chosen) > 1:
+            raise ValueError("choose at most one of http_status, sse_garbage, keepalive_only_s")
+        if self.retry_after_s is not None and self.http_status is None:
+            raise ValueError("Faults.retry_after_s needs http_status")
         if not 0.0 <= self.stall_probability <= 1.0:
             raise ValueError(
                 f"Faults.stall_probability must be in [0, 1], got {self.stall_probability!r}"
             )
         if self.reset_after_bytes is not None and self.reset_after_bytes < 0:
             raise ValueError(f"Faults.reset_after_bytes must be >= 0, got {self.reset_after_bytes}")
+
+    @property
+    def http_fault(self) -> str | None:
+        """``"HTTP <status>"``, ``"sse_garbage"``, ``"keepalive"`` or None."""
+        if self.http_status is not None:
+            return f"HTTP {self.http_status}"
+        if self.sse_garbage:
+            return "sse_garbage"
+        if self.keepalive_only_s is not None:
+            return "keepalive"
+        return None
 
 
 @dataclass(slots=True)
@@ -104,6 +195,10 @@ class ConnectionRecord:
     bytes_down: int = 0
     first_byte_down_at: float | None = None
     error: str | None = None
+    http_fault: str | None = None
+    """The HTTP fault the proxy answered this connection's request with (``Faults.http_fault``)."""
+    request_head: bytes | None = None
+    """The request line and headers, when an HTTP fault made the proxy read them."""
 
 
 class FaultProxy:
@@ -127,6 +222,7 @@ class FaultProxy:
         self._port: int | None = None
         self._faults = faults if faults is not None else Faults()
         self._rng = random.Random(self._faults.seed)
+        self._failed = 0  # connections/requests that got refuse or an HTTP fault (fail_first)
         self._records: list[ConnectionRecord] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -146,6 +242,7 @@ class FaultProxy:
         with self._cond:
             self._faults = faults
             self._rng = random.Random(faults.seed)
+            self._failed = 0
 
     @property
     def port(self) -> int:
@@ -260,12 +357,29 @@ class FaultProxy:
                     rec.client_closed_at = now
             self._cond.notify_all()
 
-    def _draw(self, faults: Faults) -> tuple[float, bool]:
-        """One jitter draw (seconds) and one stall draw, from the seeded RNG."""
+    def _draw(self, faults: Faults, first: bool) -> float:
+        """Seconds to delay a chunk: latency, a jitter draw and, for the first chunk of a
+        response, a stall draw (all from the seeded RNG)."""
         with self._cond:
-            jitter = self._rng.uniform(0.0, faults.jitter_ms) if faults.jitter_ms > 0 else 0.0
-            stall = faults.stall_probability >= 1.0 or self._rng.random() < faults.stall_probability
-        return jitter / 1000.0, stall
+            delay = faults.latency_ms
+            if faults.jitter_ms > 0:
+                delay += self._rng.uniform(0.0, faults.jitter_ms)
+            if first and (faults.first_byte_stall_ms > 0 or faults.first_byte_stall_dist):
+                p = faults.stall_probability
+                if p >= 1.0 or self._rng.random() < p:
+                    dist = faults.first_byte_stall_dist
+                    delay += max(0.0, dist(self._rng)) if dist else faults.first_byte_stall_ms
+        return delay / 1000.0
+
+    def _take_failure(self, faults: Faults) -> bool:
+        """Whether this connection/request gets the fault (``fail_first`` not used up)."""
+        with self._cond:
+            if faults is not self._faults:  # changed meanwhile: the new faults decide next time
+                return False
+            if faults.fail_first is not None and self._failed >= faults.fail_first:
+                return False
+            self._failed += 1
+            return True
 
     def _thread_main(self) -> None:
         try:
@@ -312,11 +426,24 @@ class FaultProxy:
             self._cond.notify_all()
         u_writer: asyncio.StreamWriter | None = None
         try:
-            if faults.refuse:
+            if faults.refuse and self._take_failure(faults):
                 self._update(rec, refused=True)
                 self._finish(rec, "proxy-reset")
                 _reset(c_writer)
                 return
+            preface = b""
+            if faults.http_fault is not None:
+                request = await _read_request(c_reader)
+                if request is None:  # the client left (or sent no HTTP) before a full request
+                    self._finish(rec, "client", client_closed=True)
+                    return
+                head, body = request
+                self._update(rec, request_head=head, bytes_up=len(head) + len(body))
+                if self._take_failure(faults):
+                    self._update(rec, http_fault=faults.http_fault)
+                    await self._answer(rec, faults, c_reader, c_writer)
+                    return
+                preface = head + body
             try:
                 u_reader, u_writer = await asyncio.open_connection(*self.upstream)
             except OSError as exc:
@@ -324,7 +451,7 @@ class FaultProxy:
                 self._finish(rec, "upstream")
                 _reset(c_writer)
                 return
-            await self._pump(rec, c_reader, c_writer, u_reader, u_writer)
+            await self._pump(rec, c_reader, c_writer, u_reader, u_writer, preface)
         except asyncio.CancelledError:
             self._finish(rec, "proxy")
             raise
@@ -347,10 +474,14 @@ class FaultProxy:
         c_writer: asyncio.StreamWriter,
         u_reader: asyncio.StreamReader,
         u_writer: asyncio.StreamWriter,
+        preface: bytes = b"",
     ) -> None:
         # (deliver_at, data); None marks upstream EOF.
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
         awaiting_response = False  # the client sent bytes since the last response byte
+        if preface:  # a request the proxy already read (to decide on an HTTP fault)
+            awaiting_response = True
+            u_writer.write(preface)
 
         async def client_to_upstream() -> None:
             nonlocal awaiting_response
@@ -384,13 +515,8 @@ class FaultProxy:
                     self._update(rec, upstream_closed_at=now)
                     await queue.put(None)
                     return
-                faults = self._faults
-                jitter, stall = self._draw(faults)
-                delay = faults.latency_ms / 1000.0 + jitter
-                if awaiting_response:
-                    awaiting_response = False
-                    if stall:
-                        delay += faults.first_byte_stall_ms / 1000.0
+                delay = self._draw(self._faults, first=awaiting_response)
+                awaiting_response = False
                 last_deliver = max(last_deliver, now + delay)
                 await queue.put((last_deliver, data))
 
@@ -433,6 +559,37 @@ class FaultProxy:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _answer(
+        self,
+        rec: ConnectionRecord,
+        faults: Faults,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+    ) -> None:
+        """Play the canned response of an HTTP fault, stopping early if the client leaves."""
+        watcher = asyncio.create_task(_until_eof(c_reader))
+        try:
+            wait = self._draw(faults, first=True)
+            for pause, data in _canned(faults):
+                wait += pause
+                if wait > 0:
+                    await asyncio.wait((watcher,), timeout=wait)
+                wait = 0.0
+                if watcher.done():
+                    self._finish(rec, "client", client_closed=True)
+                    return
+                try:
+                    await self._send(rec, c_writer, data)
+                except OSError:
+                    self._finish(rec, "client", client_closed=True)
+                    return
+            await _flush(c_writer)
+            self._finish(rec, "proxy-answer")
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+
     async def _send(self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
         now = time.monotonic()
@@ -442,6 +599,77 @@ class FaultProxy:
             rec.bytes_down += len(data)
             self._cond.notify_all()
         await writer.drain()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """One HTTP/1.1 request: (head through the blank line, Content-Length body), or None if the
+    client closed (or sent something unreadable) first. Chunked request bodies are not read."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        body = await reader.readexactly(length) if length > 0 else b""
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+        return None
+    return head, body
+
+
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    """Read (and drop) until the client closes its side."""
+    with contextlib.suppress(OSError):
+        while await reader.read(_READ_SIZE):
+            pass
+
+
+def _response_head(status: int, headers: dict[str, str]) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    lines = [f"HTTP/1.1 {status} {phrase}"]
+    lines += [f"{k}: {v}" for k, v in {**headers, "Connection": "close"}.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _canned(faults: Faults) -> Iterator[tuple[float, bytes]]:
+    """The response of an HTTP fault as (seconds to wait first, bytes) pieces. Bodies without
+    Content-Length end when the connection closes (HTTP/1.1 close-delimited)."""
+    sse_head = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    if faults.http_status is not None:
+        status = faults.http_status
+        kind = {
+            401: "authentication_error",
+            403: "permission_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+        }
+        err = {
+            "message": f"injected fault: HTTP {status}",
+            "type": kind.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "param": None,
+            "code": status,
+        }
+        body = json.dumps({"error": err}).encode()
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        if faults.retry_after_s is not None:
+            headers["Retry-After"] = f"{faults.retry_after_s:g}"
+        yield 0.0, _response_head(status, headers) + body
+    elif faults.sse_garbage:
+        yield 0.0, _response_head(200, sse_head)
+        yield 0.0, b'data: {not json\n\ndata: {"choices": [{"delta": \n\n'
+    elif faults.keepalive_only_s is not None:
+        yield 0.0, _response_head(200, sse_head) + b": ping\n\n"
+        every = faults.keepalive_interval_ms / 1000.0
+        total = faults.keepalive_only_s
+        for i in itertools.count(1):
+            if i * every > total:
+                break
+            yield every, b": ping\n\n"
+        if math.isfinite(total):
+            yield total % every, b""  # the rest of the time, then the stream ends
 
 
 def _close(writer: asyncio.StreamWriter) -> None:
