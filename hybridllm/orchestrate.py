@@ -14,6 +14,7 @@ delivered (given as the start of the assistant turn): nothing repeated, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -91,13 +92,18 @@ class _Race:
     def all_failed(self) -> AllEnginesFailedError:
         return AllEnginesFailedError(self.attempts, received_content=bool(self.run.delivered_text))
 
+    def _post(self, item: _Item) -> None:
+        """Hand an item to the coordinator; once it has stopped listening, drop it."""
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.send.send_nowait(item)
+
     async def _contend(self, cid: int, c: _Contender, request: GenerationRequest) -> None:
         with c.scope:
             try:
-                await self.run.relay(c.engine, request, lambda ch: self.send.send_nowait((cid, ch)))
-                self.send.send_nowait((cid, None))
+                await self.run.relay(c.engine, request, lambda ch: self._post((cid, ch)))
+                self._post((cid, None))
             except Exception as exc:  # judged by the coordinator
-                self.send.send_nowait((cid, exc))
+                self._post((cid, exc))
 
     def crown(self, cid: int) -> None:
         """`cid` delivered first: cancel the others, replay its marks. A primary that lost the

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -202,11 +202,11 @@ class Stream:
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> str:
-        while True:
-            event = await self._next_event()
-            if isinstance(event, Token):
-                return event.text
+    def __anext__(self) -> Coroutine[Any, Any, str]:
+        # A plain method returning a coroutine that does not hold the Stream: a cancelled or
+        # failed `async for` keeps no reference cycle alive, so the Stream is dropped (and its
+        # work stopped) at once.
+        return _next_token(self._recv)
 
     # ---- events -----------------------------------------------------------------------------
 
@@ -215,18 +215,7 @@ class Stream:
         if self._events_taken:
             raise errors.ClientStateError("events() can be iterated only once per stream")
         self._events_taken = True
-        return _EventIterator(self)
-
-    async def _next_event(self) -> Event:
-        try:
-            item = await self._recv.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._recv.close()
-            raise StopAsyncIteration from None
-        if isinstance(item, _Failure):
-            self._recv.close()
-            raise item.exc
-        return item
+        return _EventIterator(self._recv)
 
     # ---- lifetime ----------------------------------------------------------------------------
 
@@ -259,11 +248,30 @@ class Stream:
 
 
 class _EventIterator:
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
+    def __init__(self, recv: MemoryObjectReceiveStream[_Item]) -> None:
+        self._recv = recv
 
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> Event:
-        return await self._stream._next_event()
+    def __anext__(self) -> Coroutine[Any, Any, Event]:
+        return _next_event(self._recv)
+
+
+async def _next_event(recv: MemoryObjectReceiveStream[_Item]) -> Event:
+    try:
+        item = await recv.receive()
+    except (anyio.EndOfStream, anyio.ClosedResourceError):
+        recv.close()
+        raise StopAsyncIteration from None
+    if isinstance(item, _Failure):
+        recv.close()
+        raise item.exc
+    return item
+
+
+async def _next_token(recv: MemoryObjectReceiveStream[_Item]) -> str:
+    while True:
+        event = await _next_event(recv)
+        if isinstance(event, Token):
+            return event.text

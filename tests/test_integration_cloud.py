@@ -152,11 +152,13 @@ async def test_stall_before_first_byte_times_out(proxy: FaultProxy) -> None:
 
 async def test_latency_shows_in_ttft(proxy: FaultProxy) -> None:
     async with cloud_client(proxy) as client:
+        await client.complete("Say hi.", engine="cloud", max_tokens=4)  # server prompt cache warm
         base = await client.complete("Say hi.", engine="cloud", max_tokens=4)
         proxy.faults = Faults(latency_ms=300)
         slow = await client.complete("Say hi.", engine="cloud", max_tokens=4)
     assert base.trace.ttft_ms is not None and slow.trace.ttft_ms is not None
     assert slow.trace.ttft_ms >= base.trace.ttft_ms + 250
+    assert slow.trace.segments_ms["first_byte"] >= base.trace.segments_ms["first_byte"] + 250
 
 
 async def test_prompt_longer_than_server_context_is_a_typed_error(

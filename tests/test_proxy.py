@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import http.server
+import json
+import math
+import random
 import socket
 import socketserver
 import threading
@@ -13,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from hybridllm.testing import FaultProxy, Faults
+from hybridllm.testing.proxy import heavy_tail
 
 
 class _Upstream(socketserver.ThreadingTCPServer):
@@ -327,3 +332,212 @@ def test_faults_validation() -> None:
         Faults(stall_probability=1.5)
     with pytest.raises(ValueError):
         Faults(reset_after_bytes=-1)
+    with pytest.raises(ValueError):
+        Faults(http_status=200)
+    with pytest.raises(ValueError):
+        Faults(http_status=500, sse_garbage=True)
+    with pytest.raises(ValueError):
+        Faults(retry_after_s=1.0)  # needs http_status
+    with pytest.raises(ValueError):
+        Faults(keepalive_only_s=1.0, keepalive_interval_ms=0)
+    with pytest.raises(ValueError):
+        Faults(http_status=500, fail_first=-1)
+    with pytest.raises(ValueError):
+        heavy_tail(median_ms=200, p99_ms=100)
+    assert Faults().http_fault is None
+    assert Faults(http_status=429).http_fault == "HTTP 429"
+    assert Faults(sse_garbage=True).http_fault == "sse_garbage"
+    assert Faults(keepalive_only_s=1).http_fault == "keepalive"
+
+
+# ---- per-request stall distributions ------------------------------------------------------
+
+
+def test_first_byte_stall_dist(proxy: FaultProxy) -> None:
+    draws: list[float] = []
+
+    def dist(rng: random.Random) -> float:
+        draws.append(rng.random())
+        return 250.0
+
+    proxy.faults = Faults(first_byte_stall_dist=dist, first_byte_stall_ms=5000, seed=3)
+    with _connect(proxy) as sock:
+        t0 = time.monotonic()
+        sock.sendall(b"echo\nping")
+        assert _recv_exactly(sock, 4) == b"ping"
+        assert 0.25 <= time.monotonic() - t0 < 1.0  # the distribution replaces the fixed stall
+        assert 0.25 <= _echo_rtt(sock, b"again") < 1.0  # one draw per response
+    assert len(draws) == 2
+
+
+def test_heavy_tail_quantiles() -> None:
+    dist = heavy_tail(median_ms=150, p99_ms=3000)
+    rng = random.Random(1)
+    xs = sorted(dist(rng) for _ in range(20000))
+    assert 135 < xs[10000] < 165
+    assert 2400 < xs[19800] < 3700
+    spiky = heavy_tail(median_ms=150, p99_ms=3000, spike_probability=0.03, spike_ms=5000)
+    ys = [spiky(rng) for _ in range(20000)]
+    assert 0.025 < sum(y == 5000 for y in ys) / len(ys) < 0.035
+
+
+# ---- HTTP-level faults --------------------------------------------------------------------
+
+
+class _HTTPUpstream(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    requests: list[tuple[str, bytes]]
+
+
+class _EchoHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPUpstream
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.server.requests.append((self.path, body))
+        out = b"upstream:" + body
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_proxy() -> Iterator[tuple[FaultProxy, _HTTPUpstream]]:
+    server = _HTTPUpstream(("127.0.0.1", 0), _EchoHandler)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with FaultProxy(upstream=("127.0.0.1", server.server_address[1])) as p:
+            yield p, server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _post(
+    proxy: FaultProxy,
+    body: bytes = b'{"model": "m"}',
+    conn: http.client.HTTPConnection | None = None,
+) -> tuple[http.client.HTTPResponse, bytes]:
+    conn = conn or http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5.0)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"X-Test": "1"})
+    resp = conn.getresponse()
+    return resp, resp.read()
+
+
+def test_http_status_canned_response(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, upstream = http_proxy
+    proxy.faults = Faults(http_status=429, retry_after_s=2)
+    resp, body = _post(proxy, b'{"model": "m", "pad": "' + b"x" * 100_000 + b'"}')
+    assert resp.status == 429
+    assert resp.getheader("Retry-After") == "2"
+    assert resp.getheader("Content-Type") == "application/json"
+    assert resp.getheader("Connection") == "close"
+    err = json.loads(body)["error"]
+    assert err["type"] == "rate_limit_error" and "429" in err["message"]
+    assert upstream.requests == []  # answered without contacting the upstream
+    assert proxy.wait_client_closed(timeout=2.0) is None  # the proxy closed it after answering
+    (rec,) = proxy.connections
+    assert rec.http_fault == "HTTP 429" and rec.closed_by == "proxy-answer"
+    assert rec.request_head is not None
+    assert rec.request_head.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert rec.bytes_up > 100_000  # the whole body was read before answering
+    resp, _ = _post(proxy)
+    assert resp.status == 429 and resp.getheader("Retry-After") == "2"  # every request
+
+
+def test_http_status_5xx_without_retry_after(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, _ = http_proxy
+    proxy.faults = Faults(http_status=503, first_byte_stall_ms=200)
+    t0 = time.monotonic()
+    resp, body = _post(proxy)
+    assert time.monotonic() - t0 >= 0.2  # stalls apply to canned answers too
+    assert resp.status == 503 and resp.reason == "Service Unavailable"
+    assert resp.getheader("Retry-After") is None
+    assert json.loads(body)["error"]["type"] == "server_error"
+
+
+def test_fail_first_then_the_real_upstream(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, upstream = http_proxy
+    proxy.faults = Faults(http_status=500, fail_first=2)
+    assert [_post(proxy)[0].status for _ in range(2)] == [500, 500]
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5.0)
+    resp, body = _post(proxy, b"one", conn)
+    assert (resp.status, body) == (200, b"upstream:one")
+    resp, body = _post(proxy, b"two", conn)  # keep-alive on the forwarded connection
+    assert (resp.status, body) == (200, b"upstream:two")
+    conn.close()
+    assert [b for _, b in upstream.requests] == [b"one", b"two"]
+    recs = proxy.connections
+    assert [r.http_fault for r in recs] == ["HTTP 500", "HTTP 500", None]
+    assert recs[2].bytes_down > 0
+    # setting faults again starts a new count
+    proxy.faults = Faults(http_status=502, fail_first=1)
+    assert [_post(proxy)[0].status for _ in range(2)] == [502, 200]
+
+
+def test_sse_garbage(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, upstream = http_proxy
+    proxy.faults = Faults(sse_garbage=True)
+    resp, body = _post(proxy)
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    assert body.startswith(b"data: {not json\n\n")
+    assert upstream.requests == []
+    assert proxy.connections[0].closed_by == "proxy-answer"
+
+
+def test_keepalive_only_then_end(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, upstream = http_proxy
+    proxy.faults = Faults(keepalive_only_s=0.35, keepalive_interval_ms=100)
+    t0 = time.monotonic()
+    resp, body = _post(proxy)
+    elapsed = time.monotonic() - t0
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    assert body == b": ping\n\n" * 4  # at 0, 100, 200, 300 ms; the stream ends at 350 ms
+    assert 0.33 <= elapsed < 1.0
+    assert upstream.requests == []
+
+
+def test_keepalive_forever_until_the_client_leaves(
+    http_proxy: tuple[FaultProxy, _HTTPUpstream],
+) -> None:
+    proxy, _ = http_proxy
+    proxy.faults = Faults(keepalive_only_s=math.inf, keepalive_interval_ms=20)
+    with _connect(proxy) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        got = b""
+        while got.count(b": ping") < 5:
+            got += sock.recv(4096)
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+    closed = proxy.wait_client_closed(timeout=2.0)
+    assert closed is not None
+    rec = proxy.connections[0]
+    assert rec.closed_by == "client" and rec.http_fault == "keepalive"
+
+
+def test_client_leaves_before_a_full_request(http_proxy: tuple[FaultProxy, _HTTPUpstream]) -> None:
+    proxy, upstream = http_proxy
+    proxy.faults = Faults(http_status=500)
+    with _connect(proxy) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+    assert proxy.wait_client_closed(timeout=2.0) is not None
+    assert proxy.connections[0].http_fault is None and upstream.requests == []
+
+
+def test_refuse_first_connection_only(proxy: FaultProxy) -> None:
+    proxy.faults = Faults(refuse=True, fail_first=1)
+    with pytest.raises((ConnectionResetError, BrokenPipeError)):
+        with _connect(proxy) as sock:
+            sock.sendall(b"echo\nhello")
+            sock.recv(100)
+    with _connect(proxy) as sock:
+        sock.sendall(b"echo\n")
+        assert _echo_rtt(sock, b"ok") < 0.5
+    assert [r.refused for r in proxy.connections] == [True, False]

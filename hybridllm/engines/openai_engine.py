@@ -142,6 +142,11 @@ class OpenAIEngine:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
                 raise map_error(exc, received_content=received, url=self.base_url) from exc
+            except (ValueError, TypeError, AttributeError) as exc:  # malformed SSE / JSON
+                raise errors.CloudProtocolError(
+                    f"malformed stream from {self.base_url or 'the endpoint'}: {exc}",
+                    received_content=received,
+                ) from exc
             if finish is None:
                 raise errors.CloudProtocolError(
                     "the stream ended without a finish reason (the server dropped the request; "

@@ -63,7 +63,6 @@ StallDist = Callable[[random.Random], float]
 
 _READ_SIZE = 65536
 _QUEUE_CHUNKS = 256
-_MAX_HEAD = 65536
 
 
 def heavy_tail(
@@ -106,7 +105,7 @@ class Faults:
       client a TCP RST (0: reset on the first response byte, before anything is forwarded).
     - ``refuse``: reset every new connection at once (the client sees a connection reset).
     - ``first_byte_stall_dist``: draw each stall (ms) from this function of the RNG instead of
-      ``first_byte_stall_ms`` (see :func:`heavy_tail`).
+      ``first_byte_stall_ms`` (see :func:`heavy_tail`); ``stall_probability`` still applies.
     - ``seed``: seed for the jitter and stall RNG; ``None`` for a random seed.
 
     HTTP faults (at most one; each answers the request without contacting the upstream, after
