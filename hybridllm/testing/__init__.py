@@ -8,6 +8,7 @@
 """
 
 from hybridllm.engines.scripted import ScriptedEngine
+from hybridllm.testing.faults import StallDist, heavy_tail
 from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
 from hybridllm.testing.server import LlamaServer, ServerStartError
 
@@ -17,5 +18,7 @@ __all__ = [
     "Faults",
     "LlamaServer",
     "ScriptedEngine",
+    "StallDist",
+    "heavy_tail",
     "ServerStartError",
 ]
