@@ -148,9 +148,9 @@ class HybridClient:
             seed=seed,
         )
         target, backup, reason = self._route(pol, engine)
+        deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0
         plan: Plan
         if backup is not None:
-            deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0
             plan = partial(
                 race,
                 primary=target,
@@ -168,7 +168,7 @@ class HybridClient:
                 request=request,
                 reason=reason,
                 retries=pol.retries,
-                deadline_s=None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0,
+                deadline_s=deadline,
             )
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)

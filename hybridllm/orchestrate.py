@@ -128,12 +128,13 @@ class _Race:
 
     def failover(self, exc: Exception, allowed: bool) -> bool:
         """The winner failed mid-stream: continue on the other engine from the delivered text."""
-        old = self.contenders[self.winner] if self.winner is not None else None
-        if old is None or not allowed or self.failovers >= 1:
+        wid = self.winner
+        if wid is None or not allowed or self.failovers >= 1:
             return False
+        old = self.contenders[wid]
         other = self.fallback if old.engine is self.primary else self.primary
         self.failovers += 1
-        self.failed.add(self.winner)  # type: ignore[arg-type]
+        self.failed.add(wid)
         delivered = self.run.delivered_text
         trace = self.run.trace
         trace.switches.append(

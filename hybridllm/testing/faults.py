@@ -3,6 +3,7 @@ HTTP answers of HTTP-level faults (error statuses, malformed SSE, keep-alive-onl
 
 from __future__ import annotations
 
+import asyncio
 import http
 import itertools
 import json
@@ -130,7 +131,7 @@ class Faults:
         return None
 
 
-def response_head(status: int, headers: dict[str, str]) -> bytes:
+def _response_head(status: int, headers: dict[str, str]) -> bytes:
     try:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:
@@ -162,12 +163,12 @@ def canned(faults: Faults) -> Iterator[tuple[float, bytes]]:
         headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
         if faults.retry_after_s is not None:
             headers["Retry-After"] = f"{faults.retry_after_s:g}"
-        yield 0.0, response_head(status, headers) + body
+        yield 0.0, _response_head(status, headers) + body
     elif faults.sse_garbage:
-        yield 0.0, response_head(200, sse_head)
+        yield 0.0, _response_head(200, sse_head)
         yield 0.0, b'data: {not json\n\ndata: {"choices": [{"delta": \n\n'
     elif faults.keepalive_only_s is not None:
-        yield 0.0, response_head(200, sse_head) + b": ping\n\n"
+        yield 0.0, _response_head(200, sse_head) + b": ping\n\n"
         every = faults.keepalive_interval_ms / 1000.0
         total = faults.keepalive_only_s
         for i in itertools.count(1):
@@ -176,3 +177,19 @@ def canned(faults: Faults) -> Iterator[tuple[float, bytes]]:
             yield every, b": ping\n\n"
         if math.isfinite(total):
             yield total % every, b""  # the rest of the time, then the stream ends
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """One HTTP/1.1 request: (head through the blank line, Content-Length body), or None if the
+    client closed (or sent something unreadable) first. Chunked request bodies are not read."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        body = await reader.readexactly(length) if length > 0 else b""
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+        return None
+    return head, body

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
-from hybridllm.testing.faults import Faults, StallDist, canned, heavy_tail
+from hybridllm.testing.faults import Faults, StallDist, canned, heavy_tail, read_request
 
 __all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults", "StallDist", "heavy_tail"]
 
@@ -313,7 +313,7 @@ class FaultProxy:
                 return
             preface = b""
             if faults.http_fault is not None:
-                request = await _read_request(c_reader)
+                request = await read_request(c_reader)
                 if request is None:  # the client left (or sent no HTTP) before a full request
                     self._finish(rec, "client", client_closed=True)
                     return
@@ -419,10 +419,7 @@ class FaultProxy:
                     self._finish(rec, "proxy-reset")
                     _reset(c_writer)
                     return
-                try:
-                    await self._send(rec, c_writer, data)
-                except OSError:
-                    self._finish(rec, "client", client_closed=True)
+                if not await self._deliver(rec, c_writer, data):
                     return
 
         tasks = [
@@ -458,10 +455,7 @@ class FaultProxy:
                 if watcher.done():
                     self._finish(rec, "client", client_closed=True)
                     return
-                try:
-                    await self._send(rec, c_writer, data)
-                except OSError:
-                    self._finish(rec, "client", client_closed=True)
+                if not await self._deliver(rec, c_writer, data):
                     return
             await _flush(c_writer)
             self._finish(rec, "proxy-answer")
@@ -469,6 +463,17 @@ class FaultProxy:
             watcher.cancel()
             with contextlib.suppress(BaseException):
                 await watcher
+
+    async def _deliver(
+        self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes
+    ) -> bool:
+        """Send to the client; False (and the connection recorded as client-closed) if it left."""
+        try:
+            await self._send(rec, writer, data)
+        except OSError:
+            self._finish(rec, "client", client_closed=True)
+            return False
+        return True
 
     async def _send(self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
@@ -479,22 +484,6 @@ class FaultProxy:
             rec.bytes_down += len(data)
             self._cond.notify_all()
         await writer.drain()
-
-
-async def _read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
-    """One HTTP/1.1 request: (head through the blank line, Content-Length body), or None if the
-    client closed (or sent something unreadable) first. Chunked request bodies are not read."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value.strip())
-        body = await reader.readexactly(length) if length > 0 else b""
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
-        return None
-    return head, body
 
 
 async def _until_eof(reader: asyncio.StreamReader) -> None:
