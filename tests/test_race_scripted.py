@@ -132,8 +132,8 @@ async def test_auto_hedge_follows_the_primary_p95() -> None:
     local, cloud = engines([0.03, "ok"], [0.0, "cloud"])
     policy = Policy(name="h", prefer="local", hedge_after_ms="auto")
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
-        for _ in range(6):  # history: local answers in about 30 ms
-            assert (await client.complete("q")).trace.started == ["local"]
+        for _ in range(6):  # history: local answers in about 30 ms (a request just past the
+            await client.complete("q")  # p95 of that history may hedge: that is the design)
         local.script = [0.5, "stuck"]
         res = await client.complete("q")
     assert res.text == "cloud" and res.trace.hedged
