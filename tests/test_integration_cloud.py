@@ -157,7 +157,9 @@ async def test_latency_shows_in_ttft(proxy: FaultProxy) -> None:
         proxy.faults = Faults(latency_ms=300)
         slow = await client.complete("Say hi.", engine="cloud", max_tokens=4)
     assert base.trace.ttft_ms is not None and slow.trace.ttft_ms is not None
-    assert slow.trace.ttft_ms >= base.trace.ttft_ms + 250
+    # every byte, the first token's included, reaches the client 300 ms late (the server's own
+    # time varies with its prompt cache, so TTFTs are not compared with each other)
+    assert slow.trace.ttft_ms >= 300
     assert slow.trace.segments_ms["first_byte"] >= base.trace.segments_ms["first_byte"] + 250
 
 
