@@ -315,9 +315,13 @@ def append(out: Path, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-async def run(out: Path, items: list[Item], log: Callable[[str], None]) -> None:
-    small = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048, pull=True)
-    big = LlamaCppEngine("qwen2.5-coder-1.5b-instruct", n_ctx=2048, pull=True, name="cloud")
+async def run(
+    out: Path, items: list[Item], log: Callable[[str], None], threads: int | None = None
+) -> None:
+    small = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048, n_threads=threads, pull=True)
+    big = LlamaCppEngine(
+        "qwen2.5-coder-1.5b-instruct", n_ctx=2048, n_threads=threads, pull=True, name="cloud"
+    )
     t0 = time.time()
     async with HybridClient(local=small, cloud=big) as client:
         for n, item in enumerate(items, 1):
@@ -354,9 +358,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("data/router/labels.jsonl"))
     ap.add_argument("--limit", type=int)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="llama.cpp threads (default: all cores; on a busy machine 1, with OMP_WAIT_POLICY="
+        "PASSIVE, avoids OpenMP spinning against other work)",
+    )
     args = ap.parse_args()
     items = pending(args.out, args.limit)
-    anyio.run(run, args.out, items, lambda m: print(m, file=sys.stderr, flush=True))
+    anyio.run(run, args.out, items, lambda m: print(m, file=sys.stderr, flush=True), args.threads)
 
 
 if __name__ == "__main__":
