@@ -249,6 +249,7 @@ _DETECTORS: tuple[tuple[Kind, re.Pattern[str], _Check], ...] = (
         re.compile(
             r"-----BEGIN (?P<t>(?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?-----"
             r"[\s\S]{0,400}?[A-Za-z0-9+/]{40}"
+            r"(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\s]*)"
         ),
         _private_key,
     ),
