@@ -21,8 +21,9 @@ import binascii
 import json
 import math
 import re
+import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 Kind = str
@@ -240,11 +241,39 @@ def _private_key(m: re.Match[str]) -> str | None:
     return f"private_key ({(m.group('t') or '').strip() or 'PEM'})"
 
 
-_B = r"(?<![\w@.+#/-])"  # left edge: not inside a word, address, number or "#123"
-_E = r"(?![\w@-])"  # right edge
+def _ci(*words: str) -> str:
+    """Case-insensitive alternation spelled with character classes: unlike (?i), it keeps the
+    pattern's first character a set, so the regex engine skips ahead fast."""
+    return "|".join(
+        "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in w)
+        for w in words
+    )
 
-_DETECTORS: tuple[tuple[Kind, re.Pattern[str], _Check], ...] = (
-    (
+
+# Patterns start with a literal or a character set (never \b or a lookbehind, which make Python's
+# regex engine try every position); the left edge is checked right after the first character.
+_L = r"(?<![\w@.+#/-].)"  # after the first character: it did not follow a word/number/address
+_E = r"(?![\w@-])"  # right edge
+_KEY_NAMES = (
+    "api_key", "api-key", "apikey", "secret", "token", "passwd", "password", "access_key",
+    "access-key", "private_key", "private-key", "auth",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Detector:
+    kind: Kind
+    pattern: re.Pattern[str]
+    check: _Check
+    # where to try the pattern: everywhere (default); at each occurrence of an anchor in the
+    # lower-cased text, after walking back over `back` characters; or only around runs of digits
+    anchors: tuple[str, ...] = ()
+    back: str = ""
+    digits: bool = False
+
+
+_DETECTORS: tuple[_Detector, ...] = (
+    _Detector(
         "private_key",
         re.compile(
             r"-----BEGIN (?P<t>(?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?-----"
@@ -253,109 +282,173 @@ _DETECTORS: tuple[tuple[Kind, re.Pattern[str], _Check], ...] = (
         ),
         _private_key,
     ),
-    ("api_key", re.compile(r"(?<![\w-])sk-ant-[A-Za-z0-9_-]{20,}"), _key("anthropic")),
-    (
+    _Detector("api_key", re.compile(r"s(?<![\w-]s)k-ant-[A-Za-z0-9_-]{20,}"), _key("anthropic")),
+    _Detector(
         "api_key",
-        re.compile(r"(?<![\w-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
+        re.compile(r"s(?<![\w-]s)k-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
         _key("openai"),
     ),
-    ("api_key", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b"), _key("aws")),
-    ("api_key", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"), _key("github")),
-    ("api_key", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}"), _key("github")),
-    ("api_key", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), _key("slack")),
-    ("api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), _key("google")),
-    ("api_key", re.compile(r"\b(?:sk|rk)_live_[0-9A-Za-z]{20,}"), _key("stripe")),
-    (
+    _Detector("api_key", re.compile(r"A(?<!\wA)(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}\b"), _key("aws")),
+    _Detector("api_key", re.compile(r"g(?<!\wg)h[pousr]_[A-Za-z0-9]{36,}\b"), _key("github")),
+    _Detector("api_key", re.compile(r"g(?<!\wg)ithub_pat_[A-Za-z0-9_]{22,}"), _key("github")),
+    _Detector("api_key", re.compile(r"x(?<!\wx)ox[abposr]-[A-Za-z0-9-]{10,}"), _key("slack")),
+    _Detector("api_key", re.compile(r"A(?<!\wA)Iza[0-9A-Za-z_-]{35}"), _key("google")),
+    _Detector("api_key", re.compile(r"[sr](?<!\w[sr])k_live_[0-9A-Za-z]{20,}"), _key("stripe")),
+    _Detector(
         "api_key",
-        re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+        re.compile(r"e(?<!\we)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
         _jwt,
     ),
-    (
+    _Detector(
         "api_key",
         re.compile(
-            r"(?i)\b(?P<k>[a-z0-9_]*(?:api[_-]?key|apikey|secret|token|passwd|password|"
-            r"access[_-]?key|private[_-]?key|auth)[a-z0-9_]*)['\"]?\s*[:=]\s*['\"]?"
+            r"(?P<k>" + _ci(*_KEY_NAMES) + r")[A-Za-z0-9_]*['\"]?\s*[:=]\s*['\"]?"
             r"(?P<v>[A-Za-z0-9_+/=.~-]{16,})"
         ),
         _assigned,
+        anchors=_KEY_NAMES,
     ),
-    (
+    _Detector(
         "iban",
         re.compile(
-            r"\b[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)\b"
+            r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}"
+            r"(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)\b"
         ),
         _iban,
     ),
-    (
+    _Detector(
         "card",
         re.compile(
-            _B + r"(?:\d{4}(?:[ -]\d{4}){2,3}(?:[ -]\d{1,3})?|\d{4}[ -]\d{6}[ -]\d{4,5}"
-            r"|\d{12,19})" + _E
+            r"\d" + _L + r"(?:\d{3}(?:[ -]\d{4}){2,3}(?:[ -]\d{1,3})?|\d{3}[ -]\d{6}[ -]\d{4,5}"
+            r"|\d{11,18})" + _E
         ),
         _card,
+        digits=True,
     ),
-    (
+    _Detector(
         "ssn",
-        re.compile(_B + r"(?P<a>\d{3})(?P<sep>[- ])(?P<g>\d{2})(?P=sep)(?P<s>\d{4})" + _E),
+        re.compile(r"(?P<a>\d" + _L + r"\d\d)(?P<sep>[- ])(?P<g>\d{2})(?P=sep)(?P<s>\d{4})" + _E),
         _ssn,
+        digits=True,
     ),
-    (
+    _Detector(
         "ssn",
         re.compile(
-            r"(?i)\b(?:ssn|social security(?: number)?)\W{0,3}(?P<a>\d{3})(?P<g>\d{2})"
-            r"(?P<s>\d{4})\b"
+            r"(?<![A-Za-z])(?:" + _ci("ssn", "social security") + r")(?: [nN]umber)?\W{0,3}"
+            r"(?P<a>\d{3})(?P<g>\d{2})(?P<s>\d{4})\b"
         ),
         _ssn,
+        anchors=("ssn", "social security"),
     ),
-    (
+    _Detector(
         "uk_nino",
-        re.compile(r"\b(?P<p>[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"),
+        re.compile(
+            r"(?P<p>[A-CEGHJ-PR-TW-Z](?<!\w[A-Z])[A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"
+        ),
         _nino,
     ),
-    ("es_dni", re.compile(r"\b(?P<n>\d{8}|[XYZ]\d{7})-?(?P<l>[A-Z])\b"), _dni),
-    (
+    _Detector(
+        "es_dni",
+        re.compile(r"(?P<n>[0-9XYZ](?<!\w[0-9XYZ])\d{7}|\d(?<!\w\d)\d{7})-?(?P<l>[A-Z])\b"),
+        _dni,
+        digits=True,
+    ),
+    _Detector(
         "email",
         re.compile(
-            r"(?<![\w.+-])(?P<local>[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63}))@"
+            r"(?P<local>[A-Za-z0-9](?<![\w.+-][A-Za-z0-9])[A-Za-z0-9._%+-]{0,63})@"
             r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})\.)+[A-Za-z]{2,24}\b"
         ),
         _email,
+        anchors=("@",),
+        back=string.ascii_letters + string.digits + "._%+-",
     ),
-    ("phone", re.compile(_B + r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}" + _E), _phone_intl),
-    (
+    _Detector(
         "phone",
-        re.compile(_B + r"(?:\(\d{3}\) ?|\d{3}[-. ])\d{3}[-. ]\d{4}" + _E),
+        re.compile(r"\+" + r"(?<![\w@.+#/-]\+)\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}" + _E),
+        _phone_intl,
+        digits=True,
+    ),
+    _Detector(
+        "phone",
+        re.compile(r"[(\d]" + _L + r"(?:(?<=\()\d{3}\) ?|(?<=\d)\d\d[-. ])\d{3}[-. ]\d{4}" + _E),
         _phone_nanp,
+        digits=True,
     ),
-    (  # European national formats: 0 + groups (UK 020 7946 0958, FR 06 12 34 56 78, ...)
+    _Detector(  # European national formats: 0 + groups (UK 020 7946 0958, FR 06 12 34 56 78)
         "phone",
-        re.compile(_B + r"0\d{1,4}(?:[ /]\d{2,4}){2,4}" + _E),
+        re.compile(r"0" + _L + r"\d{1,4}(?:[ /]\d{2,4}){2,4}" + _E),
         _phone_national,
+        digits=True,
     ),
-    (
+    _Detector(
         "phone",
         re.compile(
-            r"(?i)\b(?:phone|tel|telephone|mobile|cell|whatsapp|call me(?: at| on)?)\.?"
-            r"(?: number)?\s*[:#-]?\s*(?P<num>\+?\d[\d ().-]{5,20}\d)"
+            r"(?<![A-Za-z])(?:"
+            + _ci("phone", "tel", "telephone", "mobile", "cell", "whatsapp", "call me")
+            + r")\b(?: at| on)?\.?(?: [nN]umber)?\s*[:#-]?\s*(?P<num>\+?\d[\d ().-]{5,20}\d)"
         ),
         _phone_labelled,
+        anchors=("phone", "tel", "mobile", "cell", "whatsapp", "call me"),
     ),
 )
+
+_DIGIT_RUN = re.compile(r"\d[\d ()./-]{5,}\d")
+_MARGIN = 4  # characters around a digit run that a number's pattern may also use ("+", "(")
+
+
+def _digit_windows(text: str) -> list[tuple[int, int]]:
+    """Merged (start, end) windows around runs of 7+ digits and separators."""
+    windows: list[tuple[int, int]] = []
+    for m in _DIGIT_RUN.finditer(text):
+        start, end = max(0, m.start() - _MARGIN), min(len(text), m.end() + _MARGIN)
+        if windows and start <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            windows.append((start, end))
+    return windows
+
+
+def _matches(
+    d: _Detector, text: str, lower: str | None, windows: list[tuple[int, int]]
+) -> Iterator[re.Match[str]]:
+    if d.digits:
+        for start, end in windows:
+            yield from d.pattern.finditer(text, start, end)
+    elif d.anchors and lower is not None:
+        for anchor in d.anchors:
+            i = lower.find(anchor)
+            while i >= 0:
+                start = i
+                while start > 0 and i - start < 64 and text[start - 1] in d.back:
+                    start -= 1
+                while start < i and not text[start].isalnum():
+                    start += 1
+                m = d.pattern.match(text, start)
+                if m is not None:
+                    yield m
+                i = lower.find(anchor, i + 1)
+    elif not d.anchors or any(a in text.lower() for a in d.anchors):
+        yield from d.pattern.finditer(text)  # (lower-casing changed the length: no anchors)
 
 
 def scan_text(text: str, location: str = "text") -> list[Finding]:
     """Every finding in one text, in order; overlapping matches keep the first detector's."""
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
-    for kind, pattern, check in _DETECTORS:
-        for m in pattern.finditer(text):
+    lowered = text.lower()
+    # a character that lower-cases to several would shift positions: then no anchors
+    lower = lowered if len(lowered) == len(text) else None
+    windows = _digit_windows(text)
+    for d in _DETECTORS:
+        for m in _matches(d, text, lower, windows):
             start, end = m.span()
             if any(start < e and s < end for s, e in taken):
                 continue
-            hint = check(m)
+            hint = d.check(m)
             if hint is not None:
                 taken.append((start, end))
-                found.append(Finding(kind, location, start, end, hint))
+                found.append(Finding(d.kind, location, start, end, hint))
     found.sort(key=lambda f: (f.start, f.end))
     return found
 

@@ -57,8 +57,11 @@ def on_the_wire(proxy: FaultProxy) -> str:
 
 
 def leaked(secret: str, wire: str) -> bool:
+    """The secret as written, JSON-escaped, or (long numbers) without its separators."""
+    if secret in wire or json.dumps(secret)[1:-1] in wire:
+        return True
     compact = re.sub(r"[\s-]", "", secret)
-    return secret in wire or compact in re.sub(r"[\s-]", "", wire)
+    return len(compact) >= 13 and compact in re.sub(r"[\s-]", "", wire)
 
 
 async def test_flagged_prompts_never_reach_the_cloud_benign_ones_do(

@@ -85,6 +85,7 @@ INVALID = {
         "10 20 30",
         "order #415-555-2671",
         "5552671234",  # a bare digit run is not a phone number
+        "hotel 5552671234",  # "tel" inside a word is no label
     ],
     "card": [
         "4111111111111112",  # Luhn fails
@@ -107,6 +108,7 @@ INVALID = {
         "078-05-1120",
         "123-45 6789",
         "123456789",
+        "classn 123456789",
     ],
     "uk_nino": ["GB123456A", "QQ123456C", "AB123456E"],
     "es_dni": ["12345678A", "X1234567A"],
@@ -133,6 +135,12 @@ def test_valid_examples_are_found(kind: str, text: str) -> None:
 @pytest.mark.parametrize(("kind", "text"), [(k, t) for k, ts in INVALID.items() for t in ts])
 def test_invalid_examples_are_not_found(kind: str, text: str) -> None:
     assert kind not in kinds(scan_text(text))
+
+
+def test_text_whose_lowercase_is_longer_is_still_scanned() -> None:
+    text = 'İstanbul: write to ayse.yilmaz@mail.com.tr, api_key="Zx9Qw2Lm8Rt4Yu6Io1Pa3Sd5"'
+    assert len(text.lower()) != len(text)
+    assert kinds(scan_text(text)) == ("api_key", "email")
 
 
 def test_checksums() -> None:
