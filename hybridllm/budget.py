@@ -1,4 +1,5 @@
-"""Cloud spend: prices per model, caps, and a ledger that never lets requests overspend.
+"""Cloud spend: caps, and a ledger that never lets requests overspend (prices per model are in
+`hybridllm.prices`, re-exported here).
 
     prices = Prices.from_toml("prices.toml")
     ledger = Ledger("~/.cache/hybridllm/ledger.db")
@@ -19,11 +20,9 @@ its worst case (what it may have cost) until, if ever, it is settled.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,72 +30,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from hybridllm.errors import BudgetExceededError, ConfigError
+from hybridllm.prices import NANO, ModelPrice, Prices
+
+__all__ = [
+    "Cap",
+    "Ledger",
+    "ModelPrice",
+    "Period",
+    "Prices",
+    "Reservation",
+    "Spend",
+    "TokenUsage",
+    "utc_day_month",
+]
 
 Period = Literal["request", "day", "month"]
-NANO = 1_000_000_000  # ledger units per USD
-
-
-# ---- prices ------------------------------------------------------------------------------------
-
-
-class ModelPrice(BaseModel):
-    """USD per million tokens."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input_per_million: float = Field(ge=0)
-    output_per_million: float = Field(ge=0)
-
-    def cost_nano(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """Exact cost in nano-dollars, rounded up."""
-        per_in = Decimal(str(self.input_per_million)) * 1000  # nano-dollars per token
-        per_out = Decimal(str(self.output_per_million)) * 1000
-        return math.ceil(per_in * prompt_tokens + per_out * completion_tokens)
-
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return self.cost_nano(prompt_tokens, completion_tokens) / NANO
-
-
-class Prices(BaseModel):
-    """Prices per cloud model; `default` prices a model that is not listed (else an error).
-
-    TOML form::
-
-        [models."gpt-4o-mini"]
-        input_per_million = 0.15
-        output_per_million = 0.60
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    models: dict[str, ModelPrice] = Field(default_factory=dict)
-    default: ModelPrice | None = None
-
-    def price(self, model: str) -> ModelPrice:
-        found = self.models.get(model, self.default)
-        if found is None:
-            known = ", ".join(sorted(self.models)) or "(none)"
-            raise ConfigError(f"no price for model {model!r}; priced models: {known}")
-        return found
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> Prices:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: prices file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
-            raise ConfigError(f"{p}: {field}: {err['msg']}") from exc
 
 
 # ---- caps and records --------------------------------------------------------------------------
@@ -181,14 +130,23 @@ _MIGRATIONS = (
     CREATE INDEX entries_day ON entries (day, scope);
     CREATE INDEX entries_month ON entries (month, scope);
     CREATE INDEX entries_open ON entries (state, expires_at);
+    CREATE TABLE totals (
+        period TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        spent_nano INTEGER NOT NULL DEFAULT 0,
+        held_nano INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (period, scope)
+    ) WITHOUT ROWID;
     """,
 )
-
-# spend: settled and expired entries at their cost; held: open reservations
-_SUMS = """
-    SELECT COALESCE(SUM(CASE WHEN state IN ('settled', 'expired') THEN cost_nano END), 0),
-           COALESCE(SUM(CASE WHEN state = 'reserved' THEN reserved_nano END), 0)
-    FROM entries WHERE {column} = ?
+# `totals` keeps, per UTC day ("2026-11-30") and month ("2026-11") and per scope ("p:<policy>",
+# "*" for all), the spend (settled and expired entries at their cost) and the amount held by
+# open reservations, updated in the same transaction as `entries`: a reservation reads two rows
+# per cap however many requests the day had.
+_BUMP = """
+    INSERT INTO totals (period, scope, spent_nano, held_nano) VALUES (?, ?, ?, ?)
+    ON CONFLICT (period, scope) DO UPDATE SET
+        spent_nano = spent_nano + excluded.spent_nano, held_nano = held_nano + excluded.held_nano
 """
 
 
@@ -279,6 +237,7 @@ class Ledger:
                 (scope, model, amount, prompt_tokens, now, expires, day, month),
             )
             rid = cur.lastrowid
+            _bump(db, scope, day, month, spent=0, held=amount)
         assert rid is not None
         return Reservation(
             rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
@@ -290,12 +249,15 @@ class Ledger:
         or a settle after release changes nothing and returns the recorded cost."""
         cost = reservation.price.cost_nano(usage.prompt_tokens, usage.completion_tokens)
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE entries SET state = 'settled', cost_nano = ?, prompt_tokens = ?, "
-                "completion_tokens = ?, estimated = ?, closed_at = ? "
-                "WHERE id = ? AND state IN ('reserved', 'expired')",
+            if not _close(db, reservation.id, cost):
+                row = db.execute(
+                    "SELECT cost_nano FROM entries WHERE id = ?", (reservation.id,)
+                ).fetchone()
+                return 0.0 if row is None else int(row[0]) / NANO
+            db.execute(
+                "UPDATE entries SET state = 'settled', prompt_tokens = ?, completion_tokens = ?, "
+                "estimated = ?, closed_at = ? WHERE id = ?",
                 (
-                    cost,
                     usage.prompt_tokens,
                     usage.completion_tokens,
                     int(usage.estimated),
@@ -303,21 +265,16 @@ class Ledger:
                     reservation.id,
                 ),
             )
-            if cur.rowcount == 0:
-                row = db.execute(
-                    "SELECT cost_nano FROM entries WHERE id = ?", (reservation.id,)
-                ).fetchone()
-                cost = 0 if row is None else int(row[0])
         return cost / NANO
 
     def release(self, reservation: Reservation) -> None:
         """The request was never sent: drop the hold, record no spend."""
         with self._tx() as db:
-            db.execute(
-                "UPDATE entries SET state = 'released', cost_nano = 0, closed_at = ? "
-                "WHERE id = ? AND state IN ('reserved', 'expired')",
-                (self._clock(), reservation.id),
-            )
+            if _close(db, reservation.id, 0):
+                db.execute(
+                    "UPDATE entries SET state = 'released', closed_at = ? WHERE id = ?",
+                    (self._clock(), reservation.id),
+                )
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -358,22 +315,52 @@ class Ledger:
 
     @staticmethod
     def _expire(db: sqlite3.Connection, now: float) -> int:
-        cur = db.execute(
-            "UPDATE entries SET state = 'expired', cost_nano = reserved_nano, closed_at = ? "
+        stale = db.execute(
+            "SELECT id, scope, day, month, reserved_nano FROM entries "
             "WHERE state = 'reserved' AND expires_at <= ?",
-            (now, now),
-        )
-        return cur.rowcount
+            (now,),
+        ).fetchall()
+        for rid, scope, day, month, amount in stale:
+            db.execute(
+                "UPDATE entries SET state = 'expired', cost_nano = reserved_nano, closed_at = ? "
+                "WHERE id = ?",
+                (now, rid),
+            )
+            _bump(db, scope, day, month, spent=amount, held=-amount)
+        return len(stale)
 
     @staticmethod
     def _sums(db: sqlite3.Connection, period: str, key: str, scope: str | None) -> tuple[int, int]:
-        sql = _SUMS.format(column="day" if period == "day" else "month")
-        args: tuple[str, ...] = (key,)
-        if scope is not None:
-            sql += " AND scope = ?"
-            args += (scope,)
-        spent, held = db.execute(sql, args).fetchone()
-        return int(spent), int(held)
+        row = db.execute(
+            "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
+            (key, "*" if scope is None else f"p:{scope}"),
+        ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def _bump(
+    db: sqlite3.Connection, scope: str, day: str, month: str, *, spent: int, held: int
+) -> None:
+    for period in (day, month):
+        for key in ("*", f"p:{scope}"):
+            db.execute(_BUMP, (period, key, spent, held))
+
+
+def _close(db: sqlite3.Connection, rid: int, cost: int) -> bool:
+    """End an open (reserved or expired) entry at `cost` and move the totals; False if it was
+    already closed (settled or released) or is unknown."""
+    row = db.execute(
+        "SELECT state, scope, day, month, reserved_nano FROM entries WHERE id = ?", (rid,)
+    ).fetchone()
+    if row is None or row[0] not in ("reserved", "expired"):
+        return False
+    state, scope, day, month, amount = row
+    if state == "reserved":
+        _bump(db, scope, day, month, spent=cost, held=-amount)
+    else:  # expired: it was counted as spent at its worst case
+        _bump(db, scope, day, month, spent=cost - amount, held=0)
+    db.execute("UPDATE entries SET cost_nano = ? WHERE id = ?", (cost, rid))
+    return True
 
 
 class _Transaction:

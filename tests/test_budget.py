@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridllm.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
 from hybridllm.errors import BudgetExceededError, ConfigError
@@ -203,3 +205,51 @@ def test_threads_sharing_one_ledger_never_overspend(tmp_path: Path) -> None:
         t.join()
     assert len(ok) == 25
     assert ledger.spend("day").settled_usd <= CAP_USD
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["reserve", "settle", "release", "wait"]),
+            st.integers(0, 20),
+            st.sampled_from(["chat", "batch"]),
+        ),
+        max_size=40,
+    )
+)
+def test_running_totals_always_match_the_entries(ops: list[tuple[str, int, str]]) -> None:
+    """Any sequence of reserve / settle / release / clock moves (expiry, day and month roll):
+    the running totals a reservation reads equal sums recomputed from the entries."""
+    clock = Clock("2026-01-31T23:00:00")
+    ledger = Ledger(clock=clock, ttl_s=1800)
+    open_: list[Reservation] = []
+    for op, n, scope in ops:
+        if op == "reserve":
+            try:
+                open_.append(reserve(ledger, [Cap(None, "day", 0.01)], prompt=100 * n, scope=scope))
+            except BudgetExceededError:
+                pass
+        elif op == "settle" and open_:
+            ledger.settle(open_[n % len(open_)], TokenUsage(10 * n, n))
+        elif op == "release" and open_:
+            ledger.release(open_.pop(n % len(open_)))
+        elif op == "wait":
+            clock.t += 600 * n
+            ledger.expire()
+    db = ledger._db
+    for period in ("day", "month"):
+        for scope_key, where, args in (("*", "1", ()), ("p:chat", "scope = ?", ("chat",))):
+            rows = db.execute(
+                f"SELECT {period}, "
+                "COALESCE(SUM(CASE WHEN state IN ('settled','expired') THEN cost_nano END), 0), "
+                "COALESCE(SUM(CASE WHEN state = 'reserved' THEN reserved_nano END), 0) "
+                f"FROM entries WHERE {where} GROUP BY {period}",
+                args,
+            ).fetchall()
+            for key, spent, held in rows:
+                total = db.execute(
+                    "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
+                    (key, scope_key),
+                ).fetchone()
+                assert total == (spent, held), (period, scope_key, key)
