@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -23,6 +24,7 @@ from hybridllm import (
     ModelPrice,
     Policy,
     Prices,
+    PrivacyBlockedError,
     ScriptedEngine,
     ServerError,
     Token,
@@ -231,3 +233,23 @@ async def test_100_concurrent_streams_never_overspend_a_small_cap() -> None:
     assert spent.reserved_usd == 0 and spent.settled_usd <= cap
     assert len(settled) >= 7 and refused == 100 - len(settled)  # each one cloud or refused
     assert served["local"] > 0 and sum(served.values()) == 100 - len(range(0, 100, 7))
+
+
+async def test_forced_or_cloud_only_requests_get_the_typed_refusal(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text("[models.scripted]\ninput_per_million = 1\noutput_per_million = 2\n")
+    local, cloud = local_and_cloud()
+    client = HybridClient(
+        local=local,
+        cloud=cloud,
+        privacy="keep-local",
+        ledger=tmp_path / "spend.db",
+        prices=prices,
+    )
+    assert isinstance(client.cloud, GuardedEngine) and client.cloud.ledger is not None
+    async with client:
+        with pytest.raises(PrivacyBlockedError, match="^privacy: the request contains email"):
+            await client.complete(f"mail {EMAIL}", engine="cloud")
+        assert (await client.complete("hi", engine="cloud")).text == "cloud"
+    assert [e["state"] for e in client.cloud.ledger.entries()] == ["settled"]
+    assert cloud.requests and all(EMAIL not in str(r) for r in cloud.requests)
