@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -29,6 +30,7 @@ from hybridllm import (
     ServerError,
     Token,
 )
+from hybridllm.budget import Reservation
 from hybridllm.engines.base import EngineInfo, GenerationRequest
 from hybridllm.engines.guarded import prompt_token_bound
 from hybridllm.events import Chunk, Delta, Finish, Mark
@@ -253,3 +255,23 @@ async def test_forced_or_cloud_only_requests_get_the_typed_refusal(tmp_path: Pat
         assert (await client.complete("hi", engine="cloud")).text == "cloud"
     assert [e["state"] for e in client.cloud.ledger.entries()] == ["settled"]
     assert cloud.requests and all(EMAIL not in str(r) for r in cloud.requests)
+
+
+class SlowLedger(Ledger):
+    """A ledger whose reserve() takes 200 ms (a busy file)."""
+
+    def reserve(self, **kw: Any) -> Reservation:
+        time.sleep(0.2)
+        return super().reserve(**kw)
+
+
+async def test_a_cancel_while_reserving_releases_the_reservation() -> None:
+    ledger = SlowLedger()
+    guard = GuardedEngine(
+        ScriptedEngine("cloud", tokens=["a"]), privacy="off", ledger=ledger, prices=PRICES
+    )
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    with anyio.move_on_after(0.05) as scope:
+        await drain(guard, req)
+    assert scope.cancelled_caught
+    assert [e["state"] for e in ledger.entries()] == ["released"]

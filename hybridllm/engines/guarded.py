@@ -14,7 +14,9 @@ orchestrator answers from the local engine instead, and the reason says privacy 
 The reservation is settled in a `finally`, so every way a stream ends is accounted for: from the
 `Finish` chunk's reported usage; from counted deltas (and the prompt bound) when usage is missing,
 the consumer left early, the request was cancelled or failed mid-answer; released when the request
-was never sent or the endpoint answered with an HTTP error status (not billed).
+was never sent (no `request_sent` mark from the engine, which marks just before sending) or the
+endpoint answered with an HTTP error status (not billed). A settle without reported usage counts
+the prompt at its bound: the ledger may overstate such a request, never understate it.
 
 The wrapper exposes only the `Engine` protocol: a method it does not guard does not exist on it,
 so new cloud paths must go through `stream()` (or call `check()` first), never around the guard.
@@ -27,6 +29,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from hybridllm.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
@@ -37,6 +40,7 @@ from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 from hybridllm.privacy import Finding, kinds, scan
 
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
+_SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread (about 3 ms+)
 
 
 def prompt_token_bound(request: GenerationRequest) -> int:
@@ -162,13 +166,21 @@ class GuardedEngine:
         return await anyio.to_thread.run_sync(reserve)
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
-        self.check(request)
-        reservation = await self._reserve(request)
+        if sum(len(text) for _, text in request_texts(request)) > _SCAN_IN_THREAD_CHARS:
+            await anyio.to_thread.run_sync(self.check, request)  # keep the event loop free
+        else:
+            self.check(request)
+        reservation: Reservation | None = None
         sent = False
         deltas = 0
         finish: Finish | None = None
         billed = True
         try:
+            # shielded: a cancel while the ledger works must not lose a reservation it made
+            # (the finally releases it: nothing was sent)
+            with anyio.CancelScope(shield=True):
+                reservation = await self._reserve(request)
+            await anyio.lowlevel.checkpoint_if_cancelled()
             async with aclosing(self.inner.stream(request)) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, Mark) and chunk.name == "request_sent":
