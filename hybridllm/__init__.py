@@ -1,5 +1,6 @@
 """hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud."""
 
+from hybridllm.budget import Cap, Ledger, ModelPrice, Prices
 from hybridllm.client import Completion, HybridClient
 from hybridllm.engines import (
     Engine,
@@ -8,9 +9,11 @@ from hybridllm.engines import (
     OpenAIEngine,
     ScriptedEngine,
 )
+from hybridllm.engines.guarded import GuardedEngine
 from hybridllm.errors import (
     AllEnginesFailedError,
     AuthenticationError,
+    BudgetExceededError,
     ClientStateError,
     CloudConnectionError,
     CloudError,
@@ -27,8 +30,10 @@ from hybridllm.errors import (
     ModelError,
     ModelNotFoundError,
     PolicyError,
+    PrivacyBlockedError,
     PullError,
     RateLimitError,
+    RefusedError,
     ServerError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
@@ -38,6 +43,14 @@ from hybridllm.trace import Trace
 
 __all__ = [
     "AuthenticationError",
+    "BudgetExceededError",
+    "Cap",
+    "GuardedEngine",
+    "Ledger",
+    "ModelPrice",
+    "Prices",
+    "PrivacyBlockedError",
+    "RefusedError",
     "ClientStateError",
     "CloudConnectionError",
     "CloudError",

@@ -28,7 +28,9 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
-from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.budget import Cap, Ledger, Prices
+from hybridllm.engines.base import Engine, GenerationRequest, Message, PrivacyMode
+from hybridllm.engines.guarded import GuardedEngine
 from hybridllm.events import EngineName
 from hybridllm.health import CircuitBreaker
 from hybridllm.orchestrate import race
@@ -54,9 +56,21 @@ class HybridClient:
         cloud: Engine | None = None,
         *,
         policy: str | Path | Policy | None = None,
+        privacy: PrivacyMode = "off",
+        ledger: Ledger | str | Path | None = None,
+        prices: Prices | str | Path | None = None,
+        budget_caps: Sequence[Cap] = (),
     ) -> None:
+        """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
+        engine; `ledger` (a `Ledger` or an SQLite path), `prices` (a `Prices` or a TOML path) and
+        `budget_caps` reserve and settle every cloud request's cost against the caps. Any of them
+        wraps the cloud engine in a `GuardedEngine`."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
+        if cloud is not None and (privacy != "off" or ledger is not None or budget_caps):
+            cloud = GuardedEngine(
+                cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps
+            )
         self.local = local
         self.cloud = cloud
         self.policy = resolve_policy(policy)
@@ -146,6 +160,7 @@ class HybridClient:
             top_p=pol.top_p if top_p is None else top_p,
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
+            scope=pol.name,
         )
         target, backup, reason = self._route(pol, engine)
         deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0

@@ -15,6 +15,9 @@ HybridError
     ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
+    ├── RefusedError            a guard kept the request from the engine; nothing was sent
+    │   ├── PrivacyBlockedError     the request holds personal or secret data (keep-local)
+    │   └── BudgetExceededError     the worst-case cost does not fit a budget cap
     └── CloudError              an OpenAI-compatible endpoint failed
         ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
         ├── CloudTimeoutError       the endpoint did not answer in time
@@ -24,6 +27,10 @@ HybridError
             ├── RateLimitError      429 (retry_after from the header)
             └── ServerError         5xx
 ```
+
+Refusals are never retryable: the orchestrator answers from the other engine instead, and the
+trace's fallback reason starts with "privacy:" or "budget:". Their messages never hold the
+matched secret (only the kinds found) nor the prompt.
 
 Engine errors carry `engine` ("local" or "cloud") and `received_content`: whether any content
 token of this request had already been delivered when the failure happened. Callers use it to
@@ -127,6 +134,51 @@ class ContextOverflowError(EngineError):
 
 class LocalEngineError(EngineError):
     pass
+
+
+class RefusedError(EngineError):
+    """A guard (privacy, budget) kept the request from the engine before any byte was sent."""
+
+
+class PrivacyBlockedError(RefusedError):
+    """The request holds personal or secret data and the privacy mode keeps it on the device.
+
+    `kinds`: the kinds found (for example ("card", "email")); the matched text is never kept.
+    """
+
+    def __init__(self, kinds: tuple[str, ...], *, engine: str = "cloud") -> None:
+        self.kinds = kinds
+        super().__init__(
+            f"privacy: the request contains {', '.join(kinds)}; the privacy mode keeps it on the "
+            f"device, nothing was sent to the {engine} engine",
+            engine=engine,
+        )
+
+
+class BudgetExceededError(RefusedError):
+    """The request's worst-case cost does not fit under a cap (USD figures as plain floats)."""
+
+    def __init__(
+        self,
+        *,
+        cap: str,
+        limit_usd: float,
+        spent_usd: float,
+        reserved_usd: float,
+        needed_usd: float,
+        engine: str = "cloud",
+    ) -> None:
+        self.cap = cap
+        self.limit_usd = limit_usd
+        self.spent_usd = spent_usd
+        self.reserved_usd = reserved_usd
+        self.needed_usd = needed_usd
+        super().__init__(
+            f"budget: {cap} cap of ${limit_usd:.6f} cannot cover this request (spent "
+            f"${spent_usd:.6f}, reserved by requests in flight ${reserved_usd:.6f}, this request "
+            f"needs up to ${needed_usd:.6f}); nothing was sent to the {engine} engine",
+            engine=engine,
+        )
 
 
 class CloudError(EngineError):

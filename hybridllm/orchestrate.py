@@ -25,7 +25,12 @@ import anyio
 from anyio.abc import TaskGroup
 
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.errors import AllEnginesFailedError, DeadlineMissError, EngineError
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    DeadlineMissError,
+    EngineError,
+    RefusedError,
+)
 from hybridllm.events import Chunk, Fallback, Finish, Hedge, Mark
 from hybridllm.stream import RequestRun
 
@@ -247,7 +252,8 @@ async def race(
                         break
                     r.failed.add(cid)
                     if r.contenders[cid].engine is primary:
-                        r.start_fallback(f"{primary.name} failed before its first token: {item}")
+                        why = "refused" if isinstance(item, RefusedError) else "failed"
+                        r.start_fallback(f"{primary.name} {why} before its first token: {item}")
                     if r.failed == set(r.contenders):
                         fatal = r.all_failed()  # every engine that was tried has failed
                         break

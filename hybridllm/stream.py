@@ -145,6 +145,8 @@ class RequestRun:
                         self.outcome(engine.name, None)
                     handle(chunk)
         except Exception as exc:
+            if isinstance(exc, errors.RefusedError):  # privacy / budget: never the secret
+                self.trace.refusals.append(f"{engine.name}: {exc}")
             self.outcome(engine.name, exc)
             raise
         if not healthy:

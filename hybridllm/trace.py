@@ -23,6 +23,8 @@ class Trace:
     retries: int = 0  # retried attempts before the first token
     # mid-stream switches: (time, from engine, to engine, why, characters delivered before)
     switches: list[tuple[float, str, str, str, int]] = field(default_factory=list)
+    # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
+    refusals: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int | None = None

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from hybridllm.events import Chunk, EngineName
 
 Message = Mapping[str, str]
+PrivacyMode = Literal["keep-local", "off"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class GenerationRequest:
     # text the answer must continue from (mid-stream failover): the start of the assistant turn
     assistant_prefix: str = ""
     extra: Mapping[str, object] = field(default_factory=dict)
+    # routing metadata, never sent: the policy's name (budget caps per scope) and its privacy
+    # mode for this request (None: the guard's own mode; see engines/guarded.py)
+    scope: str = "default"
+    privacy: PrivacyMode | None = None
 
 
 @dataclass(frozen=True)

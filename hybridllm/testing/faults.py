@@ -193,3 +193,22 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | No
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
         return None
     return head, body
+
+
+def split_http_requests(data: bytes) -> list[tuple[bytes, bytes]]:
+    """The HTTP/1.1 requests in the bytes a client sent on one connection: (head, body) each,
+    bodies by ``Content-Length``; an incomplete last request keeps what arrived."""
+    out: list[tuple[bytes, bytes]] = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep:
+            out.append((head, b""))
+            break
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length" and value.strip().isdigit():
+                length = int(value.strip())
+        out.append((head + sep, rest[:length]))
+        data = rest[length:]
+    return out

@@ -41,7 +41,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
-from hybridllm.testing.faults import Faults, StallDist, canned, heavy_tail, read_request
+from hybridllm.testing.faults import (
+    Faults,
+    StallDist,
+    canned,
+    heavy_tail,
+    read_request,
+    split_http_requests,
+)
 
 __all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults", "StallDist", "heavy_tail"]
 
@@ -79,6 +86,8 @@ class ConnectionRecord:
     """The HTTP fault the proxy answered this connection's request with (``Faults.http_fault``)."""
     request_head: bytes | None = None
     """The request line and headers, when an HTTP fault made the proxy read them."""
+    sent: bytes = b""
+    """Every byte the client sent on this connection, when the proxy records (``record=True``)."""
 
 
 class FaultProxy:
@@ -95,8 +104,10 @@ class FaultProxy:
         faults: Faults | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        record: bool = False,
     ) -> None:
         self.upstream = upstream
+        self.record = record  # keep every byte clients send (``requests()``); read live
         self._host = host
         self._requested_port = port
         self._port: int | None = None
@@ -140,6 +151,11 @@ class FaultProxy:
         """Copies of the records of all connections accepted so far, oldest first."""
         with self._cond:
             return [dataclasses.replace(r) for r in self._records]
+
+    def requests(self) -> list[tuple[bytes, bytes]]:
+        """(head, body) of every HTTP request clients sent through the proxy while it recorded
+        (``record=True``), oldest connection first: what reached the network."""
+        return [r for rec in self.connections for r in split_http_requests(rec.sent)]
 
     def wait_client_closed(self, conn_id: int | None = None, timeout: float = 5.0) -> float | None:
         """Block until the client side of a connection closed; return when (monotonic) or None.
@@ -318,7 +334,12 @@ class FaultProxy:
                     self._finish(rec, "client", client_closed=True)
                     return
                 head, body = request
-                self._update(rec, request_head=head, bytes_up=len(head) + len(body))
+                self._update(
+                    rec,
+                    request_head=head,
+                    bytes_up=len(head) + len(body),
+                    sent=head + body if self.record else b"",
+                )
                 if self._take_failure(faults):
                     self._update(rec, http_fault=faults.http_fault)
                     await self._answer(rec, faults, c_reader, c_writer)
@@ -375,6 +396,8 @@ class FaultProxy:
                     return
                 awaiting_response = True
                 self._update(rec, bytes_up=rec.bytes_up + len(data))
+                if self.record:
+                    self._update(rec, sent=rec.sent + data)
                 u_writer.write(data)
                 try:
                     await u_writer.drain()
