@@ -29,6 +29,7 @@ from hybridllm.errors import (
     PolicyError,
     PullError,
     RateLimitError,
+    RequestRefusedError,
     ServerError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
@@ -68,6 +69,7 @@ __all__ = [
     "PolicyError",
     "PullError",
     "RateLimitError",
+    "RequestRefusedError",
     "Route",
     "ServerError",
     "ScriptedEngine",

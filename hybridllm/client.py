@@ -13,8 +13,6 @@ event loop thread.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -31,8 +29,12 @@ from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import EngineName
 from hybridllm.health import CircuitBreaker
+from hybridllm.latency import LatencyModel
 from hybridllm.orchestrate import race
 from hybridllm.policy import Policy, resolve_policy
+from hybridllm.routing.decide import Decision, LiveState, RequestFacts
+from hybridllm.routing.gather import Routing
+from hybridllm.routing.inputs import BudgetGate, PrivacyScan, Router
 from hybridllm.stream import RequestRun, Stream, _Item
 from hybridllm.trace import Trace
 
@@ -54,19 +56,22 @@ class HybridClient:
         cloud: Engine | None = None,
         *,
         policy: str | Path | Policy | None = None,
+        policy_dirs: Sequence[str | Path] | None = None,
+        router: Router | None = None,
+        budget: BudgetGate | None = None,
+        privacy: PrivacyScan | None = None,
+        latency: LatencyModel | None = None,
     ) -> None:
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         self.local = local
         self.cloud = cloud
-        self.policy = resolve_policy(policy)
+        self.policy_dirs = list(policy_dirs or ())
+        self.policy = resolve_policy(policy, dirs=self.policy_dirs)
+        self.routing = Routing(latency or LatencyModel(), router, budget, privacy)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
-        self._ttft_ms: dict[EngineName, deque[float]] = {
-            "local": deque(maxlen=100),
-            "cloud": deque(maxlen=100),
-        }
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(),
             "cloud": CircuitBreaker(),
@@ -98,6 +103,7 @@ class HybridClient:
                 for engine in self.engines.values():
                     await engine.aclose()
             raise _first_error(group) from None
+        self.routing.seed_from(self.engines)
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
@@ -138,7 +144,7 @@ class HybridClient:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
-        pol = self.policy if policy is None else resolve_policy(policy)
+        pol = self.policy if policy is None else resolve_policy(policy, dirs=self.policy_dirs)
         request = GenerationRequest(
             messages=normalize_messages(messages),
             max_tokens=pol.max_tokens if max_tokens is None else _positive(max_tokens),
@@ -147,89 +153,70 @@ class HybridClient:
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
         )
-        target, backup, reason = self._route(pol, engine)
-        deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0
-        plan: Plan
-        if backup is not None:
-            plan = partial(
-                race,
-                primary=target,
-                fallback=backup,
-                request=request,
-                deadline_s=deadline,
-                reason=reason,
-                hedge_s=self._hedge_s(pol, target.name),
-                stall_s=None if pol.stall_ms is None else pol.stall_ms / 1000.0,
-            )
-        else:
-            plan = partial(
-                RequestRun.single,
-                engine=target,
-                request=request,
-                reason=reason,
-                retries=pol.retries,
-                deadline_s=deadline,
-            )
+        decision, facts, state = self.decide(request, pol, engine)
+        trace.decision = decision.reasons
+        trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
+        plan = self._plan(decision, request, pol)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
-        self._tg.start_soon(self._drive, run, plan)
+        self._tg.start_soon(self._drive, run, plan, facts.prompt_tokens)
         return Stream(run, recv)
 
-    async def _drive(self, run: RequestRun, plan: Plan) -> None:
+    def decide(
+        self, request: GenerationRequest, policy: Policy, forced: str | None = None
+    ) -> tuple[Decision, RequestFacts, LiveState]:
+        """Where `request` would run now under `policy`, and why (nothing is sent)."""
+        if forced is not None:
+            if forced not in ("local", "cloud"):
+                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
+            if forced not in self.engines:
+                raise errors.ConfigError(f"no {forced} engine configured on this client")
+        name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
+        decision, facts, state = self.routing.decide(
+            request, policy, self.engines, self.breakers, name
+        )
+        if decision.primary is None:
+            raise errors.RequestRefusedError(decision.reasons)
+        return decision, facts, state
+
+    def _plan(self, decision: Decision, request: GenerationRequest, policy: Policy) -> Plan:
+        engines = self.engines
+        assert decision.primary is not None
+        target = engines[decision.primary]
+        if decision.fallback is None:
+            return partial(
+                RequestRun.single,
+                engine=target,
+                request=request,
+                reason=decision.reason,
+                retries=policy.retries,
+                deadline_s=decision.deadline_s,
+            )
+        return partial(
+            race,
+            primary=target,
+            fallback=engines[decision.fallback],
+            request=request,
+            deadline_s=decision.deadline_s,
+            reason=decision.reason,
+            hedge_s=decision.hedge_s,
+            stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
+            fallback_now=decision.reasons[-1] if decision.fallback_now else None,
+        )
+
+    async def _drive(self, run: RequestRun, plan: Plan, prompt_tokens: int) -> None:
         try:
             await run.run(plan)
         finally:
             self._runs.discard(run)
-            tr = run.trace
-            if tr.engine is not None and tr.ttft_ms is not None and tr.error is None:
-                self._ttft_ms[tr.engine].append(tr.ttft_ms)
-
-    def _hedge_s(self, policy: Policy, primary: EngineName) -> float | None:
-        """When to hedge: the policy's delay, or the primary's observed p95 TTFT for "auto"."""
-        if policy.hedge_after_ms is None:
-            return None
-        if policy.hedge_after_ms != "auto":
-            return policy.hedge_after_ms / 1000.0
-        seen = self._ttft_ms[primary]
-        if len(seen) < 5:
-            return None  # not enough history yet: the deadline alone applies
-        return statistics.quantiles(seen, n=20, method="inclusive")[18] / 1000.0
+            self.routing.latency.observe_trace(run.trace, prompt_tokens)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
         async with self.stream(messages, **kwargs) as s:
             text = "".join([token async for token in s])
         return Completion(text, s.trace)
-
-    def _route(self, policy: Policy, forced: str | None) -> tuple[Engine, Engine | None, str]:
-        """(primary, backup or None, reason). A forced engine gets no backup."""
-        engines = self.engines
-        if forced is not None:
-            if forced not in ("local", "cloud"):
-                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
-            if forced == "cloud" and not policy.allow_cloud:
-                raise errors.PolicyError(f"policy {policy.name!r} keeps requests on the device")
-            if forced not in engines:
-                raise errors.ConfigError(f"no {forced} engine configured on this client")
-            return engines[forced], None, f"engine={forced} forced by the caller"
-        local = engines.get("local")
-        cloud = engines.get("cloud") if policy.allow_cloud else None
-        why = f"policy {policy.name!r} prefers {policy.prefer}"
-        # an open circuit sends requests to the local engine at once (when there is one)
-        if cloud is not None and local is not None and not self.breakers["cloud"].allow():
-            cloud = None
-            why += "; cloud circuit open"
-        first, second = (cloud, local) if policy.prefer == "cloud" else (local, cloud)
-        if first is None:
-            first, second = second, None
-            if policy.prefer != "auto":
-                why += f"; no {policy.prefer} engine available"
-        if first is None:
-            raise errors.PolicyError(
-                f"policy {policy.name!r} allows no engine this client has (cloud disabled)"
-            )
-        return first, second, why
 
     def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
         self.breakers[engine].record(exc)

@@ -2,10 +2,10 @@
 
 `race()`: the primary starts at once; the deadline (if the policy has one) counts from the
 `stream()` call. If the primary has produced no content token by then, fails before its first
-one, predicts a first token past the deadline, or a hedge delay passes, the fallback starts while
-the primary keeps running. The first content token wins and the loser is cancelled at once (its
-stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
-empty deltas never win.
+one, is predicted (by the routing decision) to miss the deadline, or a hedge delay passes, the
+fallback starts while the primary keeps running. The first content token wins and the loser is
+cancelled at once (its stream closed: connection dropped, local decoding stopped). Role-only
+chunks, keep-alives and empty deltas never win.
 
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
 inter-token limit moves the answer to the other engine, which continues from the text already
@@ -167,7 +167,10 @@ async def race(
     hedge_s: float | None = None,
     stall_s: float | None = None,
     failover: bool = True,
+    fallback_now: str | None = None,
 ) -> None:
+    """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
+    routing decision predicts the primary misses the deadline)."""
     trace = run.trace
     if deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
@@ -193,12 +196,8 @@ async def race(
                 )
 
         r.start(primary, request)
-        predicted = primary.predict_ttft_s(request)
-        if deadline_s is not None and predicted is not None and predicted > deadline_s:
-            r.start_fallback(
-                f"{primary.name} predicts a first token in {predicted * 1e3:.0f} "
-                f"ms, past the {deadline_s * 1e3:.0f} ms deadline"
-            )
+        if fallback_now is not None:
+            r.start_fallback(fallback_now)
         tg.start_soon(timer_task)
         async with r.recv:
             while True:

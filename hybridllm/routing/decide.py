@@ -1,0 +1,237 @@
+"""`decide()`: where one request runs and why, as a pure function of plain facts.
+
+Inputs: the request's facts (prompt and output tokens, the router's score, the kinds of personal
+data found), the policy, and the live state (latency predictions per engine, whether the budget
+covers the worst-case cloud cost, the cloud circuit, the local queue). Output: a frozen
+`Decision`: the plan, the primary engine, the fallback (or None), the first-token deadline, the
+hedge delay, whether the fallback starts at once, and reasons a person can read.
+
+The rules, in order (each one that applies adds a reason):
+
+1. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
+   privacy finding (keep-local: no cloud; block: refuse), the budget (cannot cover the
+   worst case: no cloud, or refuse when `on_exceeded = "fail"` and the cloud was wanted), the
+   cloud circuit (open: no cloud).
+2. Which one is preferred: a forced engine; `prefer`; for "auto", the router's score against
+   its threshold (score >= threshold: cloud), else local first.
+3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
+   preferred engine predicted past the deadline while the other's p95 meets it, swaps the two;
+   a preferred engine predicted past the deadline otherwise keeps its place but the other one
+   starts at once (predictive start: first token wins).
+4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
+   predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
+   failure); "refuse" when nothing may serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hybridllm.events import EngineName
+from hybridllm.latency import Prediction
+from hybridllm.policy import Policy
+
+PlanKind = Literal["single", "hedge", "refuse"]
+AUTO_HEDGE_MIN_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known about the request itself."""
+
+    prompt_tokens: int
+    max_tokens: int
+    router_score: float | None = None  # P(the local answer is wrong); None: no router
+    router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
+    # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
+    privacy_kinds: frozenset[str] | None = frozenset()
+    forced: EngineName | None = None  # the caller named the engine
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """What is known about the engines right now."""
+
+    available: frozenset[EngineName] = frozenset({"local", "cloud"})
+    latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
+    local_queue_s: float = 0.0
+    cloud_circuit_open: bool = False
+    budget_fits: bool = True  # the worst-case cloud cost fits every cap
+    budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    plan: PlanKind
+    primary: EngineName | None
+    fallback: EngineName | None
+    deadline_s: float | None
+    hedge_s: float | None
+    fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
+    reasons: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    @property
+    def engines(self) -> tuple[EngineName, ...]:
+        """Every engine this decision may send the request to."""
+        return tuple(e for e in (self.primary, self.fallback) if e is not None)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def _other(engine: EngineName) -> EngineName:
+    return "cloud" if engine == "local" else "local"
+
+
+def _refuse(reasons: list[str], deadline: float | None) -> Decision:
+    return Decision("refuse", None, None, deadline, None, False, tuple(reasons))
+
+
+def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
+    reasons: list[str] = []
+    deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
+    allowed: list[EngineName] = [e for e in policy.order if e in state.available]
+    if not policy.cloud_allowed and "cloud" in state.available:
+        reasons.append(f"policy {policy.name!r}: never leaves the device")
+    if not policy.cloud_allowed and "cloud" in allowed:
+        allowed.remove("cloud")
+
+    # 1. privacy, budget, circuit: what may serve at all
+    wanted_cloud = facts.forced == "cloud" or _prefers_cloud(facts, policy)
+    if facts.privacy_kinds is None and policy.privacy != "off":
+        reasons.append("privacy: no detector to scan the prompt -> local only")
+        if "cloud" in allowed:
+            allowed.remove("cloud")
+    elif facts.privacy_kinds and policy.privacy != "off":
+        found = ", ".join(sorted(facts.privacy_kinds))
+        if policy.privacy == "block":
+            reasons.append(f"privacy: {found} found -> blocked by the policy")
+            return _refuse(reasons, deadline)
+        reasons.append(f"privacy: {found} found -> local only")
+        if "cloud" in allowed:
+            allowed.remove("cloud")
+    if "cloud" in allowed and not state.budget_fits:
+        detail = f" ({state.budget_detail})" if state.budget_detail else ""
+        if policy.budget.on_exceeded == "fail" and wanted_cloud:
+            reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
+            return _refuse(reasons, deadline)
+        reasons.append(f"budget: cannot cover the cloud request{detail} -> local")
+        allowed.remove("cloud")
+    if "cloud" in allowed and state.cloud_circuit_open:
+        reasons.append("cloud circuit open -> local")
+        allowed.remove("cloud")
+
+    # 2. the preferred engine
+    if facts.forced is not None:
+        if facts.forced not in allowed:
+            reasons.append(f"engine={facts.forced} forced by the caller, but not allowed")
+            return _refuse(reasons, deadline)
+        reasons.append(f"engine={facts.forced} forced by the caller")
+        return Decision("single", facts.forced, None, deadline, None, False, tuple(reasons))
+    if not allowed:
+        reasons.append("no engine this client has is allowed")
+        return _refuse(reasons, deadline)
+    preferred = _preferred(facts, policy, allowed, reasons)
+    others = [e for e in allowed if e != preferred]
+    primary, fallback = preferred, (others[0] if others else None)
+
+    # 3. load: who can meet the deadline
+    fallback_now = False
+    if deadline is not None and fallback is not None:
+        primary, fallback, fallback_now = _load(primary, fallback, deadline, state, reasons)
+    elif deadline is not None and primary == "local" and state.local_queue_s > deadline:
+        reasons.append(
+            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}, "
+            "but no other engine is allowed -> local"
+        )
+
+    # 4. the plan
+    hedge_s = _hedge(policy, primary, fallback, state, reasons) if not fallback_now else None
+    plan: PlanKind = "hedge" if hedge_s is not None else "single"
+    return Decision(plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons))
+
+
+def _prefers_cloud(facts: RequestFacts, policy: Policy) -> bool:
+    if policy.fallback_order is not None or policy.prefer != "auto":
+        return policy.order[0] == "cloud"
+    score, cut = facts.router_score, facts.router_threshold
+    return score is not None and cut is not None and score >= cut
+
+
+def _preferred(
+    facts: RequestFacts, policy: Policy, allowed: list[EngineName], reasons: list[str]
+) -> EngineName:
+    want: EngineName = policy.order[0]
+    if policy.prefer == "auto" and policy.fallback_order is None:
+        score, cut = facts.router_score, facts.router_threshold
+        if score is not None and cut is not None:
+            want = "cloud" if score >= cut else "local"
+            rel = ">=" if score >= cut else "<"
+            reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
+        else:
+            reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
+            want = "local"
+    else:
+        reasons.append(f"policy {policy.name!r} prefers {want}")
+    if want not in allowed:
+        got = allowed[0]
+        reasons.append(f"{want} not allowed -> {got}")
+        return got
+    return want
+
+
+def _load(
+    primary: EngineName,
+    fallback: EngineName,
+    deadline: float,
+    state: LiveState,
+    reasons: list[str],
+) -> tuple[EngineName, EngineName, bool]:
+    """Swap the engines, or start both at once, when the primary cannot make the deadline."""
+    if primary == "local" and state.local_queue_s > deadline:
+        reasons.append(
+            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)} -> {fallback}"
+        )
+        return fallback, primary, False
+    mine = state.latency.get(primary)
+    if mine is None or mine.ttft_s <= deadline:
+        return primary, fallback, False
+    theirs = state.latency.get(fallback)
+    if theirs is not None and theirs.ttft_p95_s <= deadline:
+        reasons.append(
+            f"{primary} predicted TTFT {_ms(mine.ttft_s)} > deadline {_ms(deadline)}, "
+            f"{fallback} p95 {_ms(theirs.ttft_p95_s)} meets it -> {fallback}"
+        )
+        return fallback, primary, False
+    reasons.append(
+        f"{primary} predicts a first token in {_ms(mine.ttft_s)}, past the {_ms(deadline)} "
+        f"deadline -> {fallback} starts at once"
+    )
+    return primary, fallback, True
+
+
+def _hedge(
+    policy: Policy,
+    primary: EngineName,
+    fallback: EngineName | None,
+    state: LiveState,
+    reasons: list[str],
+) -> float | None:
+    if fallback is None or policy.hedge_after_ms is None or "hedge" not in policy.plans:
+        return None
+    if policy.hedge_after_ms != "auto":
+        hedge_s = policy.hedge_after_ms / 1000.0
+        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
+        return hedge_s
+    mine = state.latency.get(primary)
+    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES:
+        return None  # not enough history yet: the deadline alone applies
+    reasons.append(f"hedge: {fallback} starts at {primary}'s p95 TTFT {_ms(mine.ttft_p95_s)}")
+    return mine.ttft_p95_s
