@@ -156,7 +156,8 @@ class HybridClient:
         decision, facts, state = self.decide(request, pol, engine)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
-        plan = self._plan(decision, request, pol)
+        fb = state.latency.get(decision.fallback) if decision.fallback else None
+        plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
@@ -180,7 +181,13 @@ class HybridClient:
             raise errors.RequestRefusedError(decision.reasons)
         return decision, facts, state
 
-    def _plan(self, decision: Decision, request: GenerationRequest, policy: Policy) -> Plan:
+    def _plan(
+        self,
+        decision: Decision,
+        request: GenerationRequest,
+        policy: Policy,
+        fallback_ttft_s: float | None,
+    ) -> Plan:
         engines = self.engines
         assert decision.primary is not None
         target = engines[decision.primary]
@@ -203,6 +210,7 @@ class HybridClient:
             hedge_s=decision.hedge_s,
             stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
             fallback_now=decision.reasons[-1] if decision.fallback_now else None,
+            fallback_ttft_s=fallback_ttft_s,
         )
 
     async def _drive(self, run: RequestRun, plan: Plan, prompt_tokens: int) -> None:

@@ -135,7 +135,8 @@ class EngineLatency:
         if not obs:
             self._intercept, self._resid_p95, self._spread = self.prior.overhead_s, 0.0, 0.0
             return
-        self._intercept = max(0.0, statistics.median(o.service_s - slope * o.tokens for o in obs))
+        # unclamped: with the prior's slope the fit must still pass through the observed points
+        self._intercept = statistics.median(o.service_s - slope * o.tokens for o in obs)
         resid = [o.service_s - self._fit(o.tokens) for o in obs]
         self._resid_p95 = max(0.0, _quantile(resid, 0.95))
         self._spread = 1.4826 * statistics.median(abs(r) for r in resid)

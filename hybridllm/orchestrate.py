@@ -3,9 +3,11 @@
 `race()`: the primary starts at once; the deadline (if the policy has one) counts from the
 `stream()` call. If the primary has produced no content token by then, fails before its first
 one, is predicted (by the routing decision) to miss the deadline, or a hedge delay passes, the
-fallback starts while the primary keeps running. The first content token wins and the loser is
-cancelled at once (its stream closed: connection dropped, local decoding stopped). Role-only
-chunks, keep-alives and empty deltas never win.
+fallback starts while the primary keeps running. "By then" leads the deadline by the fallback's
+own predicted time to a first token (at most half the deadline), so that its token can still
+arrive inside the deadline. The first content token wins and the loser is cancelled at once (its
+stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
+empty deltas never win.
 
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
 inter-token limit moves the answer to the other engine, which continues from the text already
@@ -156,6 +158,23 @@ class _Race:
         return True
 
 
+def fallback_lead_s(
+    fallback: Engine,
+    request: GenerationRequest,
+    deadline_s: float,
+    predicted: float | None = None,
+) -> float:
+    """How long before the deadline the fallback starts: its predicted time to a first token
+    (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
+    at most half the deadline, so that a fallback which cannot make the deadline anyway does not
+    run alongside every request."""
+    if predicted is None:
+        predicted = fallback.predict_ttft_s(request)
+    if predicted is None:
+        return 0.0
+    return min(max(0.0, predicted), deadline_s / 2)
+
+
 async def race(
     run: RequestRun,
     primary: Engine,
@@ -168,9 +187,11 @@ async def race(
     stall_s: float | None = None,
     failover: bool = True,
     fallback_now: str | None = None,
+    fallback_ttft_s: float | None = None,
 ) -> None:
     """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
-    routing decision predicts the primary misses the deadline)."""
+    routing decision predicts the primary misses the deadline). `fallback_ttft_s`: the
+    fallback's predicted time to a first token (None: ask the engine)."""
     trace = run.trace
     if deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
@@ -185,15 +206,20 @@ async def race(
 
         async def timer_task() -> None:
             with timer:
-                hedge_first = hedge_s is not None and (deadline_s is None or hedge_s < deadline_s)
-                at = hedge_s if hedge_first else deadline_s
+                start_s = deadline_s
+                if deadline_s is not None:  # lead so that the fallback's token lands in time
+                    lead = fallback_lead_s(fallback, request, deadline_s, fallback_ttft_s)
+                    start_s = deadline_s - lead
+                hedge_first = hedge_s is not None and (start_s is None or hedge_s < start_s)
+                at = hedge_s if hedge_first else start_s
                 if at is None:
                     return
                 await anyio.sleep(max(0.0, trace.t_start + at - time.perf_counter()))
                 kind = "hedge: no" if hedge_first else "no"
-                r.start_fallback(
-                    f"{kind} token from {primary.name} within {at * 1e3:.0f} ms", hedge=hedge_first
-                )
+                why = f"{kind} token from {primary.name} within {at * 1e3:.0f} ms"
+                if not hedge_first and deadline_s is not None and at < deadline_s:
+                    why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
+                r.start_fallback(why, hedge=hedge_first)
 
         r.start(primary, request)
         if fallback_now is not None:

@@ -281,7 +281,7 @@ async def test_start_and_cancel_cycles_leak_nothing(proxy: FaultProxy, model_pat
         kw: dict[str, object] = {"engine": engine} if engine else {}
         s = client.stream(LONG, max_tokens=64, **kw)  # type: ignore[arg-type]
         if how == "timeout":  # the app's task is cancelled at a random point
-            with anyio.move_on_after(rng.uniform(0.0, 0.15)):
+            with anyio.move_on_after(rng.uniform(0.0, 0.1)):
                 async for _ in s:
                     pass
         elif how == "break":  # leaves the loop after a few tokens
@@ -313,14 +313,14 @@ async def test_start_and_cancel_cycles_leak_nothing(proxy: FaultProxy, model_pat
         for _ in range(40):
             await cycle(client)
         base = await settle(None)
-        for _ in range(260):
+        for _ in range(960):
             await cycle(client)
         threads, tasks, sockets = await settle(base)
         elapsed = time.monotonic() - t0
         n_conns = len(proxy.connections)
         open_conns = [c for c in proxy.connections if c.closed_at is None]
-    print(f"300 cycles in {elapsed:.1f}s, {n_conns} cloud connections; base {base}")
-    assert n_conns > 50, "the cloud engine took part"
+    print(f"1,000 cycles in {elapsed:.1f}s, {n_conns} cloud connections; base {base}")
+    assert n_conns > 200, "the cloud engine took part"
     assert not open_conns
     assert tasks <= base[1], f"asyncio tasks grew: {base[1]} -> {tasks}"
     assert sockets <= base[2], f"open sockets grew: {base[2]} -> {sockets}"

@@ -67,3 +67,29 @@ async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
             with pytest.raises(CloudConnectionError):
                 await client.complete("q")
     assert len(down.requests) == 2
+
+
+def test_deadline_misses_open_the_circuit_by_rate_not_one_unlucky_pair() -> None:
+    from hybridllm.errors import DeadlineMissError
+
+    miss = DeadlineMissError("late", engine="cloud")
+    tail = CircuitBreaker(threshold=2, window=10, miss_rate=0.5)
+    for i in range(100):  # one request in ten misses, sometimes two close together
+        tail.record(miss if i % 10 in (3, 5) else None)
+    assert tail.state == "closed"
+
+    stuck = CircuitBreaker(threshold=2, window=10, miss_rate=0.5)
+    for _ in range(6):
+        stuck.record(None)
+    stuck.record(miss)
+    stuck.record(miss)
+    assert stuck.state == "closed"  # 2 of 8: still a tail, not a stuck endpoint
+    while stuck.state == "closed":
+        stuck.record(miss)
+    assert stuck.recent_miss_rate == 0.0  # cleared when it opened
+    assert stuck.failures == 0  # misses never count as hard failures
+
+    fresh = CircuitBreaker(threshold=2)
+    fresh.record(miss)
+    fresh.record(miss)
+    assert fresh.state == "open"  # an endpoint that stalls from the start opens after two

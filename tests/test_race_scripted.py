@@ -218,3 +218,29 @@ async def test_cancelling_during_a_race_stops_both_engines() -> None:
         await anyio.sleep(0.01)
         assert local.active == 0 and cloud.active == 0
         assert len(local.requests) == 1 and len(cloud.requests) == 1
+
+
+async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> None:
+    """A cloud primary stuck past a 300 ms deadline; the local fallback predicts 100 ms to its
+    first token, so it starts at 200 ms and its token lands inside the deadline."""
+    policy = Policy(name="lead", prefer="cloud", ttft_deadline_ms=300)
+    local = ScriptedEngine("local", script=[0.1, "here"])
+    cloud = ScriptedEngine("cloud", script=[2.0, "late"])
+    local.predicted_ttft_s = 0.1
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        res = await client.complete("q")
+    tr = res.trace
+    assert res.text == "here" and tr.engine == "local"
+    assert 190 <= tr.segments_ms["fallback_started"] < 260
+    assert tr.ttft_ms is not None and tr.ttft_ms < 300 + 40
+    assert "ahead of the 300 ms deadline" in (tr.fallback_reason or "")
+
+
+async def test_fallback_lead_is_at_most_half_the_deadline() -> None:
+    policy = Policy(name="lead", prefer="cloud", ttft_deadline_ms=200)
+    local = ScriptedEngine("local", script=[0.01, "here"])
+    cloud = ScriptedEngine("cloud", script=[2.0, "late"])
+    local.predicted_ttft_s = 5.0  # a long prompt: the local engine cannot make it anyway
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        res = await client.complete("q")
+    assert 95 <= res.trace.segments_ms["fallback_started"] < 160

@@ -11,7 +11,7 @@ The rules, in order (each one that applies adds a reason):
 1. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
    privacy finding (keep-local: no cloud; block: refuse), the budget (cannot cover the
    worst case: no cloud, or refuse when `on_exceeded = "fail"` and the cloud was wanted), the
-   cloud circuit (open: no cloud).
+   cloud circuit (open: no cloud, unless it is the only engine left).
 2. Which one is preferred: a forced engine; `prefer`; for "auto", the router's score against
    its threshold (score >= threshold: cloud), else local first.
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
@@ -125,8 +125,13 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
         reasons.append(f"budget: cannot cover the cloud request{detail} -> local")
         allowed.remove("cloud")
     if "cloud" in allowed and state.cloud_circuit_open:
-        reasons.append("cloud circuit open -> local")
-        allowed.remove("cloud")
+        if facts.forced == "cloud":
+            reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
+        elif "local" in allowed:
+            reasons.append("cloud circuit open -> local")
+            allowed.remove("cloud")
+        else:  # nothing else could answer: try it rather than fail without trying
+            reasons.append("cloud circuit open, but no other engine -> cloud")
 
     # 2. the preferred engine
     if facts.forced is not None:
@@ -182,7 +187,7 @@ def _preferred(
         reasons.append(f"policy {policy.name!r} prefers {want}")
     if want not in allowed:
         got = allowed[0]
-        reasons.append(f"{want} not allowed -> {got}")
+        reasons.append(f"{want} unavailable -> {got}")
         return got
     return want
 
