@@ -98,52 +98,25 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     reasons: list[str] = []
     deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
-    if not policy.cloud_allowed and "cloud" in state.available:
-        reasons.append(f"policy {policy.name!r}: never leaves the device")
-    if not policy.cloud_allowed and "cloud" in allowed:
-        allowed.remove("cloud")
-
-    # 1. privacy, budget, circuit: what may serve at all
-    wanted_cloud = facts.forced == "cloud" or _prefers_cloud(facts, policy)
-    if facts.privacy_kinds is None and policy.privacy != "off":
-        reasons.append("privacy: no detector to scan the prompt -> local only")
-        if "cloud" in allowed:
-            allowed.remove("cloud")
-    elif facts.privacy_kinds and policy.privacy != "off":
-        found = ", ".join(sorted(facts.privacy_kinds))
-        if policy.privacy == "block":
-            reasons.append(f"privacy: {found} found -> blocked by the policy")
-            return _refuse(reasons, deadline)
-        reasons.append(f"privacy: {found} found -> local only")
-        if "cloud" in allowed:
-            allowed.remove("cloud")
-    if "cloud" in allowed and not state.budget_fits:
-        detail = f" ({state.budget_detail})" if state.budget_detail else ""
-        if policy.budget.on_exceeded == "fail" and wanted_cloud:
-            reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
-            return _refuse(reasons, deadline)
-        reasons.append(f"budget: cannot cover the cloud request{detail} -> local")
-        allowed.remove("cloud")
-    if "cloud" in allowed and state.cloud_circuit_open:
-        if facts.forced == "cloud":
-            reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
-        elif "local" in allowed:
-            reasons.append("cloud circuit open -> local")
-            allowed.remove("cloud")
-        else:  # nothing else could answer: try it rather than fail without trying
-            reasons.append("cloud circuit open, but no other engine -> cloud")
+    want = _wanted(facts, policy, reasons)
+    explained = _restrict(facts, policy, state, allowed, want, reasons)
+    if explained is None:
+        return _refuse(reasons, deadline)
 
     # 2. the preferred engine
     if facts.forced is not None:
         if facts.forced not in allowed:
-            reasons.append(f"engine={facts.forced} forced by the caller, but not allowed")
+            reasons.append(f"engine={facts.forced} is not allowed -> refused")
             return _refuse(reasons, deadline)
-        reasons.append(f"engine={facts.forced} forced by the caller")
         return Decision("single", facts.forced, None, deadline, None, False, tuple(reasons))
     if not allowed:
-        reasons.append("no engine this client has is allowed")
+        reasons.append("no engine this client has is allowed -> refused")
         return _refuse(reasons, deadline)
-    preferred = _preferred(facts, policy, allowed, reasons)
+    preferred = want
+    if want not in allowed:
+        preferred = allowed[0]
+        if not explained:
+            reasons.append(f"no {want} engine -> {preferred}")
     others = [e for e in allowed if e != preferred]
     primary, fallback = preferred, (others[0] if others else None)
 
@@ -163,33 +136,70 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     return Decision(plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons))
 
 
-def _prefers_cloud(facts: RequestFacts, policy: Policy) -> bool:
-    if policy.fallback_order is not None or policy.prefer != "auto":
-        return policy.order[0] == "cloud"
-    score, cut = facts.router_score, facts.router_threshold
-    return score is not None and cut is not None and score >= cut
-
-
-def _preferred(
-    facts: RequestFacts, policy: Policy, allowed: list[EngineName], reasons: list[str]
-) -> EngineName:
-    want: EngineName = policy.order[0]
-    if policy.prefer == "auto" and policy.fallback_order is None:
-        score, cut = facts.router_score, facts.router_threshold
-        if score is not None and cut is not None:
-            want = "cloud" if score >= cut else "local"
-            rel = ">=" if score >= cut else "<"
-            reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
-        else:
-            reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
-            want = "local"
-    else:
+def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineName:
+    """The engine the caller, the policy or the router asks for, before any constraint."""
+    if facts.forced is not None:
+        reasons.append(f"engine={facts.forced} forced by the caller")
+        return facts.forced
+    if policy.prefer != "auto" or policy.fallback_order is not None:
+        want = policy.order[0]
         reasons.append(f"policy {policy.name!r} prefers {want}")
-    if want not in allowed:
-        got = allowed[0]
-        reasons.append(f"{want} unavailable -> {got}")
-        return got
+        return want
+    score, cut = facts.router_score, facts.router_threshold
+    if score is None or cut is None:
+        reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
+        return "local"
+    want = "cloud" if score >= cut else "local"
+    rel = ">=" if score >= cut else "<"
+    reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
     return want
+
+
+def _restrict(
+    facts: RequestFacts,
+    policy: Policy,
+    state: LiveState,
+    allowed: list[EngineName],
+    want: EngineName,
+    reasons: list[str],
+) -> bool | None:
+    """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit. Returns
+    None to refuse, True when a reason already explains the cloud's removal."""
+
+    def drop(reason: str) -> bool:
+        reasons.append(reason)
+        if "cloud" in allowed:
+            allowed.remove("cloud")
+        return True
+
+    explained = False
+    if not policy.cloud_allowed and "cloud" in state.available:
+        explained = drop(f"policy {policy.name!r}: never leaves the device -> local")
+    kinds = facts.privacy_kinds
+    if kinds is None and policy.privacy != "off":
+        explained = drop("privacy: no detector to scan the prompt -> local only")
+    elif kinds and policy.privacy == "off":
+        reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
+    elif kinds:
+        found = ", ".join(sorted(kinds))
+        if policy.privacy == "block":
+            reasons.append(f"privacy: {found} found -> blocked by the policy")
+            return None
+        explained = drop(f"privacy: {found} found -> local only")
+    if "cloud" in allowed and not state.budget_fits:
+        detail = f" ({state.budget_detail})" if state.budget_detail else ""
+        if policy.budget.on_exceeded == "fail" and want == "cloud":
+            reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
+            return None
+        explained = drop(f"budget: cannot cover the cloud request{detail} -> local")
+    if "cloud" in allowed and state.cloud_circuit_open:
+        if facts.forced == "cloud":
+            reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
+        elif "local" in allowed:
+            explained = drop("cloud circuit open -> local")
+        else:  # nothing else could answer: try it rather than fail without trying
+            reasons.append("cloud circuit open, but no other engine -> cloud")
+    return explained
 
 
 def _load(
