@@ -31,7 +31,7 @@ from hybridllm.events import EngineName
 from hybridllm.health import CircuitBreaker
 from hybridllm.latency import LatencyModel
 from hybridllm.orchestrate import race
-from hybridllm.policy import Policy, resolve_policy
+from hybridllm.policy import Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.gather import Routing
 from hybridllm.routing.inputs import BudgetGate, PrivacyScan, Router
@@ -66,8 +66,8 @@ class HybridClient:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         self.local = local
         self.cloud = cloud
-        self.policy_dirs = list(policy_dirs or ())
-        self.policy = resolve_policy(policy, dirs=self.policy_dirs)
+        self.policies = PolicyCache(policy_dirs)
+        self.policy = self.policies.get(policy)
         self.routing = Routing(latency or LatencyModel(), router, budget, privacy)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
@@ -144,7 +144,7 @@ class HybridClient:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
-        pol = self.policy if policy is None else resolve_policy(policy, dirs=self.policy_dirs)
+        pol = self.policy if policy is None else self.policies.get(policy)
         request = GenerationRequest(
             messages=normalize_messages(messages),
             max_tokens=pol.max_tokens if max_tokens is None else _positive(max_tokens),

@@ -160,7 +160,12 @@ def find_policy(
 
 
 def load_policy_file(path: Path, *, dirs: Sequence[str | Path] | None = None) -> Policy:
-    data, origin = _merged(Path(path), dirs, ())
+    return _load(Path(path), dirs, [])
+
+
+def _load(path: Path, dirs: Sequence[str | Path] | None, files: list[Path]) -> Policy:
+    """Load `path` (and what it extends); every file read is appended to `files`."""
+    data, origin = _merged(path, dirs, (), files)
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
@@ -178,21 +183,54 @@ def load_policy_file(path: Path, *, dirs: Sequence[str | Path] | None = None) ->
 
 
 def resolve_policy(
-    policy: str | Path | Policy | None, *, dirs: Sequence[str | Path] | None = None
+    policy: str | Path | Policy | None,
+    *,
+    dirs: Sequence[str | Path] | None = None,
+    files: list[Path] | None = None,
 ) -> Policy:
-    """A Policy object, a policy name (looked up on the search path), or a path to a TOML file."""
+    """A Policy object, a policy name (looked up on the search path), or a path to a TOML file.
+    `files`, if given, receives every file read."""
     if policy is None:
         return DEFAULT_POLICY
     if isinstance(policy, Policy):
         return policy
+    read = files if files is not None else []
     path = Path(policy)
     if path.suffix == ".toml" or path.is_file():
-        return load_policy_file(path, dirs=dirs)
+        return _load(path, dirs, read)
     found = find_policy(str(policy), dirs)
     if found is None:
         known = ", ".join(known_policies(dirs=dirs)) or "(none)"
         raise PolicyError(f"unknown policy {str(policy)!r}; known policies: {known}")
-    return load_policy_file(found, dirs=dirs)
+    return _load(found, dirs, read)
+
+
+class PolicyCache:
+    """Resolved policies by name or path, re-read when one of their files changes (a new file
+    that would shadow a cached name is not looked for)."""
+
+    def __init__(self, dirs: Sequence[str | Path] | None = None) -> None:
+        self.dirs = list(dirs or ())
+        self._cache: dict[str, tuple[Policy, tuple[tuple[Path, int], ...]]] = {}
+
+    def get(self, policy: str | Path | Policy | None) -> Policy:
+        if policy is None or isinstance(policy, Policy):
+            return resolve_policy(policy)
+        key = str(policy)
+        hit = self._cache.get(key)
+        if hit is not None and all(_mtime(p) == m for p, m in hit[1]):
+            return hit[0]
+        files: list[Path] = []
+        resolved = resolve_policy(policy, dirs=self.dirs, files=files)
+        self._cache[key] = (resolved, tuple((p, _mtime(p)) for p in files))
+        return resolved
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -205,9 +243,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _merged(
-    path: Path, dirs: Sequence[str | Path] | None, chain: tuple[Path, ...]
+    path: Path, dirs: Sequence[str | Path] | None, chain: tuple[Path, ...], files: list[Path]
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """The file's data on top of what it extends, and which file gave each (dotted) key."""
+    files.append(path)
     data = _read(path)
     own_name = data.get("name", path.stem)
     parent_ref = data.pop("extends", None)
@@ -221,7 +260,7 @@ def _merged(
         if parent.resolve() in {p.resolve() for p in chain}:
             loop = " -> ".join(p.name for p in (*chain, parent))
             raise PolicyError(f"extends cycle: {loop}", path=path, field="extends")
-        base, origin = _merged(parent, dirs, chain)
+        base, origin = _merged(parent, dirs, chain, files)
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             base[key] = {**base[key], **value}

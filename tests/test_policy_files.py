@@ -170,3 +170,18 @@ def test_old_policy_objects_still_validate() -> None:
     pol = Policy(name="p", prefer="local", allow_cloud=False, ttft_deadline_ms=50)
     assert not pol.cloud_allowed and pol.order == ("local", "cloud")
     assert pol.plans == ("single", "hedge") and pol.privacy == "off"
+
+
+def test_the_cache_rereads_a_changed_file(tmp_path: Path) -> None:
+    import os
+
+    from hybridllm.policy import PolicyCache
+
+    base = write(tmp_path, "base", "max_tokens = 10\n")
+    write(tmp_path, "mine", 'extends = "base"\n')
+    cache = PolicyCache([tmp_path])
+    first = cache.get("mine")
+    assert first.max_tokens == 10 and cache.get("mine") is first
+    base.write_text("max_tokens = 20\n")
+    os.utime(base, ns=(base.stat().st_atime_ns, base.stat().st_mtime_ns + 10**9))
+    assert cache.get("mine").max_tokens == 20  # the parent changed: both files are watched
