@@ -8,16 +8,16 @@ hedge delay, whether the fallback starts at once, and reasons a person can read.
 
 The rules, in order (each one that applies adds a reason):
 
-1. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
-   privacy finding (keep-local: no cloud; block: refuse), the budget (cannot cover the
-   worst case: no cloud, or refuse when `on_exceeded = "fail"` and the cloud was wanted), the
-   cloud circuit (open: no cloud, unless it is the only engine left).
-2. Which one is preferred: a forced engine; `prefer`; for "auto", the router's score against
-   its threshold (score >= threshold: cloud), else local first.
+1. The engine asked for: a forced engine; `prefer`/`fallback_order`; for "auto", the router's
+   score against its threshold (score >= threshold: cloud), else local first.
+2. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
+   privacy finding (keep-local, or privacy on without a scanner: no cloud; block: refuse), the
+   budget (cannot cover the worst case: no cloud, or refuse when `on_exceeded = "fail"` and the
+   cloud was asked for), the cloud circuit (open: no cloud, unless forced or the only engine).
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
-   preferred engine predicted past the deadline while the other's p95 meets it, swaps the two;
-   a preferred engine predicted past the deadline otherwise keeps its place but the other one
-   starts at once (predictive start: first token wins).
+   primary predicted past the deadline while the other's p95 meets it, swaps the two; a
+   primary predicted past the deadline otherwise keeps its place but the other one starts at
+   once (predictive start: the first token wins).
 4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
    predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
    failure); "refuse" when nothing may serve.
@@ -86,10 +86,6 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
 
 
-def _other(engine: EngineName) -> EngineName:
-    return "cloud" if engine == "local" else "local"
-
-
 def _refuse(reasons: list[str], deadline: float | None) -> Decision:
     return Decision("refuse", None, None, deadline, None, False, tuple(reasons))
 
@@ -103,7 +99,7 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     if explained is None:
         return _refuse(reasons, deadline)
 
-    # 2. the preferred engine
+    # the engine that serves
     if facts.forced is not None:
         if facts.forced not in allowed:
             reasons.append(f"engine={facts.forced} is not allowed -> refused")
