@@ -34,6 +34,7 @@ from hybridllm.errors import (
     PullError,
     RateLimitError,
     RefusedError,
+    RequestRefusedError,
     ServerError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
@@ -81,6 +82,7 @@ __all__ = [
     "PolicyError",
     "PullError",
     "RateLimitError",
+    "RequestRefusedError",
     "Route",
     "ServerError",
     "ScriptedEngine",

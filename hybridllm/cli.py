@@ -167,9 +167,49 @@ def _register_demo(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+# --- explain --------------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import run_explain
+
+    return run_explain(args)
+
+
+def _register_explain(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "explain",
+        help="print where a prompt would go under a policy, and why (nothing is sent)",
+        description=(
+            "Run the routing decision for PROMPT under a policy and print the plan, the engines "
+            "and the reasons. Offline: the live state is what the options say, latency comes "
+            "from the latency model's priors (or the local engine's warm-up with --local-model)."
+        ),
+    )
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("--policy", default="chat", metavar="NAME", help="preset, user policy or file")
+    p.add_argument(
+        "--policy-dir", action="append", metavar="DIR", help="look up policies here first"
+    )
+    p.add_argument("--max-tokens", type=int, metavar="N", help="output tokens (policy default)")
+    p.add_argument("--queue-s", type=float, default=0.0, metavar="S", help="local queue wait")
+    p.add_argument("--cloud-circuit", choices=["closed", "open"], default="closed")
+    p.add_argument("--router-score", type=float, metavar="P", help="P(local answer wrong)")
+    p.add_argument("--threshold", type=float, metavar="T", help="router threshold to use")
+    p.add_argument("--found", action="append", metavar="KIND", help="a privacy finding kind")
+    p.add_argument("--budget-exhausted", action="store_true", help="the budget cannot pay")
+    p.add_argument("--no-local", action="store_true", help="no local engine")
+    p.add_argument("--no-cloud", action="store_true", help="no cloud engine")
+    p.add_argument("--local-model", metavar="NAME", help="load it for warm-up figures")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for --local-model")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_explain)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
+    _register_explain,
 ]
 
 

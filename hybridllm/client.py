@@ -13,8 +13,7 @@ event loop thread.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -28,13 +27,18 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
-from hybridllm.budget import Cap, Ledger, Prices
+from hybridllm.budget import Cap, Ledger, Period, Prices
 from hybridllm.engines.base import Engine, GenerationRequest, Message, PrivacyMode
 from hybridllm.engines.guarded import GuardedEngine
 from hybridllm.events import EngineName
 from hybridllm.health import CircuitBreaker
+from hybridllm.latency import LatencyModel
 from hybridllm.orchestrate import race
-from hybridllm.policy import Policy, resolve_policy
+from hybridllm.policy import Policy, PolicyCache
+from hybridllm.privacy import kinds, scan
+from hybridllm.routing.decide import Decision, LiveState, RequestFacts
+from hybridllm.routing.gather import Routing
+from hybridllm.routing.inputs import BudgetVerdict, Router
 from hybridllm.stream import RequestRun, Stream, _Item
 from hybridllm.trace import Trace
 
@@ -56,31 +60,43 @@ class HybridClient:
         cloud: Engine | None = None,
         *,
         policy: str | Path | Policy | None = None,
+        policy_dirs: Sequence[str | Path] | None = None,
+        router: Router | None = None,
         privacy: PrivacyMode = "off",
         ledger: Ledger | str | Path | None = None,
         prices: Prices | str | Path | None = None,
         budget_caps: Sequence[Cap] = (),
+        latency: LatencyModel | None = None,
     ) -> None:
         """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
         engine; `ledger` (a `Ledger` or an SQLite path), `prices` (a `Prices` or a TOML path) and
-        `budget_caps` reserve and settle every cloud request's cost against the caps. Any of them
-        wraps the cloud engine in a `GuardedEngine`."""
+        `budget_caps` reserve and settle every cloud request's cost against the caps (with
+        `prices` alone, an in-memory ledger holds the policies' own `[budget]` caps). The cloud
+        engine is wrapped in a `GuardedEngine`, which enforces both at its seam on every path
+        (fallback, hedge, continuation); routing reads the same detector and ledger to pick the
+        local engine up front, with the reason. `router`: an object with `score(messages)` and
+        `threshold(...)`, such as `hybridllm.routing.Router.load()`."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
-        if cloud is not None and (privacy != "off" or ledger is not None or budget_caps):
-            cloud = GuardedEngine(
+        self._guard: GuardedEngine | None = None
+        if cloud is not None:
+            if prices is not None and ledger is None:
+                ledger = Ledger()
+            cloud = self._guard = GuardedEngine(
                 cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps
             )
+        self.privacy: PrivacyMode = privacy
         self.local = local
         self.cloud = cloud
-        self.policy = resolve_policy(policy)
+        self.policies = PolicyCache(policy_dirs)
+        self.policy = self.policies.get(policy)
+        gate = (
+            None if self._guard is None or self._guard.ledger is None else _GuardBudget(self._guard)
+        )
+        self.routing = Routing(latency or LatencyModel(), router, gate, _privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
-        self._ttft_ms: dict[EngineName, deque[float]] = {
-            "local": deque(maxlen=100),
-            "cloud": deque(maxlen=100),
-        }
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(),
             "cloud": CircuitBreaker(),
@@ -112,6 +128,7 @@ class HybridClient:
                 for engine in self.engines.values():
                     await engine.aclose()
             raise _first_error(group) from None
+        self.routing.seed_from(self.engines)
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
@@ -152,7 +169,7 @@ class HybridClient:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
-        pol = self.policy if policy is None else resolve_policy(policy)
+        pol = self._effective(self.policy if policy is None else self.policies.get(policy))
         request = GenerationRequest(
             messages=normalize_messages(messages),
             max_tokens=pol.max_tokens if max_tokens is None else _positive(max_tokens),
@@ -161,90 +178,97 @@ class HybridClient:
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
             scope=pol.name,
+            privacy="off" if pol.privacy == "off" else "keep-local",
         )
-        target, backup, reason = self._route(pol, engine)
-        deadline = None if pol.ttft_deadline_ms is None else pol.ttft_deadline_ms / 1000.0
-        plan: Plan
-        if backup is not None:
-            plan = partial(
-                race,
-                primary=target,
-                fallback=backup,
-                request=request,
-                deadline_s=deadline,
-                reason=reason,
-                hedge_s=self._hedge_s(pol, target.name),
-                stall_s=None if pol.stall_ms is None else pol.stall_ms / 1000.0,
-            )
-        else:
-            plan = partial(
-                RequestRun.single,
-                engine=target,
-                request=request,
-                reason=reason,
-                retries=pol.retries,
-                deadline_s=deadline,
-            )
+        decision, facts, state = self.decide(request, pol, engine)
+        trace.decision = decision.reasons
+        trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
+        fb = state.latency.get(decision.fallback) if decision.fallback else None
+        plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
-        self._tg.start_soon(self._drive, run, plan)
+        self._tg.start_soon(self._drive, run, plan, facts.prompt_tokens)
         return Stream(run, recv)
 
-    async def _drive(self, run: RequestRun, plan: Plan) -> None:
+    def _effective(self, policy: Policy) -> Policy:
+        """The policy as this client applies it: the client's privacy mode is a floor, and the
+        policy's `[budget]` caps go to the cloud guard (scoped by the policy's name)."""
+        if self.privacy != "off" and policy.privacy == "off":
+            policy = policy.model_copy(update={"privacy": self.privacy})
+        guard = self._guard
+        if guard is not None:
+            caps = policy_caps(policy)
+            if caps and guard.ledger is None and policy.name not in guard.scoped_caps:
+                warnings.warn(
+                    f"policy {policy.name!r} has budget caps, but the client has no prices= to "
+                    "cost cloud requests with: the caps are not enforced",
+                    stacklevel=3,
+                )
+            guard.scoped_caps[policy.name] = caps
+        return policy
+
+    def decide(
+        self, request: GenerationRequest, policy: Policy, forced: str | None = None
+    ) -> tuple[Decision, RequestFacts, LiveState]:
+        """Where `request` would run now under `policy`, and why (nothing is sent)."""
+        if forced is not None:
+            if forced not in ("local", "cloud"):
+                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
+            if forced not in self.engines:
+                raise errors.ConfigError(f"no {forced} engine configured on this client")
+        name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
+        decision, facts, state = self.routing.decide(
+            request, policy, self.engines, self.breakers, name
+        )
+        if decision.primary is None:
+            raise errors.RequestRefusedError(decision.reasons)
+        return decision, facts, state
+
+    def _plan(
+        self,
+        decision: Decision,
+        request: GenerationRequest,
+        policy: Policy,
+        fallback_ttft_s: float | None,
+    ) -> Plan:
+        engines = self.engines
+        assert decision.primary is not None
+        target = engines[decision.primary]
+        if decision.fallback is None:
+            return partial(
+                RequestRun.single,
+                engine=target,
+                request=request,
+                reason=decision.reason,
+                retries=policy.retries,
+                deadline_s=decision.deadline_s,
+            )
+        return partial(
+            race,
+            primary=target,
+            fallback=engines[decision.fallback],
+            request=request,
+            deadline_s=decision.deadline_s,
+            reason=decision.reason,
+            hedge_s=decision.hedge_s,
+            stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
+            fallback_now=decision.reasons[-1] if decision.fallback_now else None,
+            fallback_ttft_s=fallback_ttft_s,
+        )
+
+    async def _drive(self, run: RequestRun, plan: Plan, prompt_tokens: int) -> None:
         try:
             await run.run(plan)
         finally:
             self._runs.discard(run)
-            tr = run.trace
-            if tr.engine is not None and tr.ttft_ms is not None and tr.error is None:
-                self._ttft_ms[tr.engine].append(tr.ttft_ms)
-
-    def _hedge_s(self, policy: Policy, primary: EngineName) -> float | None:
-        """When to hedge: the policy's delay, or the primary's observed p95 TTFT for "auto"."""
-        if policy.hedge_after_ms is None:
-            return None
-        if policy.hedge_after_ms != "auto":
-            return policy.hedge_after_ms / 1000.0
-        seen = self._ttft_ms[primary]
-        if len(seen) < 5:
-            return None  # not enough history yet: the deadline alone applies
-        return statistics.quantiles(seen, n=20, method="inclusive")[18] / 1000.0
+            self.routing.latency.observe_trace(run.trace, prompt_tokens)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
         async with self.stream(messages, **kwargs) as s:
             text = "".join([token async for token in s])
         return Completion(text, s.trace)
-
-    def _route(self, policy: Policy, forced: str | None) -> tuple[Engine, Engine | None, str]:
-        """(primary, backup or None, reason). A forced engine gets no backup."""
-        engines = self.engines
-        if forced is not None:
-            if forced not in ("local", "cloud"):
-                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
-            if forced == "cloud" and not policy.allow_cloud:
-                raise errors.PolicyError(f"policy {policy.name!r} keeps requests on the device")
-            if forced not in engines:
-                raise errors.ConfigError(f"no {forced} engine configured on this client")
-            return engines[forced], None, f"engine={forced} forced by the caller"
-        local = engines.get("local")
-        cloud = engines.get("cloud") if policy.allow_cloud else None
-        why = f"policy {policy.name!r} prefers {policy.prefer}"
-        # an open circuit sends requests to the local engine at once (when there is one)
-        if cloud is not None and local is not None and not self.breakers["cloud"].allow():
-            cloud = None
-            why += "; cloud circuit open"
-        first, second = (cloud, local) if policy.prefer == "cloud" else (local, cloud)
-        if first is None:
-            first, second = second, None
-            if policy.prefer != "auto":
-                why += f"; no {policy.prefer} engine available"
-        if first is None:
-            raise errors.PolicyError(
-                f"policy {policy.name!r} allows no engine this client has (cloud disabled)"
-            )
-        return first, second, why
 
     def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
         self.breakers[engine].record(exc)
@@ -307,6 +331,32 @@ class HybridClient:
         portal = self._blocking_portal()
         result: Completion = portal.call(partial(self.complete, messages, **kwargs))
         return result
+
+
+def policy_caps(policy: Policy) -> tuple[Cap, ...]:
+    """A policy's `[budget]` as ledger caps scoped to the policy's name."""
+    b = policy.budget
+    limits: tuple[tuple[Period, float | None], ...] = (
+        ("request", b.per_request_usd),
+        ("day", b.per_day_usd),
+        ("month", b.per_month_usd),
+    )
+    return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
+
+
+def _privacy_kinds(text: str) -> tuple[str, ...]:
+    return kinds(scan(text))
+
+
+class _GuardBudget:
+    """The budget gate routing asks (`BudgetGate`), answered by the cloud guard's ledger."""
+
+    def __init__(self, guard: GuardedEngine) -> None:
+        self.guard = guard
+
+    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
+        fits, detail = self.guard.fits(policy.name, prompt_tokens, max_tokens)
+        return BudgetVerdict(fits, detail)
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -5,6 +5,7 @@ HybridError
 ├── ConfigError                 bad input from the user: arguments, manifests, policies
 │   ├── ManifestError           a model manifest is malformed or unknown
 │   └── PolicyError             a policy file or name is wrong
+│       └── RequestRefusedError the policy lets no engine serve this request (privacy, budget)
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   └── ModelCorruptError       the file exists but does not load / fails its checksum
@@ -62,6 +63,15 @@ class PolicyError(ConfigError):
         self.field = field
         where = ": ".join(str(p) for p in (path, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class RequestRefusedError(PolicyError):
+    """No engine may serve the request under its policy (e.g. privacy "block", a budget with
+    on_exceeded = "fail"); `reasons` are the decision's reasons."""
+
+    def __init__(self, reasons: tuple[str, ...]) -> None:
+        self.reasons = reasons
+        super().__init__("request refused: " + "; ".join(reasons))
 
 
 class ModelError(HybridError):

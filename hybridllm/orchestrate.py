@@ -2,9 +2,10 @@
 
 `race()`: the primary starts at once; the deadline (if the policy has one) counts from the
 `stream()` call. If the primary has produced no content token by then, fails before its first
-one, predicts a first token past the deadline, or a hedge delay passes, the fallback starts while
-the primary keeps running. "By then" leads the deadline by the fallback's own predicted time to a
-first token (at most half the deadline), so that its token can still arrive inside the deadline. The first content token wins and the loser is cancelled at once (its
+one, is predicted (by the routing decision) to miss the deadline, or a hedge delay passes, the
+fallback starts while the primary keeps running. "By then" leads the deadline by the fallback's
+own predicted time to a first token (at most half the deadline), so that its token can still
+arrive inside the deadline. The first content token wins and the loser is cancelled at once (its
 stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
 empty deltas never win.
 
@@ -71,6 +72,8 @@ class _Race:
         self.failovers = 0
         self.attempts: list[tuple[str, BaseException, float]] = []
         self.deadline_at: float | None = None
+        # the deadline timer started the fallback (perhaps ahead of the deadline, by its lead)
+        self.deadline_fired = False
 
     def start(self, engine: Engine, request: GenerationRequest) -> int:
         cid = next(self.ids)
@@ -113,9 +116,12 @@ class _Race:
 
     def crown(self, cid: int) -> None:
         """`cid` delivered first: cancel the others, replay its marks. A primary that lost the
-        race past the deadline is reported as a deadline miss (it may open its circuit)."""
+        race past the deadline (or after the deadline timer started the fallback ahead of it) is
+        reported as a deadline miss (it may open its circuit)."""
         self.winner = cid
-        late = self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        late = self.deadline_fired or (
+            self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        )
         first_crown = not self.run.delivered_text and not self.failovers
         if late and first_crown and self.contenders[cid].engine is not self.primary:
             for other, c in self.contenders.items():
@@ -162,11 +168,18 @@ class _Race:
         return True
 
 
-def fallback_lead_s(fallback: Engine, request: GenerationRequest, deadline_s: float) -> float:
-    """How long before the deadline the fallback starts: its own predicted time to a first token
-    (so that token can still land by the deadline), at most half the deadline, so that a fallback
-    which cannot make the deadline anyway does not run alongside every request."""
-    predicted = fallback.predict_ttft_s(request)
+def fallback_lead_s(
+    fallback: Engine,
+    request: GenerationRequest,
+    deadline_s: float,
+    predicted: float | None = None,
+) -> float:
+    """How long before the deadline the fallback starts: its predicted time to a first token
+    (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
+    at most half the deadline, so that a fallback which cannot make the deadline anyway does not
+    run alongside every request."""
+    if predicted is None:
+        predicted = fallback.predict_ttft_s(request)
     if predicted is None:
         return 0.0
     return min(max(0.0, predicted), deadline_s / 2)
@@ -183,7 +196,12 @@ async def race(
     hedge_s: float | None = None,
     stall_s: float | None = None,
     failover: bool = True,
+    fallback_now: str | None = None,
+    fallback_ttft_s: float | None = None,
 ) -> None:
+    """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
+    routing decision predicts the primary misses the deadline). `fallback_ttft_s`: the
+    fallback's predicted time to a first token (None: ask the engine)."""
     trace = run.trace
     if deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
@@ -200,7 +218,8 @@ async def race(
             with timer:
                 start_s = deadline_s
                 if deadline_s is not None:  # lead so that the fallback's token lands in time
-                    start_s = deadline_s - fallback_lead_s(fallback, request, deadline_s)
+                    lead = fallback_lead_s(fallback, request, deadline_s, fallback_ttft_s)
+                    start_s = deadline_s - lead
                 hedge_first = hedge_s is not None and (start_s is None or hedge_s < start_s)
                 at = hedge_s if hedge_first else start_s
                 if at is None:
@@ -210,15 +229,12 @@ async def race(
                 why = f"{kind} token from {primary.name} within {at * 1e3:.0f} ms"
                 if not hedge_first and deadline_s is not None and at < deadline_s:
                     why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
+                r.deadline_fired = not hedge_first
                 r.start_fallback(why, hedge=hedge_first)
 
         r.start(primary, request)
-        predicted = primary.predict_ttft_s(request)
-        if deadline_s is not None and predicted is not None and predicted > deadline_s:
-            r.start_fallback(
-                f"{primary.name} predicts a first token in {predicted * 1e3:.0f} "
-                f"ms, past the {deadline_s * 1e3:.0f} ms deadline"
-            )
+        if fallback_now is not None:
+            r.start_fallback(fallback_now)
         tg.start_soon(timer_task)
         async with r.recv:
             while True:

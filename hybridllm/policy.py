@@ -1,19 +1,45 @@
 """Policies: per-scenario settings as validated, frozen data.
 
-A policy is a TOML file in `policies/` (the presets) or anywhere the user points to. This is the
-foundation's subset (preference and sampling defaults, the first-token deadline as data); the
-routing and budget issues extend the schema. Errors name the file and the field.
+A policy is a TOML file: a preset in `policies/`, or a user file in a directory on the policy
+path (`policy_dirs=` / `--policy-dir`, then `$HYBRIDLLM_POLICY_PATH`, then the presets). A file
+may build on another with `extends = "chat"` (looked up beside the file, then on the path; a file
+extending the name it shadows gets the next one down; tables are merged key by key). Loading is
+the second half of this module. Every field is optional:
+
+    ttft_deadline_ms, tpot_target_ms, stall_ms, max_tokens     latency budget and output length
+    router_threshold | target_cloud_share | quality_floor      how the router's score is read
+    prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
+    [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
+    privacy = "off" | "keep-local" | "block"
+    temperature, top_p, stop, retries                           sampling and retry defaults
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridllm.errors import PolicyError
+
+PlanName = Literal["single", "hedge", "speculative", "cascade"]
+EngineChoice = Literal["local", "cloud"]
+
+
+class Budget(BaseModel):
+    """Spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a request the
+    budget cannot cover: "local" serves it on the device, "fail" refuses it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    per_request_usd: float | None = Field(default=None, ge=0)
+    per_day_usd: float | None = Field(default=None, ge=0)
+    per_month_usd: float | None = Field(default=None, ge=0)
+    on_exceeded: Literal["local", "fail"] = "local"
 
 
 class Policy(BaseModel):
@@ -23,61 +49,241 @@ class Policy(BaseModel):
     description: str = ""
     prefer: Literal["local", "cloud", "auto"] = "auto"
     allow_cloud: bool = True
+    # engines that may serve, in order (first: primary unless routing moves it); None: from
+    # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
+    fallback_order: tuple[EngineChoice, ...] | None = None
+    plans: tuple[PlanName, ...] = ("single", "hedge")
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
+    # the decode speed the scenario needs (ms per output token after the first)
+    tpot_target_ms: float | None = Field(default=None, gt=0)
     # start the backup this long after the call even before the deadline; "auto": at the
-    # primary's observed p95 TTFT (once a few requests have been seen)
+    # primary's predicted p95 TTFT (once a few requests have been seen)
     hedge_after_ms: float | Literal["auto"] | None = None
     # a serving engine silent for longer than this mid-answer counts as failed (failover)
     stall_ms: float | None = Field(default=None, gt=0)
     # retries of retryable failures before the first token (never past the deadline)
     retries: int = Field(default=2, ge=0, le=10)
     max_tokens: int = Field(default=256, ge=1)
+    # the router's score is P(local answer is wrong); at most one of these says how to read it
+    router_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    target_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    quality_floor: float | None = Field(default=None, ge=0.0, le=1.0)
+    budget: Budget = Budget()
+    privacy: Literal["off", "keep-local", "block"] = "off"
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        given = [
+            f
+            for f in ("router_threshold", "target_cloud_share", "quality_floor")
+            if getattr(self, f) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(given)} (they all set the threshold)")
+        if not self.plans:
+            raise ValueError("plans: at least one plan must be allowed")
+        if "single" not in self.plans:
+            raise ValueError("plans: 'single' must be allowed (every other plan falls back to it)")
+        if len(set(self.plans)) != len(self.plans):
+            raise ValueError("plans: each plan at most once")
+        if self.hedge_after_ms is not None and "hedge" not in self.plans:
+            raise ValueError("hedge_after_ms is set but 'hedge' is not in plans")
+        order = self.fallback_order
+        if order is not None:
+            if not order or len(set(order)) != len(order):
+                raise ValueError("fallback_order: one or two distinct engines, 'local'/'cloud'")
+            if self.prefer != "auto" and order[0] != self.prefer:
+                raise ValueError(
+                    f"fallback_order starts with {order[0]!r} but prefer is {self.prefer!r}"
+                )
+            if order == ("cloud",) and not self.allow_cloud:
+                raise ValueError("fallback_order allows only the cloud but allow_cloud is false")
+        if self.prefer == "cloud" and not self.allow_cloud:
+            raise ValueError("prefer is 'cloud' but allow_cloud is false")
+        return self
+
+    @property
+    def cloud_allowed(self) -> bool:
+        """May any part of a request under this policy reach the cloud?"""
+        return self.allow_cloud and (self.fallback_order is None or "cloud" in self.fallback_order)
+
+    @property
+    def order(self) -> tuple[EngineChoice, ...]:
+        """The engines that may serve, in order of preference (before routing)."""
+        if self.fallback_order is not None:
+            return self.fallback_order
+        return ("cloud", "local") if self.prefer == "cloud" else ("local", "cloud")
 
 
 DEFAULT_POLICY = Policy()
 
 
+# ---- files ------------------------------------------------------------------------------------
+
+ENV_PATH = "HYBRIDLLM_POLICY_PATH"
+
+
 def policies_dir() -> Path:
+    """The presets shipped with hybridllm."""
     here = Path(__file__).resolve().parent
     source = here.parent / "policies"
     return source if source.is_dir() else here / "_data" / "policies"
 
 
-def known_policies(directory: Path | None = None) -> list[str]:
-    d = directory or policies_dir()
-    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+def search_path(dirs: Sequence[str | Path] | None = None) -> list[Path]:
+    """Where policy names are looked up, first match wins: `dirs`, then the directories in
+    $HYBRIDLLM_POLICY_PATH (separated by os.pathsep), then the presets."""
+    env = [Path(p) for p in os.environ.get(ENV_PATH, "").split(os.pathsep) if p]
+    return [*(Path(d) for d in dirs or ()), *env, policies_dir()]
 
 
-def load_policy_file(path: Path) -> Policy:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PolicyError("policy file not found", path=path) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"not valid TOML: {exc}", path=path) from exc
-    data.setdefault("name", path.stem)
+def known_policies(
+    directory: Path | None = None, *, dirs: Sequence[str | Path] | None = None
+) -> list[str]:
+    path = [directory] if directory is not None else search_path(dirs)
+    return sorted({p.stem for d in path if d.is_dir() for p in d.glob("*.toml")})
+
+
+def find_policy(
+    name: str, dirs: Sequence[str | Path] | None = None, *, skip: Path | None = None
+) -> Path | None:
+    """The first `<name>.toml` on the search path (other than `skip`: a file extending the
+    preset it shadows gets the next one down)."""
+    for d in search_path(dirs):
+        candidate = d / f"{name}.toml"
+        if candidate.is_file() and (skip is None or candidate.resolve() != skip.resolve()):
+            return candidate
+    return None
+
+
+def load_policy_file(path: Path, *, dirs: Sequence[str | Path] | None = None) -> Policy:
+    return _load(Path(path), dirs, [])
+
+
+def _load(path: Path, dirs: Sequence[str | Path] | None, files: list[Path]) -> Policy:
+    """Load `path` (and what it extends); every file read is appended to `files`."""
+    data, origin = _merged(path, dirs, (), files)
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or None
-        raise PolicyError(err["msg"], path=path, field=field) from exc
+        loc = [str(x) for x in err["loc"]]
+        field = ".".join(loc) or None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            model: type[BaseModel] = Budget if loc[:1] == ["budget"] and len(loc) > 1 else Policy
+            msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
+        elif loc:
+            msg += f" (got {err['input']!r})"
+        where = origin.get(field or "", origin.get(loc[0], Path(path)) if loc else Path(path))
+        raise PolicyError(msg, path=where, field=field) from exc
 
 
-def resolve_policy(policy: str | Path | Policy | None) -> Policy:
-    """A Policy object, a preset name, or a path to a TOML file."""
+def resolve_policy(
+    policy: str | Path | Policy | None,
+    *,
+    dirs: Sequence[str | Path] | None = None,
+    files: list[Path] | None = None,
+) -> Policy:
+    """A Policy object, a policy name (looked up on the search path), or a path to a TOML file.
+    `files`, if given, receives every file read."""
     if policy is None:
         return DEFAULT_POLICY
     if isinstance(policy, Policy):
         return policy
+    read = files if files is not None else []
     path = Path(policy)
-    if path.suffix == ".toml" or path.exists():
-        return load_policy_file(path)
-    preset = policies_dir() / f"{policy}.toml"
-    if not preset.is_file():
-        known = ", ".join(known_policies()) or "(none)"
+    if path.suffix == ".toml" or path.is_file():
+        return _load(path, dirs, read)
+    found = find_policy(str(policy), dirs)
+    if found is None:
+        known = ", ".join(known_policies(dirs=dirs)) or "(none)"
         raise PolicyError(f"unknown policy {str(policy)!r}; known policies: {known}")
-    return load_policy_file(preset)
+    return _load(found, dirs, read)
+
+
+class PolicyCache:
+    """Resolved policies by name or path, re-read when one of their files changes (a new file
+    that would shadow a cached name is not looked for)."""
+
+    def __init__(self, dirs: Sequence[str | Path] | None = None) -> None:
+        self.dirs = list(dirs or ())
+        self._cache: dict[str, tuple[Policy, tuple[tuple[Path, int], ...]]] = {}
+
+    def get(self, policy: str | Path | Policy | None) -> Policy:
+        if policy is None or isinstance(policy, Policy):
+            return resolve_policy(policy)
+        key = str(policy)
+        hit = self._cache.get(key)
+        if hit is not None and all(_mtime(p) == m for p, m in hit[1]):
+            return hit[0]
+        files: list[Path] = []
+        resolved = resolve_policy(policy, dirs=self.dirs, files=files)
+        self._cache[key] = (resolved, tuple((p, _mtime(p)) for p in files))
+        return resolved
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PolicyError("policy file not found", path=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"not valid TOML: {exc}", path=path) from exc
+
+
+def _merged(
+    path: Path, dirs: Sequence[str | Path] | None, chain: tuple[Path, ...], files: list[Path]
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The file's data on top of what it extends, and which file gave each (dotted) key."""
+    files.append(path)
+    data = _read(path)
+    own_name = data.get("name", path.stem)
+    parent_ref = data.pop("extends", None)
+    base: dict[str, Any] = {}
+    origin: dict[str, Path] = {}
+    if parent_ref is not None:
+        if not isinstance(parent_ref, str) or not parent_ref:
+            raise PolicyError("must be a policy name or a .toml path", path=path, field="extends")
+        parent = _parent_file(path, parent_ref, dirs)
+        chain = (*chain, path)
+        if parent.resolve() in {p.resolve() for p in chain}:
+            loop = " -> ".join(p.name for p in (*chain, parent))
+            raise PolicyError(f"extends cycle: {loop}", path=path, field="extends")
+        base, origin = _merged(parent, dirs, chain, files)
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+            origin.update({f"{key}.{k}": path for k in value})
+        else:
+            base[key] = value
+            origin.update({f"{key}.{k}": path for k in value} if isinstance(value, dict) else {})
+        origin[key] = path
+    base["name"] = own_name
+    return base, origin
+
+
+def _parent_file(path: Path, ref: str, dirs: Sequence[str | Path] | None) -> Path:
+    if ref.endswith(".toml"):
+        parent = (path.parent / ref) if not Path(ref).is_absolute() else Path(ref)
+        if not parent.is_file():
+            raise PolicyError(f"no such file: {parent}", path=path, field="extends")
+        return parent
+    near = [path.parent, *(dirs or ())]  # a sibling file first, then the search path
+    found = find_policy(ref, near, skip=path)
+    if found is None:
+        known = ", ".join(n for n in known_policies(dirs=near) if n != path.stem) or "(none)"
+        raise PolicyError(
+            f"unknown policy {ref!r}; known policies: {known}", path=path, field="extends"
+        )
+    return found

@@ -17,6 +17,8 @@ class Trace:
     t_start: float = field(default_factory=time.perf_counter)
     engine: EngineName | None = None
     route_reason: str = ""
+    decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
+    predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
     fallback_reason: str | None = None
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge

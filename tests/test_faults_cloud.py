@@ -191,7 +191,7 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     assert tr.engine == "local" and tr.n_tokens > 0
     assert all(t.engine == "local" for t in events if isinstance(t, Token))
     # the timer fired: the keep-alives that came before it did not count as a first token
-    assert tr.segments_ms["fallback_started"] >= 290
+    assert tr.segments_ms["fallback_started"] >= 140  # at most half the deadline ahead of it (lead)
     assert tr.fallback_reason is not None and tr.fallback_reason.startswith("no token")
     (rec,) = proxy.connections
     assert rec.http_fault == "keepalive"

@@ -201,7 +201,7 @@ async def test_deadline_race_real_engines_stalled_cloud_loses(
         closed = await client_closed_at(proxy)
     assert s.trace.engine == "local" and s.trace.n_tokens > 0
     assert any(isinstance(e, Fallback) for e in events)
-    assert s.trace.segments_ms["fallback_started"] >= 290
+    assert s.trace.segments_ms["fallback_started"] >= 140  # the lead is at most half of it
     assert closed is not None, "the stalled cloud request was not cancelled"
 
 

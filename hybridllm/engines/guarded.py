@@ -105,6 +105,8 @@ class GuardedEngine:
         self.privacy: PrivacyMode = privacy
         self.ledger = ledger
         self.caps = tuple(caps)
+        # caps of one scope (a policy's own budget), set by the client as it meets the policy
+        self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
         self.count_prompt_tokens = count_prompt_tokens
         self.model = inner.info().model
         self.price: ModelPrice | None = None
@@ -145,7 +147,27 @@ class GuardedEngine:
         """USD left under the tightest day/month cap for `scope` (None: no cap or no ledger)."""
         if self.ledger is None:
             return None
-        return self.ledger.remaining(self.caps, scope)
+        return self.ledger.remaining(self.caps_for(scope), scope)
+
+    def caps_for(self, scope: str) -> tuple[Cap, ...]:
+        """The client's caps plus the scope's own."""
+        return self.caps + self.scoped_caps.get(scope, ())
+
+    def fits(self, scope: str, prompt_tokens: int, max_tokens: int) -> tuple[bool, str]:
+        """Would a request of this size fit every cap of `scope` now (worst case)? With the
+        reason when not. (What routing asks before it picks the cloud; the reservation in
+        `stream()` stays the authority.)"""
+        if self.ledger is None or self.price is None:
+            return True, ""
+        amount = self.price.cost_usd(prompt_tokens, max_tokens)
+        caps = self.caps_for(scope)
+        for cap in caps:
+            if cap.period == "request" and cap.applies(scope) and amount > cap.limit_usd:
+                return False, f"{cap.describe()} cap {cap.limit_usd:.4f} USD < {amount:.4f} USD"
+        left = self.ledger.remaining(caps, scope)
+        if left is not None and amount > left:
+            return False, f"{left:.4f} USD left under the caps < {amount:.4f} USD worst case"
+        return True, ""
 
     async def _reserve(self, request: GenerationRequest) -> Reservation | None:
         if self.ledger is None or self.price is None:
@@ -160,7 +182,7 @@ class GuardedEngine:
                 prompt_tokens=prompt,
                 max_tokens=request.max_tokens,
                 scope=request.scope,
-                caps=self.caps,
+                caps=self.caps_for(request.scope),
             )
 
         return await anyio.to_thread.run_sync(reserve)

@@ -1,0 +1,248 @@
+"""`decide()`: where one request runs and why, as a pure function of plain facts.
+
+Inputs: the request's facts (prompt and output tokens, the router's score, the kinds of personal
+data found), the policy, and the live state (latency predictions per engine, whether the budget
+covers the worst-case cloud cost, the cloud circuit, the local queue). Output: a frozen
+`Decision`: the plan, the primary engine, the fallback (or None), the first-token deadline, the
+hedge delay, whether the fallback starts at once, and reasons a person can read.
+
+The rules, in order (each one that applies adds a reason):
+
+1. The engine asked for: a forced engine; `prefer`/`fallback_order`; for "auto", the router's
+   score against its threshold (score >= threshold: cloud), else local first.
+2. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
+   privacy finding (keep-local, or privacy on without a scanner: no cloud; block: refuse), the
+   budget (cannot cover the worst case: no cloud, or refuse when `on_exceeded = "fail"` and the
+   cloud was asked for), the cloud circuit (open: no cloud, unless forced or the only engine).
+3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
+   primary predicted past the deadline while the other's p95 meets it, swaps the two; a
+   primary predicted past the deadline otherwise keeps its place but the other one starts at
+   once (predictive start: the first token wins).
+4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
+   predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
+   failure); "refuse" when nothing may serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hybridllm.events import EngineName
+from hybridllm.latency import Prediction
+from hybridllm.policy import Policy
+
+PlanKind = Literal["single", "hedge", "refuse"]
+AUTO_HEDGE_MIN_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known about the request itself."""
+
+    prompt_tokens: int
+    max_tokens: int
+    router_score: float | None = None  # P(the local answer is wrong); None: no router
+    router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
+    # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
+    privacy_kinds: frozenset[str] | None = frozenset()
+    forced: EngineName | None = None  # the caller named the engine
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """What is known about the engines right now."""
+
+    available: frozenset[EngineName] = frozenset({"local", "cloud"})
+    latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
+    local_queue_s: float = 0.0
+    cloud_circuit_open: bool = False
+    budget_fits: bool = True  # the worst-case cloud cost fits every cap
+    budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    plan: PlanKind
+    primary: EngineName | None
+    fallback: EngineName | None
+    deadline_s: float | None
+    hedge_s: float | None
+    fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
+    reasons: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    @property
+    def engines(self) -> tuple[EngineName, ...]:
+        """Every engine this decision may send the request to."""
+        return tuple(e for e in (self.primary, self.fallback) if e is not None)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def _refuse(reasons: list[str], deadline: float | None) -> Decision:
+    return Decision("refuse", None, None, deadline, None, False, tuple(reasons))
+
+
+def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
+    reasons: list[str] = []
+    deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
+    allowed: list[EngineName] = [e for e in policy.order if e in state.available]
+    want = _wanted(facts, policy, reasons)
+    explained = _restrict(facts, policy, state, allowed, want, reasons)
+    if explained is None:
+        return _refuse(reasons, deadline)
+
+    # the engine that serves
+    if facts.forced is not None:
+        if facts.forced not in allowed:
+            reasons.append(f"engine={facts.forced} is not allowed -> refused")
+            return _refuse(reasons, deadline)
+        return Decision("single", facts.forced, None, deadline, None, False, tuple(reasons))
+    if not allowed:
+        reasons.append("no engine this client has is allowed -> refused")
+        return _refuse(reasons, deadline)
+    preferred = want
+    if want not in allowed:
+        preferred = allowed[0]
+        if not explained:
+            reasons.append(f"no {want} engine -> {preferred}")
+    others = [e for e in allowed if e != preferred]
+    primary, fallback = preferred, (others[0] if others else None)
+
+    # 3. load: who can meet the deadline
+    fallback_now = False
+    if deadline is not None and fallback is not None:
+        primary, fallback, fallback_now = _load(primary, fallback, deadline, state, reasons)
+    elif deadline is not None and primary == "local" and state.local_queue_s > deadline:
+        reasons.append(
+            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}, "
+            "but no other engine is allowed -> local"
+        )
+
+    # 4. the plan
+    hedge_s = _hedge(policy, primary, fallback, state, reasons) if not fallback_now else None
+    plan: PlanKind = "hedge" if hedge_s is not None else "single"
+    return Decision(plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons))
+
+
+def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineName:
+    """The engine the caller, the policy or the router asks for, before any constraint."""
+    if facts.forced is not None:
+        reasons.append(f"engine={facts.forced} forced by the caller")
+        return facts.forced
+    if policy.prefer != "auto" or policy.fallback_order is not None:
+        want = policy.order[0]
+        reasons.append(f"policy {policy.name!r} prefers {want}")
+        return want
+    score, cut = facts.router_score, facts.router_threshold
+    if score is None or cut is None:
+        reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
+        return "local"
+    want = "cloud" if score >= cut else "local"
+    rel = ">=" if score >= cut else "<"
+    reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
+    return want
+
+
+def _restrict(
+    facts: RequestFacts,
+    policy: Policy,
+    state: LiveState,
+    allowed: list[EngineName],
+    want: EngineName,
+    reasons: list[str],
+) -> bool | None:
+    """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit. Returns
+    None to refuse, True when a reason already explains the cloud's removal."""
+
+    def drop(reason: str) -> bool:
+        reasons.append(reason)
+        if "cloud" in allowed:
+            allowed.remove("cloud")
+        return True
+
+    explained = False
+    if not policy.cloud_allowed and "cloud" in state.available:
+        explained = drop(f"policy {policy.name!r}: never leaves the device -> local")
+    kinds = facts.privacy_kinds
+    if kinds is None and policy.privacy != "off":
+        explained = drop("privacy: no detector to scan the prompt -> local only")
+    elif kinds and policy.privacy == "off":
+        reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
+    elif kinds:
+        found = ", ".join(sorted(kinds))
+        if policy.privacy == "block":
+            reasons.append(f"privacy: {found} found -> blocked by the policy")
+            return None
+        explained = drop(f"privacy: {found} found -> local only")
+    if "cloud" in allowed and not state.budget_fits:
+        detail = f" ({state.budget_detail})" if state.budget_detail else ""
+        if policy.budget.on_exceeded == "fail" and want == "cloud":
+            reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
+            return None
+        explained = drop(f"budget: cannot cover the cloud request{detail} -> local")
+    if "cloud" in allowed and state.cloud_circuit_open:
+        if facts.forced == "cloud":
+            reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
+        elif "local" in allowed:
+            explained = drop("cloud circuit open -> local")
+        else:  # nothing else could answer: try it rather than fail without trying
+            reasons.append("cloud circuit open, but no other engine -> cloud")
+    return explained
+
+
+def _load(
+    primary: EngineName,
+    fallback: EngineName,
+    deadline: float,
+    state: LiveState,
+    reasons: list[str],
+) -> tuple[EngineName, EngineName, bool]:
+    """Swap the engines, or start both at once, when the primary cannot make the deadline."""
+    if primary == "local" and state.local_queue_s > deadline:
+        reasons.append(
+            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)} -> {fallback}"
+        )
+        return fallback, primary, False
+    mine = state.latency.get(primary)
+    if mine is None or mine.ttft_s <= deadline:
+        return primary, fallback, False
+    theirs = state.latency.get(fallback)
+    if theirs is not None and theirs.ttft_p95_s <= deadline:
+        reasons.append(
+            f"{primary} predicted TTFT {_ms(mine.ttft_s)} > deadline {_ms(deadline)}, "
+            f"{fallback} p95 {_ms(theirs.ttft_p95_s)} meets it -> {fallback}"
+        )
+        return fallback, primary, False
+    reasons.append(
+        f"{primary} predicts a first token in {_ms(mine.ttft_s)}, past the {_ms(deadline)} "
+        f"deadline -> {fallback} starts at once"
+    )
+    return primary, fallback, True
+
+
+def _hedge(
+    policy: Policy,
+    primary: EngineName,
+    fallback: EngineName | None,
+    state: LiveState,
+    reasons: list[str],
+) -> float | None:
+    if fallback is None or policy.hedge_after_ms is None or "hedge" not in policy.plans:
+        return None
+    if policy.hedge_after_ms != "auto":
+        hedge_s = policy.hedge_after_ms / 1000.0
+        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
+        return hedge_s
+    mine = state.latency.get(primary)
+    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES:
+        return None  # not enough history yet: the deadline alone applies
+    reasons.append(f"hedge: {fallback} starts at {primary}'s p95 TTFT {_ms(mine.ttft_p95_s)}")
+    return mine.ttft_p95_s

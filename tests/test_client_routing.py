@@ -1,0 +1,174 @@
+"""HybridClient routing through `decide()`, with `ScriptedEngine` doubles (orchestration only):
+a router plugged in, the privacy detector and a budget ledger; load awareness; the decision in the
+trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from hybridllm import (
+    Cap,
+    HybridClient,
+    ModelPrice,
+    Policy,
+    Prices,
+    RequestRefusedError,
+    Route,
+    ScriptedEngine,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class FixedRouter:
+    """A router double: scores prompts containing "hard" high."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float | None, float | None]] = []
+
+    def score(self, messages: Sequence[Mapping[str, str]]) -> float:
+        return 0.9 if "hard" in messages[-1]["content"] else 0.1
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        self.asked.append((cloud_share, quality_floor))
+        return 0.5
+
+
+def pair() -> tuple[ScriptedEngine, ScriptedEngine]:
+    return ScriptedEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+
+
+async def test_router_score_against_the_policy_threshold() -> None:
+    local, cloud = pair()
+    router = FixedRouter()
+    pol = Policy(name="auto", prefer="auto", target_cloud_share=0.3)
+    async with HybridClient(local=local, cloud=cloud, policy=pol, router=router) as client:
+        hard = await client.complete("a hard question")
+        easy = await client.complete("an easy one")
+    assert hard.trace.engine == "cloud" and easy.trace.engine == "local"
+    assert "router score 0.90 >= threshold 0.50 -> cloud" in hard.trace.decision
+    assert router.asked == [(0.3, None), (0.3, None)]
+    pinned = Policy(name="pinned", prefer="auto", router_threshold=0.95)
+    async with HybridClient(local=local, cloud=cloud, policy=pinned, router=router) as client:
+        assert (await client.complete("a hard question")).trace.engine == "local"
+
+
+async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None:
+    local = ScriptedEngine("local", script=[0.3, "slow"])  # past the deadline: no fallback
+    cloud = ScriptedEngine("cloud", tokens=["c"])
+    pol = Policy(name="p", prefer="cloud", ttft_deadline_ms=50, privacy="keep-local")
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        res = await client.complete("mail me at ada.lovelace@example.org")
+        assert (await client.complete("no secrets here")).trace.engine == "cloud"
+        blocked = pol.model_copy(update={"privacy": "block"})
+        with pytest.raises(RequestRefusedError, match="privacy: email found"):
+            client.stream("ada.lovelace@example.org", policy=blocked)
+    assert res.text == "slow" and res.trace.started == ["local"]
+    assert "privacy: email found -> local only" in res.trace.route_reason
+    assert len(cloud.requests) == 1 and "@" not in cloud.requests[0].messages[0]["content"]
+
+
+async def test_the_client_privacy_mode_is_a_floor_under_every_policy() -> None:
+    local, cloud = pair()
+    pol = Policy(name="open", prefer="cloud", privacy="off")
+    async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
+        res = await client.complete("card 4111 1111 1111 1111 please")
+        with pytest.raises(RequestRefusedError, match="privacy: card found"):  # even forced
+            client.stream("card 4111 1111 1111 1111", engine="cloud")
+    assert res.trace.engine == "local" and not cloud.requests
+
+
+async def test_an_exhausted_budget_goes_local_or_fails() -> None:
+    local, cloud = pair()
+    pol = Policy(name="b", prefer="cloud", ttft_deadline_ms=50)
+    spent = [Cap(None, "day", 0.0)]  # nothing left today
+    prices = Prices(models={"scripted": ModelPrice(input_per_million=1, output_per_million=2)})
+    async with HybridClient(
+        local=local, cloud=cloud, policy=pol, prices=prices, budget_caps=spent
+    ) as client:
+        res = await client.complete("q")
+        strict = pol.model_copy(
+            update={"budget": pol.budget.model_copy(update={"on_exceeded": "fail"})}
+        )
+        with pytest.raises(RequestRefusedError, match="budget"):
+            client.stream("q", policy=strict)
+    assert res.trace.engine == "local" and not cloud.requests
+    assert any(
+        r.startswith("budget: cannot cover the cloud request (0.0000 USD left")
+        and r.endswith("local")
+        for r in res.trace.decision
+    ), res.trace.decision
+
+
+class QueuedLocal(ScriptedEngine):
+    """A scripted local engine that reports a queue (as LlamaCppEngine does when busy)."""
+
+    queue_s = 0.0
+
+    def info(self):  # type: ignore[no-untyped-def]
+        from hybridllm.engines.base import EngineInfo
+
+        return EngineInfo(name="local", model="scripted", expected_wait_s=self.queue_s)
+
+
+async def test_a_long_local_queue_sends_the_request_to_the_cloud() -> None:
+    local = QueuedLocal("local", script=[0.05, "l"])
+    cloud = ScriptedEngine("cloud", script=[0.01, "c"])
+    pol = Policy(name="q", prefer="local", ttft_deadline_ms=200)
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        assert (await client.complete("q")).trace.engine == "local"
+        local.queue_s = 2.1
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+    route = next(e for e in events if isinstance(e, Route))
+    assert (
+        route.engine == "cloud" and "local queue 2100 ms > deadline 200 ms -> cloud" in route.reason
+    )
+    assert s.trace.started == ["cloud"] and len(local.requests) == 1
+
+
+async def test_a_cloud_that_got_slow_loses_its_primary_place() -> None:
+    """The cloud answered fast, then slowly: the latency model notices within a few requests
+    and the local engine becomes the primary (the cloud stays the fallback)."""
+    local = ScriptedEngine("local", script=[0.01, "l"])
+    cloud = ScriptedEngine("cloud", script=[0.01, "c"])
+    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=150)
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        client.breakers["cloud"].threshold = 1000  # keep the circuit out of this test
+        for _ in range(10):
+            assert (await client.complete("q")).trace.engine == "cloud"
+        cloud.script = [0.12, "c"]  # still inside the deadline, but the local engine is faster
+        assert (await client.complete("q")).trace.engine == "cloud"
+        cloud.script = [0.4, "c"]
+        engines = [(await client.complete("q")).trace for _ in range(6)]
+    routed = [tr.decision for tr in engines]
+    assert engines[-1].started[0] == "local", routed
+    assert any("cloud predicted TTFT" in r for r in engines[-1].decision)
+
+
+async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:
+    from pathlib import Path
+
+    d = Path(str(tmp_path))
+    (d / "mine.toml").write_text('extends = "code-completion"\nmax_tokens = 7\n')
+    local, _ = pair()
+    async with HybridClient(local=local, policy_dirs=[d]) as client:
+        res = await client.complete("q", policy="mine")
+    assert local.requests[0].max_tokens == 7 and res.trace.engine == "local"
+
+
+async def test_explain_decision_without_sending() -> None:
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud) as client:
+        from hybridllm.engines.base import GenerationRequest
+
+        decision, facts, state = client.decide(
+            GenerationRequest([{"role": "user", "content": "hi"}]), Policy(prefer="cloud")
+        )
+    assert decision.primary == "cloud" and facts.prompt_tokens > 0
+    assert not local.requests and not cloud.requests
