@@ -19,6 +19,7 @@ from hybridllm.errors import (
     CloudTimeoutError,
     ConfigError,
     ContextOverflowError,
+    DecisionLogError,
     EngineError,
     HybridError,
     LocalEngineError,
@@ -29,6 +30,8 @@ from hybridllm.errors import (
     PolicyError,
     PullError,
     RateLimitError,
+    RouterArtifactError,
+    RouterThresholdError,
     ServerError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
@@ -47,6 +50,7 @@ __all__ = [
     "Completion",
     "ConfigError",
     "ContextOverflowError",
+    "DecisionLogError",
     "Done",
     "Engine",
     "EngineError",
@@ -68,6 +72,8 @@ __all__ = [
     "PolicyError",
     "PullError",
     "RateLimitError",
+    "RouterArtifactError",
+    "RouterThresholdError",
     "Route",
     "ServerError",
     "ScriptedEngine",
