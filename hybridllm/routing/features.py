@@ -87,9 +87,9 @@ _IMPERATIVE = re.compile(
     re.IGNORECASE | re.MULTILINE,
 )
 _STEP = re.compile(r"step by step|show your work|reason", re.IGNORECASE)
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-_CYRILLIC = re.compile(r"[\u0400-\u04ff]")
-_ARABIC = re.compile(r"[\u0600-\u06ff]")
+_CJK = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7AF))  # kana, Han, Hangul
+_CYRILLIC = ((0x0400, 0x04FF),)
+_ARABIC = ((0x0600, 0x06FF),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +134,18 @@ def _window(text: str) -> str:
     return text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
 
 
-def _char_hashes(text: str) -> npt.NDArray[np.int64]:
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+def _codes(text: str) -> npt.NDArray[np.uint64]:
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
+
+
+def _in(codes: npt.NDArray[np.uint64], ranges: tuple[tuple[int, int], ...]) -> float:
+    hits = np.zeros(len(codes), dtype=bool)
+    for lo, hi in ranges:
+        hits |= (codes >= lo) & (codes <= hi)
+    return float(hits.mean())
+
+
+def _char_hashes(codes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
     parts = []
     for n, seed in _SEEDS.items():
         if len(codes) < n:
@@ -163,10 +173,6 @@ def _word_hashes(text: str) -> npt.NDArray[np.int64]:
     return (allh % _U64(N_HASH)).astype(np.int64)
 
 
-def _share(pattern: re.Pattern[str], text: str) -> float:
-    return len(pattern.findall(text)) / max(1, len(text))
-
-
 def extract(messages: Messages) -> Features:
     """Features of one prompt (pure; cost bounded by the window for long prompts)."""
     turns = _normalize(messages)
@@ -177,11 +183,12 @@ def extract(messages: Messages) -> Features:
     win = _window(last)
     low = win.lower()
 
+    codes = _codes(low)
     if win.isascii():
         non_ascii = cjk = cyr = arab = other = 0.0
     else:
-        non_ascii = sum(1 for ch in win if ord(ch) > 127) / len(win)
-        cjk, cyr, arab = _share(_CJK, win), _share(_CYRILLIC, win), _share(_ARABIC, win)
+        non_ascii = float((codes > 127).mean())
+        cjk, cyr, arab = _in(codes, _CJK), _in(codes, _CYRILLIC), _in(codes, _ARABIC)
         other = max(0.0, non_ascii - cjk - cyr - arab)
     digits = sum(win.count(d) for d in "0123456789") / max(1, len(win))
     code_hits = sum(low.count(m) for m in _CODE_MARKERS)
@@ -211,7 +218,7 @@ def extract(messages: Messages) -> Features:
         1.0 if _IMPERATIVE.search(first_line) else 0.0,
         1.0 if _STEP.search(win) else 0.0,
     )
-    hashed = np.concatenate([_word_hashes(low), _char_hashes(low)])
+    hashed = np.concatenate([_word_hashes(low), _char_hashes(codes)])
     return Features(dense=dense, hashed=hashed, approx_tokens=all_tokens)
 
 

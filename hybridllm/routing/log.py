@@ -13,6 +13,8 @@ WAL journaling and a busy timeout, so several processes and threads can write to
 
 `training_examples()` gives the rows that can teach the router: prompt stored, feedback given,
 answered by the local engine (feedback on a cloud answer says nothing about the local model).
+The cloud's answer to them is unknown and taken as right, so a bad local answer counts as
+"cloud needed" under either label.
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ class DecisionLog:
             text = _prompt_text(prompt)
             out.append(
                 Example(
-                    source="log", id=rid, prompt=text, local_correct=bool(good), cloud_correct=False
+                    source="log", id=rid, prompt=text, local_correct=bool(good), cloud_correct=True
                 )  # fmt: skip
             )
         return out
