@@ -200,6 +200,15 @@ def _register_router(subparsers: Subparsers) -> None:
     p.add_argument("--no-compare", action="store_true", help="skip the other-label router")
     p.set_defaults(func=cmd_router)
 
+    p = sub.add_parser(
+        "recalibrate", help="cloud-share thresholds from the scores of your own logged traffic"
+    )
+    p.add_argument("--from-log", required=True, metavar="PATH", help="decision log (SQLite)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write the new artifact")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--policy", metavar="NAME", help="only this policy's requests")
+    p.set_defaults(func=cmd_router)
+
     p = sub.add_parser("score", help="score one prompt (argument or stdin)")
     p.add_argument("prompt", nargs="?", help="the prompt text (default: read stdin)")
     p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")

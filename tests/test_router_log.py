@@ -159,3 +159,22 @@ def test_train_from_log_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     text = capsys.readouterr().out
     assert "APGR" in text and "left out of training: arith" in text and "length-only" in text
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recalibrate_from_log_end_to_end(tmp_path: Path) -> None:
+    labels = write_fixture(tmp_path / "labels.jsonl")
+    base = tmp_path / "router"
+    assert main(["router", "train", "--data", str(labels), "--out", str(base)]) == 0
+    router = Router.load(base)
+    db = tmp_path / "d.db"
+    with DecisionLog(db) as log:  # the user's traffic: yes/no questions, which score low
+        for i in range(40):
+            prompt = f"Is a cat number {i} bigger than a castle? Answer yes or no."
+            log.record(route="local", features={}, score=router.score(prompt), policy="chat")
+    out = tmp_path / "mine"
+    assert main(["router", "recalibrate", "--from-log", str(db), "--router", str(base),
+                 "--out", str(out)]) == 0  # fmt: skip
+    mine = Router.load(out)
+    assert mine.calibration.source == "traffic n=40"
+    assert mine.threshold(cloud_share=0.5) < router.threshold(cloud_share=0.5)
+    assert mine.score("Calculate 3 * 4?") == router.score("Calculate 3 * 4?")

@@ -88,6 +88,24 @@ def save_router(
     return full
 
 
+def save_recalibrated(router: Router, directory: Path) -> Path:
+    """Write a copy of `router`'s artifact with its current calibration (e.g. after
+    `Router.recalibrate` on traffic) to `directory`; the skops file is copied unchanged."""
+    if router.path is None:
+        raise RouterArtifactError("router was not loaded from disk", path=directory,
+                                  reason="missing")  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    blob = (router.path / MODEL_FILE).read_bytes()
+    if _sha256(blob) != router.manifest["artifact"]["sha256"]:
+        raise RouterArtifactError("router file changed since it was loaded",
+                                  path=router.path / MODEL_FILE, reason="tampered")  # fmt: skip
+    if directory.resolve() != router.path.resolve():
+        (directory / MODEL_FILE).write_bytes(blob)
+    manifest = {**router.manifest, "calibration": router.calibration.to_json()}
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    return directory
+
+
 def load_router(directory: Path | None = None) -> Router:
     directory = directory if directory is not None else default_dir()
     mpath, fpath = directory / MANIFEST_FILE, directory / MODEL_FILE

@@ -70,6 +70,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recalibrate(args: argparse.Namespace) -> int:
+    from .artifact import save_recalibrated
+    from .log import DecisionLog
+    from .router import Router
+
+    router = Router.load(Path(args.router) if args.router else None)
+    with DecisionLog(Path(args.from_log)) as log:
+        scores = log.scores(policy=args.policy)
+    new = router.recalibrate(scores)
+    out = save_recalibrated(new, Path(args.out))
+    for share in (0.2, 0.5, 0.8):
+        print(
+            f"cloud share {share:.0%}: threshold {router.threshold(cloud_share=share):.4f} "
+            f"-> {new.threshold(cloud_share=share):.4f}"
+        )
+    print(f"recalibrated on {len(scores)} logged scores -> {out}")
+    return 0
+
+
 def cmd_score(args: argparse.Namespace) -> int:
     from .router import Router
 

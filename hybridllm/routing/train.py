@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -153,7 +153,7 @@ def train(
     from_log: Path | None = None,
     label: Label = DEFAULT_LABEL,
     seed: int = SEED,
-    log: Any = sys.stderr,
+    log: TextIO | None = None,
 ) -> dict[str, Any]:
     """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`."""
     from .artifact import save_router, weights_sha256
@@ -217,6 +217,6 @@ def train(
         f"trained on {len(train_rows)} rows (C={fitted.c}), calibrated on "
         f"{len(splits['calibration'])}, test {len(test)}: "
         f"test ROC AUC {test_metrics.get('roc_auc')}, APGR {test_metrics.get('apgr')} -> {out}",
-        file=log,
+        file=log if log is not None else sys.stderr,
     )
     return full
