@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import RouterArtifactError
 from . import features as F
+from .data import LABELS
 from .router import Calibration, Router
 
 FORMAT = 1
@@ -120,6 +121,8 @@ def load_router(directory: Path | None = None) -> Router:
         manifest = json.loads(mpath.read_text())
         declared = manifest["artifact"]["sha256"]
         fmt = manifest["format"]
+        if manifest.get("label", "cloud-needed") not in LABELS:
+            raise ValueError(f"unknown label {manifest.get('label')!r}")
     except (ValueError, KeyError, TypeError) as exc:
         raise RouterArtifactError(
             f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"

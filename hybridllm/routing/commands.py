@@ -12,8 +12,9 @@ from .data import Label
 
 
 def _quiet_threads() -> None:
-    # BLAS / OpenMP worker threads only contend on problems this small (seen: 5x slower on a
-    # busy 2-core machine); must be set before numpy's and scikit-learn's libraries load.
+    # OpenMP / BLAS worker threads only contend on problems this small (seen: several times
+    # slower on a busy 2-core machine); read when scikit-learn's native libraries load, so this
+    # runs before importing it (BLAS threads are also limited around the fits, in train.py).
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 

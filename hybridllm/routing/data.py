@@ -51,6 +51,14 @@ class Example:
         return f"{self.source}/{self.id}"
 
 
+def as_label(value: object) -> Label:
+    """A label name checked against LABELS (a ConfigError otherwise)."""
+    for label in LABELS:
+        if value == label:
+            return label
+    raise ConfigError(f"unknown router label {value!r}; known: {', '.join(LABELS)}")
+
+
 def split_of(source: str, item_id: str) -> Split:
     """The split of an item: a stable function of its source and id."""
     digest = hashlib.sha256(f"{source}/{item_id}".encode()).digest()

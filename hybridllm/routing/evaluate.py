@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import features as F
-from .data import Example, Label, by_split
+from .data import Example, Label, as_label, by_split
 from .metrics import CPT_TARGETS, SHOWN_SHARES, Curve, Summary, routing_curve, summarize
 from .router import Router
 
@@ -79,7 +79,7 @@ def evaluate(
     for source in sorted({ex.source for ex in test}):
         part = [ex for ex in test if ex.source == source]
         blocks.append(Block(f"source {source}", _rows(part, routers[:1])))
-    label = str(router.manifest.get("label", "cloud-needed"))
+    label = as_label(router.label)
     for source in leave_out:
         held = [ex for ex in examples if ex.source == source]
         if not held:
@@ -87,7 +87,7 @@ def evaluate(
         fitted = fit(
             [ex for ex in splits["train"] if ex.source != source],
             [ex for ex in splits["calibration"] if ex.source != source],
-            label=label,  # type: ignore[arg-type]
+            label=label,
             seed=seed,
         )
         blocks.append(
