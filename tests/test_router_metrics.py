@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from hybridllm.routing.metrics import apgr, cpt, routing_curve, summarize
+from hybridllm.routing.metrics import apgr, apgr_interval, cpt, routing_curve, summarize
 
 # four prompts: gains (cloud - local) are +1, +1, 0, -1; local-only 2/4, cloud-only 3/4
 LOCAL = [False, False, True, True]
@@ -67,3 +67,15 @@ def test_bad_input() -> None:
         routing_curve([], [], [])
     with pytest.raises(ValueError):
         routing_curve([0.1], [True, False], [True])
+
+
+def test_apgr_interval_brackets_the_estimate() -> None:
+    rng = np.random.default_rng(1)
+    local, cloud = rng.random(120) < 0.3, rng.random(120) < 0.7
+    gain = cloud.astype(float) - local
+    informative = gain + rng.normal(0, 0.5, 120)
+    ci = apgr_interval(informative, local, cloud)
+    assert ci is not None
+    point = apgr(routing_curve(informative, local, cloud))
+    assert ci[0] < point < ci[1] and ci[0] > 0.5  # a useful router is clearly above random
+    assert apgr_interval([0.1, 0.2], [True, False], [True, False]) is None

@@ -21,7 +21,15 @@ import numpy.typing as npt
 
 from . import features as F
 from .data import Example, Label, as_label, by_split
-from .metrics import CPT_TARGETS, SHOWN_SHARES, Curve, Summary, routing_curve, summarize
+from .metrics import (
+    CPT_TARGETS,
+    SHOWN_SHARES,
+    Curve,
+    Summary,
+    apgr_interval,
+    routing_curve,
+    summarize,
+)
 from .router import Router
 
 
@@ -32,6 +40,7 @@ class Row:
     name: str
     summary: Summary
     curve: Curve
+    apgr_ci: tuple[float, float] | None = None  # 90% bootstrap interval
 
 
 @dataclass
@@ -44,7 +53,9 @@ def length_scores(examples: Sequence[Example]) -> npt.NDArray[np.float64]:
     return np.array([F.extract(ex.prompt).approx_tokens for ex in examples], dtype=np.float64)
 
 
-def _rows(examples: Sequence[Example], routers: Sequence[tuple[str, Router]]) -> list[Row]:
+def _rows(
+    examples: Sequence[Example], routers: Sequence[tuple[str, Router]], *, ci: bool = True
+) -> list[Row]:
     local = [ex.local_correct for ex in examples]
     cloud = [ex.cloud_correct for ex in examples]
     scored: list[tuple[str, npt.NDArray[np.float64]]] = [
@@ -54,7 +65,8 @@ def _rows(examples: Sequence[Example], routers: Sequence[tuple[str, Router]]) ->
     out = []
     for name, s in scored:
         curve = routing_curve(s, local, cloud)
-        out.append(Row(name, summarize(curve), curve))
+        interval = apgr_interval(s, local, cloud) if ci and name != "random" else None
+        out.append(Row(name, summarize(curve), curve, interval))
     return out
 
 
@@ -78,7 +90,7 @@ def evaluate(
     blocks = [Block(f"test split, all sources (n={len(test)})", _rows(test, routers))]
     for source in sorted({ex.source for ex in test}):
         part = [ex for ex in test if ex.source == source]
-        blocks.append(Block(f"source {source}", _rows(part, routers[:1])))
+        blocks.append(Block(f"source {source}", _rows(part, routers[:1], ci=False)))
     label = as_label(router.label)
     for source in leave_out:
         held = [ex for ex in examples if ex.source == source]
@@ -105,6 +117,10 @@ def _f(x: float | None, pct: bool = False) -> str:
     return f"{x * 100:4.0f}%" if pct else f"{x:5.2f}"
 
 
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}"
+
+
 def format_sources(blocks: Sequence[Block]) -> str:
     """One line per source block: n, engine qualities, router vs length-only APGR and CPT80."""
     lines = [
@@ -125,7 +141,7 @@ def format_sources(blocks: Sequence[Block]) -> str:
 
 def format_report(blocks: Sequence[Block]) -> str:
     head = (
-        f"{'router':<22} {'APGR':>5} "
+        f"{'router':<22} {'APGR':>5} {'90% CI':>11} "
         + " ".join(f"CPT{int(t * 100)}" for t in CPT_TARGETS)
         + "  PGR@ "
         + " ".join(f"{int(s * 100):>4}%" for s in SHOWN_SHARES)
@@ -143,7 +159,7 @@ def format_report(blocks: Sequence[Block]) -> str:
         for row in block.rows:
             s = row.summary
             lines.append(
-                f"{row.name:<22} {_f(s.apgr)} "
+                f"{row.name:<22} {_f(s.apgr)} {_ci(row.apgr_ci):>11} "
                 + " ".join(f"{_f(s.cpt[t], pct=True):>5}" for t in CPT_TARGETS)
                 + "       "
                 + " ".join(f"{_f(s.pgr[x]):>5}" for x in SHOWN_SHARES)
@@ -198,6 +214,7 @@ def report_json(blocks: Sequence[Block]) -> dict[str, Any]:
         b.title: {
             r.name: {
                 "apgr": r.summary.apgr,
+                "apgr_ci90": r.apgr_ci,
                 "cpt": {str(k): v for k, v in r.summary.cpt.items()},
                 "pgr": {str(k): v for k, v in r.summary.pgr.items()},
                 "q_local": r.summary.q_weak,

@@ -95,6 +95,33 @@ def cpt(curve: Curve, target: float) -> float | None:
     return float(x0 + (target - y0) / (y1 - y0) * (x1 - x0))
 
 
+def apgr_interval(
+    scores: Sequence[float] | FloatArray,
+    local_correct: Sequence[bool] | npt.NDArray[np.bool_],
+    cloud_correct: Sequence[bool] | npt.NDArray[np.bool_],
+    *,
+    level: float = 0.9,
+    n_boot: int = 400,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A bootstrap interval for APGR (prompts resampled with replacement; draws where both
+    engines score the same are skipped). None when too few draws are defined."""
+    s = np.asarray(scores, dtype=np.float64)
+    local = np.asarray(local_correct, dtype=bool)
+    cloud = np.asarray(cloud_correct, dtype=bool)
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(s), len(s))
+        if local[i].sum() == cloud[i].sum():
+            continue
+        values.append(apgr(routing_curve(s[i], local[i], cloud[i])))
+    if len(values) < n_boot // 2:
+        return None
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 @dataclass(frozen=True)
 class Summary:
     """The headline figures of one router on one set of prompts."""
