@@ -22,6 +22,7 @@ from hybridllm.errors import (
     CloudTimeoutError,
     ConfigError,
     ContextOverflowError,
+    DecisionLogError,
     EngineError,
     HybridError,
     LocalEngineError,
@@ -35,6 +36,8 @@ from hybridllm.errors import (
     RateLimitError,
     RefusedError,
     RequestRefusedError,
+    RouterArtifactError,
+    RouterThresholdError,
     ServerError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
@@ -61,6 +64,7 @@ __all__ = [
     "Completion",
     "ConfigError",
     "ContextOverflowError",
+    "DecisionLogError",
     "Done",
     "Engine",
     "EngineError",
@@ -83,6 +87,8 @@ __all__ = [
     "PullError",
     "RateLimitError",
     "RequestRefusedError",
+    "RouterArtifactError",
+    "RouterThresholdError",
     "Route",
     "ServerError",
     "ScriptedEngine",

@@ -206,10 +206,59 @@ def _register_explain(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_explain)
 
 
+# --- router ---------------------------------------------------------------------------------
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from .routing import commands  # scikit-learn and friends load only for these commands
+
+    handler: Handler = getattr(commands, f"cmd_{args.router_command}")
+    return handler(args)
+
+
+def _register_router(subparsers: Subparsers) -> None:
+    group = subparsers.add_parser("router", help="train, evaluate and try the prompt router")
+    sub = group.add_subparsers(dest="router_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train the router from labelled data (deterministic)")
+    p.add_argument("--data", metavar="PATH", help="labels.jsonl (default: data/router/)")
+    p.add_argument("--out", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--from-log", metavar="PATH", help="also learn from a decision log's feedback")
+    p.add_argument("--label", choices=["cloud-needed", "local-wrong"], default="cloud-needed",
+                   help="what the score predicts (default: cloud-needed)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("eval", help="PGR / APGR / CPT on the test split, with baselines and a plot")
+    p.add_argument("--data", metavar="PATH", help="labels.jsonl (default: data/router/)")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--leave-out", default="gsm8k,triviaqa", metavar="SOURCES",
+                   help="comma-separated sources to hold out of training, or 'all'")  # fmt: skip
+    p.add_argument("--plot", metavar="PNG", help="plot path (default: <router dir>/eval.png)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--no-compare", action="store_true", help="skip the other-label router")
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser(
+        "recalibrate", help="cloud-share thresholds from the scores of your own logged traffic"
+    )
+    p.add_argument("--from-log", required=True, metavar="PATH", help="decision log (SQLite)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write the new artifact")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--policy", metavar="NAME", help="only this policy's requests")
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("score", help="score one prompt (argument or stdin)")
+    p.add_argument("prompt", nargs="?", help="the prompt text (default: read stdin)")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.set_defaults(func=cmd_router)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
     _register_explain,
+    _register_router,
 ]
 
 

@@ -38,7 +38,7 @@ from hybridllm.policy import Policy, PolicyCache
 from hybridllm.privacy import kinds, scan
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.gather import Routing
-from hybridllm.routing.inputs import BudgetVerdict, Router
+from hybridllm.routing.inputs import BudgetVerdict, Scorer
 from hybridllm.stream import RequestRun, Stream, _Item
 from hybridllm.trace import Trace
 
@@ -61,7 +61,7 @@ class HybridClient:
         *,
         policy: str | Path | Policy | None = None,
         policy_dirs: Sequence[str | Path] | None = None,
-        router: Router | None = None,
+        router: Scorer | None = None,
         privacy: PrivacyMode = "off",
         ledger: Ledger | str | Path | None = None,
         prices: Prices | str | Path | None = None,

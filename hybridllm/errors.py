@@ -4,11 +4,14 @@
 HybridError
 ├── ConfigError                 bad input from the user: arguments, manifests, policies
 │   ├── ManifestError           a model manifest is malformed or unknown
-│   └── PolicyError             a policy file or name is wrong
-│       └── RequestRefusedError the policy lets no engine serve this request (privacy, budget)
+│   ├── PolicyError             a policy file or name is wrong
+│   │   └── RequestRefusedError the policy lets no engine serve this request (privacy, budget)
+│   ├── RouterThresholdError    a router threshold cannot be met (or its arguments are wrong)
+│   └── DecisionLogError        the decision log was misused (unknown request id, ...)
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
-│   └── ModelCorruptError       the file exists but does not load / fails its checksum
+│   ├── ModelCorruptError       the file exists but does not load / fails its checksum
+│   └── RouterArtifactError     a router artifact is missing, tampered with or mismatched
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
 └── EngineError                 an engine failed while serving a request
@@ -86,6 +89,23 @@ class ModelNotFoundError(ModelError):
 
 class ModelCorruptError(ModelError):
     """The model file exists but llama.cpp cannot load it, or its checksum is wrong."""
+
+
+class RouterArtifactError(ModelError):
+    """A router artifact cannot be used. `reason`: "missing", "tampered", "version" or
+    "malformed"."""
+
+    def __init__(self, message: str, *, path: Path | str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message, path=path)
+
+
+class RouterThresholdError(ConfigError):
+    """A router threshold was asked for with wrong arguments or a floor it cannot meet."""
+
+
+class DecisionLogError(ConfigError):
+    """The decision log was used wrongly (an unknown request id, a bad value)."""
 
 
 class PullError(HybridError):

@@ -19,7 +19,7 @@ from hybridllm.health import CircuitBreaker
 from hybridllm.latency import LatencyModel, Prediction
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.inputs import BudgetGate, PrivacyScan, Router
+from hybridllm.routing.inputs import BudgetGate, PrivacyScan, Scorer
 
 
 def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
@@ -30,7 +30,7 @@ def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
 @dataclass
 class Routing:
     latency: LatencyModel = field(default_factory=LatencyModel)
-    router: Router | None = None
+    router: Scorer | None = None
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from hybridllm.policy import Policy
 
 
-class Router(Protocol):
+class Scorer(Protocol):
     def score(self, messages: Sequence[Mapping[str, str]]) -> float:
         """P(the local model's answer is wrong), in [0, 1]."""
         ...

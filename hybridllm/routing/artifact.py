@@ -1,0 +1,214 @@
+"""The router artifact on disk: `router.skops` plus `manifest.json`, in one directory.
+
+The skops file holds the fitted scikit-learn estimators (the linear classifier and the Platt
+calibrator) and is loaded with an explicit list of trusted types, so loading never executes
+code from the file. The manifest records the training data hash and row counts, the library and
+feature versions, the metrics, the calibration (score quantiles and quality curve) and the
+sha256 of the skops file. Loading checks, in order: the files exist, the manifest parses and
+names a known format, the skops file's hash matches, the feature version and scikit-learn
+version match this install; each failure is a RouterArtifactError with a `reason`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import RouterArtifactError
+from . import features as F
+from .data import LABELS
+from .router import Calibration, Router
+
+FORMAT = 1
+MODEL_FILE = "router.skops"
+MANIFEST_FILE = "manifest.json"
+ROUTER_DIR_ENV = "HYBRIDLLM_ROUTER_DIR"
+TRUSTED_TYPES = ["sklearn.linear_model._logistic.LogisticRegression"]
+
+
+def default_dir() -> Path:
+    """`$HYBRIDLLM_ROUTER_DIR`, else `router/` in the models directory (the shipped one)."""
+    env = os.environ.get(ROUTER_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    from ..models import manifests_dir
+
+    return manifests_dir() / "router"
+
+
+def library_versions() -> dict[str, str]:
+    import numpy
+    import sklearn
+    import skops
+
+    return {"sklearn": sklearn.__version__, "skops": skops.__version__, "numpy": numpy.__version__}
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def weights_sha256(
+    weights: np.ndarray[Any, Any], intercept: float, platt: tuple[float, float]
+) -> str:
+    """A hash of the fitted numbers: equal for two trainings that learned the same model."""
+    h = hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float64).tobytes())
+    h.update(np.array([intercept, *platt], dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def save_router(
+    directory: Path, estimators: dict[str, Any], manifest: dict[str, Any]
+) -> dict[str, Any]:
+    """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes)."""
+    import skops.io as sio
+
+    directory.mkdir(parents=True, exist_ok=True)
+    blob = sio.dumps(estimators)
+    (directory / MODEL_FILE).write_bytes(blob)
+    full = {
+        "format": FORMAT,
+        "feature_version": F.FEATURE_VERSION,
+        "n_hash": F.N_HASH,
+        "dense_names": list(F.DENSE_NAMES),
+        "versions": library_versions(),
+        **manifest,
+        "artifact": {"file": MODEL_FILE, "sha256": _sha256(blob), "bytes": len(blob)},
+    }
+    text = json.dumps(full, indent=1, sort_keys=False) + "\n"
+    (directory / MANIFEST_FILE).write_text(text)
+    return full
+
+
+def save_recalibrated(router: Router, directory: Path) -> Path:
+    """Write a copy of `router`'s artifact with its current calibration (e.g. after
+    `Router.recalibrate` on traffic) to `directory`; the skops file is copied unchanged."""
+    if router.path is None:
+        raise RouterArtifactError("router was not loaded from disk", path=directory,
+                                  reason="missing")  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    blob = (router.path / MODEL_FILE).read_bytes()
+    if _sha256(blob) != router.manifest["artifact"]["sha256"]:
+        raise RouterArtifactError("router file changed since it was loaded",
+                                  path=router.path / MODEL_FILE, reason="tampered")  # fmt: skip
+    if directory.resolve() != router.path.resolve():
+        (directory / MODEL_FILE).write_bytes(blob)
+    manifest = {**router.manifest, "calibration": router.calibration.to_json()}
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    return directory
+
+
+def load_router(directory: Path | None = None) -> Router:
+    directory = directory if directory is not None else default_dir()
+    mpath, fpath = directory / MANIFEST_FILE, directory / MODEL_FILE
+    for p in (mpath, fpath):
+        if not p.is_file():
+            raise RouterArtifactError(
+                "router artifact file missing (train one with `hybridllm router train`)",
+                path=p,
+                reason="missing",
+            )
+    try:
+        manifest = json.loads(mpath.read_text())
+        declared = manifest["artifact"]["sha256"]
+        fmt = manifest["format"]
+        if manifest.get("label", "cloud-needed") not in LABELS:
+            raise ValueError(f"unknown label {manifest.get('label')!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RouterArtifactError(
+            f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
+        ) from exc
+    if fmt != FORMAT:
+        raise RouterArtifactError(
+            f"router manifest format {fmt!r}, this hybridllm reads {FORMAT}",
+            path=mpath,
+            reason="version",
+        )
+    blob = fpath.read_bytes()
+    actual = _sha256(blob)
+    if actual != declared:
+        raise RouterArtifactError(
+            f"router file sha256 {actual[:12]}... does not match the manifest's "
+            f"{str(declared)[:12]}... (modified or tampered with)",
+            path=fpath,
+            reason="tampered",
+        )
+    _check_versions(manifest, mpath)
+    estimators = _load_estimators(blob, fpath)
+    clf, platt = estimators["classifier"], estimators["calibrator"]
+    try:
+        weights = np.asarray(clf.coef_, dtype=np.float64).ravel()
+        router = Router(
+            weights=weights,
+            intercept=float(np.ravel(clf.intercept_)[0]),
+            platt=(float(np.ravel(platt.coef_)[0]), float(np.ravel(platt.intercept_)[0])),
+            calibration=Calibration.from_json(manifest["calibration"]),
+            manifest=manifest,
+            path=directory,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RouterArtifactError(
+            f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
+        ) from exc
+    return router
+
+
+def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
+    fv = manifest.get("feature_version")
+    if fv != F.FEATURE_VERSION or manifest.get("n_hash") != F.N_HASH:
+        raise RouterArtifactError(
+            f"router trained on feature version {fv} (n_hash {manifest.get('n_hash')}), this "
+            f"hybridllm computes version {F.FEATURE_VERSION} (n_hash {F.N_HASH}): retrain it",
+            path=mpath,
+            reason="version",
+        )
+    if manifest.get("dense_names") != list(F.DENSE_NAMES):
+        raise RouterArtifactError(
+            "router trained on other dense features: retrain it", path=mpath, reason="version"
+        )
+    trained = str(manifest.get("versions", {}).get("sklearn", "?"))
+    here = library_versions()["sklearn"]
+    if _minor(trained) != _minor(here):
+        raise RouterArtifactError(
+            f"router saved with scikit-learn {trained}, this install has {here}: retrain it "
+            "(`hybridllm router train`) or install the matching version",
+            path=mpath,
+            reason="version",
+        )
+
+
+def _load_estimators(blob: bytes, fpath: Path) -> dict[str, Any]:
+    import skops.io as sio
+
+    try:
+        untrusted = sio.get_untrusted_types(data=blob)
+        unexpected = sorted(set(untrusted) - set(TRUSTED_TYPES))
+        if unexpected:
+            raise RouterArtifactError(
+                f"router file holds types outside the trusted list: {unexpected}",
+                path=fpath,
+                reason="tampered",
+            )
+        obj = sio.loads(blob, trusted=TRUSTED_TYPES)
+    except RouterArtifactError:
+        raise
+    except Exception as exc:  # skops raises many kinds on a corrupt zip
+        raise RouterArtifactError(
+            f"router file does not load ({type(exc).__name__}: {exc})",
+            path=fpath,
+            reason="malformed",
+        ) from exc
+    if not isinstance(obj, dict) or not {"classifier", "calibrator"} <= obj.keys():
+        raise RouterArtifactError(
+            "router file does not hold {'classifier', 'calibrator'}", path=fpath, reason="malformed"
+        )
+    return obj

@@ -1,0 +1,232 @@
+"""The decision log: one SQLite row per routed request, for learning from use.
+
+    log = DecisionLog("decisions.db")                      # store_prompts=False by default
+    rid = log.record(policy="chat", features=f.dense_dict(), score=0.42, route="local",
+                     engine="local", messages=messages)     # text kept only if opted in
+    log.outcome(rid, ttft_ms=310.0, error_kind=None, fallback=False)
+    log.feedback(rid, good=True)                            # the user's verdict on the answer
+
+The schema evolves through append-only numbered migrations recorded in `schema_version`; an
+existing file is upgraded on open. Prompt text is stored only when the log was opened with
+`store_prompts=True`; otherwise it is never written, whatever the caller passes. The file uses
+WAL journaling and a busy timeout, so several processes and threads can write to it at once.
+
+`training_examples()` gives the rows that can teach the router: prompt stored, feedback given,
+answered by the local engine (feedback on a cloud answer says nothing about the local model).
+The cloud's answer to them is unknown and taken as right, so a bad local answer counts as
+"cloud needed" under either label.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import DecisionLogError
+from .data import Example
+from .features import Messages
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the decisions
+    """
+    CREATE TABLE decisions (
+        id INTEGER PRIMARY KEY,
+        request_id TEXT NOT NULL UNIQUE,
+        time REAL NOT NULL,
+        policy TEXT,
+        features TEXT NOT NULL,
+        score REAL,
+        route TEXT NOT NULL,
+        engine TEXT,
+        prompt TEXT,
+        ttft_ms REAL,
+        error_kind TEXT,
+        fallback INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX decisions_time ON decisions(time);
+    """,
+    # 2: user feedback on the answer
+    """
+    ALTER TABLE decisions ADD COLUMN feedback INTEGER;
+    ALTER TABLE decisions ADD COLUMN feedback_time REAL;
+    """,
+)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    conn.execute("BEGIN IMMEDIATE")  # one migrator at a time across processes
+    try:
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        current = int(row[0] or 0)
+        for version, sql in enumerate(MIGRATIONS, 1):
+            if version <= current:
+                continue
+            for statement in filter(str.strip, sql.split(";")):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+class DecisionLog:
+    """Append-mostly SQLite log of routing decisions (thread-safe; multi-process safe)."""
+
+    def __init__(
+        self, path: Path | str, *, store_prompts: bool = False, busy_timeout_s: float = 10.0
+    ) -> None:
+        self.path = Path(path)
+        self.store_prompts = store_prompts
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        with self._lock:
+            _migrate(self._conn)
+
+    def __enter__(self) -> DecisionLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+
+    def record(
+        self,
+        *,
+        route: str,
+        features: dict[str, float],
+        score: float | None = None,
+        policy: str | None = None,
+        engine: str | None = None,
+        messages: Messages | None = None,
+        request_id: str | None = None,
+        at: float | None = None,
+    ) -> str:
+        """Log one decision; returns its request id. `messages` are stored only if opted in."""
+        rid = request_id or uuid.uuid4().hex
+        prompt = None
+        if self.store_prompts and messages is not None:
+            prompt = messages if isinstance(messages, str) else json.dumps(list(messages))
+        row = (rid, time.time() if at is None else at, policy, json.dumps(features), score,
+               route, engine, prompt)  # fmt: skip
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "INSERT INTO decisions (request_id, time, policy, features, score, route, "
+                    "engine, prompt) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+            except sqlite3.IntegrityError as exc:
+                raise DecisionLogError(f"request id {rid!r} is already logged") from exc
+        return rid
+
+    def outcome(
+        self,
+        request_id: str,
+        *,
+        engine: str | None = None,
+        ttft_ms: float | None = None,
+        error_kind: str | None = None,
+        fallback: bool = False,
+    ) -> None:
+        """Record how the request went: the engine that answered, TTFT, error, fallback."""
+        self._update(
+            request_id,
+            "engine = COALESCE(?, engine), ttft_ms = ?, error_kind = ?, fallback = ?",
+            (engine, ttft_ms, error_kind, int(fallback)),
+        )
+
+    def feedback(self, request_id: str, good: bool) -> None:
+        """The user's verdict on the answer of this request (the latest verdict wins)."""
+        self._update(request_id, "feedback = ?, feedback_time = ?", (int(good), time.time()))
+
+    def _update(self, request_id: str, assignments: str, values: Sequence[Any]) -> None:
+        with self._lock:
+            cur = self._conn.execute(
+                f"UPDATE decisions SET {assignments} WHERE request_id = ?",
+                (*values, request_id),
+            )
+        if cur.rowcount == 0:
+            raise DecisionLogError(f"unknown request id {request_id!r} in {self.path}")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every logged decision as a dict (features parsed), oldest first."""
+        with self._lock:
+            cur = self._conn.execute("SELECT * FROM decisions ORDER BY id")
+            names = [d[0] for d in cur.description]
+            raw = cur.fetchall()
+        out = []
+        for r in raw:
+            d = dict(zip(names, r, strict=True))
+            d["features"] = json.loads(d["features"])
+            out.append(d)
+        return out
+
+    def scores(self, *, policy: str | None = None, since: float | None = None) -> list[float]:
+        """Logged router scores (for `Router.recalibrate` on the user's own traffic)."""
+        sql = "SELECT score FROM decisions WHERE score IS NOT NULL"
+        args: list[Any] = []
+        if policy is not None:
+            sql += " AND policy = ?"
+            args.append(policy)
+        if since is not None:
+            sql += " AND time >= ?"
+            args.append(since)
+        with self._lock:
+            return [float(r[0]) for r in self._conn.execute(sql, args)]
+
+    def training_examples(self) -> list[Example]:
+        """Rows that label the local model: prompt stored, feedback given, answered locally."""
+        with self._lock:
+            raw = self._conn.execute(
+                "SELECT request_id, prompt, feedback FROM decisions WHERE prompt IS NOT NULL "
+                "AND feedback IS NOT NULL AND engine = 'local' ORDER BY id"
+            ).fetchall()
+        out = []
+        for rid, prompt, good in raw:
+            text = _prompt_text(prompt)
+            out.append(
+                Example(
+                    source="log", id=rid, prompt=text, local_correct=bool(good), cloud_correct=True
+                )  # fmt: skip
+            )
+        return out
+
+
+def _prompt_text(stored: str) -> Messages:
+    """A stored prompt back as it was given: a message list (stored as JSON) or plain text."""
+    if stored.startswith("["):
+        try:
+            msgs = json.loads(stored)
+        except ValueError:
+            return stored
+        if isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs):
+            return msgs
+    return stored

@@ -1,0 +1,222 @@
+"""Training the router: one deterministic command, a few seconds.
+
+    hybridllm router train [--data data/router/labels.jsonl] [--out models/router]
+                           [--from-log decisions.db]
+
+Label (`--label`): "cloud-needed" (default), 1 when the local answer was wrong and the cloud's
+right; or "local-wrong", 1 when the local answer was wrong. The classifier is an
+L2 logistic regression over the hashed n-grams and dense features of `features.extract`; its
+regularisation C is chosen by 5-fold cross-validated ROC AUC on the train split alone. Platt
+scaling is then fitted on the calibration split, whose scores also give the threshold
+quantiles and the quality curve. The test split is only scored, for the manifest's metrics.
+Rows from a decision log (prompt stored, user feedback given, answered by the local engine) join
+the train split.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError
+from . import features as F
+from .data import LABELS, Example, Label, by_split, file_sha256, load_examples, write_split_file
+from .router import Calibration, Router
+
+C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
+DEFAULT_LABEL: Label = "cloud-needed"
+SEED = 0
+SPLIT_FILE = "splits.tsv"
+
+
+@dataclass
+class Fitted:
+    router: Router
+    estimators: dict[str, Any]
+    c: float
+    cv_auc: dict[float, float]
+
+
+def feature_matrix(prompts: Sequence[F.Messages]) -> Any:
+    """The sparse design matrix (rows: prompts; columns: hashed n-grams, then dense)."""
+    from scipy.sparse import csr_matrix
+
+    rows: list[npt.NDArray[np.int64]] = []
+    cols: list[npt.NDArray[np.int64]] = []
+    vals: list[npt.NDArray[np.float64]] = []
+    dense_idx = np.arange(F.N_HASH, F.N_HASH + len(F.DENSE_NAMES), dtype=np.int64)
+    for i, prompt in enumerate(prompts):
+        f = F.extract(prompt)
+        c = np.r_[f.hashed, dense_idx]
+        v = np.r_[np.full(len(f.hashed), F.hashed_scale(len(f.hashed))), np.asarray(f.dense)]
+        rows.append(np.full(len(c), i, dtype=np.int64))
+        cols.append(c)
+        vals.append(v)
+    shape = (len(prompts), F.N_HASH + len(F.DENSE_NAMES))
+    m = csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape)
+    m.sum_duplicates()
+    return m
+
+
+def _labels(examples: Sequence[Example], label: Label) -> npt.NDArray[np.int64]:
+    return np.array([1 if ex.label(label) else 0 for ex in examples], dtype=np.int64)
+
+
+def _model(c: float, seed: int) -> Any:
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=c, solver="liblinear", dual=True, max_iter=1000, random_state=seed)
+
+
+def fit(
+    train: Sequence[Example],
+    calibration: Sequence[Example],
+    *,
+    label: Label = DEFAULT_LABEL,
+    seed: int = SEED,
+) -> Fitted:
+    """Fit classifier (C by CV on `train`) and Platt calibrator (on `calibration`)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # extra BLAS threads only contend on problems this small
+        return _fit(train, calibration, label, seed)
+
+
+def _fit(
+    train: Sequence[Example], calibration: Sequence[Example], label: Label, seed: int
+) -> Fitted:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+    y = _labels(train, label)
+    yc = _labels(calibration, label)
+    for name, labels in (("train", y), ("calibration", yc)):
+        if len(set(labels.tolist())) < 2:
+            raise ConfigError(f"the {name} split needs both labels (local right and wrong)")
+    x = feature_matrix([ex.prompt for ex in train])
+    folds = StratifiedKFold(n_splits=min(5, int(np.bincount(y).min())), shuffle=True,
+                            random_state=seed)  # fmt: skip
+    cv_auc: dict[float, float] = {}
+    for c in C_GRID:
+        model = _model(c, seed)
+        cv_auc[c] = float(cross_val_score(model, x, y, cv=folds, scoring="roc_auc").mean())
+    best = max(C_GRID, key=lambda c: (round(cv_auc[c], 6), -c))  # ties: stronger regularisation
+    clf = _model(best, seed).fit(x, y)
+
+    z = clf.decision_function(feature_matrix([ex.prompt for ex in calibration]))
+    platt = LogisticRegression(C=1e4, solver="lbfgs").fit(z.reshape(-1, 1), yc)
+    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
+    scores = 1.0 / (1.0 + np.exp(-(a * z + b)))
+    calib = Calibration.from_labelled(
+        scores, [ex.local_correct for ex in calibration], [ex.cloud_correct for ex in calibration]
+    )
+    router = Router(
+        weights=np.asarray(clf.coef_, dtype=np.float64).ravel(),
+        intercept=float(clf.intercept_[0]),
+        platt=(a, b),
+        calibration=calib,
+    )
+    return Fitted(router, {"classifier": clf, "calibrator": platt}, best, cv_auc)
+
+
+def score_all(router: Router, examples: Sequence[Example]) -> npt.NDArray[np.float64]:
+    return np.array([router.score(ex.prompt) for ex in examples], dtype=np.float64)
+
+
+def _prob_metrics(
+    scores: npt.NDArray[np.float64], examples: Sequence[Example], label: Label
+) -> dict[str, float]:
+    from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+
+    y = _labels(examples, label)
+    if len(set(y.tolist())) < 2:
+        return {"n": float(len(y))}
+    return {
+        "n": float(len(y)),
+        "roc_auc": round(float(roc_auc_score(y, scores)), 4),
+        "log_loss": round(float(log_loss(y, scores, labels=[0, 1])), 4),
+        "brier": round(float(brier_score_loss(y, scores)), 4),
+        "base_rate": round(float(y.mean()), 4),
+    }
+
+
+def train(
+    data: Path,
+    out: Path,
+    *,
+    from_log: Path | None = None,
+    label: Label = DEFAULT_LABEL,
+    seed: int = SEED,
+    log: TextIO | None = None,
+) -> dict[str, Any]:
+    """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`."""
+    from .artifact import save_router, weights_sha256
+    from .metrics import routing_curve, summarize
+
+    examples = load_examples(data)
+    splits = by_split(examples)
+    train_rows = list(splits["train"])
+    log_info: dict[str, Any] | None = None
+    if from_log is not None:
+        from .log import DecisionLog
+
+        with DecisionLog(from_log) as dlog:
+            extra = dlog.training_examples()
+        train_rows += extra
+        log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
+    fitted = fit(train_rows, splits["calibration"], label=label, seed=seed)
+    r = fitted.router
+    cal_scores = score_all(r, splits["calibration"])
+    test = splits["test"]
+    test_scores = score_all(r, test)
+    test_metrics: dict[str, Any] = _prob_metrics(test_scores, test, label)
+    if test:
+        s = summarize(routing_curve(test_scores, [e.local_correct for e in test],
+                                    [e.cloud_correct for e in test]))  # fmt: skip
+        test_metrics.update(
+            apgr=round(s.apgr, 4),
+            cpt={f"{int(k * 100)}%": None if v is None else round(v, 4) for k, v in s.cpt.items()},
+            q_local=round(s.q_weak, 4),
+            q_cloud=round(s.q_strong, 4),
+        )
+    sources = sorted({e.source for e in examples})
+    manifest = {
+        "label": label,
+        "label_meaning": LABELS[label],
+        "score": "P(label = 1), Platt-calibrated on the calibration split",
+        "seed": seed,
+        "data": {
+            "file": data.name,
+            "sha256": file_sha256(data),
+            "rows": len(examples),
+            "splits": {k: len(v) for k, v in splits.items()},
+            "sources": {s: sum(e.source == s for e in examples) for s in sources},
+            "from_log": log_info,
+        },
+        "model": {
+            "classifier": "LogisticRegression (L2, liblinear dual)",
+            "C": fitted.c,
+            "cv_roc_auc": {str(k): round(v, 4) for k, v in fitted.cv_auc.items()},
+            "weights_sha256": weights_sha256(*r.parameters()),
+        },
+        "metrics": {
+            "calibration": _prob_metrics(cal_scores, splits["calibration"], label),
+            "test": test_metrics,
+        },
+        "calibration": r.calibration.to_json(),
+    }
+    full = save_router(out, fitted.estimators, manifest)
+    write_split_file(examples, out / SPLIT_FILE)
+    print(
+        f"trained on {len(train_rows)} rows (C={fitted.c}), calibrated on "
+        f"{len(splits['calibration'])}, test {len(test)}: "
+        f"test ROC AUC {test_metrics.get('roc_auc')}, APGR {test_metrics.get('apgr')} -> {out}",
+        file=log if log is not None else sys.stderr,
+    )
+    return full

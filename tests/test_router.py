@@ -1,0 +1,233 @@
+"""Router training, artifact round trip and integrity checks, scores and thresholds.
+
+Trains real routers (scikit-learn, seconds) on a small synthetic labels file
+(tests/_router_data.py) with a learnable pattern.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridllm.errors import RouterArtifactError, RouterThresholdError
+from hybridllm.routing import Calibration, Router
+from hybridllm.routing.data import by_split, load_examples, split_of
+from hybridllm.routing.train import feature_matrix, train
+from tests._router_data import write_fixture
+
+
+@pytest.fixture(scope="module")
+def labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fixture(tmp_path_factory.mktemp("labels") / "labels.jsonl")
+
+
+@pytest.fixture(scope="module")
+def trained(labels: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("router")
+    train(labels, out, log=io.StringIO())
+    return out
+
+
+@pytest.fixture
+def artifact(trained: Path, tmp_path: Path) -> Path:
+    """A private copy of the trained artifact, free to damage."""
+    return Path(shutil.copytree(trained, tmp_path / "router"))
+
+
+def test_split_is_stable_disjoint_and_proportioned(labels: Path, trained: Path) -> None:
+    examples = load_examples(labels)
+    parts = by_split(examples)
+    keys = [{ex.key for ex in part} for part in parts.values()]
+    assert sum(len(k) for k in keys) == len(examples) == len(set().union(*keys))
+    assert split_of("mmlu", "42") == split_of("mmlu", "42")
+    counts = {"train": 0, "calibration": 0, "test": 0}
+    for i in range(3000):
+        counts[split_of("src", str(i))] += 1
+    assert abs(counts["train"] / 3000 - 0.6) < 0.04 and abs(counts["test"] / 3000 - 0.2) < 0.04
+    lines = (trained / "splits.tsv").read_text().splitlines()
+    assert len(lines) == len(examples) + 1 and lines[1:] == sorted(lines[1:])
+    for line in lines[1:]:
+        source, item, split = line.split("\t")
+        assert split == split_of(source, item)
+
+
+def test_round_trip_matches_scikit_learn(trained: Path, labels: Path) -> None:
+    import skops.io as sio
+
+    router = Router.load(trained)
+    est = sio.load(
+        trained / "router.skops", trusted=["sklearn.linear_model._logistic.LogisticRegression"]
+    )
+    prompts = [ex.prompt for ex in load_examples(labels)[:30]]
+    z = est["classifier"].decision_function(feature_matrix(prompts))
+    expected = est["calibrator"].predict_proba(z.reshape(-1, 1))[:, 1]
+    got = np.array([router.score(p) for p in prompts])
+    assert got == pytest.approx(expected, abs=1e-9)
+    manifest = json.loads((trained / "manifest.json").read_text())
+    for key in ("data", "versions", "feature_version", "metrics", "calibration", "artifact"):
+        assert key in manifest
+    assert set(manifest["versions"]) == {"sklearn", "skops", "numpy"}
+    assert len(manifest["calibration"]["score_quantiles"]) == 101
+    assert manifest["data"]["rows"] == 240
+
+
+def test_scores_are_probabilities_and_learn_the_pattern(trained: Path) -> None:
+    router = Router.load(trained)
+    arith = [router.score(f"Calculate {a} * 37? Answer with the number only.") for a in (311, 902)]
+    yesno = [
+        router.score(f"Is a {w} bigger than a castle? Answer yes or no.") for w in ("cat", "ox")
+    ]
+    trivia = [router.score(f"Who wrote the famous {w} song of 1950?") for w in ("river", "moon")]
+    assert all(0.0 < s < 1.0 for s in arith + yesno + trivia)
+    # the cloud is needed for arithmetic only (local wrong, cloud right)
+    assert min(arith) > max(yesno + trivia)
+    # calibration is monotone: the calibrated order is the raw order
+    feats = [router.features(p) for p in ("Calculate 5 * 5?", "Is it? Answer yes or no.")]
+    raw = [router.raw_score(f) for f in feats]
+    cal = [router.score_features(f) for f in feats]
+    assert (raw[0] > raw[1]) == (cal[0] > cal[1])
+    assert (
+        router.score(
+            [{"role": "user", "content": "Calculate 311 * 37? Answer with the number only."}]
+        )
+        == arith[0]
+    )
+
+
+def test_training_is_deterministic(labels: Path, trained: Path, tmp_path: Path) -> None:
+    again = train(labels, tmp_path / "again", log=io.StringIO())
+    first = json.loads((trained / "manifest.json").read_text())
+    assert again["model"]["weights_sha256"] == first["model"]["weights_sha256"]
+    assert again["calibration"] == first["calibration"]
+
+
+def _reason(path: Path) -> str:
+    with pytest.raises(RouterArtifactError) as info:
+        Router.load(path)
+    return info.value.reason
+
+
+def test_tampered_file_is_refused(artifact: Path) -> None:
+    blob = bytearray((artifact / "router.skops").read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (artifact / "router.skops").write_bytes(bytes(blob))
+    assert _reason(artifact) == "tampered"
+
+
+def test_missing_files_are_refused(artifact: Path, tmp_path: Path) -> None:
+    assert _reason(tmp_path / "nowhere") == "missing"
+    (artifact / "router.skops").unlink()
+    assert _reason(artifact) == "missing"
+
+
+def _edit_manifest(path: Path, **changes: object) -> None:
+    m = json.loads((path / "manifest.json").read_text())
+    for key, value in changes.items():
+        if key == "sklearn":
+            m["versions"]["sklearn"] = value
+        else:
+            m[key] = value
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"sklearn": "0.24.2"}, {"feature_version": 999}, {"n_hash": 1024}, {"format": 99}],
+)
+def test_version_mismatch_is_refused(artifact: Path, change: dict[str, object]) -> None:
+    _edit_manifest(artifact, **change)
+    with pytest.raises(RouterArtifactError, match="retrain|format") as info:
+        Router.load(artifact)
+    assert info.value.reason == "version"
+
+
+def test_malformed_manifest_is_refused(artifact: Path) -> None:
+    (artifact / "manifest.json").write_text("{not json")
+    assert _reason(artifact) == "malformed"
+
+
+def test_untrusted_types_are_refused_even_with_a_matching_hash(artifact: Path) -> None:
+    import collections
+    import hashlib
+
+    import skops.io as sio
+
+    blob = sio.dumps({"classifier": collections.Counter(a=1), "calibrator": 1})
+    (artifact / "router.skops").write_bytes(blob)
+    _edit_manifest(
+        artifact, artifact={"file": "router.skops", "sha256": hashlib.sha256(blob).hexdigest()}
+    )
+    with pytest.raises(RouterArtifactError, match="trusted") as info:
+        Router.load(artifact)
+    assert info.value.reason == "tampered"
+
+
+def _router(scores: list[float], local: list[bool], cloud: list[bool]) -> Router:
+    from hybridllm.routing import features as F
+
+    return Router(
+        weights=np.zeros(F.N_HASH + len(F.DENSE_NAMES)),
+        intercept=0.0,
+        platt=(1.0, 0.0),
+        calibration=Calibration.from_labelled(scores, local, cloud),
+    )
+
+
+def test_threshold_for_a_cloud_share() -> None:
+    scores = list(np.linspace(0.0, 1.0, 101))
+    r = _router(scores, [False] * 101, [True] * 101)
+    for share in (0.1, 0.3, 0.5, 0.9):
+        t = r.threshold(cloud_share=share)
+        assert t == pytest.approx(1.0 - share)
+        assert np.mean(np.array(scores) > t + 1e-9) == pytest.approx(share, abs=0.011)
+    assert r.threshold(cloud_share=0.0) == 1.0 and r.threshold(cloud_share=1.0) == 0.0
+
+
+def test_threshold_for_a_quality_floor() -> None:
+    # five prompts, highest score first: gains +1, +1, 0, 0, -1; local-only quality 2/5
+    scores = [0.9, 0.8, 0.6, 0.4, 0.2]
+    local = [False, False, True, False, True]
+    cloud = [True, True, True, False, False]
+    r = _router(scores, local, cloud)
+    assert r.threshold(quality_floor=0.4) == 1.0  # local-only already reaches it
+    assert r.threshold(quality_floor=0.6) == 0.8  # top 1: send only the 0.9 prompt
+    assert r.threshold(quality_floor=0.8) == 0.6  # top 2
+    with pytest.raises(RouterThresholdError, match="best quality"):
+        r.threshold(quality_floor=0.9)
+
+
+def test_threshold_argument_errors() -> None:
+    r = _router([0.1, 0.9], [True, False], [True, True])
+    with pytest.raises(RouterThresholdError):
+        r.threshold()
+    with pytest.raises(RouterThresholdError):
+        r.threshold(cloud_share=0.5, quality_floor=0.5)
+    with pytest.raises(RouterThresholdError):
+        r.threshold(cloud_share=1.5)
+
+
+def test_recalibrate_on_traffic_moves_share_thresholds_only() -> None:
+    r = _router(list(np.linspace(0, 1, 101)), [False] * 101, [True] * 101)
+    traffic = list(np.linspace(0.0, 0.2, 50))  # the user's prompts score low
+    r2 = r.recalibrate(traffic)
+    assert r2.threshold(cloud_share=0.5) == pytest.approx(0.1)
+    assert r.threshold(cloud_share=0.5) == pytest.approx(0.5)  # the original is unchanged
+    assert r2.calibration.curve == r.calibration.curve
+    assert r2.calibration.source == "traffic n=50"
+    with pytest.raises(RouterThresholdError):
+        r.recalibrate([0.5] * 5)
+    with pytest.raises(RouterThresholdError):
+        r.recalibrate([2.0] * 30)
+
+
+def test_shipped_artifact_loads() -> None:
+    router = Router.load()
+    s = router.score("What is the capital of France? Answer with a short phrase only.")
+    assert 0.0 < s < 1.0
+    assert router.label in ("cloud-needed", "local-wrong")
+    assert 0.0 < router.threshold(cloud_share=0.5) < 1.0
