@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -61,7 +62,7 @@ class HybridClient:
         *,
         policy: str | Path | Policy | None = None,
         policy_dirs: Sequence[str | Path] | None = None,
-        router: Scorer | None = None,
+        router: Scorer | Literal["default"] | None = "default",
         privacy: PrivacyMode = "off",
         ledger: Ledger | str | Path | None = None,
         prices: Prices | str | Path | None = None,
@@ -75,7 +76,9 @@ class HybridClient:
         engine is wrapped in a `GuardedEngine`, which enforces both at its seam on every path
         (fallback, hedge, continuation); routing reads the same detector and ledger to pick the
         local engine up front, with the reason. `router`: an object with `score(messages)` and
-        `threshold(...)`, such as `hybridllm.routing.Router.load()`."""
+        `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
+        shipped router (on a worker thread while the engines start) when the client has both
+        engines; None: no router (policies then route by preference and latency alone)."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         self._guard: GuardedEngine | None = None
@@ -93,7 +96,9 @@ class HybridClient:
         gate = (
             None if self._guard is None or self._guard.ledger is None else _GuardBudget(self._guard)
         )
-        self.routing = Routing(latency or LatencyModel(), router, gate, _privacy_kinds)
+        self._router_spec = router
+        scorer = None if router == "default" else router
+        self.routing = Routing(latency or LatencyModel(), scorer, gate, _privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
@@ -123,6 +128,8 @@ class HybridClient:
             async with anyio.create_task_group() as tg:
                 for engine in self.engines.values():
                     tg.start_soon(engine.start)
+                if self._router_spec == "default" and len(self.engines) == 2:
+                    tg.start_soon(self._load_default_router)
         except BaseExceptionGroup as group:
             with anyio.CancelScope(shield=True):
                 for engine in self.engines.values():
@@ -133,6 +140,16 @@ class HybridClient:
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
         return self
+
+    async def _load_default_router(self) -> None:
+        from hybridllm.routing.router import Router  # scikit-learn loads only here
+
+        try:
+            self.routing.router = await anyio.to_thread.run_sync(Router.load)
+        except errors.RouterArtifactError as exc:
+            if exc.reason != "missing":
+                raise  # a shipped artifact that is tampered with or too new is an error
+            warnings.warn(f"no router artifact ({exc}); routing without it", stacklevel=2)
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None

@@ -172,3 +172,18 @@ async def test_explain_decision_without_sending() -> None:
         )
     assert decision.primary == "cloud" and facts.prompt_tokens > 0
     assert not local.requests and not cloud.requests
+
+
+async def test_the_shipped_router_is_loaded_by_default_and_scores_requests() -> None:
+    """With both engines and no `router=`, the client loads models/router/ while the engines
+    start; a policy with a target cloud share then routes by its score."""
+    from hybridllm.routing import Router
+
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, policy="chat") as client:
+        assert isinstance(client.routing.router, Router)
+        res = await client.complete("What is the capital of France?")
+    assert any(r.startswith("router score ") for r in res.trace.decision), res.trace.decision
+    async with HybridClient(local=local, cloud=cloud, policy="chat", router=None) as client:
+        res = await client.complete("What is the capital of France?")
+    assert not any(r.startswith("router score ") for r in res.trace.decision)

@@ -125,4 +125,12 @@ class Routing:
 
 
 def _uses_router(policy: Policy) -> bool:
-    return policy.prefer == "auto" and policy.fallback_order is None and policy.cloud_allowed
+    """The router decides only where the policy leaves the choice open ("auto", no fixed order,
+    the cloud allowed) and says how to read the score (a threshold, a cloud share or a floor)."""
+    stated = (policy.router_threshold, policy.target_cloud_share, policy.quality_floor)
+    return (
+        policy.prefer == "auto"
+        and policy.fallback_order is None
+        and policy.cloud_allowed
+        and any(v is not None for v in stated)
+    )
