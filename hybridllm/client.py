@@ -209,6 +209,7 @@ class HybridClient:
             reason=decision.reason,
             hedge_s=decision.hedge_s,
             stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
+            # with fallback_now the load rule's reason is the last one (no hedge follows it)
             fallback_now=decision.reasons[-1] if decision.fallback_now else None,
             fallback_ttft_s=fallback_ttft_s,
         )
