@@ -3,8 +3,9 @@
     python benchmarks/bench_latency_model.py [benchmarks/traces/real.jsonl] [--json PATH]
 
 For each request in recorded order: predict its TTFT (from the client's prompt-token estimate,
-the output tokens and the local queue wait the engine reported at the call), then learn from its
-trace, as `HybridClient` does. Reports the median and p90 absolute TTFT error per engine, for:
+less the prefix shared with the previous local prompt for the local engine, the output tokens
+and the local queue wait the engine reported at the call), then learn from its trace, as
+`HybridClient` does. Reports the median and p90 absolute TTFT error per engine, for:
 
 - latency model: `LatencyModel` seeded with the local engine's warm-up figures (the client's);
 - latency model without drift: the same with the short-window drift check turned off;
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm.latency import LatencyModel
+from hybridllm.routing.gather import prompt_text, uncached_share
 from hybridllm.trace import Trace
 
 Row = dict[str, Any]
@@ -51,6 +53,8 @@ def trace_of(row: Row) -> Trace:
     for i in range(max(1, row.get("n_tokens") or 1)):
         tr.token(first + i * tpot)
     tr.done("stop", row["marks_ms"].get("done", row["ttft_ms"]) / 1000.0)
+    tr.prompt_tokens = row.get("prompt_tokens")
+    tr.cached_prompt_tokens = row.get("cached_prompt_tokens")
     return tr
 
 
@@ -95,12 +99,18 @@ def replay(head: Row, rows: list[Row]) -> dict[str, Any]:
     if cloud_steady and cloud_slow:
         mid = (statistics.median(cloud_steady) + statistics.median(cloud_slow)) / 2
     slow_seen = 0
+    last_local: str | None = None
     for row in rows:
         eng, obs = row["engine"], row["ttft_ms"]
         n, queue = row["prompt_tokens_est"], row.get("expected_wait_s") or 0.0
+        fresh = float(n)
+        if eng == "local" and "prompt" in row:  # what the client knows of the KV cache
+            text = prompt_text([{"role": "user", "content": row["prompt"]}])
+            fresh = n * uncached_share(text, last_local)
+            last_local = text
         phase = row["phase"] if eng == "cloud" else "all"
         for label, model in models.items():
-            p = model.predict(eng, n, 8, queue_s=queue if eng == "local" else 0.0)
+            p = model.predict(eng, fresh, 8, queue_s=queue if eng == "local" else 0.0)
             errs.add((eng, label), p.ttft_s, obs)
             if eng == "cloud":
                 errs.add((f"{eng}:{phase}", label), p.ttft_s, obs)

@@ -69,6 +69,7 @@ async def one(client: HybridClient, engine: str, text: str, phase: str) -> dict[
         "engine": engine,
         "phase": phase,
         "prompt_tokens_est": estimate_prompt_tokens(messages),
+        "prompt": text,
         "expected_wait_s": wait if engine == "local" else 0.0,
         "engine_predicted_ttft_s": own,
     }

@@ -205,7 +205,7 @@ class HybridClient:
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
-        self._tg.start_soon(self._drive, run, plan, facts.prompt_tokens)
+        self._tg.start_soon(self._drive, run, plan, facts.prompt_tokens, request)
         return Stream(run, recv)
 
     def _effective(self, policy: Policy) -> Policy:
@@ -270,16 +270,21 @@ class HybridClient:
             reason=decision.reason,
             hedge_s=decision.hedge_s,
             stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
+            # with fallback_now the load rule's reason is the last one (no hedge follows it)
             fallback_now=decision.reasons[-1] if decision.fallback_now else None,
             fallback_ttft_s=fallback_ttft_s,
         )
 
-    async def _drive(self, run: RequestRun, plan: Plan, prompt_tokens: int) -> None:
+    async def _drive(
+        self, run: RequestRun, plan: Plan, prompt_tokens: int, request: GenerationRequest
+    ) -> None:
         try:
             await run.run(plan)
         finally:
             self._runs.discard(run)
             self.routing.latency.observe_trace(run.trace, prompt_tokens)
+            if "local" in run.trace.started:
+                self.routing.note_local(request.messages)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""

@@ -1,7 +1,8 @@
 """The live latency model: how long each engine will take, learned online from traces.
 
 Per engine, the time from the engine's start to its first token, minus any local queue wait, is
-modelled as `overhead + prompt_tokens / prefill_rate` (the overhead is the network RTT and
+modelled as `overhead + prompt_tokens / prefill_rate` (prompt tokens not already in the local
+engine's KV cache) (the overhead is the network RTT and
 server queue for a cloud, the first decode step for the local engine), fitted robustly
 (Theil-Sen: the median of pairwise slopes, the median intercept) over the last `window`
 requests. The p95 adds the 95th percentile of the residuals, so a cloud's heavy tail widens its
@@ -99,7 +100,7 @@ class EngineLatency:
 
     def observe(
         self,
-        prompt_tokens: int,
+        prompt_tokens: float,
         service_s: float,
         *,
         tpot_s: float | None = None,
@@ -185,7 +186,7 @@ class EngineLatency:
         return statistics.median(self.tpots), _quantile(list(self.tpots), 0.95)
 
     def predict(
-        self, name: EngineName, prompt_tokens: int, max_tokens: int, queue_s: float = 0.0
+        self, name: EngineName, prompt_tokens: float, max_tokens: int, queue_s: float = 0.0
     ) -> Prediction:
         drift = self.drift_s()
         service = max(0.0, self._fit(prompt_tokens) + drift)
@@ -269,13 +270,17 @@ class LatencyModel:
         return name in self.seeded or (name in self.engines and self.engines[name].samples > 0)
 
     def predict(
-        self, name: EngineName, prompt_tokens: int, max_tokens: int, *, queue_s: float = 0.0
+        self, name: EngineName, prompt_tokens: float, max_tokens: int, *, queue_s: float = 0.0
     ) -> Prediction:
+        """`prompt_tokens`: the tokens to prefill (for the local engine, those not already in
+        its KV cache)."""
         return self.engine(name).predict(name, prompt_tokens, max_tokens, queue_s)
 
-    def observe_trace(self, trace: Trace, prompt_tokens: int) -> None:
+    def observe_trace(self, trace: Trace, prompt_tokens: float) -> None:
         """Learn from one finished request: the serving engine's first-token time (and decode
-        speed), and a lower bound for an engine that lost the race before its first token."""
+        speed), and a lower bound for an engine that lost the race before its first token.
+        `prompt_tokens` is the estimate the prediction used; the share the local engine found
+        in its KV cache (`trace.cached_prompt_tokens`) is taken off it."""
         served = trace.engine
         ttft_ms = trace.ttft_ms
         if served is None or ttft_ms is None or trace.error is not None:
@@ -293,8 +298,11 @@ class LatencyModel:
         tpot = None
         if not trace.switches and trace.n_tokens >= 3 and trace.tpot_ms is not None:
             tpot = trace.tpot_ms / 1000.0
+        fresh = prompt_tokens
+        if trace.cached_prompt_tokens and trace.prompt_tokens:
+            fresh *= max(0.0, 1.0 - trace.cached_prompt_tokens / trace.prompt_tokens)
         self.engine(served).observe(
-            prompt_tokens, ttft - start - (queue or 0.0), tpot_s=tpot, queue_s=queue, rtt_s=rtt
+            fresh, ttft - start - (queue or 0.0), tpot_s=tpot, queue_s=queue, rtt_s=rtt
         )
         for loser, off in offset.items():
             if loser == served or trace.switches:

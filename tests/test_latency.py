@@ -130,3 +130,18 @@ def test_a_slow_loser_is_recorded_as_at_least_its_waiting_time() -> None:
     failed.engine, failed.error = "cloud", "boom"
     model.observe_trace(failed, 30)
     assert cloud.samples == 1
+
+
+def test_the_kv_cache_share_is_taken_off_the_prefill() -> None:
+    from hybridllm.routing.gather import uncached_share
+
+    assert uncached_share("abcd", None) == 1.0
+    assert uncached_share("abcdefgh", "abcdXYZ") == 0.5
+    model = LatencyModel()
+    tr = _trace(queued=0, started=0, prefill_done=40)
+    tr.engine, tr.started = "local", ["local"]
+    tr.prompt_tokens, tr.cached_prompt_tokens = 600, 540  # 90% reused
+    tr.token(100.05)
+    tr.done("stop", 100.06)
+    model.observe_trace(tr, 500)
+    assert model.engine("local").obs[-1].tokens == pytest.approx(50.0)

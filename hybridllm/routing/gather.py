@@ -2,14 +2,16 @@
 
 `Routing` holds what a client routes with (the latency model and the optional router, budget
 gate and privacy scan) and turns one request into `RequestFacts` + `LiveState`: prompt tokens
-(a cheap length estimate, no tokenizer on the event loop), the router's score and the policy's
-threshold, the kinds of personal data found, each engine's predicted latency (the latency model
-once it knows the engine, else the engine's own estimate), the local queue, the budget verdict
-and the cloud circuit.
+(a cheap length estimate, no tokenizer on the event loop; for the local engine less the prefix
+it shares with the previous local prompt, which llama.cpp keeps in its KV cache), the router's
+score and the policy's threshold, the kinds of personal data found, each engine's predicted
+latency (the latency model once it knows the engine, else the engine's own estimate), the local
+queue, the budget verdict and the cloud circuit.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -27,12 +29,34 @@ def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
     return sum(4 + len(m.get("content", "")) // 4 for m in messages) + 3
 
 
+def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+
+
+def uncached_share(text: str, last: str | None) -> float:
+    """The share of `text` the local engine must prefill if its KV cache holds `last` (the
+    previous local prompt): llama.cpp reuses the common prefix."""
+    if not last or not text:
+        return 1.0
+    return 1.0 - len(os.path.commonprefix([text, last])) / len(text)
+
+
 @dataclass
 class Routing:
     latency: LatencyModel = field(default_factory=LatencyModel)
     router: Scorer | None = None
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
+    last_local_prompt: str | None = None  # what the local engine's KV cache likely holds
+
+    def note_local(self, messages: Sequence[Mapping[str, str]]) -> None:
+        """The local engine ran this prompt: its prefix is in the KV cache now."""
+        self.last_local_prompt = prompt_text(messages)
+
+    def local_tokens(self, facts: RequestFacts, request: GenerationRequest) -> float:
+        """The prompt tokens the local engine would have to prefill."""
+        share = uncached_share(prompt_text(request.messages), self.last_local_prompt)
+        return facts.prompt_tokens * share
 
     def seed_from(self, engines: Mapping[EngineName, Engine]) -> None:
         """Use warm-up figures (prefill rate, step time) as the latency model's priors."""
@@ -85,10 +109,9 @@ class Routing:
         latency: dict[EngineName, Prediction] = {}
         for name, engine in engines.items():
             q = queue if name == "local" else 0.0
+            n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
             if self.latency.knows(name):
-                latency[name] = self.latency.predict(
-                    name, facts.prompt_tokens, facts.max_tokens, queue_s=q
-                )
+                latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
             else:
                 own = engine.predict_ttft_s(request)
                 if own is not None:
