@@ -40,6 +40,7 @@ from hybridllm.privacy import kinds, scan
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.gather import Routing
 from hybridllm.routing.inputs import BudgetVerdict, Scorer
+from hybridllm.routing.log import DecisionLog
 from hybridllm.stream import RequestRun, Stream, _Item
 from hybridllm.trace import Trace
 
@@ -68,6 +69,7 @@ class HybridClient:
         prices: Prices | str | Path | None = None,
         budget_caps: Sequence[Cap] = (),
         latency: LatencyModel | None = None,
+        decision_log: DecisionLog | str | Path | None = None,
     ) -> None:
         """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
         engine; `ledger` (a `Ledger` or an SQLite path), `prices` (a `Prices` or a TOML path) and
@@ -78,7 +80,10 @@ class HybridClient:
         local engine up front, with the reason. `router`: an object with `score(messages)` and
         `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
         shipped router (on a worker thread while the engines start) when the client has both
-        engines; None: no router (policies then route by preference and latency alone)."""
+        engines; None: no router (policies then route by preference and latency alone).
+        `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
+        features, score, route, outcome - written off the event loop after the request ends;
+        prompt text only with `DecisionLog(path, store_prompts=True)`."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         self._guard: GuardedEngine | None = None
@@ -96,6 +101,9 @@ class HybridClient:
         gate = (
             None if self._guard is None or self._guard.ledger is None else _GuardBudget(self._guard)
         )
+        if isinstance(decision_log, str | Path):
+            decision_log = DecisionLog(Path(decision_log).expanduser())
+        self.decision_log = decision_log
         self._router_spec = router
         scorer = None if router == "default" else router
         self.routing = Routing(latency or LatencyModel(), scorer, gate, _privacy_kinds)
@@ -205,7 +213,9 @@ class HybridClient:
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
-        self._tg.start_soon(self._drive, run, plan, facts.prompt_tokens, request)
+        self._tg.start_soon(
+            self._drive, run, plan, facts.prompt_tokens, request, facts.router_score
+        )
         return Stream(run, recv)
 
     def _effective(self, policy: Policy) -> Policy:
@@ -276,7 +286,12 @@ class HybridClient:
         )
 
     async def _drive(
-        self, run: RequestRun, plan: Plan, prompt_tokens: int, request: GenerationRequest
+        self,
+        run: RequestRun,
+        plan: Plan,
+        prompt_tokens: int,
+        request: GenerationRequest,
+        score: float | None = None,
     ) -> None:
         try:
             await run.run(plan)
@@ -285,6 +300,20 @@ class HybridClient:
             self.routing.latency.observe_trace(run.trace, prompt_tokens)
             if "local" in run.trace.started:
                 self.routing.note_local(request.messages)
+            if self.decision_log is not None:
+                with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
+                    await anyio.to_thread.run_sync(
+                        _log_decision, self.decision_log, run.trace, request, score
+                    )
+
+    def feedback(self, request: Trace | str, good: bool) -> None:
+        """The user's verdict on an answer (by its trace or request id), for the decision log;
+        `hybridllm router train --from-log` learns from it."""
+        if self.decision_log is None:
+            raise errors.ClientStateError("feedback needs a decision_log= on the client")
+        self.decision_log.feedback(
+            request.request_id if isinstance(request, Trace) else request, good
+        )
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
@@ -353,6 +382,28 @@ class HybridClient:
         portal = self._blocking_portal()
         result: Completion = portal.call(partial(self.complete, messages, **kwargs))
         return result
+
+
+def _log_decision(
+    log: DecisionLog, trace: Trace, request: GenerationRequest, score: float | None
+) -> None:
+    from hybridllm.routing.features import extract
+
+    rid = log.record(
+        route=trace.started[0] if trace.started else "none",
+        features=extract(request.messages).dense_dict(),
+        score=score,
+        policy=request.scope,
+        messages=request.messages,
+        request_id=trace.request_id,
+    )
+    log.outcome(
+        rid,
+        engine=trace.engine,
+        ttft_ms=trace.ttft_ms,
+        error_kind=None if trace.error is None else trace.error.split(":")[0],
+        fallback=trace.fallback_reason is not None or bool(trace.switches),
+    )
 
 
 def policy_caps(policy: Policy) -> tuple[Cap, ...]:

@@ -7,6 +7,7 @@ token that carries content; role-only chunks, keep-alives and empty deltas never
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from hybridllm.events import EngineName
@@ -15,6 +16,8 @@ from hybridllm.events import EngineName
 @dataclass
 class Trace:
     t_start: float = field(default_factory=time.perf_counter)
+    # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     engine: EngineName | None = None
     route_reason: str = ""
     decision: tuple[str, ...] = ()  # the routing decision's reasons, in order

@@ -211,3 +211,36 @@ async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> 
         fresh = predicted("other " * 334 + "and one more question?")  # same length, no prefix
     assert fresh > 4.0  # ~500 tokens at 100 tokens/s
     assert shared < fresh / 10
+
+
+async def test_every_request_lands_in_the_decision_log_and_takes_feedback(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from hybridllm.routing import DecisionLog
+
+    path = Path(str(tmp_path)) / "decisions.db"
+    local, cloud = pair()
+    async with HybridClient(
+        local=local, cloud=cloud, policy="chat", decision_log=path, router=FixedRouter()
+    ) as client:
+        hard = await client.complete("a hard question")
+        easy = await client.complete("an easy one")
+        client.feedback(easy.trace, good=False)
+        client.feedback(hard.trace.request_id, good=True)
+    with DecisionLog(path) as log:
+        rows = {r["request_id"]: r for r in log.rows()}
+    assert set(rows) == {hard.trace.request_id, easy.trace.request_id}
+    h, e = rows[hard.trace.request_id], rows[easy.trace.request_id]
+    assert (h["route"], h["engine"], h["score"], h["feedback"]) == ("cloud", "cloud", 0.9, 1)
+    assert (e["route"], e["engine"], e["score"], e["feedback"]) == ("local", "local", 0.1, 0)
+    assert h["policy"] == "chat" and h["ttft_ms"] is not None and h["ttft_ms"] > 0
+    assert h["prompt"] is None and e["prompt"] is None  # prompt text only when opted in
+    assert h["features"]["turns"] == 1 and h["features"]["log_tokens"] > 0
+
+    opted = Path(str(tmp_path)) / "with-text.db"
+    async with HybridClient(
+        local=local, decision_log=DecisionLog(opted, store_prompts=True)
+    ) as client:
+        await client.complete("remember me")
+    with DecisionLog(opted) as log:
+        assert "remember me" in (log.rows()[0]["prompt"] or "")
