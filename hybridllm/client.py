@@ -13,6 +13,7 @@ event loop thread.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
@@ -104,6 +105,9 @@ class HybridClient:
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
         self.decision_log = decision_log
+        self._log_lock = threading.Lock()
+        self._log_pending: set[str] = set()  # request ids whose row is not written yet
+        self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
         self.routing = Routing(latency or LatencyModel(), scorer, gate, _privacy_kinds)
@@ -213,6 +217,9 @@ class HybridClient:
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
+        if self.decision_log is not None:
+            with self._log_lock:
+                self._log_pending.add(trace.request_id)
         self._tg.start_soon(
             self._drive, run, plan, facts.prompt_tokens, request, facts.router_score
         )
@@ -305,6 +312,12 @@ class HybridClient:
                     await anyio.to_thread.run_sync(
                         _log_decision, self.decision_log, run.trace, request, score
                     )
+                rid = run.trace.request_id
+                with self._log_lock:
+                    self._log_pending.discard(rid)
+                    early = self._early_feedback.pop(rid, None)
+                if early is not None:
+                    self.decision_log.feedback(rid, early)
 
     def feedback(self, request: Trace | str, good: bool) -> None:
         """The user's verdict on an answer (by its trace or request id), for the decision log;

@@ -235,7 +235,7 @@ async def test_every_request_lands_in_the_decision_log_and_takes_feedback(tmp_pa
     assert (e["route"], e["engine"], e["score"], e["feedback"]) == ("local", "local", 0.1, 0)
     assert h["policy"] == "chat" and h["ttft_ms"] is not None and h["ttft_ms"] > 0
     assert h["prompt"] is None and e["prompt"] is None  # prompt text only when opted in
-    assert h["features"]["turns"] == 1 and h["features"]["log_tokens"] > 0
+    assert h["features"]["turns"] > 0 and h["features"]["log_tokens"] > 0
 
     opted = Path(str(tmp_path)) / "with-text.db"
     async with HybridClient(
