@@ -30,6 +30,7 @@ from hybridllm.errors import (
     PullError,
     RateLimitError,
     ServerError,
+    TuneError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
 from hybridllm.policy import Policy
@@ -61,6 +62,7 @@ __all__ = [
     "LocalEngineError",
     "ManifestError",
     "ModelCorruptError",
+    "TuneError",
     "ModelError",
     "ModelNotFoundError",
     "OpenAIEngine",

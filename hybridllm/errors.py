@@ -7,7 +7,8 @@ HybridError
 │   └── PolicyError             a policy file or name is wrong
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
-│   └── ModelCorruptError       the file exists but does not load / fails its checksum
+│   ├── ModelCorruptError       the file exists but does not load / fails its checksum
+│   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
 └── EngineError                 an engine failed while serving a request
@@ -69,6 +70,10 @@ class ModelNotFoundError(ModelError):
 
 class ModelCorruptError(ModelError):
     """The model file exists but llama.cpp cannot load it, or its checksum is wrong."""
+
+
+class TuneError(ModelError):
+    """`hybridllm tune` could not load or measure the model with some settings."""
 
 
 class PullError(HybridError):
