@@ -74,6 +74,7 @@ EDITS = [
         f"Reply with the code only.\n\n```python\n{CLASS}```",
     ),  # fmt: skip
 ]
+THREADS: list[int | None] = [None]
 FREE = ("free-writing", "Write a short story about a lighthouse keeper who finds a message.")
 
 
@@ -103,7 +104,7 @@ async def ttft(model: str, reps: int) -> None:
     print(f"{'engine':<16} {'start s':>8} {'cold ms':>8} {'warm ms (median)':>17}")
     for warm_up in (True, False):
         for _ in range(reps):
-            engine = LlamaCppEngine(model, n_ctx=2048, warm_up=warm_up)
+            engine = LlamaCppEngine(model, n_ctx=2048, warm_up=warm_up, n_threads=THREADS[0])
             t0 = time.perf_counter()
             await engine.start()
             start_s = time.perf_counter() - t0
@@ -120,7 +121,7 @@ async def ttft(model: str, reps: int) -> None:
 
 async def draft(model: str, reps: int, max_tokens: int) -> None:
     print(f"\nprompt-lookup drafting vs plain greedy decode ({model}, {max_tokens} tokens max)")
-    engine = LlamaCppEngine(model, n_ctx=4096)
+    engine = LlamaCppEngine(model, n_ctx=4096, n_threads=THREADS[0])
     await engine.start()
     rows = []
     try:
@@ -155,7 +156,9 @@ def main() -> None:
     ap.add_argument("--section", choices=["ttft", "draft", "all"], default="all")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--threads", type=int, help="n_threads (default: the engine's)")
     args = ap.parse_args()
+    THREADS[0] = args.threads
 
     async def run() -> None:
         if args.section in ("ttft", "all"):

@@ -7,9 +7,10 @@ measurement no longer applies, so a rebuilt library, another CPU or a changed mo
 the defaults until `hybridllm tune` runs again. `LlamaCppEngine` loads it when it starts.
 
 The search is short and bounded: threads for decode and for prompt batches (changed on the
-loaded context), then flash attention, the micro-batch size and the KV cache type one after the
-other (each a new context on the same memory-mapped file). A candidate replaces the current
-choice only when it is faster by more than `MIN_GAIN`, so noise keeps the defaults.
+loaded context), then flash attention, the micro-batch size (128 and 512 against the current
+one) and the KV cache type, one after the other (each a new context on the same memory-mapped
+file). A candidate replaces the current choice only when it is faster by more than `MIN_GAIN`,
+so noise keeps the defaults.
 """
 
 from __future__ import annotations
@@ -336,7 +337,7 @@ def tune_model(
         decode_tokens=12 if quick else 24,
         reps=1 if quick else 2,
         progress=progress,
-        steps=len(threads) + 4,
+        steps=len(threads) + 5,
     )
     if progress is not None:
         progress("loading", 0, search.steps)
@@ -348,7 +349,10 @@ def tune_model(
     finally:
         llm.close()
     # settings that need a new context, one after the other
-    for change in ({"flash_attn": not best.flash_attn}, {"n_ubatch": 256}, {"kv_type": "q8_0"}):
+    others = [u for u in (128, 512) if u != best.n_ubatch]
+    changes: list[dict[str, Any]] = [{"flash_attn": not best.flash_attn}]
+    changes += [{"n_ubatch": u} for u in others]
+    for change in [*changes, {"kv_type": "q8_0" if best.kv_type == "f16" else "f16"}]:
         cand = best.replace(**change)
         if cand == best:
             search.tick("skip")

@@ -26,7 +26,7 @@ from hybridllm.tune import (
 )
 
 TUNED = LlamaSettings(
-    n_threads=1, n_threads_batch=1, n_batch=256, n_ubatch=128, flash_attn=False, kv_type="f16"
+    n_threads=1, n_threads_batch=1, n_batch=256, n_ubatch=64, flash_attn=False, kv_type="f16"
 )
 
 
@@ -53,7 +53,7 @@ def test_tuning_round_trip(model_link: Path) -> None:
     path = save_tuning(model_link, tuning)
     assert path == tuning_path(model_link) == model_link.with_name(model_link.name + ".tune.json")
     assert load_tuning(model_link) == tuning
-    assert json.loads(path.read_text())["settings"]["n_ubatch"] == 128
+    assert json.loads(path.read_text())["settings"]["n_ubatch"] == 64
 
 
 @pytest.mark.parametrize("field", ["llama_cpp", "cpu", "model"])
@@ -115,7 +115,7 @@ async def test_engine_uses_stored_tuning(model_link: Path) -> None:
         await engine.start()
         assert engine.tuning == tuning
         assert engine.settings == TUNED.resolved()
-        assert _context_settings(engine) == (1, 1, 256, 128)
+        assert _context_settings(engine) == (1, 1, 256, 64)
         info = engine.info()
         assert info.prefill_tps == pytest.approx(321.5)
         assert info.decode_tps == pytest.approx(45.25)
@@ -139,7 +139,7 @@ async def test_explicit_settings_override_tuning(model_link: Path) -> None:
     try:
         await engine.start()
         assert engine.tuning is not None
-        assert _context_settings(engine) == (1, 1, 512, 128)
+        assert _context_settings(engine) == (1, 1, 512, 64)
         assert engine.info().prefill_tps != pytest.approx(321.5)  # not measured with these
     finally:
         await engine.aclose()

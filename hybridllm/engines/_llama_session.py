@@ -264,7 +264,20 @@ class LlamaSession:
             steps.append(time.perf_counter() - t)
         gen.close()
         llm.reset()
+        self._prefill_chat_prefix()
         return prefill_rate, statistics.median(steps)
+
+    def _prefill_chat_prefix(self) -> None:
+        """Leave the chat template's fixed start (e.g. a default system prompt) in the KV cache,
+        so the first real request reuses it instead of prefilling it."""
+        mark = "\x00hybridllm\x00"
+        try:
+            text = self.render([{"role": "user", "content": mark}])
+        except errors.LocalEngineError:
+            return
+        prefix = self.tokenize(text[: text.index(mark)]) if mark in text else []
+        if len(prefix) > 1:
+            self.llm.eval(prefix[:-1])  # the last one may merge with the user's first word
 
     def unload(self) -> None:
         llm, self.llm = self.llm, None

@@ -1,10 +1,12 @@
 """`LlamaSettings`: the llama.cpp knobs that decide local speed, with defaults measured here.
 
-Defaults (2-core AVX-512 VM, Qwen2.5-Coder-0.5B Q4_K_M and SmolLM2-135M; figures in
-benchmarks/bench_settings.py): every core for decode and for prompt batches, flash attention on,
-n_batch = n_ubatch = 512, f16 KV cache (q8_0 saves memory but prefills slower here), the model
-memory-mapped and not locked. `hybridllm tune` measures them again on the user's device and
-stores the winners beside the model (`hybridllm.tune`); explicit settings override both.
+Defaults (2-core AVX-512 VM shared with other work; `benchmarks/bench_builds.py --setting ...`,
+figures in the README): every core for decode and for prompt batches, flash attention on,
+n_batch 512 with micro-batches of 128 (prefilled a 256-token prompt 1.8x faster than 512 on
+busy cores, same CPU time per token), f16 KV cache (q8_0 saves memory, no faster here), the
+model memory-mapped and not locked (neither changed speed measurably). `hybridllm tune`
+measures them again on the user's device and stores the winners beside the model
+(`hybridllm.tune`); explicit settings override both.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class LlamaSettings:
     n_threads: int | None = None  # decode (one token at a time)
     n_threads_batch: int | None = None  # prompt processing
     n_batch: int = 512  # logical batch: tokens handed to llama_decode at once
-    n_ubatch: int = 512  # physical batch computed at once (<= n_batch)
+    n_ubatch: int = 128  # physical batch computed at once (<= n_batch)
     flash_attn: bool = True
     kv_type: KvType = "f16"  # K and V cache element type; q8_0 needs flash attention
     use_mmap: bool = True
