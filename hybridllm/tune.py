@@ -16,12 +16,8 @@ so noise keeps the defaults.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybridllm._fingerprint import cpu_fingerprint, file_sha256, file_stamp, llama_build
 from hybridllm.engines.llama_settings import DEFAULT_SETTINGS, LlamaSettings, cpu_threads
 from hybridllm.errors import ModelNotFoundError, TuneError
 
@@ -71,17 +68,17 @@ class Environment:
 
     @classmethod
     def current(cls, model_path: Path, *, known_sha256: str | None = None) -> Environment:
-        stamp = _stamp(model_path)
-        return cls(_llama_build(), _cpu_fingerprint(), known_sha256 or _sha256(model_path), stamp)
+        stamp = file_stamp(model_path)
+        return cls(llama_build(), cpu_fingerprint(), known_sha256 or file_sha256(model_path), stamp)
 
     def matches(self, model_path: Path) -> bool:
         """Same library, CPU and model (re-hashes the model only if its size or mtime moved)."""
-        if self.llama_cpp != _llama_build() or self.cpu != _cpu_fingerprint():
+        if self.llama_cpp != llama_build() or self.cpu != cpu_fingerprint():
             return False
         try:
-            if _stamp(model_path) == self.model_stamp:
+            if file_stamp(model_path) == self.model_stamp:
                 return True
-            return _sha256(model_path) == self.model_sha256
+            return file_sha256(model_path) == self.model_sha256
         except OSError:
             return False
 
@@ -160,55 +157,6 @@ def load_tuning(model_path: Path | str) -> Tuning | None:
     if tuning is None or not tuning.environment.matches(Path(model_path)):
         return None
     return tuning
-
-
-# ---- fingerprints ---------------------------------------------------------------------------
-
-
-def _stamp(path: Path) -> str:
-    st = path.stat()
-    return f"size={st.st_size} mtime_ns={st.st_mtime_ns}"
-
-
-def _sha256(path: Path) -> str:
-    from hybridllm.models import sha256_file
-
-    return sha256_file(path)
-
-
-def _llama_build() -> str:
-    """llama-cpp-python's version and the sizes of its native libraries (a rebuild with other
-    flags changes them)."""
-    try:
-        version = importlib.metadata.version("llama_cpp_python")
-    except importlib.metadata.PackageNotFoundError:
-        return "missing"
-    lib = os.environ.get("LLAMA_CPP_LIB_PATH")
-    if lib is None:
-        spec = importlib.util.find_spec("llama_cpp")
-        origin = spec.origin if spec is not None else None
-        lib = str(Path(origin).parent / "lib") if origin else ""
-    digest = hashlib.sha256()
-    for so in sorted(Path(lib).glob("lib*.so")) if lib else []:
-        digest.update(f"{so.name}:{so.stat().st_size};".encode())
-    return f"{version}/{digest.hexdigest()[:16]}"
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); else the processor name."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return sorted(set(line.partition(":")[2].split()))
-    except OSError:
-        pass
-    return [platform.machine(), platform.processor()]
-
-
-def _cpu_fingerprint() -> str:
-    text = " ".join(cpu_flags()) + f" threads={cpu_threads()}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # ---- measuring ------------------------------------------------------------------------------
