@@ -39,6 +39,7 @@ from hybridllm.errors import (
     RouterArtifactError,
     RouterThresholdError,
     ServerError,
+    TuneError,
 )
 from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
 from hybridllm.policy import Policy
@@ -79,6 +80,7 @@ __all__ = [
     "LocalEngineError",
     "ManifestError",
     "ModelCorruptError",
+    "TuneError",
     "ModelError",
     "ModelNotFoundError",
     "OpenAIEngine",

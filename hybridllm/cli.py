@@ -254,11 +254,91 @@ def _register_router(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_router)
 
 
+# --- tune -----------------------------------------------------------------------------------
+
+
+class StepBar:
+    """A progress callback for `tune.tune_model`: `label [####----] 3/7 what` on stderr."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 20) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        filled = int(self.width * done / total) if total else 0
+        line = f"{self.label} [{'#' * filled}{'-' * (self.width - filled)}] {done}/{total} {what}"
+        self.stream.write(f"\r{line:<79}" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import tune  # imports llama_cpp only when measuring
+
+    path = models.resolve_model(args.model)
+    if args.show:
+        stored = tune.read_tuning(path)
+        if stored is None:
+            print(f"{args.model}: not tuned; run `hybridllm tune {args.model}`", file=sys.stderr)
+            return 1
+        if not stored.environment.matches(path):
+            print(
+                f"{args.model}: the stored tuning is stale (another llama-cpp-python build, CPU "
+                "or model file) and is ignored; run `hybridllm tune` again",
+                file=sys.stderr,
+            )
+        print(f"{tune.tuning_path(path)}")
+        for line in tune.describe(stored):
+            print(line)
+        return 0
+    bar = StepBar(f"tuning {path.name}") if not args.quiet else None
+    try:
+        result = tune.tune_model(path, n_ctx=args.n_ctx, quick=args.quick, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    saved = tune.save_tuning(path, result)
+    print(saved)
+    for line in tune.describe(result):
+        print(line)
+    return 0
+
+
+def _register_tune(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "tune",
+        help="measure llama.cpp settings for a local model on this device and keep the fastest",
+        description=(
+            "Run a short, bounded measurement (threads, flash attention, batch size, KV cache "
+            "type) of a local model on this device, and store the fastest settings and the "
+            "measured prefill and decode rates beside the model (<model>.tune.json). "
+            "LlamaCppEngine uses them from then on."
+        ),
+    )
+    default = "qwen2.5-coder-0.5b-instruct"
+    p.add_argument(
+        "model", nargs="?", default=default, metavar="MODEL",
+        help=f"model name or GGUF path (default: {default})",
+    )  # fmt: skip
+    p.add_argument("--show", action="store_true", help="print the stored tuning and its rates")
+    p.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context size to measure with")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
     _register_explain,
     _register_router,
+    _register_tune,
 ]
 
 

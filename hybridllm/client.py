@@ -324,9 +324,12 @@ class HybridClient:
         `hybridllm router train --from-log` learns from it."""
         if self.decision_log is None:
             raise errors.ClientStateError("feedback needs a decision_log= on the client")
-        self.decision_log.feedback(
-            request.request_id if isinstance(request, Trace) else request, good
-        )
+        rid = request.request_id if isinstance(request, Trace) else request
+        with self._log_lock:
+            if rid in self._log_pending:  # its row is still being written: applied after it
+                self._early_feedback[rid] = good
+                return
+        self.decision_log.feedback(rid, good)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""

@@ -11,7 +11,8 @@ HybridError
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   ├── ModelCorruptError       the file exists but does not load / fails its checksum
-│   └── RouterArtifactError     a router artifact is missing, tampered with or mismatched
+│   ├── RouterArtifactError     a router artifact is missing, tampered with or mismatched
+│   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
 └── EngineError                 an engine failed while serving a request
@@ -106,6 +107,10 @@ class RouterThresholdError(ConfigError):
 
 class DecisionLogError(ConfigError):
     """The decision log was used wrongly (an unknown request id, a bad value)."""
+
+
+class TuneError(ModelError):
+    """`hybridllm tune` could not load or measure the model with some settings."""
 
 
 class PullError(HybridError):

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm import errors
+from hybridllm.engines._prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.base import GenerationRequest, Message
+from hybridllm.engines.llama_settings import LlamaSettings
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -51,6 +53,7 @@ class Generation:
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
     _held: str = ""
+    _drafter: PromptLookup | None = None
 
 
 class LlamaSession:
@@ -61,9 +64,7 @@ class LlamaSession:
         path: Path,
         *,
         n_ctx: int,
-        n_threads: int,
-        n_batch: int,
-        flash_attn: bool,
+        settings: LlamaSettings,
         extra: dict[str, Any],
     ) -> None:
         self.path = path
@@ -78,12 +79,8 @@ class LlamaSession:
             self.llm: Any = llama_cpp.Llama(
                 model_path=str(path),
                 n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_batch=n_batch,
-                flash_attn=flash_attn,
                 verbose=False,
-                **extra,
+                **{**settings.llama_kwargs(), **extra},
             )
         except (ValueError, RuntimeError) as exc:
             raise errors.ModelCorruptError(
@@ -99,6 +96,7 @@ class LlamaSession:
         self._eos = self.llm.token_eos()
         self._vocab = self.llm._model.vocab
         self._formatter = self._make_formatter()
+        self.draft_stats = DraftStats()
 
     def _make_formatter(self) -> Any:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -143,8 +141,12 @@ class LlamaSession:
             n += 1
         return min(n, len(tokens) - 1)
 
-    def prefill(self, prepared: Prepared) -> Generation:
-        """Evaluate the uncached part of the prompt (all but its last token)."""
+    def prefill(self, prepared: Prepared, *, draft: DraftMode | None = None) -> Generation:
+        """Evaluate the uncached part of the prompt (all but its last token).
+
+        `draft="prompt-lookup"`: greedy decoding with drafts looked up in the prompt and the
+        output so far, verified in one batch (same tokens as plain greedy decoding).
+        """
         self._abort.clear()
         gen = Generation(prepared)
         tokens = prepared.tokens
@@ -163,6 +165,9 @@ class LlamaSession:
                 raise _Aborted from exc
             raise errors.LocalEngineError(f"prefill failed: {exc}", engine="local") from exc
         req = prepared.request
+        if draft == "prompt-lookup":
+            gen._drafter = PromptLookup(llm, tokens)
+            return gen
         llm.set_seed(req.seed if req.seed is not None else random.randint(0, 2**31 - 1))
         gen._gen = llm.generate(
             tokens,
@@ -177,12 +182,18 @@ class LlamaSession:
 
     def step(self, gen: Generation) -> str | None:
         """Decode one token; return new text ('' while held back), None when finished."""
-        if gen.finish_reason is not None or gen._gen is None:
+        if gen.finish_reason is not None or (gen._gen is None and gen._drafter is None):
             return None
         if gen.completion_tokens >= gen.prepared.max_tokens:
             return self._finish(gen, "length")
         try:
-            tok = next(gen._gen)
+            if gen._drafter is not None:
+                left = gen.prepared.max_tokens - gen.completion_tokens
+                room = self.n_ctx - self.llm.n_tokens - 2
+                tok = gen._drafter.next_token(max_draft=min(left - 1, room))
+            else:
+                assert gen._gen is not None
+                tok = next(gen._gen)
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
@@ -219,6 +230,9 @@ class LlamaSession:
         return tail or None
 
     def close(self, gen: Generation) -> None:
+        d, gen._drafter = gen._drafter, None
+        if d is not None:
+            self.draft_stats.add(d.batches, d.drafted, d.accepted)
         g, gen._gen = gen._gen, None
         if g is not None:
             g.close()  # type: ignore[attr-defined]
@@ -250,7 +264,20 @@ class LlamaSession:
             steps.append(time.perf_counter() - t)
         gen.close()
         llm.reset()
+        self._prefill_chat_prefix()
         return prefill_rate, statistics.median(steps)
+
+    def _prefill_chat_prefix(self) -> None:
+        """Leave the chat template's fixed start (e.g. a default system prompt) in the KV cache,
+        so the first real request reuses it instead of prefilling it."""
+        mark = "\x00hybridllm\x00"
+        try:
+            text = self.render([{"role": "user", "content": mark}])
+        except errors.LocalEngineError:
+            return
+        prefix = self.tokenize(text[: text.index(mark)]) if mark in text else []
+        if len(prefix) > 1:
+            self.llm.eval(prefix[:-1])  # the last one may merge with the user's first word
 
     def unload(self) -> None:
         llm, self.llm = self.llm, None

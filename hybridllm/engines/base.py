@@ -47,6 +47,9 @@ class EngineInfo:
     queue_depth: int = 0
     expected_wait_s: float = 0.0
     n_ctx: int | None = None
+    # measured speed (local engines: tuning or warm-up, then refined by real requests)
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
 
 
 @runtime_checkable

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -25,9 +24,12 @@ import anyio.to_thread
 from hybridllm import errors
 from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
 from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
+from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.engines.llama_settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 from hybridllm.models import get_manifest, resolve_model
+from hybridllm.tune import Tuning, load_tuning
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -35,8 +37,14 @@ DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 class LlamaCppEngine:
     """A local model: a manifest name (see `hybridllm models list`) or a path to a GGUF file.
 
-    `pull=True` fetches a manifest's model into the cache when it is missing. `n_threads`
-    defaults to every core; `flash_attn=True` measured faster here (DESIGN.md).
+    `pull=True` fetches a manifest's model into the cache when it is missing.
+
+    Speed settings, later ones winning: `DEFAULT_SETTINGS`, then the model's stored tuning
+    (`hybridllm tune`; `use_tuning=False` ignores it), then `settings`, then the single
+    overrides `n_threads`, `n_batch`, `flash_attn`. `draft="prompt-lookup"` turns on prompt-lookup
+    speculative decoding for greedy requests (temperature 0) that do not opt out with
+    `extra={"draft": None}`; a request may also opt in with `extra={"draft": "prompt-lookup"}`.
+    Its output is the same as plain greedy decoding, faster when the answer copies the prompt.
     """
 
     def __init__(
@@ -45,8 +53,11 @@ class LlamaCppEngine:
         *,
         n_ctx: int | None = None,
         n_threads: int | None = None,
-        n_batch: int = 512,
-        flash_attn: bool = True,
+        n_batch: int | None = None,
+        flash_attn: bool | None = None,
+        settings: LlamaSettings | None = None,
+        use_tuning: bool = True,
+        draft: DraftMode | None = None,
         warm_up: bool = True,
         pull: bool = False,
         name: EngineName = "local",
@@ -55,9 +66,15 @@ class LlamaCppEngine:
         self.name: EngineName = name
         self.model = str(model)
         self._n_ctx = n_ctx
-        self._n_threads = n_threads or os.cpu_count() or 1
-        self._n_batch = n_batch
-        self._flash_attn = flash_attn
+        self._settings = settings
+        given = {"n_threads": n_threads, "n_batch": n_batch, "flash_attn": flash_attn}
+        self._overrides = {k: v for k, v in given.items() if v is not None}
+        self._use_tuning = use_tuning
+        if draft not in (None, "prompt-lookup"):
+            raise errors.ConfigError(f"unknown draft mode {draft!r} (known: 'prompt-lookup')")
+        self.draft = draft
+        self.settings: LlamaSettings | None = None  # in effect once started
+        self.tuning: Tuning | None = None  # the stored tuning in use, if any
         self._warm_up = warm_up
         self._pull = pull
         self._llama_kwargs = dict(llama_kwargs or {})
@@ -84,15 +101,15 @@ class LlamaCppEngine:
             if self._session is not None:
                 return
             path = await anyio.to_thread.run_sync(self._resolve)
+            tuning = None
+            if self._use_tuning and self._settings is None:
+                tuning = await anyio.to_thread.run_sync(load_tuning, path)
+            settings = self._settings or (tuning.settings if tuning else DEFAULT_SETTINGS)
+            settings = settings.replace(**self._overrides).resolved()
             n_ctx = self._n_ctx or self._default_n_ctx()
             session = await run_on_llama_thread(
                 lambda: LlamaSession(
-                    path,
-                    n_ctx=n_ctx,
-                    n_threads=self._n_threads,
-                    n_batch=self._n_batch,
-                    flash_attn=self._flash_attn,
-                    extra=self._llama_kwargs,
+                    path, n_ctx=n_ctx, settings=settings, extra=self._llama_kwargs
                 ),
                 on_cancel=_noop,
             )
@@ -100,6 +117,10 @@ class LlamaCppEngine:
                 self.prefill_tps, self.tpot_s = await run_on_llama_thread(
                     session.warm_up, on_cancel=_noop
                 )
+            if tuning is not None and tuning.settings == settings:
+                # a longer measurement than the warm-up's, with exactly these settings
+                self.prefill_tps, self.tpot_s = tuning.prefill_tps, tuning.rates.tpot_s
+            self.settings, self.tuning = settings, tuning
             self._session = session
 
     def _resolve(self) -> Path:
@@ -123,6 +144,11 @@ class LlamaCppEngine:
     def n_ctx(self) -> int | None:
         return None if self._session is None else self._session.n_ctx
 
+    @property
+    def draft_stats(self) -> DraftStats | None:
+        """Prompt-lookup totals of this engine's finished generations (None: not started)."""
+        return None if self._session is None else self._session.draft_stats
+
     def info(self) -> EngineInfo:
         return EngineInfo(
             name=self.name,
@@ -131,6 +157,8 @@ class LlamaCppEngine:
             queue_depth=len(self._pending) + (1 if self._active else 0),
             expected_wait_s=self.expected_wait_s(),
             n_ctx=self.n_ctx,
+            prefill_tps=self.prefill_tps,
+            decode_tps=1.0 / self.tpot_s if self.tpot_s else None,
         )
 
     def expected_wait_s(self) -> float:
@@ -181,7 +209,8 @@ class LlamaCppEngine:
             t0 = time.perf_counter()
             try:
                 gen = await run_on_llama_thread(
-                    partial(session.prefill, prepared), on_cancel=session.abort
+                    partial(session.prefill, prepared, draft=self._draft_for(request)),
+                    on_cancel=session.abort,
                 )
             except _Aborted as exc:  # aborted without our cancellation: the engine is closing
                 raise errors.LocalEngineError("prefill aborted", engine="local") from exc
@@ -256,6 +285,15 @@ class LlamaCppEngine:
                     await finished.wait()
         if first is not None and last is not None and gen.completion_tokens > 1:
             self._learn_tpot((last - first) / (gen.completion_tokens - 1))
+
+    def _draft_for(self, request: GenerationRequest) -> DraftMode | None:
+        """The drafting a request gets: its `extra["draft"]`, else the engine's; greedy only."""
+        mode = request.extra.get("draft", self.draft)
+        if mode is None or request.temperature > 0:
+            return None
+        if mode != "prompt-lookup":
+            raise errors.ConfigError(f"unknown draft mode {mode!r} (known: 'prompt-lookup')")
+        return "prompt-lookup"
 
     def _learn_prefill(self, n_tokens: int, seconds: float) -> None:
         """Exponential average; the first real measurement replaces the warm-up figure."""
