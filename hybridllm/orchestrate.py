@@ -72,6 +72,8 @@ class _Race:
         self.failovers = 0
         self.attempts: list[tuple[str, BaseException, float]] = []
         self.deadline_at: float | None = None
+        # the deadline timer started the fallback (perhaps ahead of the deadline, by its lead)
+        self.deadline_fired = False
 
     def start(self, engine: Engine, request: GenerationRequest) -> int:
         cid = next(self.ids)
@@ -114,12 +116,12 @@ class _Race:
 
     def crown(self, cid: int) -> None:
         """`cid` delivered first: cancel the others, replay its marks. A primary that lost the
-        race past the deadline is reported as a deadline miss (it may open its circuit). One
-        that lost before it, to a fallback started ahead of the deadline, is not: it might still
-        have made the deadline, and counting those would open the circuit of an endpoint that is
-        merely slower than the local engine half of the time."""
+        race past the deadline (or after the deadline timer started the fallback ahead of it) is
+        reported as a deadline miss (it may open its circuit)."""
         self.winner = cid
-        late = self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        late = self.deadline_fired or (
+            self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        )
         first_crown = not self.run.delivered_text and not self.failovers
         if late and first_crown and self.contenders[cid].engine is not self.primary:
             for other, c in self.contenders.items():
@@ -227,6 +229,7 @@ async def race(
                 why = f"{kind} token from {primary.name} within {at * 1e3:.0f} ms"
                 if not hedge_first and deadline_s is not None and at < deadline_s:
                     why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
+                r.deadline_fired = not hedge_first
                 r.start_fallback(why, hedge=hedge_first)
 
         r.start(primary, request)
