@@ -6,8 +6,10 @@ Two kinds of bad outcome open the circuit:
   `threshold` of them in a row, so a dead endpoint is skipped after two requests;
 - deadline misses (the engine lost the first-token race past the deadline): these happen now and
   then on any endpoint with a heavy latency tail, so they count by rate - at least `threshold`
-  misses and at least `miss_rate` of the last `window` outcomes. An engine that stalls on every
-  request opens the circuit after two; one that misses one request in ten never does.
+  misses and at least `miss_rate` of the last `window` outcomes (judged once half a window is
+  seen, or at once when every outcome so far missed). An engine that stalls on every request
+  opens the circuit after two; one that misses one request in ten never does. A circuit opened
+  by misses (slow, not broken) is probed again after `miss_reset_after_s`.
 
 While open, requests skip that engine (the local engine serves at once instead of waiting for
 timeouts). After `reset_after_s` it is half-open: one request may probe it; success closes the
@@ -42,16 +44,19 @@ class CircuitBreaker:
     reset_after_s: float = 30.0
     window: int = 10
     miss_rate: float = 0.5
+    # opened by deadline misses (slow, not broken): probe again sooner
+    miss_reset_after_s: float = 10.0
     failures: int = 0  # hard failures in a row
     opened_at: float | None = None
     _recent: deque[bool] = field(default_factory=deque, repr=False)  # True: a deadline miss
     _probe_at: float | None = field(default=None, repr=False)
+    _open_for_s: float = field(default=30.0, repr=False)
 
     @property
     def state(self) -> State:
         if self.opened_at is None:
             return "closed"
-        if time.monotonic() - self.opened_at >= self.reset_after_s:
+        if time.monotonic() - self.opened_at >= self._open_for_s:
             return "half-open"
         return "open"
 
@@ -67,7 +72,7 @@ class CircuitBreaker:
         now = time.monotonic()
         # one probe at a time; a probe that never reported back expires like the circuit does
         if state == "half-open" and (
-            self._probe_at is None or now - self._probe_at >= self.reset_after_s
+            self._probe_at is None or now - self._probe_at >= self._open_for_s
         ):
             self._probe_at = now
             return True
@@ -88,12 +93,16 @@ class CircuitBreaker:
             self.opened_at = self._probe_at = None
             return
         if miss:
-            misses = sum(self._recent)
-            trip = misses >= self.threshold and misses >= self.miss_rate * len(self._recent)
+            misses, seen = sum(self._recent), len(self._recent)
+            # every outcome so far a miss (an endpoint stuck from the start), or the rate over
+            # at least half a window: two unlucky draws among the first few do not trip it
+            judged = misses == seen or seen >= self.window // 2
+            trip = misses >= self.threshold and judged and misses >= self.miss_rate * seen
         else:
             self.failures += 1
             trip = self.failures >= self.threshold
         if probing or trip:
             self.opened_at = time.monotonic()
             self._probe_at = None
+            self._open_for_s = self.miss_reset_after_s if miss else self.reset_after_s
             self._recent.clear()  # after the reset, judge the engine afresh

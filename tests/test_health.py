@@ -93,3 +93,19 @@ def test_deadline_misses_open_the_circuit_by_rate_not_one_unlucky_pair() -> None
     fresh.record(miss)
     fresh.record(miss)
     assert fresh.state == "open"  # an endpoint that stalls from the start opens after two
+
+
+def test_two_early_misses_among_successes_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> (
+    None
+):
+    from hybridllm.errors import DeadlineMissError
+
+    miss = DeadlineMissError("late", engine="cloud")
+    cb = CircuitBreaker(threshold=2, window=10, reset_after_s=60, miss_reset_after_s=0.05)
+    for outcome in (None, miss, None, miss):
+        cb.record(outcome)
+    assert cb.state == "closed"  # 2 of 4 seen: not yet judged
+    cb.record(miss)
+    assert cb.state == "open"  # 3 of 5: half a window, over the rate
+    time.sleep(0.06)
+    assert cb.state == "half-open"  # opened by misses: the short reset applies
