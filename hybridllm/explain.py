@@ -12,11 +12,11 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from hybridllm.engines.base import estimate_prompt_tokens
 from hybridllm.events import EngineName
 from hybridllm.latency import LatencyModel, Prediction
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.gather import estimate_prompt_tokens
 
 
 def _ms(s: float) -> str:

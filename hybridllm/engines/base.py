@@ -71,3 +71,9 @@ class Engine(Protocol):
 
     async def aclose(self) -> None:
         """Release every resource (threads, sockets, model memory). Idempotent."""
+
+
+def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
+    """About 4 characters per token plus the chat template's few tokens per message (no
+    tokenizer: routing and usage estimates both use this)."""
+    return sum(4 + len(m.get("content", "")) // 4 for m in messages) + 3

@@ -20,7 +20,7 @@ import httpx2
 import openai
 
 from hybridllm import errors
-from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.engines.base import EngineInfo, GenerationRequest, estimate_prompt_tokens
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 
 CONTINUE_INSTRUCTION = (
@@ -155,7 +155,7 @@ class OpenAIEngine:
                 )
             estimated = prompt_tokens is None or completion_tokens is None
             if prompt_tokens is None:
-                prompt_tokens = estimate_prompt_tokens(request)
+                prompt_tokens = estimate_prompt_tokens(request.messages)
             if completion_tokens is None:
                 completion_tokens = n_deltas  # servers send about one delta per token
             yield Finish(
@@ -170,11 +170,6 @@ class OpenAIEngine:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
-
-
-def estimate_prompt_tokens(request: GenerationRequest) -> int:
-    """About 4 characters per token plus the chat template's few tokens per message."""
-    return sum(4 + len(m.get("content", "")) // 4 for m in request.messages) + 3
 
 
 def map_error(

@@ -15,18 +15,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.engines.base import Engine, GenerationRequest, estimate_prompt_tokens
 from hybridllm.events import EngineName
 from hybridllm.health import CircuitBreaker
 from hybridllm.latency import LatencyModel, Prediction
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import BudgetGate, PrivacyScan, Scorer
-
-
-def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
-    """About 4 characters per token plus a few template tokens per message."""
-    return sum(4 + len(m.get("content", "")) // 4 for m in messages) + 3
 
 
 def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
