@@ -25,69 +25,28 @@ opens a new one). With ``fail_first=N`` only the first N requests (connections, 
 after the faults were set are answered that way; later ones reach the real server.
 
 All timestamps are ``time.monotonic()`` values, comparable with the test's own clock.
+
+This module holds :class:`FaultProxy` itself (public API, thread and event-loop lifecycle). The
+pieces live beside it: :mod:`hybridllm.testing.faults` (:class:`Faults`, :func:`heavy_tail`, the
+canned HTTP answers), :mod:`hybridllm.testing.state` (:class:`ConnectionRecord`,
+:data:`ClosedBy` and the state shared with the proxy thread) and
+:mod:`hybridllm.testing.connection` (serving one connection on the event loop). The names are
+re-exported here, so ``from hybridllm.testing.proxy import heavy_tail`` keeps working.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import random
-import socket
-import struct
 import threading
-import time
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
-from hybridllm.testing.faults import (
-    Faults,
-    StallDist,
-    canned,
-    heavy_tail,
-    read_request,
-    split_http_requests,
-)
+from hybridllm.testing.connection import handle
+from hybridllm.testing.faults import Faults, StallDist, heavy_tail, split_http_requests
+from hybridllm.testing.state import ClosedBy, ConnectionRecord, ProxyState
 
 __all__ = ["ClosedBy", "ConnectionRecord", "FaultProxy", "Faults", "StallDist", "heavy_tail"]
-
-ClosedBy = Literal["client", "upstream", "proxy-reset", "proxy", "proxy-answer"]
-"""Who ended a proxied connection.
-
-``"client"``: the client closed or reset its side (the upstream connection is then closed too).
-``"upstream"``: the upstream closed, or could not be reached.
-``"proxy-reset"``: a fault (``refuse`` or ``reset_after_bytes``) sent a TCP RST to the client.
-``"proxy"``: the proxy was stopped with the connection still open.
-``"proxy-answer"``: an HTTP fault answered the request and the proxy closed the connection.
-"""
-
-_READ_SIZE = 65536
-_QUEUE_CHUNKS = 256
-
-
-@dataclass(slots=True)
-class ConnectionRecord:
-    """What happened on one accepted client connection (a snapshot; times are monotonic)."""
-
-    id: int
-    opened_at: float
-    refused: bool = False
-    closed_by: ClosedBy | None = None
-    closed_at: float | None = None
-    client_closed_at: float | None = None
-    """When the proxy saw the client side close (EOF or reset); None if the proxy closed it."""
-    upstream_closed_at: float | None = None
-    bytes_up: int = 0
-    bytes_down: int = 0
-    first_byte_down_at: float | None = None
-    error: str | None = None
-    http_fault: str | None = None
-    """The HTTP fault the proxy answered this connection's request with (``Faults.http_fault``)."""
-    request_head: bytes | None = None
-    """The request line and headers, when an HTTP fault made the proxy read them."""
-    sent: bytes = b""
-    """Every byte the client sent on this connection, when the proxy records (``record=True``)."""
 
 
 class FaultProxy:
@@ -106,16 +65,10 @@ class FaultProxy:
         port: int = 0,
         record: bool = False,
     ) -> None:
-        self.upstream = upstream
-        self.record = record  # keep every byte clients send (``requests()``); read live
+        self._state = ProxyState(upstream, faults if faults is not None else Faults(), record)
         self._host = host
         self._requested_port = port
         self._port: int | None = None
-        self._faults = faults if faults is not None else Faults()
-        self._rng = random.Random(self._faults.seed)
-        self._failed = 0  # connections/requests that got refuse or an HTTP fault (fail_first)
-        self._records: list[ConnectionRecord] = []
-        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -125,15 +78,30 @@ class FaultProxy:
     # -- public API -------------------------------------------------------------------------
 
     @property
+    def upstream(self) -> tuple[str, int]:
+        """The ``(host, port)`` connections are forwarded to (read at each upstream connect)."""
+        return self._state.upstream
+
+    @upstream.setter
+    def upstream(self, upstream: tuple[str, int]) -> None:
+        self._state.upstream = upstream
+
+    @property
+    def record(self) -> bool:
+        """Keep every byte clients send (``requests()``); read live."""
+        return self._state.record
+
+    @record.setter
+    def record(self, record: bool) -> None:
+        self._state.record = record
+
+    @property
     def faults(self) -> Faults:
-        return self._faults
+        return self._state.faults
 
     @faults.setter
     def faults(self, faults: Faults) -> None:
-        with self._cond:
-            self._faults = faults
-            self._rng = random.Random(faults.seed)
-            self._failed = 0
+        self._state.faults = faults  # reseeds the RNG and restarts the ``fail_first`` count
 
     @property
     def port(self) -> int:
@@ -149,8 +117,7 @@ class FaultProxy:
     @property
     def connections(self) -> list[ConnectionRecord]:
         """Copies of the records of all connections accepted so far, oldest first."""
-        with self._cond:
-            return [dataclasses.replace(r) for r in self._records]
+        return self._state.snapshot()
 
     def requests(self) -> list[tuple[bytes, bytes]]:
         """(head, body) of every HTTP request clients sent through the proxy while it recorded
@@ -164,21 +131,7 @@ class FaultProxy:
         there is none yet). Returns None on timeout, or when the connection ended without the
         client closing it (upstream close, reset, proxy stop).
         """
-        deadline = time.monotonic() + timeout
-
-        def done() -> bool:
-            rec = self._find(conn_id)
-            return rec is not None and rec.closed_at is not None
-
-        with self._cond:
-            while not done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-            rec = self._find(conn_id)
-            assert rec is not None
-            return rec.client_closed_at
+        return self._state.wait_client_closed(conn_id, timeout)
 
     def start(self) -> Self:
         if self._thread is not None:
@@ -224,58 +177,9 @@ class FaultProxy:
 
     def __repr__(self) -> str:
         where = f"port={self._port}" if self._port is not None else "not started"
-        return f"<FaultProxy {where} -> {self.upstream[0]}:{self.upstream[1]} {self._faults}>"
+        return f"<FaultProxy {where} -> {self.upstream[0]}:{self.upstream[1]} {self.faults}>"
 
-    # -- internals (all below run in the proxy thread unless noted) -------------------------
-
-    def _find(self, conn_id: int | None) -> ConnectionRecord | None:
-        if conn_id is None:
-            return self._records[-1] if self._records else None
-        for rec in self._records:
-            if rec.id == conn_id:
-                return rec
-        return None
-
-    def _update(self, rec: ConnectionRecord, **changes: object) -> None:
-        with self._cond:
-            for key, value in changes.items():
-                setattr(rec, key, value)
-            self._cond.notify_all()
-
-    def _finish(self, rec: ConnectionRecord, by: ClosedBy, *, client_closed: bool = False) -> None:
-        """Mark the connection ended; the first caller decides ``closed_by``."""
-        now = time.monotonic()
-        with self._cond:
-            if rec.closed_by is None:
-                rec.closed_by = by
-                rec.closed_at = now
-                if client_closed:
-                    rec.client_closed_at = now
-            self._cond.notify_all()
-
-    def _draw(self, faults: Faults, first: bool) -> float:
-        """Seconds to delay a chunk: latency, a jitter draw and, for the first chunk of a
-        response, a stall draw (all from the seeded RNG)."""
-        with self._cond:
-            delay = faults.latency_ms
-            if faults.jitter_ms > 0:
-                delay += self._rng.uniform(0.0, faults.jitter_ms)
-            if first and (faults.first_byte_stall_ms > 0 or faults.first_byte_stall_dist):
-                p = faults.stall_probability
-                if p >= 1.0 or self._rng.random() < p:
-                    dist = faults.first_byte_stall_dist
-                    delay += max(0.0, dist(self._rng)) if dist else faults.first_byte_stall_ms
-        return delay / 1000.0
-
-    def _take_failure(self, faults: Faults) -> bool:
-        """Whether this connection/request gets the fault (``fail_first`` not used up)."""
-        with self._cond:
-            if faults is not self._faults:  # changed meanwhile: the new faults decide next time
-                return False
-            if faults.fail_first is not None and self._failed >= faults.fail_first:
-                return False
-            self._failed += 1
-            return True
+    # -- the proxy thread -------------------------------------------------------------------
 
     def _thread_main(self) -> None:
         try:
@@ -295,7 +199,7 @@ class FaultProxy:
             assert task is not None
             handlers.add(task)
             try:
-                await self._handle(reader, writer)
+                await handle(self._state, reader, writer)
             except asyncio.CancelledError:
                 pass  # stop() cancels handlers; asyncio's stream callback logs a cancelled task
             finally:
@@ -313,226 +217,3 @@ class FaultProxy:
             if handlers:
                 await asyncio.gather(*handlers, return_exceptions=True)
             await server.wait_closed()
-
-    async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
-        faults = self._faults
-        with self._cond:
-            rec = ConnectionRecord(id=len(self._records) + 1, opened_at=time.monotonic())
-            self._records.append(rec)
-            self._cond.notify_all()
-        u_writer: asyncio.StreamWriter | None = None
-        try:
-            if faults.refuse and self._take_failure(faults):
-                self._update(rec, refused=True)
-                self._finish(rec, "proxy-reset")
-                _reset(c_writer)
-                return
-            preface = b""
-            if faults.http_fault is not None:
-                request = await read_request(c_reader)
-                if request is None:  # the client left (or sent no HTTP) before a full request
-                    self._finish(rec, "client", client_closed=True)
-                    return
-                head, body = request
-                self._update(
-                    rec,
-                    request_head=head,
-                    bytes_up=len(head) + len(body),
-                    sent=head + body if self.record else b"",
-                )
-                if self._take_failure(faults):
-                    self._update(rec, http_fault=faults.http_fault)
-                    await self._answer(rec, faults, c_reader, c_writer)
-                    return
-                preface = head + body
-            try:
-                u_reader, u_writer = await asyncio.open_connection(*self.upstream)
-            except OSError as exc:
-                self._update(rec, error=f"upstream connect failed: {exc!r}")
-                self._finish(rec, "upstream")
-                _reset(c_writer)
-                return
-            await self._pump(rec, c_reader, c_writer, u_reader, u_writer, preface)
-        except asyncio.CancelledError:
-            self._finish(rec, "proxy")
-            raise
-        finally:
-            _close(c_writer)
-            if u_writer is not None:
-                _close(u_writer)
-            with contextlib.suppress(Exception):
-                await c_writer.wait_closed()
-            if u_writer is not None:
-                with contextlib.suppress(Exception):
-                    await u_writer.wait_closed()
-            if rec.closed_by is None:  # should not happen; keep records consistent
-                self._finish(rec, "proxy")
-
-    async def _pump(
-        self,
-        rec: ConnectionRecord,
-        c_reader: asyncio.StreamReader,
-        c_writer: asyncio.StreamWriter,
-        u_reader: asyncio.StreamReader,
-        u_writer: asyncio.StreamWriter,
-        preface: bytes = b"",
-    ) -> None:
-        # (deliver_at, data); None marks upstream EOF.
-        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(_QUEUE_CHUNKS)
-        awaiting_response = False  # the client sent bytes since the last response byte
-        if preface:  # a request the proxy already read (to decide on an HTTP fault)
-            awaiting_response = True
-            u_writer.write(preface)
-
-        async def client_to_upstream() -> None:
-            nonlocal awaiting_response
-            while True:
-                try:
-                    data = await c_reader.read(_READ_SIZE)
-                except OSError:
-                    data = b""
-                if not data:
-                    self._finish(rec, "client", client_closed=True)
-                    return
-                awaiting_response = True
-                self._update(rec, bytes_up=rec.bytes_up + len(data))
-                if self.record:
-                    self._update(rec, sent=rec.sent + data)
-                u_writer.write(data)
-                try:
-                    await u_writer.drain()
-                except OSError:
-                    self._finish(rec, "upstream")
-                    return
-
-        async def upstream_to_queue() -> None:
-            nonlocal awaiting_response
-            last_deliver = 0.0
-            while True:
-                try:
-                    data = await u_reader.read(_READ_SIZE)
-                except OSError:
-                    data = b""
-                now = time.monotonic()
-                if not data:
-                    self._update(rec, upstream_closed_at=now)
-                    await queue.put(None)
-                    return
-                delay = self._draw(self._faults, first=awaiting_response)
-                awaiting_response = False
-                last_deliver = max(last_deliver, now + delay)
-                await queue.put((last_deliver, data))
-
-        async def queue_to_client() -> None:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    self._finish(rec, "upstream")
-                    return
-                deliver_at, data = item
-                wait = deliver_at - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                limit = self._faults.reset_after_bytes
-                if limit is not None and rec.bytes_down + len(data) >= limit:
-                    data = data[: max(0, limit - rec.bytes_down)]
-                    if data:
-                        await self._send(rec, c_writer, data)
-                    await _flush(c_writer)
-                    self._finish(rec, "proxy-reset")
-                    _reset(c_writer)
-                    return
-                if not await self._deliver(rec, c_writer, data):
-                    return
-
-        tasks = [
-            asyncio.create_task(client_to_upstream()),
-            asyncio.create_task(upstream_to_queue()),
-            asyncio.create_task(queue_to_client()),
-        ]
-        try:
-            # The connection ends when the client side closes, the response side finishes
-            # (upstream EOF delivered, or reset), whichever comes first.
-            await asyncio.wait((tasks[0], tasks[2]), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _answer(
-        self,
-        rec: ConnectionRecord,
-        faults: Faults,
-        c_reader: asyncio.StreamReader,
-        c_writer: asyncio.StreamWriter,
-    ) -> None:
-        """Play the canned response of an HTTP fault, stopping early if the client leaves."""
-        watcher = asyncio.create_task(_until_eof(c_reader))
-        try:
-            wait = self._draw(faults, first=True)
-            for pause, data in canned(faults):
-                wait += pause
-                if wait > 0:
-                    await asyncio.wait((watcher,), timeout=wait)
-                wait = 0.0
-                if watcher.done():
-                    self._finish(rec, "client", client_closed=True)
-                    return
-                if not await self._deliver(rec, c_writer, data):
-                    return
-            await _flush(c_writer)
-            self._finish(rec, "proxy-answer")
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
-
-    async def _deliver(
-        self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes
-    ) -> bool:
-        """Send to the client; False (and the connection recorded as client-closed) if it left."""
-        try:
-            await self._send(rec, writer, data)
-        except OSError:
-            self._finish(rec, "client", client_closed=True)
-            return False
-        return True
-
-    async def _send(self, rec: ConnectionRecord, writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
-        now = time.monotonic()
-        with self._cond:
-            if rec.first_byte_down_at is None:
-                rec.first_byte_down_at = now
-            rec.bytes_down += len(data)
-            self._cond.notify_all()
-        await writer.drain()
-
-
-async def _until_eof(reader: asyncio.StreamReader) -> None:
-    """Read (and drop) until the client closes its side."""
-    with contextlib.suppress(OSError):
-        while await reader.read(_READ_SIZE):
-            pass
-
-
-def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
-
-
-async def _flush(writer: asyncio.StreamWriter) -> None:
-    """Wait until asyncio handed every buffered byte to the kernel (best effort, 2 s at most)."""
-    with contextlib.suppress(Exception):
-        writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
-        async with asyncio.timeout(2.0):
-            await writer.drain()
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with SO_LINGER 0, so the peer gets a TCP RST instead of a FIN."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
