@@ -92,15 +92,21 @@ async def test_break_closes_the_connection_at_once(proxy: FaultProxy) -> None:
 
 
 async def test_cancelled_consumer_closes_the_connection(proxy: FaultProxy) -> None:
+    # Cancel the consumer's scope after the third token (not on a timer: on a loaded machine no
+    # token may have arrived by then); the cancellation hits the next read of the bare async-for.
     async with cloud_client(proxy) as client:
         got = []
-        with anyio.move_on_after(0.5):
+        with anyio.CancelScope() as scope:
             async for tok in client.stream(LONG, engine="cloud", max_tokens=400):
                 got.append(tok)
+                if len(got) == 3:
+                    scope.cancel()
         left = time.monotonic()
         closed = await client_closed_at(proxy)
-    assert got
-    assert closed is not None and closed - left < 0.5
+    assert scope.cancelled_caught and len(got) == 3
+    # generous for a loaded machine, yet far sooner than the rest of the 400 tokens
+    assert closed is not None, "the server never saw the disconnect"
+    assert closed - left < 2.0
 
 
 async def test_async_with_exit_closes_the_connection(proxy: FaultProxy) -> None:
@@ -109,7 +115,8 @@ async def test_async_with_exit_closes_the_connection(proxy: FaultProxy) -> None:
             await s.__anext__()
         left = time.monotonic()
         closed = await client_closed_at(proxy)
-    assert closed is not None and closed - left < 0.5
+    assert closed is not None, "the server never saw the disconnect"
+    assert closed - left < 2.0
 
 
 async def test_bad_api_key_is_authentication_error(proxy: FaultProxy) -> None:
