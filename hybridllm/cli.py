@@ -226,6 +226,9 @@ def _register_router(subparsers: Subparsers) -> None:
     p.add_argument("--from-log", metavar="PATH", help="also learn from a decision log's feedback")
     p.add_argument("--label", choices=["cloud-needed", "local-wrong"], default="cloud-needed",
                    help="what the score predicts (default: cloud-needed)")  # fmt: skip
+    p.add_argument("--form", choices=["factored", "single"], default=None,
+                   help="two heads, P(cloud right) * (1 - P(local right)), or one head on the "
+                   "label (default: factored for cloud-needed)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_router)
 
@@ -236,7 +239,7 @@ def _register_router(subparsers: Subparsers) -> None:
                    help="comma-separated sources to hold out of training, or 'all'")  # fmt: skip
     p.add_argument("--plot", metavar="PNG", help="plot path (default: <router dir>/eval.png)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
-    p.add_argument("--no-compare", action="store_true", help="skip the other-label router")
+    p.add_argument("--no-compare", action="store_true", help="skip the other routers")
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser(

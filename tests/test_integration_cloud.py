@@ -88,7 +88,7 @@ async def test_break_closes_the_connection_at_once(proxy: FaultProxy) -> None:
         left = time.monotonic()
         closed = await client_closed_at(proxy)
     assert closed is not None, "the server never saw the disconnect"
-    assert closed - left < 0.5
+    assert closed - left < 2.0
 
 
 async def test_cancelled_consumer_closes_the_connection(proxy: FaultProxy) -> None:

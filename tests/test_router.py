@@ -10,6 +10,7 @@ import io
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,16 +57,25 @@ def test_split_is_stable_disjoint_and_proportioned(labels: Path, trained: Path) 
         assert split == split_of(source, item)
 
 
+def _sk_scores(est: dict[str, Any], prompts: list[Any]) -> np.ndarray[Any, Any]:
+    """scikit-learn's calibrated probability, with the router's bound on the log-odds."""
+    z = est["classifier"].decision_function(feature_matrix(prompts))
+    logit = np.clip(est["calibrator"].decision_function(z.reshape(-1, 1)), -12, 12)
+    return np.asarray(1.0 / (1.0 + np.exp(-logit)))
+
+
 def test_round_trip_matches_scikit_learn(trained: Path, labels: Path) -> None:
     import skops.io as sio
 
     router = Router.load(trained)
+    assert router.form == "factored" and list(router.heads) == ["cloud_right", "local_right"]
     est = sio.load(
         trained / "router.skops", trusted=["sklearn.linear_model._logistic.LogisticRegression"]
     )
     prompts = [ex.prompt for ex in load_examples(labels)[:30]]
-    z = est["classifier"].decision_function(feature_matrix(prompts))
-    expected = est["calibrator"].predict_proba(z.reshape(-1, 1))[:, 1]
+    expected = _sk_scores(est["cloud_right"], prompts) * (
+        1 - _sk_scores(est["local_right"], prompts)
+    )
     got = np.array([router.score(p) for p in prompts])
     assert got == pytest.approx(expected, abs=1e-9)
     manifest = json.loads((trained / "manifest.json").read_text())
@@ -74,6 +84,56 @@ def test_round_trip_matches_scikit_learn(trained: Path, labels: Path) -> None:
     assert set(manifest["versions"]) == {"sklearn", "skops", "numpy"}
     assert len(manifest["calibration"]["score_quantiles"]) == 101
     assert manifest["data"]["rows"] == 240
+    assert manifest["heads"] == ["cloud_right", "local_right"] and manifest["form"] == "factored"
+
+
+def test_single_form_round_trip(labels: Path, tmp_path: Path) -> None:
+    import skops.io as sio
+
+    train(labels, tmp_path, form="single", log=io.StringIO())
+    router = Router.load(tmp_path)
+    assert router.form == "single" and router.label == "cloud-needed"
+    est = sio.load(
+        tmp_path / "router.skops", trusted=["sklearn.linear_model._logistic.LogisticRegression"]
+    )
+    prompts = [ex.prompt for ex in load_examples(labels)[:30]]
+    got = np.array([router.score(p) for p in prompts])
+    assert got == pytest.approx(_sk_scores(est["label"], prompts), abs=1e-9)
+
+
+def test_format_1_artifact_still_loads(labels: Path, tmp_path: Path) -> None:
+    """Artifacts of format 1 (one flat {classifier, calibrator} pair) keep loading."""
+    import hashlib
+
+    import skops.io as sio
+
+    trusted = ["sklearn.linear_model._logistic.LogisticRegression"]
+    train(labels, tmp_path, form="single", log=io.StringIO())
+    prompts = [ex.prompt for ex in load_examples(labels)[:10]]
+    before = [Router.load(tmp_path).score(p) for p in prompts]
+    flat = sio.load(tmp_path / "router.skops", trusted=trusted)["label"]
+    blob = sio.dumps(flat)
+    (tmp_path / "router.skops").write_bytes(blob)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    del m["heads"]
+    m["format"] = 1
+    m["artifact"]["sha256"] = hashlib.sha256(blob).hexdigest()
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    assert [Router.load(tmp_path).score(p) for p in prompts] == pytest.approx(before, abs=1e-12)
+
+
+def test_factored_form_needs_the_cloud_needed_label(labels: Path, tmp_path: Path) -> None:
+    from hybridllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="factored"):
+        train(labels, tmp_path, label="local-wrong", form="factored", log=io.StringIO())
+
+
+def test_missing_head_is_refused(artifact: Path) -> None:
+    m = json.loads((artifact / "manifest.json").read_text())
+    m["heads"] = ["cloud_right", "nonsense"]
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    assert _reason(artifact) == "malformed"
 
 
 def test_scores_are_probabilities_and_learn_the_pattern(trained: Path) -> None:

@@ -1,12 +1,13 @@
 """The router artifact on disk: `router.skops` plus `manifest.json`, in one directory.
 
-The skops file holds the fitted scikit-learn estimators (the linear classifier and the Platt
-calibrator) and is loaded with an explicit list of trusted types, so loading never executes
-code from the file. The manifest records the training data hash and row counts, the library and
-feature versions, the metrics, the calibration (score quantiles and quality curve) and the
-sha256 of the skops file. Loading checks, in order: the files exist, the manifest parses and
-names a known format, the skops file's hash matches, the feature version and scikit-learn
-version match this install; each failure is a RouterArtifactError with a `reason`.
+The skops file holds the fitted scikit-learn estimators, per head of the router (see
+`router.FORMS`) a linear classifier and its Platt calibrator, and is loaded with an explicit
+list of trusted types, so loading never executes code from the file. The manifest records the
+heads, the training data hash and row counts, the library and feature versions, the metrics, the
+calibration (score quantiles and quality curve) and the sha256 of the skops file. Loading
+checks, in order: the files exist, the manifest parses and names a known format, the skops
+file's hash matches, the feature version and scikit-learn version match this install; each
+failure is a RouterArtifactError with a `reason`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import numpy as np
 from ..errors import RouterArtifactError
 from . import features as F
 from .data import LABELS
-from .router import Calibration, Router
+from .router import FORMS, Calibration, Head, Router
 
-FORMAT = 1
+FORMAT = 2  # 2: estimators per head, manifest "heads"; 1: one head, {classifier, calibrator}
+READS = (1, 2)
 MODEL_FILE = "router.skops"
 MANIFEST_FILE = "manifest.json"
 ROUTER_DIR_ENV = "HYBRIDLLM_ROUTER_DIR"
@@ -57,13 +59,24 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def weights_sha256(
-    weights: np.ndarray[Any, Any], intercept: float, platt: tuple[float, float]
-) -> str:
+def weights_sha256(router: Router) -> str:
     """A hash of the fitted numbers: equal for two trainings that learned the same model."""
-    h = hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float64).tobytes())
-    h.update(np.array([intercept, *platt], dtype=np.float64).tobytes())
+    h = hashlib.sha256()
+    for name, head in router.heads.items():
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(head.weights, dtype=np.float64).tobytes())
+        h.update(np.array([head.intercept, *head.platt], dtype=np.float64).tobytes())
     return h.hexdigest()
+
+
+def head_from(estimators: dict[str, Any]) -> Head:
+    """A `Head` from a fitted {classifier, calibrator} pair."""
+    clf, platt = estimators["classifier"], estimators["calibrator"]
+    return Head(
+        weights=np.asarray(clf.coef_, dtype=np.float64).ravel(),
+        intercept=float(np.ravel(clf.intercept_)[0]),
+        platt=(float(np.ravel(platt.coef_)[0]), float(np.ravel(platt.intercept_)[0])),
+    )
 
 
 def save_router(
@@ -72,6 +85,7 @@ def save_router(
     """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes)."""
     import skops.io as sio
 
+    """`estimators`: {head name: {"classifier", "calibrator"}} in `router.FORMS` order."""
     directory.mkdir(parents=True, exist_ok=True)
     blob = sio.dumps(estimators)
     (directory / MODEL_FILE).write_bytes(blob)
@@ -82,6 +96,7 @@ def save_router(
         "dense_names": list(F.DENSE_NAMES),
         "versions": library_versions(),
         **manifest,
+        "heads": list(estimators),
         "artifact": {"file": MODEL_FILE, "sha256": _sha256(blob), "bytes": len(blob)},
     }
     text = json.dumps(full, indent=1, sort_keys=False) + "\n"
@@ -127,9 +142,9 @@ def load_router(directory: Path | None = None) -> Router:
         raise RouterArtifactError(
             f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
         ) from exc
-    if fmt != FORMAT:
+    if fmt not in READS:
         raise RouterArtifactError(
-            f"router manifest format {fmt!r}, this hybridllm reads {FORMAT}",
+            f"router manifest format {fmt!r}, this hybridllm reads {list(READS)}",
             path=mpath,
             reason="version",
         )
@@ -143,14 +158,11 @@ def load_router(directory: Path | None = None) -> Router:
             reason="tampered",
         )
     _check_versions(manifest, mpath)
-    estimators = _load_estimators(blob, fpath)
-    clf, platt = estimators["classifier"], estimators["calibrator"]
+    names = list(manifest.get("heads", FORMS["single"]))
+    estimators = _load_estimators(blob, fpath, names, flat=fmt == 1)
     try:
-        weights = np.asarray(clf.coef_, dtype=np.float64).ravel()
         router = Router(
-            weights=weights,
-            intercept=float(np.ravel(clf.intercept_)[0]),
-            platt=(float(np.ravel(platt.coef_)[0]), float(np.ravel(platt.intercept_)[0])),
+            heads={n: head_from(estimators[n]) for n in names},
             calibration=Calibration.from_json(manifest["calibration"]),
             manifest=manifest,
             path=directory,
@@ -186,7 +198,8 @@ def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
         )
 
 
-def _load_estimators(blob: bytes, fpath: Path) -> dict[str, Any]:
+def _load_estimators(blob: bytes, fpath: Path, heads: list[str], *, flat: bool) -> dict[str, Any]:
+    """{head: {classifier, calibrator}}; format 1 files hold one flat pair."""
     import skops.io as sio
 
     try:
@@ -207,8 +220,14 @@ def _load_estimators(blob: bytes, fpath: Path) -> dict[str, Any]:
             path=fpath,
             reason="malformed",
         ) from exc
-    if not isinstance(obj, dict) or not {"classifier", "calibrator"} <= obj.keys():
+    pair = {"classifier", "calibrator"}
+    if not isinstance(obj, dict):
+        obj = {}
+    parts = {heads[0]: obj} if flat else {h: obj.get(h) for h in heads}
+    if not all(isinstance(p, dict) and pair <= p.keys() for p in parts.values()):
         raise RouterArtifactError(
-            "router file does not hold {'classifier', 'calibrator'}", path=fpath, reason="malformed"
+            f"router file does not hold {{'classifier', 'calibrator'}} for heads {heads}",
+            path=fpath,
+            reason="malformed",
         )
-    return obj
+    return parts

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .data import Label
+from .train import Form
 
 
 def _quiet_threads() -> None:
@@ -32,7 +33,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_dir()
     data = Path(args.data) if args.data else default_data()
     from_log = Path(args.from_log) if args.from_log else None
-    train(data, out, from_log=from_log, label=args.label, seed=args.seed)
+    train(data, out, from_log=from_log, label=args.label, form=args.form, seed=args.seed)
     return 0
 
 
@@ -50,12 +51,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     leave_out = sources if args.leave_out == "all" else [
         s for s in args.leave_out.split(",") if s
     ]  # fmt: skip
-    compare: Label | None = None
+    compare: list[tuple[Label, Form]] = []
     if not args.no_compare:
-        label = router.manifest.get("label")
-        compare = "local-wrong" if label == "cloud-needed" else "cloud-needed"
-    blocks = evaluate(router, examples, leave_out=leave_out, compare_label=compare)
-    print(f"router: {router_dir} (label {router.manifest.get('label')}, "
+        if router.label == "cloud-needed":
+            other: Form = "single" if router.form == "factored" else "factored"
+            compare = [("cloud-needed", other), ("local-wrong", "single")]
+        else:
+            compare = [("cloud-needed", "factored")]
+    blocks = evaluate(router, examples, leave_out=leave_out, compare=compare)
+    print(f"router: {router_dir} (label {router.label}, form {router.form}, "
           f"data sha256 {str(router.manifest.get('data', {}).get('sha256'))[:12]})")  # fmt: skip
     print("\nquality vs cloud share, test split:")
     print(quality_table(blocks[0]))

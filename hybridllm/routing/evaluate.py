@@ -4,8 +4,8 @@ On the test split: the quality-versus-cloud-share curve, PGR at cloud shares 10.
 CPT(50/80/95%) for the trained router, the random router (its expected value: all scores tied)
 and a length-only heuristic (longer prompts to the cloud), overall and per source. Then
 leave-one-source-out: a router trained without one source (train and calibration splits minus
-that source), scored on every row of the left-out source. Optionally a router trained with the
-other label on the same splits, for comparison. Quality = share answered correctly by the
+that source), scored on every row of the left-out source. Optionally routers of other labels or
+forms trained on the same splits, for comparison. Quality = share answered correctly by the
 engine each prompt was routed to.
 """
 
@@ -31,6 +31,7 @@ from .metrics import (
     summarize,
 )
 from .router import Router
+from .train import Form, as_form
 
 
 @dataclass
@@ -75,7 +76,7 @@ def evaluate(
     examples: Sequence[Example],
     *,
     leave_out: Sequence[str] = ("gsm8k", "triviaqa"),
-    compare_label: Label | None = None,
+    compare: Sequence[tuple[Label, Form]] = (),
     seed: int = 0,
 ) -> list[Block]:
     """All blocks of the report (overall, per source, left-out sources)."""
@@ -83,15 +84,18 @@ def evaluate(
 
     splits = by_split(examples)
     test = splits["test"]
+    label = as_label(router.label)
+    form = as_form(router.form)
     routers: list[tuple[str, Router]] = [("router", router)]
-    if compare_label is not None:
-        other = fit(splits["train"], splits["calibration"], label=compare_label, seed=seed)
-        routers.append((f"router[{compare_label}]", other.router))
+    for other_label, other_form in compare:
+        other = fit(splits["train"], splits["calibration"], label=other_label, form=other_form,
+                    seed=seed)  # fmt: skip
+        tag = other_form if other_label == label else other_label
+        routers.append((f"router[{tag}]", other.router))
     blocks = [Block(f"test split, all sources (n={len(test)})", _rows(test, routers))]
     for source in sorted({ex.source for ex in test}):
         part = [ex for ex in test if ex.source == source]
         blocks.append(Block(f"source {source}", _rows(part, routers[:1], ci=False)))
-    label = as_label(router.label)
     for source in leave_out:
         held = [ex for ex in examples if ex.source == source]
         if not held:
@@ -100,6 +104,7 @@ def evaluate(
             [ex for ex in splits["train"] if ex.source != source],
             [ex for ex in splits["calibration"] if ex.source != source],
             label=label,
+            form=form,
             seed=seed,
         )
         blocks.append(

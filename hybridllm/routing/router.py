@@ -9,11 +9,14 @@
 What the score predicts is the artifact's `label`: "cloud-needed" (the shipped default: the local
 answer would be wrong and the cloud's right) or "local-wrong" (the local answer would be wrong).
 Both rank prompts by need of the cloud; "cloud-needed" does not spend cloud calls on prompts
-neither model answers. The score is a linear model over `features.extract` followed by Platt
-scaling fitted on the calibration split, evaluated here with plain numpy (no scikit-learn call
-per request). The thresholds come from the calibration split: `cloud_share` from quantiles of
-its scores (or of the user's own traffic after `recalibrate`), `quality_floor` from its
-labelled quality curve.
+neither model answers. A router has one of two forms: "single", one linear model over
+`features.extract` for the label, or "factored" (the shipped default), two heads, P(cloud right)
+and P(local right), with score = P(cloud right) * (1 - P(local right)). Factoring helps because
+each head learns from every row (the joint label is rare and mostly decided by whether the
+cloud can answer). Each head is Platt-scaled on the calibration split; scoring is plain numpy
+(one gather over the hashed buckets for all heads, no scikit-learn call per request). The
+thresholds come from the calibration split: `cloud_share` from quantiles of its scores (or of
+the user's own traffic after `recalibrate`), `quality_floor` from its labelled quality curve.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import numpy.typing as npt
 from ..errors import RouterThresholdError
 from . import features as F
 
-N_QUANTILES = 101  # score quantiles at 0, 1, ..., 100 percent
+N_QUANTILES = 101
+LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12  # score quantiles at 0, 1, ..., 100 percent
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,36 @@ def _quantiles(scores: npt.NDArray[np.float64]) -> tuple[float, ...]:
     return tuple(round(float(q), 9) for q in qs)
 
 
+@dataclass(frozen=True)
+class Head:
+    """One calibrated linear classifier: P = sigmoid(a * (w . x + c) + b), where x is the hashed
+    n-gram counts (scaled) then the dense features of `features.extract`."""
+
+    weights: npt.NDArray[np.float64]  # hashed buckets, then dense features
+    intercept: float
+    platt: tuple[float, float]  # (a, b)
+
+    def __post_init__(self) -> None:
+        expected = F.N_HASH + len(F.DENSE_NAMES)
+        if self.weights.shape != (expected,):
+            raise ValueError(f"weights must have shape ({expected},), got {self.weights.shape}")
+
+
+# The router's forms: one head for the label itself, or the label factored into two heads,
+# score = P(cloud right) * (1 - P(local right)) (conditional independence given the prompt).
+FORMS: dict[str, tuple[str, ...]] = {
+    "single": ("label",),
+    "factored": ("cloud_right", "local_right"),
+}
+
+
+def form_of(heads: Sequence[str]) -> str:
+    for form, names in FORMS.items():
+        if tuple(heads) == names:
+            return form
+    raise ValueError(f"unknown router heads {list(heads)}; known: {list(FORMS.values())}")
+
+
 class Router:
     """Scores prompts: the probability that the local answer would be wrong and the cloud is
     needed."""
@@ -95,20 +129,25 @@ class Router:
     def __init__(
         self,
         *,
-        weights: npt.NDArray[np.float64],
-        intercept: float,
-        platt: tuple[float, float],
+        heads: dict[str, Head] | None = None,
+        weights: npt.NDArray[np.float64] | None = None,
+        intercept: float = 0.0,
+        platt: tuple[float, float] = (1.0, 0.0),
         calibration: Calibration,
         manifest: dict[str, Any] | None = None,
         path: Path | None = None,
     ) -> None:
-        expected = F.N_HASH + len(F.DENSE_NAMES)
-        if weights.shape != (expected,):
-            raise ValueError(f"weights must have shape ({expected},), got {weights.shape}")
-        self._w_hash = np.ascontiguousarray(weights[: F.N_HASH], dtype=np.float64)
-        self._w_dense = np.ascontiguousarray(weights[F.N_HASH :], dtype=np.float64)
-        self._intercept = float(intercept)
-        self._platt = (float(platt[0]), float(platt[1]))
+        if heads is None:
+            if weights is None:
+                raise ValueError("give heads, or the weights of a single head")
+            heads = {"label": Head(np.asarray(weights, dtype=np.float64), intercept, platt)}
+        self.form = form_of(list(heads))
+        self.heads = dict(heads)
+        stacked = np.stack([h.weights for h in heads.values()], axis=1)  # (features, heads)
+        self._w_hash = np.ascontiguousarray(stacked[: F.N_HASH], dtype=np.float64)
+        self._w_dense = np.ascontiguousarray(stacked[F.N_HASH :].T, dtype=np.float64)
+        self._intercepts = np.array([h.intercept for h in heads.values()], dtype=np.float64)
+        self._platt = np.array([h.platt for h in heads.values()], dtype=np.float64)
         self.calibration = calibration
         self.manifest: dict[str, Any] = manifest or {}
         self.path = path
@@ -121,26 +160,41 @@ class Router:
 
         return load_router(Path(path) if path is not None else None)
 
-    def parameters(self) -> tuple[npt.NDArray[np.float64], float, tuple[float, float]]:
-        """(weights: hashed then dense, intercept, Platt (a, b)): score = sigmoid(a*z + b)."""
-        return np.r_[self._w_hash, self._w_dense], self._intercept, self._platt
-
     # --- scoring -------------------------------------------------------------------------
 
     def features(self, messages: F.Messages) -> F.Features:
         return F.extract(messages)
 
-    def raw_score(self, feats: F.Features) -> float:
-        """The uncalibrated linear score (log-odds before Platt scaling)."""
+    def head_logits(self, feats: F.Features) -> npt.NDArray[np.float64]:
+        """Each head's uncalibrated linear score (log-odds before Platt scaling)."""
         h = feats.hashed
-        z = self._intercept + float(np.dot(self._w_dense, feats.dense))
+        z = self._intercepts + self._w_dense @ np.asarray(feats.dense, dtype=np.float64)
         if len(h):
-            z += float(self._w_hash[h].sum()) * F.hashed_scale(len(h))
+            z = z + self._w_hash[h].sum(axis=0) * F.hashed_scale(len(h))
         return z
 
+    def head_probabilities(self, feats: F.Features) -> dict[str, float]:
+        """Each head's calibrated probability, by head name."""
+        z = self._platt[:, 0] * self.head_logits(feats) + self._platt[:, 1]
+        # a Platt fit on separable calibration data can be arbitrarily steep: keep every head
+        # a probability strictly within (0, 1), about 6e-6 .. 1 - 6e-6
+        z = np.clip(z, -LOGIT_BOUND, LOGIT_BOUND)
+        return {name: _sigmoid(float(x)) for name, x in zip(self.heads, z, strict=True)}
+
+    def raw_score(self, feats: F.Features) -> float:
+        """A log-odds ordered like the score: the single head's before Platt scaling, or the
+        logit of the factored score."""
+        if self.form == "single":
+            return float(self.head_logits(feats)[0])
+        p = self.score_features(feats)
+        p = min(max(p, 1e-12), 1.0 - 1e-12)
+        return math.log(p / (1.0 - p))
+
     def score_features(self, feats: F.Features) -> float:
-        a, b = self._platt
-        return _sigmoid(a * self.raw_score(feats) + b)
+        p = self.head_probabilities(feats)
+        if self.form == "single":
+            return p["label"]
+        return p["cloud_right"] * (1.0 - p["local_right"])
 
     @property
     def label(self) -> str:

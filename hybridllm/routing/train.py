@@ -4,11 +4,14 @@
                            [--from-log decisions.db]
 
 Label (`--label`): "cloud-needed" (default), 1 when the local answer was wrong and the cloud's
-right; or "local-wrong", 1 when the local answer was wrong. The classifier is an
-L2 logistic regression over the hashed n-grams and dense features of `features.extract`; its
-regularisation C is chosen by 5-fold cross-validated ROC AUC on the train split alone. Platt
-scaling is then fitted on the calibration split, whose scores also give the threshold
-quantiles and the quality curve. The test split is only scored, for the manifest's metrics.
+right; or "local-wrong", 1 when the local answer was wrong. Form (`--form`, see `router.FORMS`):
+"factored" (default for cloud-needed) trains two heads, cloud right and local right, and scores
+P(cloud right) * (1 - P(local right)); "single" trains one head on the label itself. Each head
+is an L2 logistic regression over the hashed n-grams and dense features of `features.extract`;
+its regularisation C is chosen by 5-fold cross-validated ROC AUC on the train split alone, and
+Platt scaling is then fitted on the calibration split. The router's scores on the calibration
+split give the threshold quantiles and the quality curve. The test split is only scored, for
+the manifest's metrics.
 Rows from a decision log (prompt stored, user feedback given, answered by the local engine) join
 the train split.
 """
@@ -19,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +30,7 @@ import numpy.typing as npt
 from ..errors import ConfigError
 from . import features as F
 from .data import LABELS, Example, Label, by_split, file_sha256, load_examples, write_split_file
-from .router import Calibration, Router
+from .router import FORMS, Calibration, Head, Router
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_LABEL: Label = "cloud-needed"
@@ -35,12 +38,29 @@ SEED = 0
 SPLIT_FILE = "splits.tsv"
 
 
+Form = Literal["single", "factored"]
+
+
+def as_form(value: object) -> Form:
+    """A router form checked against `router.FORMS` (a ConfigError otherwise)."""
+    if value == "single":
+        return "single"
+    if value == "factored":
+        return "factored"
+    raise ConfigError(f"unknown router form {value!r}; known: {', '.join(FORMS)}")
+
+
+def default_form(label: Label) -> Form:
+    """Factored for cloud-needed (its heads learn from every row), single otherwise."""
+    return "factored" if label == "cloud-needed" else "single"
+
+
 @dataclass
 class Fitted:
     router: Router
-    estimators: dict[str, Any]
-    c: float
-    cv_auc: dict[float, float]
+    estimators: dict[str, dict[str, Any]]  # per head: classifier, calibrator
+    c: dict[str, float]  # per head
+    cv_auc: dict[str, dict[float, float]]  # per head, per C
 
 
 def feature_matrix(prompts: Sequence[F.Messages]) -> Any:
@@ -68,6 +88,14 @@ def _labels(examples: Sequence[Example], label: Label) -> npt.NDArray[np.int64]:
     return np.array([1 if ex.label(label) else 0 for ex in examples], dtype=np.int64)
 
 
+def _head_labels(examples: Sequence[Example], head: str, label: Label) -> npt.NDArray[np.int64]:
+    if head == "cloud_right":
+        return np.array([int(ex.cloud_correct) for ex in examples], dtype=np.int64)
+    if head == "local_right":
+        return np.array([int(ex.local_correct) for ex in examples], dtype=np.int64)
+    return _labels(examples, label)
+
+
 def _model(c: float, seed: int) -> Any:
     from sklearn.linear_model import LogisticRegression
 
@@ -79,27 +107,57 @@ def fit(
     calibration: Sequence[Example],
     *,
     label: Label = DEFAULT_LABEL,
+    form: Form | None = None,
     seed: int = SEED,
 ) -> Fitted:
-    """Fit classifier (C by CV on `train`) and Platt calibrator (on `calibration`)."""
+    """Fit each head (C by CV on `train`, Platt scaling on `calibration`)."""
     from threadpoolctl import threadpool_limits
 
+    form = form or default_form(label)
+    if form == "factored" and label != "cloud-needed":
+        raise ConfigError(f"the factored form predicts cloud-needed, not {label!r}; use single")
     with threadpool_limits(1):  # extra BLAS threads only contend on problems this small
-        return _fit(train, calibration, label, seed)
+        return _fit(train, calibration, label, form, seed)
 
 
 def _fit(
-    train: Sequence[Example], calibration: Sequence[Example], label: Label, seed: int
+    train: Sequence[Example],
+    calibration: Sequence[Example],
+    label: Label,
+    form: Form,
+    seed: int,
 ) -> Fitted:
+    x = feature_matrix([ex.prompt for ex in train])
+    xc = feature_matrix([ex.prompt for ex in calibration])
+    heads: dict[str, Head] = {}
+    estimators: dict[str, dict[str, Any]] = {}
+    chosen: dict[str, float] = {}
+    cv: dict[str, dict[float, float]] = {}
+    for name in FORMS[form]:
+        y, yc = _head_labels(train, name, label), _head_labels(calibration, name, label)
+        for part, labels in (("train", y), ("calibration", yc)):
+            if len(set(labels.tolist())) < 2:
+                what = name.replace("_", " ") if name != "label" else label
+                raise ConfigError(f"the {part} split needs both values of {what!r}")
+        heads[name], estimators[name], chosen[name], cv[name] = _fit_head(x, y, xc, yc, seed)
+    router = Router(heads=heads, calibration=Calibration(score_quantiles=(0.0,), curve=()))
+    scores = score_all(router, calibration)
+    router.calibration = Calibration.from_labelled(
+        scores, [ex.local_correct for ex in calibration], [ex.cloud_correct for ex in calibration]
+    )
+    return Fitted(router, estimators, chosen, cv)
+
+
+def _fit_head(
+    x: Any,
+    y: npt.NDArray[np.int64],
+    xc: Any,
+    yc: npt.NDArray[np.int64],
+    seed: int,
+) -> tuple[Head, dict[str, Any], float, dict[float, float]]:
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_score
 
-    y = _labels(train, label)
-    yc = _labels(calibration, label)
-    for name, labels in (("train", y), ("calibration", yc)):
-        if len(set(labels.tolist())) < 2:
-            raise ConfigError(f"the {name} split needs both labels (local right and wrong)")
-    x = feature_matrix([ex.prompt for ex in train])
     folds = StratifiedKFold(n_splits=min(5, int(np.bincount(y).min())), shuffle=True,
                             random_state=seed)  # fmt: skip
     cv_auc: dict[float, float] = {}
@@ -108,21 +166,14 @@ def _fit(
         cv_auc[c] = float(cross_val_score(model, x, y, cv=folds, scoring="roc_auc").mean())
     best = max(C_GRID, key=lambda c: (round(cv_auc[c], 6), -c))  # ties: stronger regularisation
     clf = _model(best, seed).fit(x, y)
-
-    z = clf.decision_function(feature_matrix([ex.prompt for ex in calibration]))
+    z = clf.decision_function(xc)
     platt = LogisticRegression(C=1e4, solver="lbfgs").fit(z.reshape(-1, 1), yc)
-    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
-    scores = 1.0 / (1.0 + np.exp(-(a * z + b)))
-    calib = Calibration.from_labelled(
-        scores, [ex.local_correct for ex in calibration], [ex.cloud_correct for ex in calibration]
-    )
-    router = Router(
+    head = Head(
         weights=np.asarray(clf.coef_, dtype=np.float64).ravel(),
         intercept=float(clf.intercept_[0]),
-        platt=(a, b),
-        calibration=calib,
+        platt=(float(platt.coef_[0, 0]), float(platt.intercept_[0])),
     )
-    return Fitted(router, {"classifier": clf, "calibrator": platt}, best, cv_auc)
+    return head, {"classifier": clf, "calibrator": platt}, best, cv_auc
 
 
 def score_all(router: Router, examples: Sequence[Example]) -> npt.NDArray[np.float64]:
@@ -152,6 +203,7 @@ def train(
     *,
     from_log: Path | None = None,
     label: Label = DEFAULT_LABEL,
+    form: Form | None = None,
     seed: int = SEED,
     log: TextIO | None = None,
 ) -> dict[str, Any]:
@@ -170,7 +222,8 @@ def train(
             extra = dlog.training_examples()
         train_rows += extra
         log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
-    fitted = fit(train_rows, splits["calibration"], label=label, seed=seed)
+    form = form or default_form(label)
+    fitted = fit(train_rows, splits["calibration"], label=label, form=form, seed=seed)
     r = fitted.router
     cal_scores = score_all(r, splits["calibration"])
     test = splits["test"]
@@ -189,7 +242,13 @@ def train(
     manifest = {
         "label": label,
         "label_meaning": LABELS[label],
-        "score": "P(label = 1), Platt-calibrated on the calibration split",
+        "form": form,
+        "score": (
+            "P(label = 1), Platt-calibrated on the calibration split"
+            if form == "single"
+            else "P(cloud right) * (1 - P(local right)), each Platt-calibrated on the "
+            "calibration split"
+        ),
         "seed": seed,
         "data": {
             "file": data.name,
@@ -202,8 +261,10 @@ def train(
         "model": {
             "classifier": "LogisticRegression (L2, liblinear dual)",
             "C": fitted.c,
-            "cv_roc_auc": {str(k): round(v, 4) for k, v in fitted.cv_auc.items()},
-            "weights_sha256": weights_sha256(*r.parameters()),
+            "cv_roc_auc": {
+                h: {str(k): round(v, 4) for k, v in auc.items()} for h, auc in fitted.cv_auc.items()
+            },
+            "weights_sha256": weights_sha256(r),
         },
         "metrics": {
             "calibration": _prob_metrics(cal_scores, splits["calibration"], label),
@@ -214,7 +275,7 @@ def train(
     full = save_router(out, fitted.estimators, manifest)
     write_split_file(examples, out / SPLIT_FILE)
     print(
-        f"trained on {len(train_rows)} rows (C={fitted.c}), calibrated on "
+        f"trained a {form} router on {len(train_rows)} rows (C={fitted.c}), calibrated on "
         f"{len(splits['calibration'])}, test {len(test)}: "
         f"test ROC AUC {test_metrics.get('roc_auc')}, APGR {test_metrics.get('apgr')} -> {out}",
         file=log if log is not None else sys.stderr,
