@@ -2,6 +2,7 @@
 
     python benchmarks/bench_deadline.py [--n 200] [--quick] [--deadline-ms 500]
                                         [--local-model NAME] [--seed 1] [--json PATH]
+                                        [--hedge-ms 0,100]
 
 The "cloud" is the real `llama_cpp.server` (SmolLM2-135M, one thread) on loopback behind a
 `FaultProxy`; before each request the proxy gets that request's extra first-byte delay, drawn
@@ -17,7 +18,11 @@ Strategies (same prompts, same delays, each on a fresh client after 5 undelayed 
 - timeout-then-fallback (what most gateways do): the cloud with a first-token timeout equal to
   the deadline (or until it fails), then the local engine, sequentially;
 - hybridllm's deadline race: `Policy(prefer="cloud", ttft_deadline_ms=D)`;
-- hybridllm with hedging: the same plus `hedge_after_ms="auto"`.
+- hybridllm with hedging: the same plus `hedge_after_ms="auto"`;
+- hybridllm with a fixed hedge, one row per `--hedge-ms` value (default 0 and 100): the local
+  engine starts that long after the call whatever the prediction (0: both engines at once), so
+  the first token comes from whichever is faster at the price of local work on most requests
+  ("hedged" counts the requests where the local engine was started as a hedge).
 
 "extra cloud" counts requests where a cloud request was started but did not serve the answer
 (wasted cloud work). A second run stalls every cloud first byte by 5 s and reports, request by
@@ -289,6 +294,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for label, pol in (
             (f"hybridllm race D={args.deadline_ms:.0f}", race),
             ("hybridllm race + hedge auto", hedge),
+            *(
+                (
+                    f"hybridllm race + hedge {ms:g} ms",
+                    race.model_copy(update={"name": f"hedge{ms:g}", "hedge_after_ms": ms}),
+                )
+                for ms in args.hedge_ms
+            ),
         ):
             async with HybridClient(
                 local=make_local(), cloud=cloud_engine(proxy), policy=pol
@@ -417,7 +429,10 @@ def cli() -> None:
     ap.add_argument("--local-model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
+    ap.add_argument("--hedge-ms", default="0,100", metavar="MS,...",
+                    help="fixed hedge delays to add as rows ('' for none)")  # fmt: skip
     args = ap.parse_args()
+    args.hedge_ms = [float(x) for x in args.hedge_ms.split(",") if x.strip()]
     res = anyio.run(main, args)
     print(render(res))
     if args.json:

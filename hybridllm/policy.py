@@ -22,7 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hybridllm.errors import PolicyError
 
@@ -73,6 +80,16 @@ class Policy(BaseModel):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
+
+    @field_validator("hedge_after_ms", mode="before")
+    @classmethod
+    def _hedge_delay(cls, v: object) -> object:
+        if v is None or v == "auto":
+            return v
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < float("inf")
+        if not ok:
+            raise ValueError('must be a delay in ms >= 0 (finite), or "auto"')
+        return float(v)  # type: ignore[arg-type]
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

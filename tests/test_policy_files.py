@@ -68,6 +68,10 @@ MISTAKES = [
     ('privacy = "maybe"', "privacy", ["keep-local"]),
     ('plans = ["single", "teleport"]', "plans.1", ["speculative"]),
     ('fallback_order = ["local", "mars"]', "fallback_order.1", ["cloud"]),
+    ("hedge_after_ms = -50", "hedge_after_ms", [">= 0", "auto", "-50"]),
+    ('hedge_after_ms = "soon"', "hedge_after_ms", ["delay in ms", "auto", "soon"]),
+    ("hedge_after_ms = nan", "hedge_after_ms", ["finite"]),
+    ("hedge_after_ms = true", "hedge_after_ms", ["delay in ms"]),
 ]
 
 
