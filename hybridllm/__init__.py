@@ -1,12 +1,15 @@
 """hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud."""
 
-import os
+# ruff: noqa: E402  (the wait policy must be set before any module that may load llama.cpp)
 
 # llama.cpp's OpenMP threads spin while they wait by default; on a machine where anything else
 # runs (the app itself, a browser, a loopback server) two spinning threads on two cores made
-# decode about 10x slower than passive waiting (README, "Local speed"). It must be set before
-# llama.cpp loads; an explicit setting in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# decode about 10x slower than passive waiting (README, "Local speed"). The policy is read when
+# llama.cpp loads, so it is chosen here: the environment's, else the device's tuned choice
+# (`hybridllm tune --dedicated`), else passive.
+from hybridllm.waitpolicy import apply as _apply_wait_policy
+
+_apply_wait_policy()
 
 from hybridllm.budget import Cap, Ledger, ModelPrice, Prices
 from hybridllm.client import Completion, HybridClient

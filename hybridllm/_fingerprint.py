@@ -10,8 +10,6 @@ import os
 import platform
 from pathlib import Path
 
-from hybridllm.engines.llama_settings import cpu_threads
-
 
 def file_stamp(path: Path) -> str:
     st = path.stat()
@@ -55,5 +53,8 @@ def cpu_flags() -> list[str]:
 
 
 def cpu_fingerprint() -> str:
+    # imported here: `hybridllm.waitpolicy` reads this while `hybridllm` itself is importing
+    from hybridllm.engines.llama_settings import cpu_threads
+
     text = " ".join(cpu_flags()) + f" threads={cpu_threads()}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -11,9 +11,11 @@ Exit codes: 0 ok, 1 command-specific failure, 2 a hybridllm error or bad usage, 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from . import models
@@ -299,6 +301,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"{tune.tuning_path(path)}")
         for line in tune.describe(stored):
             print(line)
+        _show_wait_policy()
         return 0
     bar = StepBar(f"tuning {path.name}") if not args.quiet else None
     try:
@@ -306,11 +309,56 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    result = _tune_wait_policy(tune, path, result, args)
     saved = tune.save_tuning(path, result)
     print(saved)
     for line in tune.describe(result):
         print(line)
     return 0
+
+
+def _show_wait_policy() -> None:
+    import os
+
+    from . import waitpolicy
+
+    device = waitpolicy.stored()
+    where = f"stored in {waitpolicy.device_file()}" if device else "default (not tuned)"
+    choice = device["omp_wait_policy"] if device else "passive"
+    here = os.environ.get(waitpolicy.ENV, "?").lower()
+    print(f"OpenMP wait policy: {here} in this process; device choice {choice}, {where}")
+    for policy, r in (device or {}).get("measured", {}).items():
+        print(f"  {policy:<8} prefill {r['prefill_tps']:8.1f} tok/s  decode "
+              f"{r['decode_tps']:8.1f} tok/s")  # fmt: skip
+
+
+def _tune_wait_policy(tune: Any, path: Path, result: Any, args: argparse.Namespace) -> Any:
+    """Measure both OpenMP wait policies with the chosen settings; store the device's choice
+    (active only with --dedicated and where faster). Returns the tuning with the rates of the
+    policy that will be in force."""
+    import dataclasses
+
+    from . import waitpolicy
+
+    settings = json.dumps(dataclasses.asdict(result.settings))
+    measured: dict[str, dict[str, float]] = {}
+    for policy in ("passive", "active"):
+        if not args.quiet:
+            print(f"measuring OMP_WAIT_POLICY={policy} (a fresh process) ...", file=sys.stderr)
+        measured[policy] = waitpolicy.measure(path, policy, settings, quick=args.quick)
+    choice = waitpolicy.pick(measured, dedicated=args.dedicated, min_gain=tune.MIN_GAIN)
+    stored_at = waitpolicy.save(choice, measured, dedicated=args.dedicated)
+    for policy, r in measured.items():
+        mark = "  <- stored" if policy == choice else ""
+        print(f"OMP_WAIT_POLICY={policy}: prefill {r['prefill_tps']:.1f} tokens/s, decode "
+              f"{r['decode_tps']:.1f} tokens/s{mark}")  # fmt: skip
+    if not args.dedicated and waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN) \
+            == "active":  # fmt: skip
+        print("active waiting is faster here, but collapses when other processes share the "
+              "cores; pass --dedicated if nothing else heavy runs on them")  # fmt: skip
+    print(f"wait policy: {choice} ({stored_at}; new processes; $OMP_WAIT_POLICY overrides)")
+    rates = tune.Rates(measured[choice]["prefill_tps"], measured[choice]["decode_tps"])
+    return dataclasses.replace(result, rates=rates)
 
 
 def _register_tune(subparsers: Subparsers) -> None:
@@ -332,6 +380,9 @@ def _register_tune(subparsers: Subparsers) -> None:
     p.add_argument("--show", action="store_true", help="print the stored tuning and its rates")
     p.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
     p.add_argument("--n-ctx", type=int, default=2048, help="context size to measure with")
+    p.add_argument("--dedicated", action="store_true",
+                   help="nothing else heavy runs on these cores: allow spinning OpenMP threads "
+                   "(OMP_WAIT_POLICY=active) where they measure faster")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
 

@@ -149,10 +149,18 @@ async def test_explicit_settings_override_tuning(model_link: Path) -> None:
 def test_tune_command_measures_stores_and_shows(model_link: Path) -> None:
     """`hybridllm tune --quick` on the real model, in a subprocess (tuning drives llama.cpp from
     its main thread; see _llama_thread)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cache = model_link.parent / "cache"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "HYBRIDLLM_CACHE_DIR": str(cache)}  # fmt: skip
     cmd = [sys.executable, "-m", "hybridllm.cli", "tune", str(model_link)]
     run = subprocess.run([*cmd, "--quick"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
+    # both wait policies measured in fresh processes; without --dedicated passive is stored
+    device = json.loads((cache / "device.json").read_text())
+    assert device["omp_wait_policy"] == "passive" and not device["dedicated"]
+    assert set(device["measured"]) == {"active", "passive"}
+    assert all(r["prefill_tps"] > 0 and r["decode_tps"] > 0 for r in device["measured"].values())
+    assert "OMP_WAIT_POLICY=active" in run.stdout and "wait policy: passive" in run.stdout
     assert "tuning" in run.stderr and "/" in run.stderr  # progress lines
     tuning = load_tuning(model_link)
     assert tuning is not None
@@ -162,3 +170,4 @@ def test_tune_command_measures_stores_and_shows(model_link: Path) -> None:
     assert show.returncode == 0
     assert f"prefill: {tuning.prefill_tps:.1f} tokens/s" in show.stdout
     assert f"n_ubatch={tuning.settings.n_ubatch}" in show.stdout
+    assert "device choice passive" in show.stdout

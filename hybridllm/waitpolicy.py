@@ -1,0 +1,155 @@
+"""The OpenMP wait policy of llama.cpp's threads: passive unless this device was tuned otherwise.
+
+llama.cpp (this build) runs its threads with OpenMP, which reads `OMP_WAIT_POLICY` once, when
+the library loads: it is a per-process choice that must be made before `llama_cpp` is imported
+(`hybridllm/__init__.py` calls `apply()` first thing). Spinning waits ("active") decode faster
+on quiet cores (measured here on 2 cores: Qwen2.5-Coder-0.5B 27.6 against 17.9 tokens/s,
+SmolLM2-135M 103 against 31), but when anything else runs on the same cores a spinning 2-thread
+decode collapses about 10x, where passive waiting loses little. So:
+
+1. an `OMP_WAIT_POLICY` already in the environment wins;
+2. else the device's stored choice (`device.json` in the model cache, written by
+   `hybridllm tune --dedicated`, ignored on another CPU);
+3. else passive.
+
+`hybridllm tune` measures both policies on the model (`measure()`: one subprocess per policy,
+since a process cannot switch) and prints them; it stores "active" only with `--dedicated` (the
+user says nothing else heavy runs on these cores) and only where active measured faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+Policy = Literal["active", "passive"]
+ENV = "OMP_WAIT_POLICY"
+FILE = "device.json"
+PROBE_TIMEOUT_S = 300.0
+
+
+def device_file() -> Path:
+    from hybridllm.models import cache_dir
+
+    return cache_dir() / FILE
+
+
+def stored() -> dict[str, Any] | None:
+    """The device's stored choice, when there is one for this CPU (else None)."""
+    path = device_file()
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        policy = data["omp_wait_policy"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    from hybridllm._fingerprint import cpu_fingerprint
+
+    if policy not in ("active", "passive") or data.get("cpu") != cpu_fingerprint():
+        return None
+    return dict(data)
+
+
+def choose() -> str:
+    """The policy this process should use (see the module docstring for the order)."""
+    if os.environ.get(ENV):
+        return os.environ[ENV]
+    data = stored()
+    return str(data["omp_wait_policy"]).upper() if data is not None else "PASSIVE"
+
+
+def apply() -> str:
+    """Set `OMP_WAIT_POLICY` for this process unless already set; returns the value in force.
+    Call before llama.cpp loads (importing `hybridllm` does)."""
+    if not os.environ.get(ENV):
+        try:
+            os.environ[ENV] = choose()
+        except Exception:  # a broken cache must never break `import hybridllm`
+            os.environ[ENV] = "PASSIVE"
+    return os.environ[ENV]
+
+
+def save(policy: Policy, measured: dict[str, dict[str, float]], *, dedicated: bool) -> Path:
+    """Store the device's choice with what it was measured on."""
+    from hybridllm._fingerprint import cpu_fingerprint, llama_build
+
+    path = device_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "omp_wait_policy": policy,
+        "dedicated": dedicated,
+        "measured": measured,
+        "cpu": cpu_fingerprint(),
+        "llama_cpp": llama_build(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def measure(
+    model_path: Path, policy: Policy, settings_json: str, *, quick: bool = False
+) -> dict[str, float]:
+    """Prefill and decode tokens/s of the model under `policy`, in a fresh subprocess."""
+    from hybridllm.errors import TuneError
+
+    env = {**os.environ, ENV: policy.upper()}
+    cmd = [sys.executable, "-m", "hybridllm.waitpolicy", str(model_path), settings_json]
+    if quick:
+        cmd.append("--quick")
+    try:
+        out = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True
+        )
+        rates = json.loads(out.stdout.strip().splitlines()[-1])
+        return {k: float(rates[k]) for k in ("prefill_tps", "decode_tps")}
+    except subprocess.TimeoutExpired as exc:
+        raise TuneError(f"measuring {policy} waiting took over {PROBE_TIMEOUT_S:.0f} s",
+                        path=model_path) from exc  # fmt: skip
+    except (subprocess.CalledProcessError, ValueError, KeyError, IndexError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise TuneError(f"measuring {policy} waiting failed: {str(detail)[-300:]}",
+                        path=model_path) from exc  # fmt: skip
+
+
+def pick(measured: dict[str, dict[str, float]], *, dedicated: bool, min_gain: float) -> Policy:
+    """Active only on a dedicated device where it decodes faster by more than `min_gain`
+    and prefills no slower (beyond `min_gain`)."""
+    a, p = measured.get("active"), measured.get("passive")
+    if not dedicated or a is None or p is None:
+        return "passive"
+    faster = a["decode_tps"] > p["decode_tps"] * (1 + min_gain)
+    no_slower = a["prefill_tps"] >= p["prefill_tps"] * (1 - min_gain)
+    return "active" if faster and no_slower else "passive"
+
+
+def _probe(argv: list[str]) -> None:
+    """Subprocess entry: measure one model with the given settings under this process's
+    policy and print {"prefill_tps", "decode_tps"} as JSON."""
+    from hybridllm.engines.llama_settings import LlamaSettings
+    from hybridllm.tune import _Search
+
+    path, settings = Path(argv[0]), LlamaSettings(**json.loads(argv[1]))
+    quick = "--quick" in argv[2:]
+    search = _Search(path, n_ctx=2048, prompt_tokens=128 if quick else 256,
+                     decode_tokens=12 if quick else 24, reps=1 if quick else 2,
+                     progress=None, steps=2)  # fmt: skip
+    llm = search.load(settings)
+    try:
+        search.rates(llm, "warm-up", decode=False)
+        r = search.rates(llm, "measure")
+    finally:
+        llm.close()
+    print(json.dumps({"prefill_tps": r.prefill_tps, "decode_tps": r.decode_tps}))
+
+
+if __name__ == "__main__":
+    _probe(sys.argv[1:])

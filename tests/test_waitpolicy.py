@@ -1,0 +1,94 @@
+"""The OpenMP wait policy: environment first, then the device's stored choice, else passive;
+`pick()` allows spinning only on a dedicated device where it measured faster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridllm import waitpolicy
+from hybridllm._fingerprint import cpu_fingerprint
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = {"active": {"prefill_tps": 240.0, "decode_tps": 27.0},
+        "passive": {"prefill_tps": 230.0, "decode_tps": 18.0}}  # fmt: skip
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    return tmp_path
+
+
+def test_pick_spins_only_when_dedicated_and_faster() -> None:
+    assert waitpolicy.pick(FAST, dedicated=True, min_gain=0.03) == "active"
+    assert waitpolicy.pick(FAST, dedicated=False, min_gain=0.03) == "passive"
+    slower = {**FAST, "active": {"prefill_tps": 240.0, "decode_tps": 18.2}}
+    assert waitpolicy.pick(slower, dedicated=True, min_gain=0.03) == "passive"
+    worse_prefill = {**FAST, "active": {"prefill_tps": 150.0, "decode_tps": 30.0}}
+    assert waitpolicy.pick(worse_prefill, dedicated=True, min_gain=0.03) == "passive"
+    assert waitpolicy.pick({}, dedicated=True, min_gain=0.03) == "passive"
+
+
+def test_default_is_passive(cache: Path) -> None:
+    assert waitpolicy.stored() is None
+    assert waitpolicy.choose() == "PASSIVE"
+
+
+def test_stored_choice_applies_on_this_cpu_only(cache: Path) -> None:
+    path = waitpolicy.save("active", FAST, dedicated=True)
+    assert path == cache / "device.json"
+    assert waitpolicy.choose() == "ACTIVE"
+    data = json.loads(path.read_text())
+    assert data["cpu"] == cpu_fingerprint() and data["measured"] == FAST
+    data["cpu"] = "another-cpu"
+    path.write_text(json.dumps(data))
+    assert waitpolicy.stored() is None and waitpolicy.choose() == "PASSIVE"
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"omp_wait_policy": "turbo"}', "[]", ""])
+def test_a_broken_device_file_means_passive(cache: Path, text: str) -> None:
+    (cache / "device.json").write_text(text)
+    assert waitpolicy.choose() == "PASSIVE"
+
+
+def test_environment_wins(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    waitpolicy.save("active", FAST, dedicated=True)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert waitpolicy.choose() == "passive" and waitpolicy.apply() == "passive"
+
+
+def _policy_after_import(env: dict[str, str]) -> str:
+    code = ("import os, sys, hybridllm; assert 'llama_cpp' not in sys.modules; "
+            "print(os.environ['OMP_WAIT_POLICY'])")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return run.stdout.strip()
+
+
+def test_import_hybridllm_sets_the_policy_before_llama_cpp_loads(cache: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    assert _policy_after_import(env) == "PASSIVE"
+    waitpolicy.save("active", FAST, dedicated=True)
+    assert _policy_after_import(env) == "ACTIVE"
+    assert _policy_after_import({**env, "OMP_WAIT_POLICY": "passive"}) == "passive"
+
+
+def test_measure_runs_the_real_model_under_each_policy(model_path: Path) -> None:
+    import dataclasses
+
+    from hybridllm.engines.llama_settings import DEFAULT_SETTINGS
+
+    settings = json.dumps(dataclasses.asdict(DEFAULT_SETTINGS.resolved()))
+    rates = waitpolicy.measure(model_path, "active", settings, quick=True)
+    assert rates["prefill_tps"] > 0 and rates["decode_tps"] > 0
+    from hybridllm.errors import TuneError
+
+    with pytest.raises(TuneError, match="failed"):
+        waitpolicy.measure(model_path.parent / "missing.gguf", "passive", settings, quick=True)
