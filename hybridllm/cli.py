@@ -346,14 +346,14 @@ def _tune_wait_policy(tune: Any, path: Path, result: Any, args: argparse.Namespa
         if not args.quiet:
             print(f"measuring OMP_WAIT_POLICY={policy} (a fresh process) ...", file=sys.stderr)
         measured[policy] = waitpolicy.measure(path, policy, settings, quick=args.quick)
-    choice = waitpolicy.pick(measured, dedicated=args.dedicated, min_gain=tune.MIN_GAIN)
+    spinning = waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN)
+    choice = spinning if args.dedicated else "passive"
     stored_at = waitpolicy.save(choice, measured, dedicated=args.dedicated)
     for policy, r in measured.items():
         mark = "  <- stored" if policy == choice else ""
         print(f"OMP_WAIT_POLICY={policy}: prefill {r['prefill_tps']:.1f} tokens/s, decode "
               f"{r['decode_tps']:.1f} tokens/s{mark}")  # fmt: skip
-    if not args.dedicated and waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN) \
-            == "active":  # fmt: skip
+    if spinning == "active" and not args.dedicated:
         print("active waiting is faster here, but collapses when other processes share the "
               "cores; pass --dedicated if nothing else heavy runs on them")  # fmt: skip
     print(f"wait policy: {choice} ({stored_at}; new processes; $OMP_WAIT_POLICY overrides)")

@@ -86,10 +86,9 @@ class Policy(BaseModel):
     def _hedge_delay(cls, v: object) -> object:
         if v is None or v == "auto":
             return v
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < float("inf")
-        if not ok:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
             raise ValueError('must be a delay in ms >= 0 (finite), or "auto"')
-        return float(v)  # type: ignore[arg-type]
+        return float(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

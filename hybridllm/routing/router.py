@@ -173,13 +173,16 @@ class Router:
             z = z + self._w_hash[h].sum(axis=0) * F.hashed_scale(len(h))
         return z
 
-    def head_probabilities(self, feats: F.Features) -> dict[str, float]:
-        """Each head's calibrated probability, by head name."""
+    def _probabilities(self, feats: F.Features) -> npt.NDArray[np.float64]:
         z = self._platt[:, 0] * self.head_logits(feats) + self._platt[:, 1]
         # a Platt fit on separable calibration data can be arbitrarily steep: keep every head
         # a probability strictly within (0, 1), about 6e-6 .. 1 - 6e-6
         z = np.clip(z, -LOGIT_BOUND, LOGIT_BOUND)
-        return {name: _sigmoid(float(x)) for name, x in zip(self.heads, z, strict=True)}
+        return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
+
+    def head_probabilities(self, feats: F.Features) -> dict[str, float]:
+        """Each head's calibrated probability, by head name."""
+        return dict(zip(self.heads, self._probabilities(feats).tolist(), strict=True))
 
     def raw_score(self, feats: F.Features) -> float:
         """A log-odds ordered like the score: the single head's before Platt scaling, or the
@@ -191,10 +194,10 @@ class Router:
         return math.log(p / (1.0 - p))
 
     def score_features(self, feats: F.Features) -> float:
-        p = self.head_probabilities(feats)
+        p = self._probabilities(feats)  # in FORMS order
         if self.form == "single":
-            return p["label"]
-        return p["cloud_right"] * (1.0 - p["local_right"])
+            return float(p[0])
+        return float(p[0] * (1.0 - p[1]))  # cloud right, local right
 
     @property
     def label(self) -> str:
@@ -251,10 +254,3 @@ class Router:
         clone = copy.copy(self)
         clone.calibration = new
         return clone
-
-
-def _sigmoid(x: float) -> float:
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
