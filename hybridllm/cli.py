@@ -98,6 +98,9 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
     for name in args.names:
+        if ":" in name:  # a variant requantized here from its pulled base
+            _make_variant(name, args)
+            continue
         manifest = models.get_manifest(name)
         if not args.force and models.is_present(manifest, verify=True):
             print(f"{name}: already present", file=sys.stderr)
@@ -113,6 +116,21 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_variant(name: str, args: argparse.Namespace) -> None:
+    from . import variants
+
+    base, quant = variants.split(name)
+    if not args.force and quant and variants.is_made(models.get_manifest(base), quant):
+        print(f"{name}: already made", file=sys.stderr)
+    bar = ProgressBar(name) if not args.quiet else None
+    try:
+        path = variants.make(name, progress=bar, force=args.force)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(path)
+
+
 def cmd_models_path(args: argparse.Namespace) -> int:
     print(models.resolve_model(args.name))
     return 0
@@ -126,7 +144,11 @@ def _register_models(subparsers: Subparsers) -> None:
     p.add_argument("--verify", action="store_true", help="check sha256 (slow the first time)")
     p.set_defaults(func=cmd_models_list)
 
-    p = sub.add_parser("pull", help="fetch and assemble models into the cache")
+    p = sub.add_parser(
+        "pull",
+        help="fetch and assemble models into the cache; NAME:QUANT (q4_0, iq4_nl, q8_0) "
+        "requantizes the pulled NAME here",
+    )
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--force", action="store_true", help="pull again even if present")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

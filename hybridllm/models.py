@@ -240,7 +240,15 @@ def _looks_like_path(model: str) -> bool:
 def resolve_model(
     model: str | Path, *, pull: bool = False, progress: Progress | None = None
 ) -> Path:
-    """A GGUF path for `model`: an existing file path, or a manifest name (pulled if asked)."""
+    """A GGUF path for `model`: an existing file path, or a manifest name (pulled if asked).
+
+    "name:quant" is a variant requantized on this machine (see `hybridllm.variants`); `pull`
+    makes it when it is missing.
+    """
+    if isinstance(model, str) and ":" in model and not _looks_like_path(model):
+        from . import variants
+
+        return variants.resolve(model, make_missing=pull, progress=progress)
     if isinstance(model, Path) or _looks_like_path(model):
         path = Path(model).expanduser()
         if not path.is_file():

@@ -128,7 +128,7 @@ class LlamaCppEngine:
 
     def _default_n_ctx(self) -> int:
         try:
-            return get_manifest(self.model).default_n_ctx
+            return get_manifest(self.model.partition(":")[0]).default_n_ctx
         except errors.ConfigError:
             return 4096
 

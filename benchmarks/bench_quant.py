@@ -1,0 +1,106 @@
+"""Speed and quality of requantized variants (`name:quant`) against their base model.
+
+    python benchmarks/bench_quant.py [--model NAME] [--quants q4_0,iq4_nl,q8_0] [--rounds N]
+                                     [--text FILE ...]
+
+Makes each variant (`hybridllm.variants.make`, timed), then, per round and model in turn (so
+drift hits every arm alike): prefill of a 256-token prompt from an empty cache and 32 one-token
+decode steps (the measurements `hybridllm tune` uses), with the engine's default settings.
+Quality: perplexity on the given texts (default: this repository's README and orchestrator
+source), in 512-token windows that score their second half. The table reports medians over
+rounds and ratios against the base measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = 512
+
+
+def perplexity(llm: Any, text: str, max_tokens: int = 4096) -> tuple[float, int]:
+    tokens = llm.tokenize(text.encode(), add_bos=False, special=False)[:max_tokens]
+    nll, n = 0.0, 0
+    for start in range(0, len(tokens) - WINDOW + 1, WINDOW):
+        chunk = tokens[start : start + WINDOW]
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        llm.eval(chunk)
+        logits = np.asarray(llm.scores[: len(chunk)], dtype=np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        for i in range(WINDOW // 2, len(chunk) - 1):
+            nll -= logp[i, chunk[i + 1]]
+            n += 1
+    return math.exp(nll / max(n, 1)), n
+
+
+def main() -> None:
+    import llama_cpp
+
+    from hybridllm.engines.llama_settings import DEFAULT_SETTINGS
+    from hybridllm.models import resolve_model
+    from hybridllm.tune import bench_tokens, measure_decode, measure_prefill
+    from hybridllm.variants import make
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--quants", default="q4_0,iq4_nl,q8_0")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--text",
+        type=Path,
+        nargs="*",
+        default=[ROOT / "README.md", ROOT / "hybridllm/orchestrate.py"],
+    )
+    args = ap.parse_args()
+    names = [args.model] + [f"{args.model}:{q}" for q in args.quants.split(",") if q]
+    made: dict[str, float] = {}
+    for name in names[1:]:
+        t0 = time.perf_counter()
+        make(name)
+        made[name] = time.perf_counter() - t0
+    settings = DEFAULT_SETTINGS.resolved()
+    llms = {
+        name: llama_cpp.Llama(
+            model_path=str(resolve_model(name)), n_ctx=2048, logits_all=True, verbose=False,
+            **settings.llama_kwargs(),
+        )
+        for name in names
+    }  # fmt: skip
+    text = "\n".join(p.read_text(encoding="utf-8") for p in args.text)
+    pre: dict[str, list[float]] = {n: [] for n in names}
+    dec: dict[str, list[float]] = {n: [] for n in names}
+    for llm in llms.values():
+        measure_prefill(llm, bench_tokens(llm, 64))  # warm-up: page the weights in
+    for _ in range(args.rounds):
+        for name, llm in llms.items():
+            prompt = bench_tokens(llm, 256)
+            pre[name].append(measure_prefill(llm, prompt))
+            dec[name].append(measure_decode(llm, prompt[:32], 32))
+    ppl = {name: perplexity(llm, text) for name, llm in llms.items()}
+    base = names[0]
+    p0, d0, q0 = statistics.median(pre[base]), statistics.median(dec[base]), ppl[base][0]
+    print(f"settings: {settings}; perplexity over {ppl[base][1]} tokens of {len(args.text)} files")
+    print("| model | file MB | prefill t/s | decode t/s | perplexity | made in |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        p, d, q = statistics.median(pre[name]), statistics.median(dec[name]), ppl[name][0]
+        size = Path(resolve_model(name)).stat().st_size / 1e6
+        when = f"{made[name]:.0f} s" if name in made else "base"
+        print(
+            f"| {name} | {size:.0f} | {p:.0f} ({p / p0:.2f}x) | {d:.1f} ({d / d0:.2f}x) "
+            f"| {q:.2f} ({(q / q0 - 1) * 100:+.1f}%) | {when} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
