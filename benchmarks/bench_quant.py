@@ -5,10 +5,14 @@
 
 Makes each variant (`hybridllm.variants.make`, timed), then, per round and model in turn (so
 drift hits every arm alike): prefill of a 256-token prompt from an empty cache and 32 one-token
-decode steps (the measurements `hybridllm tune` uses), with the engine's default settings.
+decode steps (the measurements `hybridllm tune` uses), with the engine's default settings and
+`--ubatch`.
 Quality: perplexity on the given texts (default: this repository's README and orchestrator
-source), in 512-token windows that score their second half. The table reports medians over
-rounds and ratios against the base measured in the same run.
+source), in 512-token windows that score their second half. `--tasks N`: also accuracy on N
+router-labelled prompts of each kind (short answer, yes/no, number, multiple choice by the most
+likely option letter), greedy, scored as `scripts/label_router_data.py` scores them, and how
+often the variant's answer equals the base's. The table reports medians over rounds and ratios
+against the base measured in the same run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 512
+MAX_TOKENS = {"short": 24, "yesno": 4, "number": 12, "mc": 1}
 
 
 def perplexity(llm: Any, text: str, max_tokens: int = 4096) -> tuple[float, int]:
@@ -43,6 +49,38 @@ def perplexity(llm: Any, text: str, max_tokens: int = 4096) -> tuple[float, int]
     return math.exp(nll / max(n, 1)), n
 
 
+def task_rows(labels: Path, per_kind: int) -> list[dict[str, Any]]:
+    import json
+    import random
+
+    rows = [json.loads(line) for line in labels.read_text(encoding="utf-8").splitlines()]
+    random.Random(0).shuffle(rows)
+    out: list[dict[str, Any]] = []
+    for kind in MAX_TOKENS:
+        out += [r for r in rows if r["kind"] == kind][:per_kind]
+    return out
+
+
+def answers(llm: Any, rows: list[dict[str, Any]]) -> list[str]:
+    from llama_cpp import LlamaGrammar
+
+    out = []
+    for row in rows:
+        grammar = None
+        if row["kind"] == "mc":
+            letters = [x for x in "ABCDEFGH" if f"\n{x}. " in row["prompt"]]
+            rule = "root ::= " + " | ".join(f'"{x}"' for x in letters)
+            grammar = LlamaGrammar.from_string(rule, verbose=False)
+        res = llm.create_chat_completion(
+            [{"role": "user", "content": row["prompt"]}],
+            max_tokens=MAX_TOKENS[row["kind"]],
+            temperature=0.0,
+            grammar=grammar,
+        )
+        out.append(res["choices"][0]["message"]["content"] or "")
+    return out
+
+
 def main() -> None:
     import llama_cpp
 
@@ -55,6 +93,9 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--quants", default="q4_0,iq4_nl,q8_0")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tasks", type=int, default=0, help="labelled prompts per kind (0: none)")
+    ap.add_argument("--labels", type=Path, default=ROOT / "data/router/labels.jsonl")
+    ap.add_argument("--ubatch", type=int, default=512, help="n_ubatch (tune picks 512 here)")
     ap.add_argument(
         "--text",
         type=Path,
@@ -68,15 +109,13 @@ def main() -> None:
         t0 = time.perf_counter()
         make(name)
         made[name] = time.perf_counter() - t0
-    settings = DEFAULT_SETTINGS.resolved()
-    llms = {
-        name: llama_cpp.Llama(
-            model_path=str(resolve_model(name)), n_ctx=2048, logits_all=True, verbose=False,
-            **settings.llama_kwargs(),
-        )
-        for name in names
-    }  # fmt: skip
-    text = "\n".join(p.read_text(encoding="utf-8") for p in args.text)
+    settings = DEFAULT_SETTINGS.replace(n_ubatch=args.ubatch).resolved()
+
+    def load(name: str, **kw: Any) -> Any:
+        path = str(resolve_model(name))
+        return llama_cpp.Llama(path, n_ctx=2048, verbose=False, **settings.llama_kwargs(), **kw)
+
+    llms = {name: load(name) for name in names}
     pre: dict[str, list[float]] = {n: [] for n in names}
     dec: dict[str, list[float]] = {n: [] for n in names}
     for llm in llms.values():
@@ -86,19 +125,48 @@ def main() -> None:
             prompt = bench_tokens(llm, 256)
             pre[name].append(measure_prefill(llm, prompt))
             dec[name].append(measure_decode(llm, prompt[:32], 32))
-    ppl = {name: perplexity(llm, text) for name, llm in llms.items()}
+    for llm in llms.values():
+        llm.close()
+    text = "\n".join(p.read_text(encoding="utf-8") for p in args.text)
+    ppl = {}
+    for name in names:  # logits for every position: a separate, slower context
+        llm = load(name, logits_all=True)
+        ppl[name] = perplexity(llm, text)
+        llm.close()
+    said: dict[str, list[str]] = {}
+    rows = task_rows(args.labels, args.tasks) if args.tasks else []
+    for name in names if rows else []:
+        llm = load(name)
+        said[name] = answers(llm, rows)
+        llm.close()
     base = names[0]
     p0, d0, q0 = statistics.median(pre[base]), statistics.median(dec[base]), ppl[base][0]
     print(f"settings: {settings}; perplexity over {ppl[base][1]} tokens of {len(args.text)} files")
-    print("| model | file MB | prefill t/s | decode t/s | perplexity | made in |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    if rows:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from label_router_data import Item, score
+
+        items = [Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], 0) for r in rows]
+        print(f"tasks: {len(rows)} labelled prompts, {args.tasks} of each kind {list(MAX_TOKENS)}")
+    print(
+        "| model | file MB | prefill t/s | decode t/s | perplexity | tasks right | same as base "
+        "| made in |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         p, d, q = statistics.median(pre[name]), statistics.median(dec[name]), ppl[name][0]
         size = Path(resolve_model(name)).stat().st_size / 1e6
         when = f"{made[name]:.0f} s" if name in made else "base"
+        right = same = "-"
+        if rows:
+            right = (
+                f"{sum(score(i, a) for i, a in zip(items, said[name], strict=True))}/{len(rows)}"
+            )
+            agree = sum(a.strip() == b.strip() for a, b in zip(said[name], said[base], strict=True))
+            same = f"{agree}/{len(rows)}"
         print(
             f"| {name} | {size:.0f} | {p:.0f} ({p / p0:.2f}x) | {d:.1f} ({d / d0:.2f}x) "
-            f"| {q:.2f} ({(q / q0 - 1) * 100:+.1f}%) | {when} |"
+            f"| {q:.2f} ({(q / q0 - 1) * 100:+.1f}%) | {right} | {same} | {when} |"
         )
 
 
