@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import models
+from . import models, variants
 from .errors import HybridError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -89,6 +89,11 @@ def cmd_models_list(args: argparse.Namespace) -> int:
             (m.name, m.role, _format_size(m.size_bytes), "yes" if present else "no",
              str(models.cached_path(m)))
         )  # fmt: skip
+        for quant in variants.QUANTS:  # variants made here are listed, unmade ones are not
+            if variants.is_made(m, quant):
+                path = variants.variant_path(m, quant)
+                size = _format_size(path.stat().st_size)
+                rows.append((f"{m.name}:{quant}", m.role, size, "made here", str(path)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]

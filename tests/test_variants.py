@@ -98,5 +98,8 @@ def test_cli_pull_makes_the_variant(cache: Path, capsys: pytest.CaptureFixture[s
     assert captured.out.strip() == out and "already made" in captured.err
     assert cli.main(["models", "path", VARIANT]) == 0
     assert capsys.readouterr().out.strip() == out
+    assert cli.main(["models", "list"]) == 0
+    listed = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [VARIANT, "test", "92", "MB", "made", "here", out] in listed
     assert cli.main(["models", "pull", f"{SMOL}:q9"]) == 2
     assert "unknown quantization" in capsys.readouterr().err
