@@ -14,7 +14,8 @@ decode collapses about 10x, where passive waiting loses little. So:
 
 `hybridllm tune` measures both policies on the model (`measure()`: one subprocess per policy,
 since a process cannot switch) and prints them; it stores "active" only with `--dedicated` (the
-user says nothing else heavy runs on these cores) and only where active measured faster.
+user says nothing else heavy runs on these cores) and only where active measured faster (see
+`pick`).
 """
 
 from __future__ import annotations
@@ -120,15 +121,27 @@ def measure(
                         path=model_path) from exc  # fmt: skip
 
 
+REFERENCE_REQUEST = (256, 128)
+"""(prompt tokens, output tokens) of the request whose time `pick` compares."""
+MAX_PREFILL_LOSS = 0.10
+
+
 def pick(measured: dict[str, dict[str, float]], *, dedicated: bool, min_gain: float) -> Policy:
-    """Active only on a dedicated device where it decodes faster by more than `min_gain`
-    and prefills no slower (beyond `min_gain`)."""
+    """Active only on a dedicated device where it serves a reference request (256 prompt
+    tokens, 128 output tokens) faster by more than `min_gain`, and prefills at most
+    `MAX_PREFILL_LOSS` slower (the first token must not suffer for a faster tail)."""
     a, p = measured.get("active"), measured.get("passive")
     if not dedicated or a is None or p is None:
         return "passive"
-    faster = a["decode_tps"] > p["decode_tps"] * (1 + min_gain)
-    no_slower = a["prefill_tps"] >= p["prefill_tps"] * (1 - min_gain)
+    faster = _request_s(a) < _request_s(p) * (1 - min_gain)
+    no_slower = a["prefill_tps"] >= p["prefill_tps"] * (1 - MAX_PREFILL_LOSS)
     return "active" if faster and no_slower else "passive"
+
+
+def _request_s(rates: dict[str, float]) -> float:
+    prompt, output = REFERENCE_REQUEST
+    pre, dec = rates["prefill_tps"], rates["decode_tps"]
+    return prompt / pre + output / dec if pre > 0 and dec > 0 else float("inf")
 
 
 def _probe(argv: list[str]) -> None:
