@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))  # the labeller's scoring and letter grammar
 WINDOW = 512
 MAX_TOKENS = {"short": 24, "yesno": 4, "number": 12, "mc": 1}
 
@@ -62,15 +63,11 @@ def task_rows(labels: Path, per_kind: int) -> list[dict[str, Any]]:
 
 
 def answers(llm: Any, rows: list[dict[str, Any]]) -> list[str]:
-    from llama_cpp import LlamaGrammar
+    from label_router_data import letter_grammar
 
     out = []
     for row in rows:
-        grammar = None
-        if row["kind"] == "mc":
-            letters = [x for x in "ABCDEFGH" if f"\n{x}. " in row["prompt"]]
-            rule = "root ::= " + " | ".join(f'"{x}"' for x in letters)
-            grammar = LlamaGrammar.from_string(rule, verbose=False)
+        grammar = letter_grammar(row["prompt"]) if row["kind"] == "mc" else None
         res = llm.create_chat_completion(
             [{"role": "user", "content": row["prompt"]}],
             max_tokens=MAX_TOKENS[row["kind"]],
@@ -143,7 +140,6 @@ def main() -> None:
     p0, d0, q0 = statistics.median(pre[base]), statistics.median(dec[base]), ppl[base][0]
     print(f"settings: {settings}; perplexity over {ppl[base][1]} tokens of {len(args.text)} files")
     if rows:
-        sys.path.insert(0, str(ROOT / "scripts"))
         from label_router_data import Item, score
 
         items = [Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], 0) for r in rows]

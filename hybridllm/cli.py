@@ -103,37 +103,25 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
     for name in args.names:
-        if ":" in name:  # a variant requantized here from its pulled base
-            _make_variant(name, args)
+        base, quant = variants.split(name)  # "name:quant": requantized here from its base
+        manifest = models.get_manifest(base)
+        if quant is None:
+            done, state = models.is_present(manifest, verify=True), "present"
+        else:
+            done, state = variants.is_made(manifest, quant), "made"
+        if done and not args.force:
+            print(f"{name}: already {state}", file=sys.stderr)
+            print(models.resolve_model(name))
             continue
-        manifest = models.get_manifest(name)
-        if not args.force and models.is_present(manifest, verify=True):
-            print(f"{name}: already present", file=sys.stderr)
-            print(models.cached_path(manifest))
-            continue
+        fetch = models.pull if quant is None else variants.make
         bar = ProgressBar(name) if not args.quiet else None
         try:
-            path = models.pull(name, progress=bar, force=args.force)
+            path = fetch(name, progress=bar, force=args.force)
         finally:
             if bar is not None:
                 bar.close()
         print(path)
     return 0
-
-
-def _make_variant(name: str, args: argparse.Namespace) -> None:
-    from . import variants
-
-    base, quant = variants.split(name)
-    if not args.force and quant and variants.is_made(models.get_manifest(base), quant):
-        print(f"{name}: already made", file=sys.stderr)
-    bar = ProgressBar(name) if not args.quiet else None
-    try:
-        path = variants.make(name, progress=bar, force=args.force)
-    finally:
-        if bar is not None:
-            bar.close()
-    print(path)
 
 
 def cmd_models_path(args: argparse.Namespace) -> int:

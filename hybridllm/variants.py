@@ -82,12 +82,17 @@ def is_made(manifest: Manifest, quant: str) -> bool:
     return isinstance(sha, str) and path.is_file() and _marker_ok(path, sha)
 
 
-def resolve(model: str, *, make_missing: bool = False, progress: Progress | None = None) -> Path:
-    """The variant's file; made first if `make_missing`, else ModelNotFoundError if absent."""
+def _parse(model: str) -> tuple[Manifest, str]:
+    """The base's manifest and the quant of "name:quant" (ConfigError otherwise)."""
     base, quant = split(model)
     if quant is None:
         raise ConfigError(f"{model!r} names no variant (expected 'name:quant')")
-    manifest = get_manifest(base)
+    return get_manifest(base), quant
+
+
+def resolve(model: str, *, make_missing: bool = False, progress: Progress | None = None) -> Path:
+    """The variant's file; made first if `make_missing`, else ModelNotFoundError if absent."""
+    manifest, quant = _parse(model)
     if is_made(manifest, quant):
         return variant_path(manifest, quant)
     if make_missing:
@@ -103,14 +108,11 @@ def make(model: str, *, progress: Progress | None = None, force: bool = False) -
 
     On any failure no `.partial` file and no new variant is left behind (PullError).
     """
-    base, quant = split(model)
-    if quant is None:
-        raise ConfigError(f"{model!r} names no variant (expected 'name:quant')")
-    manifest = get_manifest(base)
+    manifest, quant = _parse(model)
     dest = variant_path(manifest, quant)
     if not force and is_made(manifest, quant):
         return dest
-    source = pull(base, progress=progress)
+    source = pull(manifest.name, progress=progress)
     partial = dest.with_name(dest.name + ".partial")
     with _lock(dest.with_name(dest.name + ".lock")):
         if not force and is_made(manifest, quant):  # another process made it meanwhile

@@ -393,6 +393,15 @@ def append(out: Path, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def letter_grammar(prompt: str) -> Any:
+    """A llama.cpp grammar admitting exactly one of the prompt's option letters ("A. ...")."""
+    from llama_cpp import LlamaGrammar
+
+    letters = [x for x in string.ascii_uppercase[:8] if f"\n{x}. " in prompt]
+    rule = "root ::= " + " | ".join(f'"{x}"' for x in letters)
+    return LlamaGrammar.from_string(rule, verbose=False)
+
+
 class LetterModel:
     """A model read directly with llama-cpp-python, for what the engine API does not offer: a
     grammar-constrained one-letter answer, and continuing a given answer."""
@@ -415,11 +424,7 @@ class LetterModel:
 
     def letter(self, prompt: str) -> tuple[str, int, float]:
         """(letter, prompt tokens, ms): the most likely option letter, greedy."""
-        from llama_cpp import LlamaGrammar
-
-        letters = [x for x in string.ascii_uppercase[:8] if f"\n{x}. " in prompt]
-        rule = "root ::= " + " | ".join(f'"{x}"' for x in letters)
-        grammar = LlamaGrammar.from_string(rule, verbose=False)
+        grammar = letter_grammar(prompt)
         t0 = time.perf_counter()
         out: Any = self.llm.create_completion(
             self.chat_prompt(prompt), max_tokens=1, temperature=0.0, grammar=grammar
