@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybridllm.budget import Cap, Ledger, ModelPrice, TokenUsage  # noqa: E402
+from hybridllm.guard.budget import Cap, Ledger, ModelPrice, TokenUsage  # noqa: E402
 
 PRICE = ModelPrice(input_per_million=0.15, output_per_million=0.6)
 CAPS = [Cap(None, "day", 1e6), Cap("chat", "day", 1e6)]

@@ -45,9 +45,9 @@ KEYS = ("prefill", "prefill50", "decode", "prefill_cpu", "decode_cpu")
 def worker(model: str, settings_json: str) -> None:
     import llama_cpp
 
-    from hybridllm.engines.llama_settings import LlamaSettings
-    from hybridllm.models import resolve_model
-    from hybridllm.tune import bench_tokens, measure_decode, measure_prefill
+    from hybridllm.local.models import resolve_model
+    from hybridllm.local.settings import LlamaSettings
+    from hybridllm.local.tune import bench_tokens, measure_decode, measure_prefill
 
     settings = LlamaSettings.from_dict(json.loads(settings_json))
     llm = llama_cpp.Llama(

@@ -30,11 +30,11 @@ from typing import Any
 
 from hybridllm import Policy
 from hybridllm.engines import GenerationRequest, ScriptedEngine
-from hybridllm.health import CircuitBreaker
-from hybridllm.latency import LatencyModel
 from hybridllm.policy import resolve_policy
 from hybridllm.routing import BudgetVerdict, decide
-from hybridllm.routing.gather import Routing
+from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.health import CircuitBreaker
+from hybridllm.runtime.latency import LatencyModel
 
 
 class StandInRouter:

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridllm.latency import LatencyModel
-from hybridllm.routing.gather import prompt_text, uncached_share
-from hybridllm.trace import Trace
+from hybridllm.runtime.gather import prompt_text, uncached_share
+from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.trace import Trace
 
 Row = dict[str, Any]
 

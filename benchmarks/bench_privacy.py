@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import re  # noqa: E402
 
 from hybridllm.engines.base import GenerationRequest  # noqa: E402
-from hybridllm.engines.guarded import GuardedEngine  # noqa: E402
 from hybridllm.engines.scripted import ScriptedEngine  # noqa: E402
-from hybridllm.privacy import scan  # noqa: E402
+from hybridllm.guard.guarded import GuardedEngine  # noqa: E402
+from hybridllm.guard.privacy import scan  # noqa: E402
 from tests.privacy_corpus import BENIGN  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def token_counter() -> tuple[Callable[[str], int], str]:
     try:
         import llama_cpp
 
-        from hybridllm.models import resolve_model
+        from hybridllm.local.models import resolve_model
 
         path = resolve_model("smollm2-135m-instruct")
         llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)

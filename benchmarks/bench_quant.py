@@ -3,7 +3,7 @@
     python benchmarks/bench_quant.py [--model NAME] [--quants q4_0,iq4_nl,q8_0] [--rounds N]
                                      [--text FILE ...]
 
-Makes each variant (`hybridllm.variants.make`, timed), then, per round and model in turn (so
+Makes each variant (`hybridllm.local.variants.make`, timed), then, per round and model in turn (so
 drift hits every arm alike): prefill of a 256-token prompt from an empty cache and 32 one-token
 decode steps (the measurements `hybridllm tune` uses), with the engine's default settings and
 `--ubatch`.
@@ -81,10 +81,10 @@ def answers(llm: Any, rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     import llama_cpp
 
-    from hybridllm.engines.llama_settings import DEFAULT_SETTINGS
-    from hybridllm.models import resolve_model
-    from hybridllm.tune import bench_tokens, measure_decode, measure_prefill
-    from hybridllm.variants import make
+    from hybridllm.local.models import resolve_model
+    from hybridllm.local.settings import DEFAULT_SETTINGS
+    from hybridllm.local.tune import bench_tokens, measure_decode, measure_prefill
+    from hybridllm.local.variants import make
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")

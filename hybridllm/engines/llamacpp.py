@@ -26,10 +26,11 @@ from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
 from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest
-from hybridllm.engines.llama_settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
-from hybridllm.models import get_manifest, resolve_model
-from hybridllm.tune import Tuning, load_tuning
+from hybridllm.local.models import get_manifest
+from hybridllm.local.resolve import resolve_model
+from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
+from hybridllm.local.tune import Tuning, load_tuning
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 

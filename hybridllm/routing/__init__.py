@@ -2,24 +2,47 @@
 decision of where a request runs (`decide`) with its inputs.
 
 `Router` (the score: P(local answer wrong)), `DecisionLog` and `decide` are the public entry
-points; scikit-learn and skops are imported only to train or load an artifact.
+points. Nothing here imports an engine or the runtime: routing is a pure function of facts,
+policy and live state. Names load on first use; scikit-learn and skops load only to train or
+load an artifact.
 """
 
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, PrivacyScan, Scorer
-from hybridllm.routing.log import DecisionLog
-from hybridllm.routing.router import Calibration, Router
+from __future__ import annotations
 
-__all__ = [
-    "BudgetGate",
-    "BudgetVerdict",
-    "Calibration",
-    "Decision",
-    "DecisionLog",
-    "LiveState",
-    "PrivacyScan",
-    "RequestFacts",
-    "Router",
-    "Scorer",
-    "decide",
-]
+from typing import TYPE_CHECKING
+
+from hybridllm._lazy import lazy
+
+# eager: the function shares its module's name, and a lazy look-up would find the module
+from hybridllm.routing.decide import decide as decide
+
+_NAMES = {
+    "Decision": "hybridllm.routing.decide",
+    "LiveState": "hybridllm.routing.decide",
+    "RequestFacts": "hybridllm.routing.decide",
+    "BudgetGate": "hybridllm.routing.inputs",
+    "BudgetVerdict": "hybridllm.routing.inputs",
+    "PrivacyScan": "hybridllm.routing.inputs",
+    "Scorer": "hybridllm.routing.inputs",
+    "DecisionLog": "hybridllm.routing.log",
+    "Calibration": "hybridllm.routing.heads",
+    "Router": "hybridllm.routing.router",
+}
+__getattr__, __dir__ = lazy(__name__, _NAMES)
+__all__ = sorted([*_NAMES, "decide"])
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
+    from hybridllm.routing.decide import (
+        Decision as Decision,
+        LiveState as LiveState,
+        RequestFacts as RequestFacts,
+    )
+    from hybridllm.routing.heads import Calibration as Calibration
+    from hybridllm.routing.inputs import (
+        BudgetGate as BudgetGate,
+        BudgetVerdict as BudgetVerdict,
+        PrivacyScan as PrivacyScan,
+        Scorer as Scorer,
+    )
+    from hybridllm.routing.log import DecisionLog as DecisionLog
+    from hybridllm.routing.router import Router as Router

@@ -15,15 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RouterArtifactError
-from . import features as F
-from .data import LABELS
-from .router import FORMS, Calibration, Head, Router
+from hybridllm.errors import RouterArtifactError
+from hybridllm.routing import features as F
+from hybridllm.routing.data import LABELS
+from hybridllm.routing.heads import FORMS, Calibration, Head
+
+if TYPE_CHECKING:
+    from hybridllm.routing.router import Router
 
 FORMAT = 2  # 2: estimators per head, manifest "heads"; 1: one head, {classifier, calibrator}
 READS = (1, 2)
@@ -38,7 +42,7 @@ def default_dir() -> Path:
     env = os.environ.get(ROUTER_DIR_ENV)
     if env:
         return Path(env).expanduser()
-    from ..models import manifests_dir
+    from hybridllm.local.models import manifests_dir
 
     return manifests_dir() / "router"
 
@@ -59,10 +63,10 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def weights_sha256(router: Router) -> str:
+def weights_sha256(heads: dict[str, Head]) -> str:
     """A hash of the fitted numbers: equal for two trainings that learned the same model."""
     h = hashlib.sha256()
-    for name, head in router.heads.items():
+    for name, head in heads.items():
         h.update(name.encode())
         h.update(np.ascontiguousarray(head.weights, dtype=np.float64).tobytes())
         h.update(np.array([head.intercept, *head.platt], dtype=np.float64).tobytes())
@@ -122,8 +126,17 @@ def save_recalibrated(router: Router, directory: Path) -> Path:
     return directory
 
 
-def load_router(directory: Path | None = None) -> Router:
-    directory = directory if directory is not None else default_dir()
+@dataclass(frozen=True)
+class Parts:
+    """What a checked artifact holds: the heads, their calibration and the whole manifest."""
+
+    heads: dict[str, Head]
+    calibration: Calibration
+    manifest: dict[str, Any]
+
+
+def load_parts(directory: Path) -> Parts:
+    """Read and check a router directory; any problem is a RouterArtifactError."""
     mpath, fpath = directory / MANIFEST_FILE, directory / MODEL_FILE
     for p in (mpath, fpath):
         if not p.is_file():
@@ -161,17 +174,15 @@ def load_router(directory: Path | None = None) -> Router:
     names = list(manifest.get("heads", FORMS["single"]))
     estimators = _load_estimators(blob, fpath, names, flat=fmt == 1)
     try:
-        router = Router(
+        return Parts(
             heads={n: head_from(estimators[n]) for n in names},
             calibration=Calibration.from_json(manifest["calibration"]),
             manifest=manifest,
-            path=directory,
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RouterArtifactError(
             f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
         ) from exc
-    return router
 
 
 def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:

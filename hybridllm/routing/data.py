@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError
-from .features import Messages
+from hybridllm.errors import ConfigError
+from hybridllm.routing.features import Messages
 
 Split = Literal["train", "calibration", "test"]
 Label = Literal["cloud-needed", "local-wrong"]

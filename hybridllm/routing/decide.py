@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hybridllm.events import EngineName
-from hybridllm.latency import Prediction
 from hybridllm.policy import Policy
+from hybridllm.routing.inputs import Prediction
 
 PlanKind = Literal["single", "hedge", "refuse"]
 AUTO_HEDGE_MIN_SAMPLES = 5

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import features as F
-from .data import Example, Label, as_label, by_split
-from .metrics import (
+from hybridllm.routing import features as F
+from hybridllm.routing.data import Example, Label, as_label, by_split
+from hybridllm.routing.metrics import (
     CPT_TARGETS,
     SHOWN_SHARES,
     Curve,
@@ -30,8 +30,8 @@ from .metrics import (
     routing_curve,
     summarize,
 )
-from .router import Router
-from .train import Form, as_form
+from hybridllm.routing.router import Router
+from hybridllm.routing.train import Form, as_form
 
 
 @dataclass
@@ -80,7 +80,7 @@ def evaluate(
     seed: int = 0,
 ) -> list[Block]:
     """All blocks of the report (overall, per source, left-out sources)."""
-    from .train import fit
+    from hybridllm.routing.train import fit
 
     splits = by_split(examples)
     test = splits["test"]

@@ -1,4 +1,5 @@
-"""What the client asks of the pieces that feed `decide()`: a router, a budget, a privacy scan.
+"""What feeds `decide()`: the protocols of a router, a budget and a privacy scan, and the
+latency model's `Prediction` (produced in the runtime, read here).
 
 Plain protocols, so any object with these methods plugs in (the trained router, the budget
 ledger, the privacy detector) without this package importing them.
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from hybridllm.events import EngineName
 
 if TYPE_CHECKING:
     from hybridllm.policy import Policy
@@ -42,3 +45,19 @@ class PrivacyScan(Protocol):
     def __call__(self, text: str) -> Collection[str]:
         """The kinds of personal or secret data found in `text` (never the values)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Expected and p95 seconds for one request on one engine, if sent now."""
+
+    engine: EngineName
+    ttft_s: float
+    ttft_p95_s: float
+    total_s: float
+    total_p95_s: float
+    tpot_s: float
+    queue_s: float = 0.0
+    samples: int = 0  # requests behind the figures (0: the prior only)
+    drift_s: float = 0.0  # shift applied for recent requests running slower (+) or faster (-)
+    source: str = "model"  # "model" (learned or seeded) or "engine" (the engine's own guess)

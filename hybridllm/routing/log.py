@@ -29,9 +29,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import DecisionLogError
-from .data import Example
-from .features import Messages
+from hybridllm.errors import DecisionLogError
+from hybridllm.routing.data import Example
+from hybridllm.routing.features import Messages
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the decisions

@@ -24,102 +24,18 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import RouterThresholdError
-from . import features as F
+from hybridllm.errors import RouterArtifactError, RouterThresholdError
+from hybridllm.routing import artifact, features as F
+from hybridllm.routing.heads import Calibration, Head, form_of, score_quantiles_of
 
-N_QUANTILES = 101
-LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12  # score quantiles at 0, 1, ..., 100 percent
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What thresholds are computed from.
-
-    `score_quantiles[i]` is the i-th percentile of the scores (calibration split, or traffic);
-    `curve` holds (threshold, cloud share, quality) on the labelled calibration split, one row
-    per prompt count sent to the cloud, thresholds decreasing.
-    """
-
-    score_quantiles: tuple[float, ...]
-    curve: tuple[tuple[float, float, float], ...]
-    source: str = "calibration split"
-
-    @classmethod
-    def from_labelled(
-        cls,
-        scores: Sequence[float] | npt.NDArray[np.float64],
-        local_correct: Sequence[bool],
-        cloud_correct: Sequence[bool],
-    ) -> Calibration:
-        from .metrics import routing_curve
-
-        s = np.asarray(scores, dtype=np.float64)
-        curve = routing_curve(s, local_correct, cloud_correct)
-        desc = np.sort(s)[::-1]
-        # sending the top k: cloud iff score > the (k+1)-th highest score
-        thresholds = np.r_[1.0, desc[1:], 0.0]
-        rows = tuple(
-            (round(float(t), 9), round(float(c), 9), round(float(q), 9))
-            for t, c, q in zip(thresholds, curve.shares, curve.quality, strict=True)
-        )
-        return cls(score_quantiles=_quantiles(s), curve=rows)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "score_quantiles": list(self.score_quantiles),
-            "curve": [list(r) for r in self.curve],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Calibration:
-        return cls(
-            score_quantiles=tuple(float(x) for x in data["score_quantiles"]),
-            curve=tuple((float(a), float(b), float(c)) for a, b, c in data["curve"]),
-            source=str(data.get("source", "calibration split")),
-        )
-
-
-def _quantiles(scores: npt.NDArray[np.float64]) -> tuple[float, ...]:
-    qs = np.quantile(scores, np.linspace(0.0, 1.0, N_QUANTILES))
-    return tuple(round(float(q), 9) for q in qs)
-
-
-@dataclass(frozen=True)
-class Head:
-    """One calibrated linear classifier: P = sigmoid(a * (w . x + c) + b), where x is the hashed
-    n-gram counts (scaled) then the dense features of `features.extract`."""
-
-    weights: npt.NDArray[np.float64]  # hashed buckets, then dense features
-    intercept: float
-    platt: tuple[float, float]  # (a, b)
-
-    def __post_init__(self) -> None:
-        expected = F.N_HASH + len(F.DENSE_NAMES)
-        if self.weights.shape != (expected,):
-            raise ValueError(f"weights must have shape ({expected},), got {self.weights.shape}")
-
-
-# The router's forms: one head for the label itself, or the label factored into two heads,
-# score = P(cloud right) * (1 - P(local right)) (conditional independence given the prompt).
-FORMS: dict[str, tuple[str, ...]] = {
-    "single": ("label",),
-    "factored": ("cloud_right", "local_right"),
-}
-
-
-def form_of(heads: Sequence[str]) -> str:
-    for form, names in FORMS.items():
-        if tuple(heads) == names:
-            return form
-    raise ValueError(f"unknown router heads {list(heads)}; known: {list(FORMS.values())}")
+LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12  
 
 
 class Router:
@@ -156,9 +72,17 @@ class Router:
     def load(cls, path: Path | str | None = None) -> Router:
         """Load a router directory (default: the shipped `models/router/`), checking its
         manifest, file hash and versions; any problem is a RouterArtifactError."""
-        from .artifact import load_router
-
-        return load_router(Path(path) if path is not None else None)
+        directory = Path(path) if path is not None else artifact.default_dir()
+        parts = artifact.load_parts(directory)
+        try:
+            return cls(heads=parts.heads, calibration=parts.calibration,
+                       manifest=parts.manifest, path=directory)  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RouterArtifactError(
+                f"router artifact does not fit this router ({exc})",
+                path=directory / artifact.MODEL_FILE,
+                reason="malformed",
+            ) from exc
 
     # --- scoring -------------------------------------------------------------------------
 
@@ -250,7 +174,8 @@ class Router:
             raise RouterThresholdError(f"recalibration needs at least 20 scores, got {len(s)}")
         if not np.all((s >= 0.0) & (s <= 1.0)):
             raise RouterThresholdError("scores must be probabilities within 0..1")
-        new = replace(self.calibration, score_quantiles=_quantiles(s), source=f"traffic n={len(s)}")
+        quantiles = score_quantiles_of(s)
+        new = replace(self.calibration, score_quantiles=quantiles, source=f"traffic n={len(s)}")
         clone = copy.copy(self)
         clone.calibration = new
         return clone

@@ -27,10 +27,19 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import ConfigError
-from . import features as F
-from .data import LABELS, Example, Label, by_split, file_sha256, load_examples, write_split_file
-from .router import FORMS, Calibration, Head, Router
+from hybridllm.errors import ConfigError
+from hybridllm.routing import features as F
+from hybridllm.routing.data import (
+    LABELS,
+    Example,
+    Label,
+    by_split,
+    file_sha256,
+    load_examples,
+    write_split_file,
+)
+from hybridllm.routing.heads import FORMS, Calibration, Head
+from hybridllm.routing.router import Router
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_LABEL: Label = "cloud-needed"
@@ -208,15 +217,15 @@ def train(
     log: TextIO | None = None,
 ) -> dict[str, Any]:
     """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`."""
-    from .artifact import save_router, weights_sha256
-    from .metrics import routing_curve, summarize
+    from hybridllm.routing.artifact import save_router, weights_sha256
+    from hybridllm.routing.metrics import routing_curve, summarize
 
     examples = load_examples(data)
     splits = by_split(examples)
     train_rows = list(splits["train"])
     log_info: dict[str, Any] | None = None
     if from_log is not None:
-        from .log import DecisionLog
+        from hybridllm.routing.log import DecisionLog
 
         with DecisionLog(from_log) as dlog:
             extra = dlog.training_examples()
@@ -264,7 +273,7 @@ def train(
             "cv_roc_auc": {
                 h: {str(k): round(v, 4) for k, v in auc.items()} for h, auc in fitted.cv_auc.items()
             },
-            "weights_sha256": weights_sha256(r),
+            "weights_sha256": weights_sha256(r.heads),
         },
         "metrics": {
             "calibration": _prob_metrics(cal_scores, splits["calibration"], label),

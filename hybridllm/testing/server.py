@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
 from hybridllm.errors import HybridError
+from hybridllm.local import waitpolicy
 
 __all__ = ["LlamaServer", "ServerStartError"]
 
@@ -164,6 +165,8 @@ class LlamaServer:
             self._log_file = os.fdopen(fd, "wb")
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # the server loads llama.cpp: its threads wait as this process's would (see waitpolicy)
+        env.setdefault(waitpolicy.ENV, waitpolicy.choose_safely())
         self._proc = subprocess.Popen(
             self.command(port),
             stdin=subprocess.DEVNULL,

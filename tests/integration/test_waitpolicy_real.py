@@ -1,0 +1,21 @@
+"""The wait-policy measurement on the real model: one fresh process per policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridllm.errors import TuneError
+from hybridllm.local import waitpolicy
+from hybridllm.local.settings import DEFAULT_SETTINGS
+
+
+def test_measure_runs_the_real_model_under_each_policy(model_path: Path) -> None:
+    settings = json.dumps(dataclasses.asdict(DEFAULT_SETTINGS.resolved()))
+    rates = waitpolicy.measure(model_path, "active", settings, quick=True)
+    assert rates["prefill_tps"] > 0 and rates["decode_tps"] > 0
+    with pytest.raises(TuneError, match="failed"):
+        waitpolicy.measure(model_path.parent / "missing.gguf", "passive", settings, quick=True)

@@ -1,0 +1,254 @@
+"""The budget ledger: cost math, caps per period and scope, UTC roll-over, expiry, and
+correctness across threads and processes sharing one SQLite file."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hybridllm.errors import BudgetExceededError, ConfigError
+from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
+
+# $1 per million input tokens, $2 per million output tokens: 1 token in = 1 micro-dollar
+PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
+
+
+class Clock:
+    def __init__(self, iso: str) -> None:
+        self.t = datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def reserve(
+    ledger: Ledger, caps: list[Cap], prompt: int = 1000, out: int = 500, scope: str = "chat"
+) -> Reservation:
+    return ledger.reserve(
+        model="m", price=PRICE, prompt_tokens=prompt, max_tokens=out, scope=scope, caps=caps
+    )
+
+
+def test_cost_is_exact_and_rounded_up() -> None:
+    p = ModelPrice(input_per_million=0.15, output_per_million=0.6)
+    assert p.cost_usd(1_000_000, 0) == 0.15
+    assert p.cost_usd(0, 1_000_000) == 0.6
+    assert p.cost_nano(1, 1) == 150 + 600  # nano-dollars
+    assert ModelPrice(input_per_million=0.0001, output_per_million=0).cost_nano(1, 0) == 1
+
+
+def test_prices_from_toml_and_errors(tmp_path: Path) -> None:
+    good = tmp_path / "prices.toml"
+    good.write_text(
+        '[models."gpt-4o-mini"]\ninput_per_million = 0.15\noutput_per_million = 0.6\n'
+        "[default]\ninput_per_million = 5\noutput_per_million = 15\n"
+    )
+    prices = Prices.from_toml(good)
+    assert prices.price("gpt-4o-mini").output_per_million == 0.6
+    assert prices.price("other").input_per_million == 5
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[models."m"]\ninput_per_million = -1\noutput_per_million = 1\n')
+    with pytest.raises(ConfigError, match=r"bad\.toml: models\.m\.input_per_million"):
+        Prices.from_toml(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        Prices.from_toml(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="priced models: gpt-4o-mini"):
+        Prices(models={"gpt-4o-mini": PRICE}).price("gpt-5")
+    with pytest.raises(ConfigError, match="period"):
+        Cap(None, "week", 1.0)  # type: ignore[arg-type]
+
+
+def test_reserve_settle_release_math() -> None:
+    ledger = Ledger()
+    r = reserve(ledger, [])
+    assert r.amount_usd == pytest.approx(1000e-6 + 1000e-6)  # 1000 in + 500 out at $2/M
+    assert ledger.spend("day").reserved_usd == pytest.approx(0.002)
+    assert ledger.settle(r, TokenUsage(800, 100)) == pytest.approx(800e-6 + 200e-6)
+    assert ledger.spend("day").settled_usd == pytest.approx(0.001)
+    assert ledger.spend("day").reserved_usd == 0
+    assert ledger.settle(r, TokenUsage(5, 5)) == pytest.approx(0.001)  # a second settle: no-op
+    r2 = reserve(ledger, [])
+    ledger.release(r2)
+    assert ledger.spend("day").settled_usd == pytest.approx(0.001)
+    assert ledger.spend("month").reserved_usd == 0
+    assert [e["state"] for e in ledger.entries()] == ["settled", "released"]
+
+
+def test_caps_per_period_and_scope_name_the_cap() -> None:
+    ledger = Ledger()
+    caps = [Cap(None, "day", 0.005), Cap("chat", "day", 0.003), Cap("chat", "request", 0.0025)]
+    reserve(ledger, caps)  # chat: 0.002 held
+    with pytest.raises(BudgetExceededError) as info:
+        reserve(ledger, caps)  # chat would hold 0.004 > 0.003
+    err = info.value
+    assert not err.retryable and err.cap == "policy 'chat' daily" and err.limit_usd == 0.003
+    assert err.reserved_usd == pytest.approx(0.002) and err.needed_usd == pytest.approx(0.002)
+    assert str(err).startswith("budget: policy 'chat' daily cap of $0.003000")
+    reserve(ledger, caps, scope="batch")  # another scope: only the global cap applies
+    with pytest.raises(BudgetExceededError, match="global daily"):
+        reserve(ledger, caps, scope="batch")  # global would hold 0.006 > 0.005
+    with pytest.raises(BudgetExceededError, match="per-request cap of \\$0.002500"):
+        reserve(ledger, caps, prompt=3000)
+    assert ledger.remaining(caps, "chat") == pytest.approx(0.001)
+    assert ledger.remaining(caps, "batch") == pytest.approx(0.001)
+
+
+def test_utc_day_and_month_roll_over() -> None:
+    clock = Clock("2026-01-31T23:59:00")
+    ledger = Ledger(clock=clock)
+    caps = [Cap(None, "day", 0.003), Cap(None, "month", 0.005)]
+    ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))  # 0.002 on Jan 31
+    with pytest.raises(BudgetExceededError, match="daily"):
+        reserve(ledger, caps)
+    clock.t += 120  # 00:01 UTC, Feb 1: a new day and a new month
+    r = reserve(ledger, caps)
+    assert r.day == "2026-02-01" and r.month == "2026-02"
+    ledger.settle(r, TokenUsage(1000, 500))
+    clock.t += 86400  # Feb 2: new day, same month (0.002 spent of 0.005)
+    ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))
+    clock.t += 86400  # Feb 3: the day is fresh, the month (0.004 of 0.005) is not
+    with pytest.raises(BudgetExceededError, match="global monthly"):
+        reserve(ledger, caps)
+    assert ledger.spend("month", at=Clock("2026-01-15T00:00:00").t).settled_usd == 0.002
+
+
+def test_stale_reservations_expire_at_their_worst_case() -> None:
+    clock = Clock("2026-06-01T12:00:00")
+    ledger = Ledger(clock=clock, ttl_s=60)
+    caps = [Cap(None, "day", 0.004)]
+    crashed = reserve(ledger, caps)  # its process dies: never settled
+    late = reserve(ledger, caps)
+    with pytest.raises(BudgetExceededError):
+        reserve(ledger, caps)
+    clock.t += 61
+    assert ledger.expire() == 2
+    spend = ledger.spend("day")
+    assert spend.reserved_usd == 0 and spend.settled_usd == pytest.approx(0.004)
+    # the slow one reports after all: its real cost replaces the worst case
+    assert ledger.settle(late, TokenUsage(100, 0)) == pytest.approx(0.0001)
+    ledger.release(crashed)  # it was never sent after all
+    assert ledger.spend("day").settled_usd == pytest.approx(0.0001)
+    reserve(ledger, caps)
+
+
+def test_a_file_ledger_persists(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path) as a:
+        a.settle(reserve(a, []), TokenUsage(1000, 0))
+    with Ledger(path) as b:
+        assert b.spend("day").settled_usd == pytest.approx(0.001)
+        mode = b._db.execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+CAP_USD = 0.05  # 25 requests of 0.002 each
+N_WORKERS, TRIES = 4, 20
+
+
+def _hammer(path: str, results: multiprocessing.Queue[int]) -> None:
+    """A worker process: reserve and settle at the full worst case as long as the cap allows."""
+    ledger = Ledger(path)
+    ok = 0
+    for _ in range(TRIES):
+        try:
+            r = reserve(ledger, [Cap(None, "day", CAP_USD)])
+        except BudgetExceededError:
+            continue
+        ledger.settle(r, TokenUsage(1000, 500))
+        ok += 1
+    ledger.close()
+    results.put(ok)
+
+
+def test_processes_sharing_the_file_never_overspend(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared.db")
+    Ledger(path).close()  # created (and migrated) once; the workers race on reserve only
+    ctx = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue[int] = ctx.Queue()
+    procs = [ctx.Process(target=_hammer, args=(path, results)) for _ in range(N_WORKERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    succeeded = sum(results.get(timeout=5) for _ in procs)
+    with Ledger(path) as ledger:
+        spent = ledger.spend("day").settled_usd
+        states = [e["state"] for e in ledger.entries()]
+    assert succeeded == 25 == states.count("settled") == len(states)
+    assert spent == pytest.approx(CAP_USD) and spent <= CAP_USD
+
+
+def test_threads_sharing_one_ledger_never_overspend(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "threads.db")
+    ok: list[int] = []
+
+    def work() -> None:
+        for _ in range(10):
+            try:
+                r = reserve(ledger, [Cap(None, "day", CAP_USD)])
+            except BudgetExceededError:
+                continue
+            ledger.settle(r, TokenUsage(1000, 500))
+            ok.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ok) == 25
+    assert ledger.spend("day").settled_usd <= CAP_USD
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["reserve", "settle", "release", "wait"]),
+            st.integers(0, 20),
+            st.sampled_from(["chat", "batch"]),
+        ),
+        max_size=40,
+    )
+)
+def test_running_totals_always_match_the_entries(ops: list[tuple[str, int, str]]) -> None:
+    """Any sequence of reserve / settle / release / clock moves (expiry, day and month roll):
+    the running totals a reservation reads equal sums recomputed from the entries."""
+    clock = Clock("2026-01-31T23:00:00")
+    ledger = Ledger(clock=clock, ttl_s=1800)
+    open_: list[Reservation] = []
+    for op, n, scope in ops:
+        if op == "reserve":
+            try:
+                open_.append(reserve(ledger, [Cap(None, "day", 0.01)], prompt=100 * n, scope=scope))
+            except BudgetExceededError:
+                pass
+        elif op == "settle" and open_:
+            ledger.settle(open_[n % len(open_)], TokenUsage(10 * n, n))
+        elif op == "release" and open_:
+            ledger.release(open_.pop(n % len(open_)))
+        elif op == "wait":
+            clock.t += 600 * n
+            ledger.expire()
+    db = ledger._db
+    for period in ("day", "month"):
+        for scope_key, where, args in (("*", "1", ()), ("p:chat", "scope = ?", ("chat",))):
+            rows = db.execute(
+                f"SELECT {period}, "
+                "COALESCE(SUM(CASE WHEN state IN ('settled','expired') THEN cost_nano END), 0), "
+                "COALESCE(SUM(CASE WHEN state = 'reserved' THEN reserved_nano END), 0) "
+                f"FROM entries WHERE {where} GROUP BY {period}",
+                args,
+            ).fetchall()
+            for key, spent, held in rows:
+                total = db.execute(
+                    "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
+                    (key, scope_key),
+                ).fetchone()
+                assert total == (spent, held), (period, scope_key, key)

@@ -1,0 +1,82 @@
+"""Mid-stream failover with `ScriptedEngine` doubles: the answer continues on the other engine
+from the delivered text (timing and bookkeeping only; the real engines are in the integration
+tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridllm import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    Fallback,
+    HybridClient,
+    Policy,
+    ScriptedEngine,
+    Token,
+)
+from hybridllm.runtime.plans import StallError
+
+pytestmark = pytest.mark.anyio
+
+CLOUDY = Policy(name="cloudy", prefer="cloud")
+
+
+def reset() -> CloudConnectionError:
+    return CloudConnectionError("connection reset", received_content=True)
+
+
+async def test_reset_mid_stream_continues_on_the_local_engine() -> None:
+    cloud = ScriptedEngine("cloud", script=["Hel", 0.01, "lo", reset()])
+    local = ScriptedEngine("local", tokens=["!", " Bye"])
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUDY) as client:
+        async with client.stream("greet me") as s:
+            events = [e async for e in s.events()]
+    text = "".join(e.text for e in events if isinstance(e, Token))
+    assert text == "Hello! Bye"
+    assert [e.engine for e in events if isinstance(e, Token)] == ["cloud"] * 2 + ["local"] * 2
+    assert local.requests[0].assistant_prefix == "Hello"
+    assert list(local.requests[0].messages) == list(cloud.requests[0].messages)
+    fb = [e for e in events if isinstance(e, Fallback)]
+    assert len(fb) == 1 and fb[0].from_engine == "cloud" and "mid-stream" in fb[0].reason
+    tr = s.trace
+    assert tr.engine == "local" and tr.started == ["cloud", "local"]
+    assert len(tr.switches) == 1 and tr.switches[0][1:3] == ("cloud", "local")
+    assert tr.switches[0][4] == len("Hello") and tr.n_tokens == 4
+
+
+async def test_stall_past_the_limit_moves_the_answer() -> None:
+    cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
+    local = ScriptedEngine("local", tokens=["b"])
+    policy = Policy(name="s", prefer="cloud", stall_ms=100)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        res = await client.complete("q")
+        assert cloud.active == 0  # the stalled stream was closed
+    assert res.text == "ab" and "no token for 100 ms" in res.trace.switches[0][3]
+    itl = res.trace.itl_ms
+    assert len(itl) == 1 and 95 <= itl[0] < 400
+
+
+async def test_without_a_backup_the_error_keeps_what_was_delivered() -> None:
+    cloud = ScriptedEngine("cloud", script=["par", "tial", reset()])
+    local = ScriptedEngine("local", tokens=["x"])
+    private_ish = Policy(name="p", prefer="cloud", ttft_deadline_ms=None)
+    got: list[str] = []
+    async with HybridClient(cloud=cloud, policy=private_ish) as client:
+        with pytest.raises(CloudConnectionError):
+            async for tok in client.stream("q"):
+                got.append(tok)
+    assert "".join(got) == "partial" and not local.requests
+
+
+async def test_failover_happens_once() -> None:
+    cloud = ScriptedEngine("cloud", script=["one ", reset()])
+    local = ScriptedEngine("local", script=["two ", 0.01, StallError("x", engine="local")])
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUDY) as client:
+        got: list[str] = []
+        with pytest.raises(AllEnginesFailedError) as info:
+            async for tok in client.stream("q"):
+                got.append(tok)
+    assert "".join(got) == "one two "
+    assert [a[0] for a in info.value.attempts] == ["cloud", "local"]
+    assert info.value.received_content

@@ -1,0 +1,280 @@
+"""`GuardedEngine` in the orchestrator, with `ScriptedEngine` doubles (orchestration logic only;
+the real server is in test_guarded_integration.py): refusals fall back to the local engine, and
+every way a cloud stream ends settles or releases its reservation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from hybridllm import (
+    AllEnginesFailedError,
+    Cap,
+    CloudConnectionError,
+    Fallback,
+    GuardedEngine,
+    HybridClient,
+    Ledger,
+    LocalEngineError,
+    ModelPrice,
+    Policy,
+    Prices,
+    PrivacyBlockedError,
+    RequestRefusedError,
+    Route,
+    ScriptedEngine,
+    ServerError,
+    Token,
+)
+from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.events import Chunk, Delta, Finish, Mark
+from hybridllm.guard.budget import Reservation
+from hybridllm.guard.guarded import prompt_token_bound
+
+pytestmark = pytest.mark.anyio
+
+PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
+PRICES = Prices(models={"scripted": PRICE})
+CLOUD_FIRST = Policy(name="chat", prefer="cloud")
+EMAIL = "bob.jones@corp-mail.org"
+
+
+def local_and_cloud(**cloud: object) -> tuple[ScriptedEngine, ScriptedEngine]:
+    return (
+        ScriptedEngine("local", tokens=["local", " answer"], ttft_s=0.01),
+        ScriptedEngine("cloud", **cloud) if cloud else ScriptedEngine("cloud", tokens=["cloud"]),  # type: ignore[arg-type]
+    )
+
+
+async def test_default_client_lets_everything_through() -> None:
+    local, cloud = local_and_cloud()
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        text = (await client.complete(f"write to {EMAIL}")).text
+    assert isinstance(client.cloud, GuardedEngine) and client.cloud.inner is cloud
+    assert text == "cloud" and EMAIL in str(cloud.requests)  # privacy is opt-in
+
+
+async def test_privacy_refusal_sends_nothing_and_local_answers() -> None:
+    local, cloud = local_and_cloud()
+    client = HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST, privacy="keep-local")
+    async with client:
+        async with client.stream(f"Write a reply to {EMAIL}") as s:
+            events = [e async for e in s.events()]
+        benign = await client.complete("Write a haiku about rain.")
+    assert not [r for r in cloud.requests if EMAIL in str(r)]  # nothing reached the cloud
+    assert "".join(e.text for e in events if isinstance(e, Token)) == "local answer"
+    tr = s.trace
+    # routing saw the finding first: local from the start, the reason says privacy
+    assert tr.engine == "local" and tr.started == ["local"] and tr.fallback_reason is None
+    assert "privacy: email found -> local only" in tr.route_reason
+    route = next(e for e in events if isinstance(e, Route))
+    assert "privacy" in route.reason and not any(isinstance(e, Fallback) for e in events)
+    assert EMAIL not in repr(tr) + repr(events) + str(tr.summary())
+    assert benign.text == "cloud" and benign.trace.engine == "cloud"
+
+
+async def test_a_hedge_never_carries_a_flagged_prompt() -> None:
+    local = ScriptedEngine("local", tokens=["slow", " local"], ttft_s=0.15)
+    cloud = ScriptedEngine("cloud", tokens=["fast cloud"], ttft_s=0.0)
+    hedged = Policy(name="hedged", prefer="local", hedge_after_ms=10)
+    async with HybridClient(local=local, cloud=cloud, policy=hedged, privacy="keep-local") as c:
+        private = await c.complete(f"my email is {EMAIL}")
+        benign = await c.complete("what is 2 + 2?")
+    assert private.text == "slow local" and not private.trace.hedged  # no cloud to hedge with
+    assert "privacy: email found -> local only" in private.trace.route_reason
+    assert benign.text == "fast cloud" and benign.trace.engine == "cloud"
+    assert len(cloud.requests) == 1 and EMAIL not in str(cloud.requests)
+
+
+async def test_a_failover_continuation_with_flagged_text_is_not_sent() -> None:
+    crash = LocalEngineError("decode failed", engine="local", received_content=True)
+    local = ScriptedEngine("local", script=[0.0, "Sure: write to ", 0.0, EMAIL, 0.0, crash])
+    cloud = ScriptedEngine("cloud", tokens=["cloud"])
+    local_first = Policy(name="local", prefer="local")
+    async with HybridClient(
+        local=local, cloud=cloud, policy=local_first, privacy="keep-local"
+    ) as c:
+        with pytest.raises(AllEnginesFailedError) as info:
+            await c.complete("Invent a contact address for Bob.")
+    assert cloud.requests == []
+    assert "privacy" in str(info.value) and EMAIL not in str(info.value)
+
+
+async def test_budget_refusal_goes_local_and_cloud_only_raises_it() -> None:
+    local, cloud = local_and_cloud()
+    caps = [Cap(None, "request", 1e-6)]  # no request fits
+    kw = {"policy": CLOUD_FIRST, "prices": PRICES, "budget_caps": caps}
+    async with HybridClient(local=local, cloud=cloud, **kw) as client:  # type: ignore[arg-type]
+        done = await client.complete("hello")
+    assert done.text == "local answer" and cloud.requests == []
+    assert "budget: cannot cover the cloud request" in done.trace.route_reason
+    async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["x"]), **kw) as only:  # type: ignore[arg-type]
+        with pytest.raises(RequestRefusedError, match="budget: cannot cover .*global per-request"):
+            await only.complete("hello")
+
+
+class ReportingEngine:
+    """A scripted cloud double that reports usage in its Finish (like a server with
+    include_usage), or fails before sending."""
+
+    name = "cloud"
+
+    def __init__(self, tokens: list[str], *, prompt_tokens: int = 30, fail_unsent: bool = False):
+        self.tokens = tokens
+        self.prompt_tokens = prompt_tokens
+        self.fail_unsent = fail_unsent
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name="cloud", model="scripted")
+
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        return None
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        if self.fail_unsent:
+            raise CloudConnectionError("connect refused")
+        yield Mark("request_sent", time.perf_counter())
+        for tok in self.tokens:
+            await anyio.sleep(0.001)
+            yield Delta(tok, time.perf_counter())
+        yield Finish("stop", self.prompt_tokens, len(self.tokens), time.perf_counter())
+
+
+async def drain(engine: GuardedEngine, request: GenerationRequest, take: int | None = None) -> None:
+    n = 0
+    agen = engine.stream(request)
+    try:
+        async for chunk in agen:
+            n += isinstance(chunk, Delta)
+            if take is not None and n >= take:
+                break
+    finally:
+        await agen.aclose()
+
+
+async def test_every_ending_settles_or_releases() -> None:
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    bound = prompt_token_bound(req)
+
+    def guard(inner: object) -> GuardedEngine:
+        return GuardedEngine(inner, privacy="off", ledger=ledger, prices=PRICES)  # type: ignore[arg-type]
+
+    ledger = Ledger()
+    await drain(guard(ReportingEngine(["a", "b", "c"])), req)  # reported usage
+    await drain(guard(ReportingEngine(["a", "b", "c", "d"])), req, take=2)  # the consumer left
+    with pytest.raises(CloudConnectionError):
+        await drain(guard(ReportingEngine(["a"], fail_unsent=True)), req)  # never sent
+    with pytest.raises(ServerError):  # an error status before any content: not billed
+        await drain(guard(ScriptedEngine("cloud", script=[ServerError("x", status_code=503)])), req)
+    reset = CloudConnectionError("reset", received_content=True)
+    with pytest.raises(CloudConnectionError):  # failed mid-answer: billed as counted
+        await drain(guard(ScriptedEngine("cloud", script=["a", "b", reset])), req)
+    rows = [
+        (e["state"], e["prompt_tokens"], e["completion_tokens"], e["estimated"])
+        for e in ledger.entries()
+    ]
+    assert rows == [
+        ("settled", 30, 3, 0),
+        ("settled", bound, 2, 1),
+        ("released", bound, None, 0),
+        ("released", bound, None, 0),
+        ("settled", bound, 2, 1),
+    ]
+    assert ledger.spend("day").reserved_usd == 0
+
+
+async def test_100_concurrent_streams_never_overspend_a_small_cap() -> None:
+    """ScriptedEngine doubles (the real server's version is in test_guarded_integration.py):
+    100 streams at once through the client, a cap that covers a few worst cases; every refused
+    request is answered locally, some consumers leave early, and settled spend stays under."""
+    ledger = Ledger()
+    local = ScriptedEngine("local", tokens=["l"] * 3, ttft_s=0.01, tpot_s=0.005)
+    cloud = ScriptedEngine("cloud", tokens=["c"] * 8, ttft_s=0.02, tpot_s=0.005)
+    prompt = "Summarise the news in one line."
+    req = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_tokens=8)
+    worst = PRICE.cost_usd(prompt_token_bound(req), 8)
+    cap = 7.5 * worst
+    client = HybridClient(
+        local=local,
+        cloud=cloud,
+        policy=CLOUD_FIRST,
+        ledger=ledger,
+        prices=PRICES,
+        budget_caps=[Cap(None, "day", cap)],
+    )
+    served: dict[str, int] = {"local": 0, "cloud": 0}
+    refused = 0
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        async with client.stream(prompt, max_tokens=8) as s:
+            async for _ in s:
+                if i % 7 == 0:
+                    break  # the consumer leaves early
+        if i % 7:
+            assert s.trace.engine is not None and s.trace.error is None
+            served[s.trace.engine] += 1
+        refused += any("budget:" in r for r in s.trace.refusals)
+
+    async with client, anyio.create_task_group() as tg:
+        for i in range(100):
+            tg.start_soon(one, i)
+    spent = ledger.spend("day")
+    settled = [e for e in ledger.entries() if e["state"] == "settled"]
+    print(f"cap ${cap:.6f}, settled ${spent.settled_usd:.6f} over {len(settled)} cloud requests")
+    assert spent.reserved_usd == 0 and spent.settled_usd <= cap
+    assert len(settled) >= 7 and refused == 100 - len(settled)  # each one cloud or refused
+    assert served["local"] > 0 and sum(served.values()) == 100 - len(range(0, 100, 7))
+
+
+async def test_forced_or_cloud_only_requests_get_the_typed_refusal(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text("[models.scripted]\ninput_per_million = 1\noutput_per_million = 2\n")
+    local, cloud = local_and_cloud()
+    client = HybridClient(
+        local=local,
+        cloud=cloud,
+        privacy="keep-local",
+        ledger=tmp_path / "spend.db",
+        prices=prices,
+    )
+    assert isinstance(client.cloud, GuardedEngine) and client.cloud.ledger is not None
+    async with client:
+        with pytest.raises(RequestRefusedError, match="privacy: email found"):
+            await client.complete(f"mail {EMAIL}", engine="cloud")
+        # past routing (a path that did not ask it), the guard at the seam refuses too
+        request = GenerationRequest(messages=({"role": "user", "content": f"mail {EMAIL}"},))
+        with pytest.raises(PrivacyBlockedError, match="^privacy: the request contains email"):
+            await drain(client.cloud, request)
+        assert (await client.complete("hi", engine="cloud")).text == "cloud"
+    assert [e["state"] for e in client.cloud.ledger.entries()] == ["settled"]
+    assert cloud.requests and all(EMAIL not in str(r) for r in cloud.requests)
+
+
+class SlowLedger(Ledger):
+    """A ledger whose reserve() takes 200 ms (a busy file)."""
+
+    def reserve(self, **kw: Any) -> Reservation:
+        time.sleep(0.2)
+        return super().reserve(**kw)
+
+
+async def test_a_cancel_while_reserving_releases_the_reservation() -> None:
+    ledger = SlowLedger()
+    guard = GuardedEngine(
+        ScriptedEngine("cloud", tokens=["a"]), privacy="off", ledger=ledger, prices=PRICES
+    )
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    with anyio.move_on_after(0.05) as scope:
+        await drain(guard, req)
+    assert scope.cancelled_caught
+    assert [e["state"] for e in ledger.entries()] == ["released"]

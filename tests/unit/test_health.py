@@ -1,0 +1,111 @@
+"""Circuit breaker: unit tests of the state machine, and routing around an open circuit
+(with `ScriptedEngine` doubles)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hybridllm import (
+    AuthenticationError,
+    CloudConnectionError,
+    HybridClient,
+    Policy,
+    ScriptedEngine,
+)
+from hybridllm.runtime.health import CircuitBreaker
+
+
+def test_opens_after_threshold_and_probes_after_reset() -> None:
+    cb = CircuitBreaker(threshold=2, reset_after_s=0.05)
+    assert cb.allow() and cb.state == "closed"
+    cb.record(CloudConnectionError("refused"))
+    assert cb.state == "closed"
+    cb.record(CloudConnectionError("refused"))
+    assert cb.state == "open" and not cb.allow()
+    time.sleep(0.06)
+    assert cb.state == "half-open"
+    assert cb.allow() and not cb.allow()  # one probe at a time
+    cb.record(CloudConnectionError("still down"))
+    assert cb.state == "open"
+    time.sleep(0.06)
+    assert cb.allow()
+    cb.record(None)
+    assert cb.state == "closed" and cb.failures == 0 and cb.allow()
+
+
+def test_configuration_errors_do_not_open_the_circuit() -> None:
+    cb = CircuitBreaker(threshold=1)
+    cb.record(AuthenticationError("bad key", status_code=401))
+    assert cb.state == "closed"
+
+
+@pytest.mark.anyio
+async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
+    down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
+    local = ScriptedEngine("local", tokens=["local"])
+    policy = Policy(name="cloudy", prefer="cloud")
+    async with HybridClient(local=local, cloud=down, policy=policy) as client:
+        client.breakers["cloud"] = CircuitBreaker(threshold=2, reset_after_s=60)
+        for _ in range(2):  # the cloud fails before its first token: the local engine answers
+            res = await client.complete("q")
+            assert res.text == "local" and res.trace.fallback_reason
+        assert client.breakers["cloud"].state == "open"
+        res = await client.complete("q")
+        assert res.text == "local" and "circuit open" in res.trace.route_reason
+        assert res.trace.fallback_reason is None
+    assert len(down.requests) == 2
+
+
+@pytest.mark.anyio
+async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
+    down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
+    async with HybridClient(cloud=down, policy=Policy(retries=0)) as client:
+        client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=60)
+        for _ in range(2):
+            with pytest.raises(CloudConnectionError):
+                await client.complete("q")
+    assert len(down.requests) == 2
+
+
+def test_deadline_misses_open_the_circuit_by_rate_not_one_unlucky_pair() -> None:
+    from hybridllm.errors import DeadlineMissError
+
+    miss = DeadlineMissError("late", engine="cloud")
+    tail = CircuitBreaker(threshold=2, window=10, miss_rate=0.5)
+    for i in range(100):  # one request in ten misses, sometimes two close together
+        tail.record(miss if i % 10 in (3, 5) else None)
+    assert tail.state == "closed"
+
+    stuck = CircuitBreaker(threshold=2, window=10, miss_rate=0.5)
+    for _ in range(6):
+        stuck.record(None)
+    stuck.record(miss)
+    stuck.record(miss)
+    assert stuck.state == "closed"  # 2 of 8: still a tail, not a stuck endpoint
+    while stuck.state == "closed":
+        stuck.record(miss)
+    assert stuck.recent_miss_rate == 0.0  # cleared when it opened
+    assert stuck.failures == 0  # misses never count as hard failures
+
+    fresh = CircuitBreaker(threshold=2)
+    fresh.record(miss)
+    fresh.record(miss)
+    assert fresh.state == "open"  # an endpoint that stalls from the start opens after two
+
+
+def test_two_early_misses_among_successes_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> (
+    None
+):
+    from hybridllm.errors import DeadlineMissError
+
+    miss = DeadlineMissError("late", engine="cloud")
+    cb = CircuitBreaker(threshold=2, window=10, reset_after_s=60, miss_reset_after_s=0.05)
+    for outcome in (None, miss, None, miss):
+        cb.record(outcome)
+    assert cb.state == "closed"  # 2 of 4 seen: not yet judged
+    cb.record(miss)
+    assert cb.state == "open"  # 3 of 5: half a window, over the rate
+    time.sleep(0.06)
+    assert cb.state == "half-open"  # opened by misses: the short reset applies

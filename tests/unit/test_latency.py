@@ -1,0 +1,147 @@
+"""The latency model on synthetic request sequences: learning, heavy tails, drift, traces."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hybridllm.runtime.latency import CLOUD_PRIOR, LatencyModel, Prior
+from hybridllm.runtime.trace import Trace
+
+
+def test_priors_then_warm_up_figures_before_any_request() -> None:
+    model = LatencyModel()
+    p = model.predict("local", 117, 11)
+    assert p.samples == 0 and p.ttft_s == pytest.approx(0.05 + 1.0)
+    model.seed("local", prefill_tps=200.0, tpot_s=0.02, overhead_s=0.02)
+    p = model.predict("local", 200, 11, queue_s=0.5)
+    assert p.ttft_s == pytest.approx(0.5 + 0.02 + 1.0)
+    assert p.total_s == pytest.approx(p.ttft_s + 10 * 0.02)
+    assert p.ttft_p95_s > p.ttft_s
+
+
+def test_learns_overhead_and_prefill_rate_from_noisy_requests() -> None:
+    rng = random.Random(1)
+    model = LatencyModel()  # the prior (117 tok/s, 50 ms) is wrong on purpose
+    for _ in range(40):
+        n = rng.randint(20, 800)
+        model.engine("local").observe(n, 0.03 + n / 300.0 + rng.gauss(0, 0.01), tpot_s=0.04)
+    c = model.engine("local").components()
+    assert c["prefill_tps"] == pytest.approx(300.0, rel=0.05)
+    assert c["overhead_s"] == pytest.approx(0.03, abs=0.01)
+    p = model.predict("local", 600, 101)
+    assert p.ttft_s == pytest.approx(2.03, rel=0.03)
+    assert p.tpot_s == pytest.approx(0.04) and p.total_s == pytest.approx(p.ttft_s + 100 * 0.04)
+
+
+def test_heavy_tail_widens_the_p95_not_the_median() -> None:
+    rng = random.Random(2)
+    model = LatencyModel()
+    samples = [rng.lognormvariate(-1.9, 1.0) for _ in range(48)]  # median ~150 ms
+    for s in samples:
+        model.engine("cloud").observe(30, s)
+    p = model.predict("cloud", 30, 1)
+    true_median = sorted(samples)[24]
+    assert p.ttft_s == pytest.approx(true_median, rel=0.35)
+    assert p.ttft_p95_s > 3 * p.ttft_s
+
+
+def test_one_stall_does_not_move_the_prediction() -> None:
+    model = LatencyModel()
+    cloud = model.engine("cloud")
+    for i in range(30):
+        cloud.observe(30, 0.2 + 0.01 * (i % 3))
+    before = model.predict("cloud", 30, 1).ttft_s
+    cloud.observe(30, 5.0)
+    after = model.predict("cloud", 30, 1)
+    assert after.ttft_s == pytest.approx(before, abs=0.02) and after.drift_s == 0.0
+
+
+def test_a_cloud_getting_slower_is_noticed_within_three_requests() -> None:
+    rng = random.Random(3)
+    model = LatencyModel()
+    cloud = model.engine("cloud")
+    for _ in range(40):
+        cloud.observe(rng.randint(10, 200), rng.uniform(0.25, 0.35))
+    assert model.predict("cloud", 100, 1).ttft_s < 0.4
+    seen = []
+    for _ in range(6):
+        cloud.observe(rng.randint(10, 200), rng.uniform(1.4, 1.6))
+        seen.append(model.predict("cloud", 100, 1).ttft_s)
+    assert seen[2] > 1.0, seen  # by the third slow request
+    assert all(s > 1.0 for s in seen[2:])
+    assert cloud.regime_changes == 1  # the old regime was dropped after the short window
+
+
+def test_and_recovers_when_it_gets_fast_again() -> None:
+    model = LatencyModel()
+    cloud = model.engine("cloud")
+    for _ in range(30):
+        cloud.observe(50, 1.5)
+    for _ in range(5):
+        cloud.observe(50, 0.3)
+    assert model.predict("cloud", 50, 1).ttft_s < 0.5
+
+
+def _trace(**marks_ms: float) -> Trace:
+    tr = Trace(t_start=100.0)
+    for name, ms in marks_ms.items():
+        if name != "first_token":
+            tr.mark(name, 100.0 + ms / 1000.0)
+    return tr
+
+
+def test_observe_trace_reads_queue_rtt_and_decode_speed() -> None:
+    model = LatencyModel()
+    local = _trace(queued=2, started=402, prefill_done=900)
+    local.engine = "local"
+    local.started = ["local"]
+    for i in range(5):
+        local.token(100.0 + (950 + 40 * i) / 1000.0)
+    local.done("stop", 101.2)
+    model.observe_trace(local, 100)
+    comp = model.engine("local").components()
+    assert comp["queue_s"] == pytest.approx(0.4)
+    assert model.engine("local").obs[-1].service_s == pytest.approx(0.95 - 0.4)
+    assert comp["tpot_s"] == pytest.approx(0.04)
+
+    cloud = _trace(request_sent=1, first_byte=121)
+    cloud.engine = "cloud"
+    cloud.started = ["cloud"]
+    cloud.token(100.3)
+    cloud.done("stop", 100.4)
+    model.observe_trace(cloud, 40)
+    assert model.engine("cloud").components()["rtt_s"] == pytest.approx(0.12)
+
+
+def test_a_slow_loser_is_recorded_as_at_least_its_waiting_time() -> None:
+    model = LatencyModel({"local": Prior(0.02, 200.0, 0.03), "cloud": CLOUD_PRIOR})
+    tr = _trace(fallback_started=500)
+    tr.engine = "local"
+    tr.started = ["cloud", "local"]  # the cloud was primary, the local engine won at 700 ms
+    tr.token(100.7)
+    tr.done("stop", 100.8)
+    model.observe_trace(tr, 30)
+    cloud = model.engine("cloud")
+    assert cloud.samples == 1 and cloud.obs[-1].service_s == pytest.approx(0.7)
+    assert model.engine("local").obs[-1].service_s == pytest.approx(0.2)
+    failed = _trace()
+    failed.engine, failed.error = "cloud", "boom"
+    model.observe_trace(failed, 30)
+    assert cloud.samples == 1
+
+
+def test_the_kv_cache_share_is_taken_off_the_prefill() -> None:
+    from hybridllm.runtime.gather import uncached_share
+
+    assert uncached_share("abcd", None) == 1.0
+    assert uncached_share("abcdefgh", "abcdXYZ") == 0.5
+    model = LatencyModel()
+    tr = _trace(queued=0, started=0, prefill_done=40)
+    tr.engine, tr.started = "local", ["local"]
+    tr.prompt_tokens, tr.cached_prompt_tokens = 600, 540  # 90% reused
+    tr.token(100.05)
+    tr.done("stop", 100.06)
+    model.observe_trace(tr, 500)
+    assert model.engine("local").obs[-1].tokens == pytest.approx(50.0)
