@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hybridllm.cli.progress import ProgressBar, StepBar
+from hybridllm.cli.progress import ProgressBar, StepBar, render_table
 from hybridllm.errors import HybridError
 from hybridllm.local import models, resolve, variants
 
@@ -33,7 +33,7 @@ def _format_size(n: int) -> str:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
-    rows = [("NAME", "ROLE", "SIZE", "PRESENT", "PATH")]
+    rows: list[tuple[str, ...]] = []
     for m in models.list_manifests():
         present = models.is_present(m, verify=args.verify)
         rows.append(
@@ -45,10 +45,7 @@ def cmd_models_list(args: argparse.Namespace) -> int:
                 path = variants.variant_path(m, quant)
                 size = _format_size(path.stat().st_size)
                 rows.append((f"{m.name}:{quant}", m.role, size, "made here", str(path)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[-1]]))
+    print(render_table(("NAME", "ROLE", "SIZE", "PRESENT", "PATH"), rows, numeric_from=99))
     return 0
 
 
@@ -231,7 +228,7 @@ def _register_router(subparsers: Subparsers) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from hybridllm import tune  # imports llama_cpp only when measuring
+    from hybridllm.local import tune  # imports llama_cpp only when measuring
 
     path = resolve.resolve_model(args.model)
     if args.show:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -103,13 +104,14 @@ class StepBar(_Bar):
 
 
 def render_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric_from: int) -> str:
-    """A plain-text table (no colour, no box): columns from `numeric_from` on align right."""
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="")
+    """A plain-text table (no colour; a rule under the header): columns from `numeric_from` on
+    align right."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="")
     for i, name in enumerate(head):
         table.add_column(name, justify="right" if i >= numeric_from else "left", no_wrap=True)
     for row in rows:
         table.add_row(*row)
-    console = Console(width=200, no_color=True, highlight=False, force_terminal=False)
+    console = Console(width=10_000, no_color=True, highlight=False, force_terminal=False)
     with console.capture() as cap:
         console.print(table)
     return "\n".join(line.rstrip() for line in cap.get().splitlines())

