@@ -17,9 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hybridllm.cli.progress import ProgressBar, StepBar, render_table
 from hybridllm.errors import HybridError
-from hybridllm.local import models, resolve, variants
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers = Any  # argparse._SubParsersAction[argparse.ArgumentParser] (a private type)
@@ -33,6 +31,9 @@ def _format_size(n: int) -> str:
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
+    from hybridllm.cli.progress import render_table
+    from hybridllm.local import models, variants
+
     rows: list[tuple[str, ...]] = []
     for m in models.list_manifests():
         present = models.is_present(m, verify=args.verify)
@@ -50,6 +51,9 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
+    from hybridllm.cli.progress import ProgressBar
+    from hybridllm.local import models, resolve, variants
+
     for name in args.names:
         base, quant = variants.split(name)  # "name:quant": requantized here from its base
         manifest = models.get_manifest(base)
@@ -73,6 +77,8 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_models_path(args: argparse.Namespace) -> int:
+    from hybridllm.local import resolve
+
     print(resolve.resolve_model(args.name))
     return 0
 
@@ -228,7 +234,8 @@ def _register_router(subparsers: Subparsers) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from hybridllm.local import tune  # imports llama_cpp only when measuring
+    from hybridllm.cli.progress import StepBar
+    from hybridllm.local import resolve, tune  # tune loads llama.cpp only when measuring
 
     path = resolve.resolve_model(args.model)
     if args.show:
