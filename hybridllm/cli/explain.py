@@ -1,27 +1,170 @@
 """`hybridllm explain`: print where a prompt would go under a policy, and why. Nothing is sent.
 
-Offline (the default) the live state is stated on the command line (`--queue-s`,
-`--cloud-circuit`, `--router-score`, `--budget-exhausted`) and the latency predictions come from
-the latency model's priors. `--local-model` loads the local engine to use its warm-up figures
-(a short prefill and a few decode steps; no answer is generated).
+The decision comes from the client's own gather (`hybridllm.runtime.gather.Routing`) and the
+pure `decide()`, with the live state stated on the command line: offline engines that send
+nothing, the local queue (`--queue-s`), the cloud circuit (`--cloud-circuit`), the budget
+(`--budget-exhausted`), privacy findings (`--found`, added to what the client's own scan finds).
+So the printed decision is the one `HybridClient.decide()` makes for the same prompt, policy and
+state, including the router: its score for the prompt (or `--router-score`) against the
+threshold the policy asks for (`router_threshold`, or from the router's calibration for
+`target_cloud_share` / `quality_floor`; `--threshold` states one instead). The router is the
+shipped artifact (or `--router DIR`), loaded only if the decision needs it; `--no-router`
+decides without one. Latency predictions come from the latency model's priors; `--local-model`
+loads the local engine to use its warm-up figures (a short prefill and a few decode steps; no
+answer is generated).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from pathlib import Path
 
-from hybridllm.engines.base import estimate_prompt_tokens
-from hybridllm.events import EngineName
+from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.errors import ConfigError
+from hybridllm.events import Chunk, EngineName
+from hybridllm.guard.privacy import kinds as kinds_of, scan
+from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.inputs import Prediction
+from hybridllm.routing.decide import Decision, LiveState, RequestFacts
+from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Scorer
+from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+
+PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS)
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+# ---- the stated state, in the shapes the client's gather reads --------------------------------
+
+
+class OfflineEngine:
+    """An engine as stated on the command line: its queue wait, and nothing is ever sent."""
+
+    def __init__(self, name: EngineName, expected_wait_s: float = 0.0) -> None:
+        self.name: EngineName = name
+        self.expected_wait_s = expected_wait_s
+
+    async def start(self) -> None:
+        return None
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        raise ConfigError("hybridllm explain sends nothing")
+        yield  # an async generator, like every engine's stream
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name=self.name, model="(offline)", expected_wait_s=self.expected_wait_s)
+
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class StatedRouter:
+    """A router whose score is stated (`--router-score`) or the base router's; thresholds for a
+    cloud share or a quality floor always come from the base router's calibration."""
+
+    def __init__(self, base: Scorer | None, score: float | None = None) -> None:
+        self.base = base
+        self.stated = score
+
+    def score(self, messages: Sequence[Mapping[str, str]]) -> float:
+        if self.stated is not None:
+            return self.stated
+        if self.base is None:
+            raise ConfigError("no router to score the prompt: state --router-score")
+        return self.base.score(messages)
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        if self.base is None:
+            how = "target_cloud_share" if cloud_share is not None else "quality_floor"
+            raise ConfigError(
+                f"the policy reads the router score by {how}, which needs a router's "
+                "calibration: give a router (not --no-router) or state --threshold"
+            )
+        return self.base.threshold(cloud_share=cloud_share, quality_floor=quality_floor)
+
+
+class ArtifactRouter:
+    """The router artifact at `path` (None: the shipped one), loaded on first use."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._router: Scorer | None = None
+
+    def _loaded(self) -> Scorer:
+        if self._router is None:
+            from hybridllm.routing.router import Router  # scikit-learn loads only here
+
+            self._router = Router.load(self.path)
+        return self._router
+
+    def score(self, messages: Sequence[Mapping[str, str]]) -> float:
+        return self._loaded().score(messages)
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        return self._loaded().threshold(cloud_share=cloud_share, quality_floor=quality_floor)
+
+
+class _Exhausted:
+    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
+        return BudgetVerdict(False, "stated exhausted on the command line")
+
+
+def _scan_with(stated: frozenset[str]) -> PrivacyScan:
+    def privacy(text: str) -> Collection[str]:
+        return {*kinds_of(scan(text)), *stated}  # the client's scan, plus the stated findings
+
+    return privacy
+
+
+def with_threshold(policy: Policy, threshold: float | None) -> Policy:
+    """The policy reading the router score against a stated threshold instead of its own."""
+    if threshold is None:
+        return policy
+    update = {"router_threshold": threshold, "target_cloud_share": None, "quality_floor": None}
+    return policy.model_copy(update=update)
+
+
+def _check(
+    queue_s: float,
+    router_score: float | None,
+    router_threshold: float | None,
+    privacy_kinds: frozenset[str] | None,
+    max_tokens: int | None,
+) -> None:
+    if not (math.isfinite(queue_s) and queue_s >= 0):
+        raise ConfigError(f"the local queue wait (--queue-s) must be >= 0 seconds, not {queue_s}")
+    for name, flag, p in (
+        ("router score", "--router-score", router_score),
+        ("router threshold", "--threshold", router_threshold),
+    ):
+        if p is not None and not 0.0 <= p <= 1.0:
+            raise ConfigError(f"the {name} ({flag}) must be within 0..1, not {p}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max_tokens (--max-tokens) must be at least 1, not {max_tokens}")
+    unknown = sorted((privacy_kinds or frozenset()) - PRIVACY_KINDS)
+    if unknown:
+        raise ConfigError(
+            f"unknown privacy finding kind (--found) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(PRIVACY_KINDS))}"
+        )
+
+
+# ---- the decision -----------------------------------------------------------------------------
 
 
 def explain(
@@ -32,36 +175,53 @@ def explain(
     latency: LatencyModel | None = None,
     queue_s: float = 0.0,
     cloud_circuit_open: bool = False,
+    router: Scorer | None = None,
     router_score: float | None = None,
     router_threshold: float | None = None,
     privacy_kinds: frozenset[str] | None = frozenset(),
     budget_fits: bool = True,
     max_tokens: int | None = None,
 ) -> tuple[Decision, RequestFacts, LiveState]:
+    """Decide for `prompt` as a `HybridClient` with these engines, router and state would.
+
+    `router_score` states the score in place of `router`'s; `router_threshold` replaces the
+    policy's reading of the score. `privacy_kinds`: findings added to the client's own scan
+    (None: no scanner, as a client without one). Engines the latency model does not know yet
+    are predicted from its priors (they stand for a warm-up)."""
+    _check(queue_s, router_score, router_threshold, privacy_kinds, max_tokens)
     latency = latency or LatencyModel()
-    messages = [{"role": "user", "content": prompt}]
-    facts = RequestFacts(
-        prompt_tokens=estimate_prompt_tokens(messages),
+    for name in engines:
+        if not latency.knows(name):
+            latency.seed(name)  # the prior as it is
+    scorer = router if router_score is None else StatedRouter(router, router_score)
+    routing = Routing(
+        latency=latency,
+        router=scorer,
+        budget=None if budget_fits else _Exhausted(),
+        privacy=None if privacy_kinds is None else _scan_with(privacy_kinds),
+    )
+    offline = {e: OfflineEngine(e, queue_s if e == "local" else 0.0) for e in engines}
+    breakers = {e: CircuitBreaker() for e in engines}
+    if cloud_circuit_open and "cloud" in breakers:
+        breakers["cloud"].opened_at = time.monotonic()
+    request = GenerationRequest(
+        messages=({"role": "user", "content": prompt},),
         max_tokens=policy.max_tokens if max_tokens is None else max_tokens,
-        router_score=router_score,
-        router_threshold=policy.router_threshold if router_threshold is None else router_threshold,
-        privacy_kinds=privacy_kinds,
+        scope=policy.name,
     )
-    predictions = {
-        e: latency.predict(
-            e, facts.prompt_tokens, facts.max_tokens, queue_s=queue_s * (e == "local")
-        )
-        for e in engines
-    }
-    state = LiveState(
-        available=frozenset(engines),
-        latency=predictions,
-        local_queue_s=queue_s,
-        cloud_circuit_open=cloud_circuit_open,
-        budget_fits=budget_fits,
-        budget_detail="" if budget_fits else "stated exhausted on the command line",
-    )
-    return decide(facts, policy, state), facts, state
+    policy = with_threshold(policy, router_threshold)
+    return routing.decide(request, policy, offline, breakers)
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def _threshold_source(policy: Policy) -> str:
+    if policy.router_threshold is not None:
+        return "router_threshold"
+    if policy.target_cloud_share is not None:
+        return f"target_cloud_share {policy.target_cloud_share:g}"
+    return f"quality_floor {policy.quality_floor:g}"
 
 
 def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Policy) -> str:
@@ -74,6 +234,11 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
     limits.append(f"max {facts.max_tokens} output tokens")
     lines.append("          " + ", ".join(limits))
     lines.append(f"prompt    about {facts.prompt_tokens} tokens (length estimate)")
+    if facts.router_score is not None and facts.router_threshold is not None:
+        lines.append(
+            f"router    score {facts.router_score:.3f}, threshold {facts.router_threshold:.3f} "
+            f"({_threshold_source(policy)})"
+        )
     if decision.primary is None:
         lines.append("decision  REFUSED")
     else:
@@ -112,6 +277,9 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "reasons": list(decision.reasons),
             "prompt_tokens": facts.prompt_tokens,
             "max_tokens": facts.max_tokens,
+            "router_score": facts.router_score,
+            "router_threshold": facts.router_threshold,
+            "privacy_kinds": None if facts.privacy_kinds is None else sorted(facts.privacy_kinds),
             "predicted": {
                 name: {"ttft_s": p.ttft_s, "ttft_p95_s": p.ttft_p95_s, "total_s": p.total_s}
                 for name, p in state.latency.items()
@@ -123,15 +291,17 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
 
 def run_explain(args: argparse.Namespace) -> int:
     policy = resolve_policy(args.policy, dirs=args.policy_dir)
+    found = frozenset(args.found or ())
+    _check(args.queue_s, args.router_score, args.threshold, found, args.max_tokens)
     latency = LatencyModel()
-    if args.local_model:
+    if args.local_model:  # after the checks: loading a model takes seconds
         _seed_from_engine(latency, args.local_model, args.threads)
     engines: list[EngineName] = []
     if not args.no_local:
         engines.append("local")
     if not args.no_cloud:
         engines.append("cloud")
-    privacy: frozenset[str] | None = frozenset(args.found or ())
+    router = None if args.no_router else ArtifactRouter(args.router)
     decision, facts, state = explain(
         args.prompt,
         policy,
@@ -139,12 +309,14 @@ def run_explain(args: argparse.Namespace) -> int:
         latency=latency,
         queue_s=args.queue_s,
         cloud_circuit_open=args.cloud_circuit == "open",
+        router=router,
         router_score=args.router_score,
         router_threshold=args.threshold,
-        privacy_kinds=privacy,
+        privacy_kinds=found,
         budget_fits=not args.budget_exhausted,
         max_tokens=args.max_tokens,
     )
+    policy = with_threshold(policy, args.threshold)
     print(as_json(decision, facts, state) if args.json else render(decision, facts, state, policy))
     return 0 if decision.primary is not None else 1
 

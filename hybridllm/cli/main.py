@@ -154,9 +154,11 @@ def _register_explain(subparsers: Subparsers) -> None:
         "explain",
         help="print where a prompt would go under a policy, and why (nothing is sent)",
         description=(
-            "Run the routing decision for PROMPT under a policy and print the plan, the engines "
-            "and the reasons. Offline: the live state is what the options say, latency comes "
-            "from the latency model's priors (or the local engine's warm-up with --local-model)."
+            "Run the client's routing decision for PROMPT under a policy and print the plan, the "
+            "engines and the reasons. Offline: the live state is what the options say, the "
+            "router is the shipped one (or --router, --router-score, --threshold), latency "
+            "comes from the latency model's priors (or the local engine's warm-up with "
+            "--local-model)."
         ),
     )
     p.add_argument("prompt", metavar="PROMPT")
@@ -169,6 +171,8 @@ def _register_explain(subparsers: Subparsers) -> None:
     p.add_argument("--cloud-circuit", choices=["closed", "open"], default="closed")
     p.add_argument("--router-score", type=float, metavar="P", help="P(local answer wrong)")
     p.add_argument("--threshold", type=float, metavar="T", help="router threshold to use")
+    p.add_argument("--router", type=Path, metavar="DIR", help="router artifact (default: shipped)")
+    p.add_argument("--no-router", action="store_true", help="decide without a router")
     p.add_argument("--found", action="append", metavar="KIND", help="a privacy finding kind")
     p.add_argument("--budget-exhausted", action="store_true", help="the budget cannot pay")
     p.add_argument("--no-local", action="store_true", help="no local engine")

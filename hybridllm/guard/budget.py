@@ -30,6 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
+from hybridllm._sqlite import Steps, migrate
 from hybridllm.errors import BudgetExceededError, ConfigError
 from hybridllm.guard.prices import NANO, ModelPrice, Prices
 
@@ -109,7 +110,10 @@ def utc_day_month(t: float) -> tuple[str, str]:
 
 # ---- the ledger --------------------------------------------------------------------------------
 
-_MIGRATIONS = (
+# Append-only: a new schema change is a new step at the end (`hybridllm._sqlite`); the version
+# is the file's `PRAGMA user_version`.
+_MIGRATIONS: Steps = (
+    # 1: entries and running totals
     """
     CREATE TABLE entries (
         id INTEGER PRIMARY KEY,
@@ -178,12 +182,8 @@ class Ledger:
         self._migrate()
 
     def _migrate(self) -> None:
-        with self._tx() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            for i, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-                for statement in filter(str.strip, script.split(";")):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {i}")
+        with self._lock:
+            migrate(self._db, _MIGRATIONS)
 
     def _tx(self) -> _Transaction:
         return _Transaction(self._db, self._lock)

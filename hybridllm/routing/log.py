@@ -6,10 +6,12 @@
     log.outcome(rid, ttft_ms=310.0, error_kind=None, fallback=False)
     log.feedback(rid, good=True)                            # the user's verdict on the answer
 
-The schema evolves through append-only numbered migrations recorded in `schema_version`; an
-existing file is upgraded on open. Prompt text is stored only when the log was opened with
-`store_prompts=True`; otherwise it is never written, whatever the caller passes. The file uses
-WAL journaling and a busy timeout, so several processes and threads can write to it at once.
+The schema evolves through append-only numbered migrations (`MIGRATIONS`, applied by
+`hybridllm._sqlite.migrate`, the version in `PRAGMA user_version`); an existing file is upgraded
+on open, including one that recorded its version in the older `schema_version` table. Prompt
+text is stored only when the log was opened with `store_prompts=True`; otherwise it is never
+written, whatever the caller passes. The file uses WAL journaling and a busy timeout, so several
+processes and threads can write to it at once.
 
 `training_examples()` gives the rows that can teach the router: prompt stored, feedback given,
 answered by the local engine (feedback on a cloud answer says nothing about the local model).
@@ -29,11 +31,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hybridllm._sqlite import Steps, migrate, schema_version
 from hybridllm.errors import DecisionLogError
 from hybridllm.routing.data import Example
 from hybridllm.routing.features import Messages
 
-MIGRATIONS: tuple[str, ...] = (
+MIGRATIONS: Steps = (
     # 1: the decisions
     """
     CREATE TABLE decisions (
@@ -60,22 +63,16 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    conn.execute("BEGIN IMMEDIATE")  # one migrator at a time across processes
-    try:
-        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        current = int(row[0] or 0)
-        for version, sql in enumerate(MIGRATIONS, 1):
-            if version <= current:
-                continue
-            for statement in filter(str.strip, sql.split(";")):
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+def _legacy_version(conn: sqlite3.Connection) -> int:
+    """Files written before `hybridllm._sqlite` recorded their version as rows of a
+    `schema_version` table (left in place, no longer written)."""
+    table = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if table is None:
+        return 0
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
 
 
 class DecisionLog:
@@ -94,7 +91,7 @@ class DecisionLog:
         self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         with self._lock:
-            _migrate(self._conn)
+            migrate(self._conn, MIGRATIONS, legacy=_legacy_version)
 
     def __enter__(self) -> DecisionLog:
         return self
@@ -114,8 +111,7 @@ class DecisionLog:
     @property
     def schema_version(self) -> int:
         with self._lock:
-            row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        return int(row[0] or 0)
+            return schema_version(self._conn)
 
     def record(
         self,

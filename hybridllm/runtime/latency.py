@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from hybridllm.events import EngineName
 from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.trace import Trace
@@ -50,13 +52,9 @@ class _Obs:
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return 0.0
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    """numpy's default ("linear", Hyndman-Fan type 7): interpolates between the sorted values
+    at position `q * (n - 1)`; 0.0 for no values."""
+    return float(np.quantile(xs, q)) if len(xs) else 0.0
 
 
 class EngineLatency:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+from hybridllm.cli.explain import OfflineEngine, explain
 from hybridllm.cli.main import main
+from hybridllm.engines.base import GenerationRequest
+from hybridllm.engines.scripted import ScriptedEngine
+from hybridllm.policy import Policy, resolve_policy
+from hybridllm.routing.router import Router
+from hybridllm.runtime.latency import LatencyModel
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -16,10 +24,20 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def test_explains_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(capsys, "Say hi.", "--policy", "chat")
+    code, out = run(capsys, "Say hi.", "--policy", "chat", "--no-router")
     assert code == 0
     assert "decision  single: local, then cloud" in out
     assert "no router score -> local first" in out and "TTFT" in out
+
+
+def test_the_shipped_router_scores_the_prompt_as_the_client_would(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run(capsys, "Say hi.", "--policy", "chat")  # chat: target_cloud_share = 0.3
+    assert code == 0
+    threshold = Router.load().threshold(cloud_share=0.3)
+    assert f"threshold {threshold:.3f} (target_cloud_share 0.3)" in out
+    assert f"threshold {threshold:.2f} -> " in out  # the reason names the same cut
 
 
 def test_load_and_router_and_privacy_show_in_the_reasons(
@@ -50,3 +68,108 @@ def test_refusal_exits_1_and_json_is_machine_readable(
 def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "x", "--policy", "nope"]) == 2
     assert "known policies" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "share", "floor"),
+    [("target_cloud_share = 0.2", 0.2, None), ("quality_floor = 0.5", None, 0.5)],
+)
+def test_a_cloud_share_or_quality_floor_gets_the_routers_threshold(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    line: str,
+    share: float | None,
+    floor: float | None,
+) -> None:
+    (tmp_path / "p.toml").write_text(f'prefer = "auto"\nttft_deadline_ms = 800\n{line}\n')
+    want = Router.load().threshold(cloud_share=share, quality_floor=floor)
+    for score, engine in ((want + 0.01, "cloud"), (max(0.0, want - 0.01), "local")):
+        code, out = run(capsys, "x", "--policy", "p", "--policy-dir", str(tmp_path),
+                        "--router-score", str(score), "--json")  # fmt: skip
+        data = json.loads(out)
+        assert code == 0 and data["router_threshold"] == pytest.approx(want)
+        assert data["router_score"] == score and data["primary"] == engine
+    # a stated threshold replaces the policy's reading of the score
+    _, out = run(capsys, "x", "--policy", "p", "--policy-dir", str(tmp_path),
+                 "--router-score", "0.5", "--threshold", "0.45")  # fmt: skip
+    assert "threshold 0.450 (router_threshold)" in out and "-> cloud" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--router-score", "1.5"], "router score (--router-score) must be within 0..1, not 1.5"),
+        (["--router-score", "nan"], "must be within 0..1"),
+        (["--threshold", "-0.1"], "router threshold (--threshold) must be within 0..1"),
+        (["--max-tokens", "-5"], "(--max-tokens) must be at least 1, not -5"),
+        (["--found", "passport"], "unknown privacy finding kind (--found) 'passport'; known: "),
+        (["--queue-s", "-1"], "(--queue-s) must be >= 0 seconds, not -1.0"),
+    ],
+)
+def test_bad_inputs_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert main(["explain", "x", "--policy", "chat", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and captured.err.startswith("error: ")
+
+
+def test_without_a_router_a_cloud_share_needs_a_stated_threshold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "x", "--policy", "chat", "--no-router", "--router-score", "0.7"]) == 2
+    assert "state --threshold" in capsys.readouterr().err
+    code, out = run(capsys, "x", "--policy", "chat", "--no-router", "--router-score", "0.7",
+                    "--threshold", "0.6")  # fmt: skip
+    assert code == 0 and "router score 0.70 >= threshold 0.60 -> cloud" in out
+
+
+class HardRouter:
+    """A router double: prompts containing "hard" score high; the threshold is the share."""
+
+    def score(self, messages: Sequence[Mapping[str, str]]) -> float:
+        return 0.9 if "hard" in messages[-1]["content"] else 0.2
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        return 1.0 - (cloud_share if cloud_share is not None else 0.5)
+
+
+CASES = [
+    # prompt, policy, queue, circuit open, router
+    ("a hard question", Policy(name="share", prefer="auto", target_cloud_share=0.3), 0, False,
+     HardRouter()),
+    ("an easy one", Policy(name="share", prefer="auto", target_cloud_share=0.3), 0, False,
+     HardRouter()),
+    ("a hard one", Policy(name="floor", prefer="auto", quality_floor=0.6, ttft_deadline_ms=300),
+     0.0, True, HardRouter()),
+    ("mail me at ann@example.org", Policy(name="private", prefer="auto", privacy="keep-local",
+     router_threshold=0.1), 0.0, False, HardRouter()),
+    ("Say hi.", Policy(name="code", prefer="local", ttft_deadline_ms=300), 2.1, False, None),
+    ("Write a proof that there are infinitely many primes.", "chat", 0.0, False, "shipped"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("prompt", "policy", "queue_s", "circuit_open", "router"), CASES)
+def test_explain_decides_as_the_client_does(
+    prompt: str, policy: Policy | str, queue_s: float, circuit_open: bool, router: object
+) -> None:
+    from hybridllm import HybridClient
+    from hybridllm.client import normalize_messages
+
+    pol = policy if isinstance(policy, Policy) else resolve_policy(policy)
+    scorer = Router.load() if router == "shipped" else router
+    assert scorer is None or isinstance(scorer, Router | HardRouter)
+    latency = LatencyModel()
+    latency.seed("local")  # explain predicts from the priors: a client seeded with them
+    latency.seed("cloud")
+    client = HybridClient(local=OfflineEngine("local", queue_s), cloud=ScriptedEngine("cloud"),
+                          router=scorer, latency=latency)  # fmt: skip
+    if circuit_open:
+        client.breakers["cloud"].opened_at = time.monotonic()
+    request = GenerationRequest(normalize_messages(prompt), max_tokens=pol.max_tokens)
+    theirs = client.decide(request, pol)
+    ours = explain(prompt, pol, router=scorer, queue_s=queue_s, cloud_circuit_open=circuit_open)
+    assert ours == theirs
+    assert ours[1].router_threshold is not None or scorer is None

@@ -145,3 +145,13 @@ def test_the_kv_cache_share_is_taken_off_the_prefill() -> None:
     tr.done("stop", 100.06)
     model.observe_trace(tr, 500)
     assert model.engine("local").obs[-1].tokens == pytest.approx(50.0)
+
+
+def test_quantile_is_numpys_linear_interpolation() -> None:
+    from hybridllm.runtime.latency import _quantile
+
+    assert _quantile([], 0.95) == 0.0
+    assert _quantile([3.0], 0.95) == 3.0
+    # position 0.95 * 4 = 3.8 between the sorted values 4 and 10: 4 + 0.8 * 6
+    assert _quantile([10.0, 1.0, 4.0, 2.0, 3.0], 0.95) == pytest.approx(8.8)
+    assert _quantile([1.0, 2.0], 0.5) == 1.5 and _quantile([5.0, 1.0], 1.0) == 5.0

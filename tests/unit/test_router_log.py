@@ -27,14 +27,14 @@ def test_fresh_log_has_every_migration(tmp_path: Path) -> None:
     with DecisionLog(tmp_path / "d.db") as log:  # reopening applies nothing twice
         assert log.schema_version == len(MIGRATIONS)
         conn = sqlite3.connect(tmp_path / "d.db")
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
 def test_an_old_log_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.executescript(MIGRATIONS[0])
+    conn.executescript(str(MIGRATIONS[0]))
     conn.execute("INSERT INTO schema_version VALUES (1)")
     conn.execute(
         "INSERT INTO decisions (request_id, time, features, route) "
