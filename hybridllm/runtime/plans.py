@@ -31,15 +31,12 @@ from hybridllm.errors import (
     DeadlineMissError,
     EngineError,
     RefusedError,
+    StallError,
 )
 from hybridllm.events import Chunk, Fallback, Finish, Hedge, Mark
 from hybridllm.runtime.stream import RequestRun
 
 _Item = tuple[int, Chunk | Exception | None]  # contender id; None: that stream ended
-
-
-class StallError(EngineError):
-    """The serving engine went quiet for longer than the policy's inter-token limit."""
 
 
 @dataclasses.dataclass
