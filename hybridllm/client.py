@@ -41,8 +41,8 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans import race
-from hybridllm.runtime.stream import RequestRun, Stream, _Item
+from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
@@ -214,7 +214,7 @@ class HybridClient:
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
-        send, recv = anyio.create_memory_object_stream[_Item](math.inf)
+        send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
         if self.decision_log is not None:
@@ -271,7 +271,7 @@ class HybridClient:
         target = engines[decision.primary]
         if decision.fallback is None:
             return partial(
-                RequestRun.single,
+                single,
                 engine=target,
                 request=request,
                 reason=decision.reason,
