@@ -417,7 +417,7 @@ def _log_decision(
         rid,
         engine=trace.engine,
         ttft_ms=trace.ttft_ms,
-        error_kind=None if trace.error is None else trace.error.split(":")[0],
+        error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
     )
 

@@ -77,6 +77,7 @@ class RequestRun:
                 try:
                     await plan(self)
                 except Exception as exc:  # delivered to the app, never lost in the task group
+                    self.trace.error_type = type(exc)
                     self.trace.error = f"{type(exc).__name__}: {exc}"
                     self.emit(_Failure(exc))
         finally:
