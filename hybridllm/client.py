@@ -209,7 +209,7 @@ class HybridClient:
             scope=pol.name,
             privacy="off" if pol.privacy == "off" else "keep-local",
         )
-        decision, facts, state = self.decide(request, pol, engine)
+        decision, facts, state = self.decide(request, pol, engine, preview=False)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
@@ -243,9 +243,16 @@ class HybridClient:
         return policy
 
     def decide(
-        self, request: GenerationRequest, policy: Policy, forced: str | None = None
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        forced: str | None = None,
+        *,
+        preview: bool = True,
     ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Where `request` would run now under `policy`, and why (nothing is sent)."""
+        """Where `request` would run now under `policy`, and why (nothing is sent). A preview
+        leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
+        request); `stream()` decides with `preview=False`."""
         if forced is not None:
             if forced not in ("local", "cloud"):
                 raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
@@ -253,7 +260,7 @@ class HybridClient:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
         name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
         decision, facts, state = self.routing.decide(
-            request, policy, self.engines, self.breakers, name
+            request, policy, self.engines, self.breakers, name, preview=preview
         )
         if decision.primary is None:
             raise errors.RequestRefusedError(decision.reasons)
