@@ -57,6 +57,7 @@ _NAMES = {
     "RouterArtifactError": "hybridllm.errors",
     "RouterThresholdError": "hybridllm.errors",
     "ServerError": "hybridllm.errors",
+    "StallError": "hybridllm.errors",
     "TuneError": "hybridllm.errors",
     "Done": "hybridllm.events",
     "Event": "hybridllm.events",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         RouterArtifactError as RouterArtifactError,
         RouterThresholdError as RouterThresholdError,
         ServerError as ServerError,
+        StallError as StallError,
         TuneError as TuneError,
     )
     from hybridllm.events import (

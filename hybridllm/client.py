@@ -41,8 +41,8 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans import race
-from hybridllm.runtime.stream import RequestRun, Stream, _Item
+from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
@@ -209,12 +209,12 @@ class HybridClient:
             scope=pol.name,
             privacy="off" if pol.privacy == "off" else "keep-local",
         )
-        decision, facts, state = self.decide(request, pol, engine)
+        decision, facts, state = self.decide(request, pol, engine, preview=False)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
-        send, recv = anyio.create_memory_object_stream[_Item](math.inf)
+        send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
         if self.decision_log is not None:
@@ -243,9 +243,16 @@ class HybridClient:
         return policy
 
     def decide(
-        self, request: GenerationRequest, policy: Policy, forced: str | None = None
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        forced: str | None = None,
+        *,
+        preview: bool = True,
     ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Where `request` would run now under `policy`, and why (nothing is sent)."""
+        """Where `request` would run now under `policy`, and why (nothing is sent). A preview
+        leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
+        request); `stream()` decides with `preview=False`."""
         if forced is not None:
             if forced not in ("local", "cloud"):
                 raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
@@ -253,7 +260,7 @@ class HybridClient:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
         name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
         decision, facts, state = self.routing.decide(
-            request, policy, self.engines, self.breakers, name
+            request, policy, self.engines, self.breakers, name, preview=preview
         )
         if decision.primary is None:
             raise errors.RequestRefusedError(decision.reasons)
@@ -271,7 +278,7 @@ class HybridClient:
         target = engines[decision.primary]
         if decision.fallback is None:
             return partial(
-                RequestRun.single,
+                single,
                 engine=target,
                 request=request,
                 reason=decision.reason,
@@ -417,7 +424,7 @@ def _log_decision(
         rid,
         engine=trace.engine,
         ttft_ms=trace.ttft_ms,
-        error_kind=None if trace.error is None else trace.error.split(":")[0],
+        error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
     )
 

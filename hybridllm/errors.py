@@ -18,6 +18,8 @@ HybridError
 └── EngineError                 an engine failed while serving a request
     ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
     ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
+    ├── StallError              the serving engine sent no token for longer than the policy's
+    │                           inter-token limit (`stall_ms`)
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     ├── RefusedError            a guard kept the request from the engine; nothing was sent
@@ -153,6 +155,18 @@ class AllEnginesFailedError(EngineError):
 
 class DeadlineMissError(EngineError):
     """An engine produced no token before the deadline and lost the race (health bookkeeping)."""
+
+
+class StallError(EngineError):
+    """The serving engine went quiet for longer than the policy's inter-token limit.
+
+    Like a timeout, it is retryable only while nothing was delivered; a stall is noticed only
+    once an engine is streaming, so the race answers it with a continuation on the other engine
+    (and raises it only where no continuation is possible)."""
+
+    @property
+    def retryable(self) -> bool:
+        return not self.received_content
 
 
 class ContextOverflowError(EngineError):

@@ -96,7 +96,10 @@ class Routing:
         policy: Policy,
         engines: Mapping[EngineName, Engine],
         breakers: Mapping[EngineName, CircuitBreaker],
+        preview: bool = False,
     ) -> LiveState:
+        """The live state for `decide()`. A request (`preview=False`) takes a half-open cloud
+        circuit's probe when it is let through; a preview only reads the circuit."""
         queue = 0.0
         local = engines.get("local")
         if local is not None:
@@ -119,7 +122,8 @@ class Routing:
             fits, detail = verdict.fits, verdict.detail
         circuit_open = False
         if cloud_ok and fits and "cloud" in breakers:
-            circuit_open = not breakers["cloud"].allow()  # may take the half-open probe
+            breaker = breakers["cloud"]
+            circuit_open = not (breaker.would_allow() if preview else breaker.allow())
         return LiveState(
             available=frozenset(engines),
             latency=latency,
@@ -136,9 +140,12 @@ class Routing:
         engines: Mapping[EngineName, Engine],
         breakers: Mapping[EngineName, CircuitBreaker],
         forced: EngineName | None = None,
+        *,
+        preview: bool = False,
     ) -> tuple[Decision, RequestFacts, LiveState]:
+        """Gather and decide. `preview`: nothing will be sent, so leave the circuit as it is."""
         facts = self.facts(request, policy, forced)
-        state = self.state(facts, request, policy, engines, breakers)
+        state = self.state(facts, request, policy, engines, breakers, preview)
         return decide(facts, policy, state), facts, state
 
 

@@ -13,7 +13,8 @@ Two kinds of bad outcome open the circuit:
 
 While open, requests skip that engine (the local engine serves at once instead of waiting for
 timeouts). After `reset_after_s` it is half-open: one request may probe it; success closes the
-circuit, failure opens it again.
+circuit, failure opens it again. A preview of the decision (`HybridClient.decide()`) reads the
+circuit with `would_allow()`, which never takes that probe.
 """
 
 from __future__ import annotations
@@ -65,7 +66,16 @@ class CircuitBreaker:
         return sum(self._recent) / len(self._recent) if self._recent else 0.0
 
     def allow(self) -> bool:
-        """May a request use the engine now? (A half-open circuit lets one probe through.)"""
+        """May a request use the engine now? (A half-open circuit lets one probe through: this
+        takes it.)"""
+        return self._admit(take_probe=True)
+
+    def would_allow(self) -> bool:
+        """Would a request be let through now? Reads the state only: a preview of the decision
+        asks this, and leaves the half-open probe to the next real request."""
+        return self._admit(take_probe=False)
+
+    def _admit(self, *, take_probe: bool) -> bool:
         state = self.state
         if state == "closed":
             return True
@@ -74,7 +84,8 @@ class CircuitBreaker:
         if state == "half-open" and (
             self._probe_at is None or now - self._probe_at >= self._open_for_s
         ):
-            self._probe_at = now
+            if take_probe:
+                self._probe_at = now
             return True
         return False
 

@@ -41,7 +41,6 @@ from hybridllm.events import (
     Token,
     Usage,
 )
-from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.trace import Trace
 
 
@@ -52,7 +51,8 @@ class _Failure:
         self.exc = exc
 
 
-_Item = Event | _Failure
+# what the producer hands the app's side: an event, or the error that ended the request
+StreamItem = Event | _Failure
 
 
 class RequestRun:
@@ -61,7 +61,7 @@ class RequestRun:
     def __init__(
         self,
         trace: Trace,
-        send: MemoryObjectSendStream[_Item],
+        send: MemoryObjectSendStream[StreamItem],
         on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
     ) -> None:
         self.trace = trace
@@ -77,6 +77,7 @@ class RequestRun:
                 try:
                     await plan(self)
                 except Exception as exc:  # delivered to the app, never lost in the task group
+                    self.trace.error_type = type(exc)
                     self.trace.error = f"{type(exc).__name__}: {exc}"
                     self.emit(_Failure(exc))
         finally:
@@ -84,7 +85,7 @@ class RequestRun:
             self._send.close()
             self.finished.set()
 
-    def emit(self, item: _Item) -> None:
+    def emit(self, item: StreamItem) -> None:
         try:
             self._send.send_nowait(item)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -157,39 +158,11 @@ class RequestRun:
         if self._on_outcome is not None:
             self._on_outcome(engine, exc)
 
-    async def single(
-        self,
-        engine: Engine,
-        request: GenerationRequest,
-        reason: str,
-        retries: int = 0,
-        deadline_s: float | None = None,
-    ) -> None:
-        """One engine, start to finish; retryable failures before the first token are retried
-        (at most `retries` times, never past the first-token deadline)."""
-        self.route(engine, reason)
-        finishes: list[Finish] = []
-
-        def handle(chunk: Chunk) -> None:
-            if isinstance(chunk, Finish):
-                finishes.append(chunk)
-            else:
-                self.deliver(engine.name, chunk)
-
-        policy = RetryPolicy(
-            retries, None if deadline_s is None else self.trace.t_start + deadline_s
-        )
-        async for attempt in policy.attempts():
-            with attempt:
-                await self.relay(engine, request, handle)
-        self.trace.retries = policy.retried
-        self.complete(engine.name, finishes[-1] if finishes else None)
-
 
 class Stream:
     """One streaming request. Iterate for tokens, or use `events()` for typed events."""
 
-    def __init__(self, run: RequestRun, recv: MemoryObjectReceiveStream[_Item]) -> None:
+    def __init__(self, run: RequestRun, recv: MemoryObjectReceiveStream[StreamItem]) -> None:
         self._run = run
         self._recv = recv
         self._thread = threading.get_ident()
@@ -250,7 +223,7 @@ class Stream:
 
 
 class _EventIterator:
-    def __init__(self, recv: MemoryObjectReceiveStream[_Item]) -> None:
+    def __init__(self, recv: MemoryObjectReceiveStream[StreamItem]) -> None:
         self._recv = recv
 
     def __aiter__(self) -> Self:
@@ -260,7 +233,7 @@ class _EventIterator:
         return _next_event(self._recv)
 
 
-async def _next_event(recv: MemoryObjectReceiveStream[_Item]) -> Event:
+async def _next_event(recv: MemoryObjectReceiveStream[StreamItem]) -> Event:
     try:
         item = await recv.receive()
     except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -272,7 +245,7 @@ async def _next_event(recv: MemoryObjectReceiveStream[_Item]) -> Event:
     return item
 
 
-async def _next_token(recv: MemoryObjectReceiveStream[_Item]) -> str:
+async def _next_token(recv: MemoryObjectReceiveStream[StreamItem]) -> str:
     while True:
         event = await _next_event(recv)
         if isinstance(event, Token):

@@ -31,6 +31,9 @@ class Trace:
     # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
     refusals: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    # the error that ended the request: its type (to branch on, `issubclass(...)`), and its text
+    # ("CloudConnectionError: connection reset") for people to read; None when it completed
+    error_type: type[Exception] | None = None
     error: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

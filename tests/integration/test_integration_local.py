@@ -60,37 +60,61 @@ async def test_stream_tokens_and_trace(model_path: Path) -> None:
     assert seg["first_token"] <= seg["done"]
 
 
-async def test_events_form_and_greedy_is_deterministic(model_path: Path) -> None:
+async def test_events_form(model_path: Path) -> None:
+    """Each stream's events agree with themselves and its trace; two streams' texts are never
+    compared (greedy text is not reproducible across KV-cache states, DESIGN.md)."""
     client, _ = make_client(model_path)
     async with client:
-        texts = []
-        for _ in range(2):
+        for _ in range(2):  # the second request runs with the prompt in the KV cache
             async with client.stream(
                 "What is 2+2?", engine="local", max_tokens=16, temperature=0
             ) as s:
                 events = [e async for e in s.events()]
             assert isinstance(events[0], Route) and events[0].engine == "local"
-            assert isinstance(events[-2], Usage) and isinstance(events[-1], Done)
-            assert events[-1].trace is s.trace
-            texts.append("".join(e.text for e in events if isinstance(e, Token)))
-        assert texts[0] and texts[0] == texts[1]
+            usage, done = events[-2], events[-1]
+            assert isinstance(usage, Usage) and isinstance(done, Done)
+            assert done.trace is s.trace
+            tokens = [e for e in events if isinstance(e, Token)]
+            assert "".join(t.text for t in tokens) and {t.engine for t in tokens} == {"local"}
+            assert s.trace.n_tokens == len(tokens) and [t.t for t in tokens] == s.trace.token_times
+            assert usage.completion_tokens == s.trace.completion_tokens >= len(tokens)
+
+
+async def _same_cache_state(
+    client: HybridClient,
+    prompt: str,
+    *,
+    max_tokens: int,
+    temperature: float | None = None,
+    seed: int | None = None,
+) -> None:
+    """Run `prompt` once so that the generations compared after it start from one KV-cache state
+    (all of the prompt but its last token cached): llama.cpp rounds differently in a batch than
+    in a one-token step, so two runs from different cache states may differ (DESIGN.md)."""
+    await client.complete(
+        prompt, engine="local", max_tokens=max_tokens, temperature=temperature, seed=seed
+    )
 
 
 async def test_seed_reproducible_sampling(model_path: Path) -> None:
     client, _ = make_client(model_path)
     async with client:
+        await _same_cache_state(client, "Tell me a word.", max_tokens=12, seed=7)
         a = await client.complete("Tell me a word.", engine="local", max_tokens=12, seed=7)
         b = await client.complete("Tell me a word.", engine="local", max_tokens=12, seed=7)
+    assert a.trace.cached_prompt_tokens == b.trace.cached_prompt_tokens
     assert a.text == b.text
 
 
 async def test_stop_strings_cut_the_text(model_path: Path) -> None:
     client, _ = make_client(model_path)
     async with client:
+        await _same_cache_state(client, LONG, max_tokens=40, temperature=0)
         full = await client.complete(LONG, engine="local", max_tokens=40, temperature=0)
         assert "5" in full.text
         cut = full.text[: full.text.index("5")]
         res = await client.complete(LONG, engine="local", max_tokens=40, temperature=0, stop="5")
+    assert full.trace.cached_prompt_tokens == res.trace.cached_prompt_tokens
     assert res.text == cut
     assert res.trace.finish_reason == "stop"
 
@@ -222,9 +246,10 @@ async def test_corrupt_model_names_the_file(tmp_path: Path, model_path: Path) ->
 def test_blocking_wrappers(model_path: Path) -> None:
     with HybridClient(local=LlamaCppEngine(model_path, n_ctx=1024)) as client:
         tokens = list(client.stream_sync("Say hello.", max_tokens=8, temperature=0))
-        assert tokens
+        assert tokens and all(tokens)
         res = client.complete_sync("Say hello.", max_tokens=8, temperature=0)
-        assert res.text == "".join(tokens)
+        # its own figures only: a second greedy run need not repeat the first's text (DESIGN.md)
+        assert res.text and res.trace.engine == "local" and res.trace.n_tokens > 0
         for i, _ in enumerate(client.stream_sync(LONG, max_tokens=300)):
             if i == 2:
                 break

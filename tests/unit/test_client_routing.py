@@ -244,3 +244,20 @@ async def test_every_request_lands_in_the_decision_log_and_takes_feedback(tmp_pa
         await client.complete("remember me")
     with DecisionLog(opted) as log:
         assert "remember me" in (log.rows()[0]["prompt"] or "")
+
+
+async def test_a_failed_request_is_logged_with_its_error_type(tmp_path: object) -> None:
+    """The decision log takes the error's kind from the trace's typed field, not its text."""
+    from pathlib import Path
+
+    from hybridllm import CloudConnectionError
+    from hybridllm.routing import DecisionLog
+
+    path = Path(str(tmp_path)) / "decisions.db"
+    down = ScriptedEngine("cloud", script=[CloudConnectionError("refused: port 9: closed")])
+    async with HybridClient(cloud=down, decision_log=path, policy=Policy(retries=0)) as client:
+        with pytest.raises(CloudConnectionError):
+            await client.complete("q")
+    with DecisionLog(path) as log:
+        (row,) = log.rows()
+    assert row["error_kind"] == "CloudConnectionError" and row["route"] == "cloud"

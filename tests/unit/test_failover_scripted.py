@@ -9,13 +9,14 @@ import pytest
 from hybridllm import (
     AllEnginesFailedError,
     CloudConnectionError,
+    EngineError,
     Fallback,
     HybridClient,
     Policy,
     ScriptedEngine,
+    StallError,
     Token,
 )
-from hybridllm.runtime.plans import StallError
 
 pytestmark = pytest.mark.anyio
 
@@ -80,3 +81,20 @@ async def test_failover_happens_once() -> None:
     assert "".join(got) == "one two "
     assert [a[0] for a in info.value.attempts] == ["cloud", "local"]
     assert info.value.received_content
+
+
+async def test_a_stall_is_a_typed_engine_error_in_the_tree() -> None:
+    """Both engines stall: the app gets every attempt, each a `StallError` (an `EngineError`
+    that had delivered content, so not retryable)."""
+    cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
+    local = ScriptedEngine("local", script=["b", 5.0, "never"])
+    policy = Policy(name="s", prefer="cloud", stall_ms=50)
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        with pytest.raises(AllEnginesFailedError) as info:
+            await client.complete("q")
+    stalls = [exc for _, exc, _ in info.value.attempts]
+    assert [type(e) for e in stalls] == [StallError, StallError]
+    assert all(isinstance(e, EngineError) and e.received_content for e in stalls)
+    assert not any(e.retryable for e in stalls if isinstance(e, StallError))
+    assert [e.engine for e in stalls if isinstance(e, StallError)] == ["cloud", "local"]
+    assert StallError("quiet", engine="local").retryable  # nothing delivered yet

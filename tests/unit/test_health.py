@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import pytest
 
 from hybridllm import (
@@ -33,6 +34,43 @@ def test_opens_after_threshold_and_probes_after_reset() -> None:
     assert cb.allow()
     cb.record(None)
     assert cb.state == "closed" and cb.failures == 0 and cb.allow()
+
+
+def test_would_allow_reads_the_state_and_leaves_the_probe() -> None:
+    cb = CircuitBreaker(threshold=1, reset_after_s=0.05)
+    assert cb.would_allow()
+    cb.record(CloudConnectionError("refused"))
+    assert not cb.would_allow() and cb.state == "open"
+    time.sleep(0.06)
+    assert cb.would_allow() and cb.would_allow()  # asking twice takes nothing
+    assert cb.allow()  # the probe is still there for a real request
+    assert not cb.would_allow() and not cb.allow()  # and now it is taken
+
+
+@pytest.mark.anyio
+async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> None:
+    """`client.decide()` (nothing is sent) reads the circuit without taking its probe: the next
+    real request still probes the cloud, and its success closes the circuit."""
+    from hybridllm.engines.base import GenerationRequest
+
+    cloud = ScriptedEngine("cloud", tokens=["cloud"])
+    local = ScriptedEngine("local", tokens=["local"])
+    policy = Policy(name="cloudy", prefer="cloud")
+    req = GenerationRequest([{"role": "user", "content": "q"}])
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        breaker = client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=0.05)
+        breaker.record(CloudConnectionError("refused"))
+        decision, _, state = client.decide(req, policy)
+        assert state.cloud_circuit_open and decision.primary == "local"
+        await anyio.sleep(0.06)
+        for _ in range(3):  # previews, as `explain` makes them
+            decision, _, state = client.decide(req, policy)
+            assert not state.cloud_circuit_open and decision.primary == "cloud"
+        assert breaker.state == "half-open"
+        res = await client.complete("q")
+    assert res.text == "cloud" and res.trace.engine == "cloud"
+    assert "circuit open" not in res.trace.route_reason
+    assert breaker.state == "closed" and len(cloud.requests) == 1
 
 
 def test_configuration_errors_do_not_open_the_circuit() -> None:

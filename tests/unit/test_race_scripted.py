@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import anyio
 import pytest
 
@@ -19,6 +22,11 @@ from hybridllm import (
     ScriptedEngine,
     Token,
 )
+from hybridllm.engines.base import GenerationRequest
+from hybridllm.events import Done
+from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
+from hybridllm.runtime.trace import Trace
 
 pytestmark = pytest.mark.anyio
 
@@ -244,3 +252,57 @@ async def test_fallback_lead_is_at_most_half_the_deadline() -> None:
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         res = await client.complete("q")
     assert 95 <= res.trace.segments_ms["fallback_started"] < 160
+
+
+async def test_an_empty_answer_that_finishes_first_wins() -> None:
+    local, cloud = engines([1.0, "late"], [0.01])  # the cloud finishes without a token
+    async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
+        res = await client.complete("q")
+        await anyio.sleep(0.01)
+        assert local.active == 0
+    assert res.text == "" and res.trace.engine == "cloud" and res.trace.finish_reason == "stop"
+
+
+async def test_the_plans_run_on_a_request_run_without_a_client() -> None:
+    """`single` and `race` are plain async functions of a `RequestRun`: the client only picks
+    one and hands it over."""
+    req = GenerationRequest([{"role": "user", "content": "q"}])
+    alone = ScriptedEngine("local", script=[0.0, "on", 0.0, "ly"])
+    slow, fast = engines([0.5, "late"], [0.0, "fast"])
+    plans = {
+        "only": partial(single, engine=alone, request=req, reason="only one"),
+        "fast": partial(
+            race, primary=slow, fallback=fast, request=req, deadline_s=0.05, reason="quick"
+        ),
+    }
+    for want, plan in plans.items():
+        trace = Trace()
+        send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
+        run = RequestRun(trace, send)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run.run, plan)
+            async with Stream(run, recv) as s:
+                events = [e async for e in s.events()]
+        assert "".join(e.text for e in events if isinstance(e, Token)) == want
+        assert isinstance(events[0], Route) and isinstance(events[-1], Done)
+        assert trace.error is None and trace.finish_reason == "stop"
+    assert slow.active == 0 and slow.emitted == 0
+
+
+async def test_a_timer_posted_just_before_the_crown_starts_nothing() -> None:
+    """The timer task only posts; the coordinator ignores a firing that arrives once an engine
+    has won (the crown cancelled the timer, but the item was already on its way)."""
+    from hybridllm.runtime.plans.race import _Race, _TimerFired
+
+    local, cloud = engines([0.0, "a"], [0.0, "b"])
+    trace = Trace()
+    send, _recv = anyio.create_memory_object_stream[StreamItem](math.inf)
+    run = RequestRun(trace, send)
+    req = GenerationRequest([{"role": "user", "content": "q"}])
+    async with anyio.create_task_group() as tg:
+        r = _Race(run, local, cloud, req, tg, deadline_s=0.1, stall_s=None)
+        r.crown(r.start(local, req))
+        r._on_timer(_TimerFired("no token from local within 100 ms", hedge=False))
+        assert not r.deadline_fired and trace.fallback_reason is None
+        tg.cancel_scope.cancel()
+    assert trace.started == ["local"] and not cloud.requests

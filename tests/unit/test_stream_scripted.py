@@ -114,7 +114,8 @@ async def test_engine_error_reaches_the_app_after_delivered_tokens() -> None:
             async for tok in s:
                 got.append(tok)
     assert got == ["one", "two"]
-    assert s.trace.error and "reset by peer" in s.trace.error
+    assert s.trace.error_type is CloudConnectionError
+    assert s.trace.error == "CloudConnectionError: reset by peer"
 
 
 async def test_not_open_client_is_a_typed_error() -> None:

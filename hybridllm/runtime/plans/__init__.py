@@ -1,0 +1,16 @@
+"""The plans: the ways one request can run, each an async function of a `RequestRun`.
+
+- `single`: one engine, start to finish, with retries before the first token (`single.py`);
+- `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`).
+
+A new plan (speculative: local drafts, cloud verifies; cascade: local confidence decides; handoff:
+local start, cloud continues) is a module here beside them, named below.
+"""
+
+from __future__ import annotations
+
+from hybridllm.errors import StallError as StallError  # its home is the error tree; old imports
+from hybridllm.runtime.plans.race import fallback_lead_s, race
+from hybridllm.runtime.plans.single import single
+
+__all__ = ["fallback_lead_s", "race", "single"]

@@ -1,0 +1,372 @@
+"""The race plan: the first-token deadline race, hedging and mid-stream failover.
+
+`race()`: the primary starts at once; the deadline (if the policy has one) counts from the
+`stream()` call. If the primary has produced no content token by then, fails before its first
+one, is predicted (by the routing decision) to miss the deadline, or a hedge delay passes, the
+fallback starts while the primary keeps running. "By then" leads the deadline by the fallback's
+own predicted time to a first token (at most half the deadline), so that its token can still
+arrive inside the deadline. The first content token wins and the loser is cancelled at once (its
+stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
+empty deltas never win.
+
+Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
+inter-token limit (`StallError`) moves the answer to the other engine, which continues from the
+text already delivered (given as the start of the assistant turn): nothing repeated, nothing
+dropped. That happens once; a continuation that fails too ends the request.
+
+One coordinator, `_Race.serve()`, owns the race's state: each contender's task and the timer
+task only post items (`ContenderItem`, `_TimerFired`) to it, and it handles them one at a time,
+one method per kind (a content chunk, a finish, a stream's end, an error, a stall, the timer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import time
+
+import anyio
+from anyio.abc import TaskGroup
+
+from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    DeadlineMissError,
+    EngineError,
+    RefusedError,
+    StallError,
+)
+from hybridllm.events import Chunk, Delta, Fallback, Finish, Hedge, Mark
+from hybridllm.runtime.stream import RequestRun
+
+# what a contender's task posts: its id, and a chunk, the error it ended with, or None (its
+# stream ended)
+ContenderItem = tuple[int, Chunk | Exception | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimerFired:
+    """The deadline (less the fallback's lead) or the hedge delay passed."""
+
+    why: str
+    hedge: bool
+
+
+_RaceItem = ContenderItem | _TimerFired
+
+
+@dataclasses.dataclass
+class _Contender:
+    engine: Engine
+    scope: anyio.CancelScope
+    marks: list[Mark] = dataclasses.field(default_factory=list)
+
+
+def fallback_lead_s(
+    fallback: Engine,
+    request: GenerationRequest,
+    deadline_s: float,
+    predicted: float | None = None,
+) -> float:
+    """How long before the deadline the fallback starts: its predicted time to a first token
+    (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
+    at most half the deadline, so that a fallback which cannot make the deadline anyway does not
+    run alongside every request."""
+    if predicted is None:
+        predicted = fallback.predict_ttft_s(request)
+    if predicted is None:
+        return 0.0
+    return min(max(0.0, predicted), deadline_s / 2)
+
+
+async def race(
+    run: RequestRun,
+    primary: Engine,
+    fallback: Engine,
+    request: GenerationRequest,
+    *,
+    deadline_s: float | None,
+    reason: str,
+    hedge_s: float | None = None,
+    stall_s: float | None = None,
+    fallback_now: str | None = None,
+    fallback_ttft_s: float | None = None,
+) -> None:
+    """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
+    routing decision predicts the primary misses the deadline). `fallback_ttft_s`: the
+    fallback's predicted time to a first token (None: ask the engine)."""
+    if deadline_s is None:
+        why = f"{reason}; {fallback.name} takes over if it fails"
+    else:
+        why = f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
+    run.route(primary, why)
+    async with anyio.create_task_group() as tg:
+        r = _Race(run, primary, fallback, request, tg, deadline_s=deadline_s, stall_s=stall_s)
+        await r.serve(hedge_s=hedge_s, fallback_now=fallback_now, fallback_ttft_s=fallback_ttft_s)
+    r.conclude()  # outside the task group: the app gets a typed, unwrapped error
+
+
+class _Race:
+    """The state of one race and its coordinator."""
+
+    def __init__(
+        self,
+        run: RequestRun,
+        primary: Engine,
+        fallback: Engine,
+        request: GenerationRequest,
+        tg: TaskGroup,
+        *,
+        deadline_s: float | None,
+        stall_s: float | None,
+    ) -> None:
+        self.run = run
+        self.primary = primary
+        self.fallback = fallback
+        self.request = request
+        self.tg = tg
+        self.deadline_s = deadline_s
+        self.stall_s = stall_s
+        self.send, self.recv = anyio.create_memory_object_stream[_RaceItem](math.inf)
+        self.ids = itertools.count()
+        self.contenders: dict[int, _Contender] = {}
+        self.failed: set[int] = set()
+        self.winner: int | None = None
+        self.finish: Finish | None = None
+        self.failovers = 0
+        self.attempts: list[tuple[str, BaseException, float]] = []
+        self.deadline_at = None if deadline_s is None else run.trace.t_start + deadline_s
+        # the deadline timer started the fallback (perhaps ahead of the deadline, by its lead)
+        self.deadline_fired = False
+        self.timer = anyio.CancelScope()
+        self.over = False  # the winner's stream ended, or the race failed (`fatal`)
+        self.fatal: Exception | None = None
+
+    # ---- the coordinator ---------------------------------------------------------------------
+
+    async def serve(
+        self, *, hedge_s: float | None, fallback_now: str | None, fallback_ttft_s: float | None
+    ) -> None:
+        """Start the primary (and the fallback, with `fallback_now`) and the timer, then handle
+        what they post until the race is over; nothing is left running when it returns."""
+        try:
+            self.start(self.primary, self.request)
+            if fallback_now is not None:
+                self.start_fallback(fallback_now)
+            self.tg.start_soon(self._timer_task, hedge_s, fallback_ttft_s)
+            async with self.recv:
+                while not self.over:
+                    await self._next()
+        finally:
+            for c in self.contenders.values():
+                c.scope.cancel()
+            self.timer.cancel()
+
+    async def _next(self) -> None:
+        """Wait for the next item (while an engine is serving, at most the stall limit) and hand
+        it to its handler."""
+        limit = self.stall_s
+        if limit is None or self.winner is None:
+            limit = math.inf  # no stall limit before the crown
+        with anyio.move_on_after(limit) as quiet:
+            item = await self.recv.receive()
+        if quiet.cancelled_caught:
+            self._on_stall()
+        elif isinstance(item, _TimerFired):
+            self._on_timer(item)
+        else:
+            cid, got = item
+            if self.winner is not None and cid != self.winner:
+                return  # what a cancelled contender sent before it stopped
+            if got is None:
+                self._on_end(cid)
+            elif isinstance(got, Exception):
+                self._on_error(cid, got)
+            elif isinstance(got, Finish):
+                self._on_finish(cid, got)
+            else:
+                self._on_chunk(cid, got)
+
+    def conclude(self) -> None:
+        """After the task group: raise the race's error, or complete the request."""
+        if self.fatal is not None:
+            raise self.fatal
+        assert self.winner is not None
+        self.run.complete(self.contenders[self.winner].engine.name, self.finish)
+
+    # ---- one handler per kind of item -------------------------------------------------------
+
+    def _on_chunk(self, cid: int, chunk: Delta | Mark) -> None:
+        """A content token crowns its contender (if none won yet) and reaches the app; a mark
+        or an empty delta before the crown never wins (marks are kept for the winner)."""
+        if self.winner is None:
+            if isinstance(chunk, Mark) or not chunk.text:
+                if isinstance(chunk, Mark):
+                    self.contenders[cid].marks.append(chunk)
+                return
+            self.crown(cid)
+        self.run.deliver(self.contenders[cid].engine.name, chunk)
+
+    def _on_finish(self, cid: int, finish: Finish) -> None:
+        self.finish = finish
+        if self.winner is None:  # an empty answer finished first: it wins
+            self.crown(cid)
+
+    def _on_end(self, cid: int) -> None:
+        if self.winner is None:  # ended without a token or a finish
+            name = self.contenders[cid].engine.name
+            self._on_error(cid, EngineError("the engine stopped without finishing", engine=name))
+        else:
+            self.over = True  # the winner's stream ended
+
+    def _on_stall(self) -> None:
+        """The serving engine sent nothing for longer than the stall limit."""
+        assert self.winner is not None and self.stall_s is not None
+        name = self.contenders[self.winner].engine.name
+        limit_ms = self.stall_s * 1e3
+        stall = StallError(f"no token for {limit_ms:.0f} ms", engine=name, received_content=True)
+        self._on_error(self.winner, stall)
+
+    def _on_error(self, cid: int, exc: Exception) -> None:
+        self.record_failure(cid, exc)
+        if self.winner == cid:
+            if not self.fail_over(exc):
+                # a failover that failed too: no engine could finish the answer
+                self._fail(self.all_failed() if self.failovers else exc)
+            return
+        self.failed.add(cid)
+        if self.contenders[cid].engine is self.primary:
+            why = "refused" if isinstance(exc, RefusedError) else "failed"
+            self.start_fallback(f"{self.primary.name} {why} before its first token: {exc}")
+        if self.failed == set(self.contenders):
+            self._fail(self.all_failed())  # every engine that was tried has failed
+
+    def _on_timer(self, fired: _TimerFired) -> None:
+        if self.winner is not None:
+            return  # posted just before the crown cancelled the timer
+        self.deadline_fired = not fired.hedge
+        self.start_fallback(fired.why, hedge=fired.hedge)
+
+    # ---- the moves --------------------------------------------------------------------------
+
+    def start(self, engine: Engine, request: GenerationRequest) -> int:
+        cid = next(self.ids)
+        self.contenders[cid] = c = _Contender(engine, anyio.CancelScope())
+        if engine.name not in self.run.trace.started:
+            self.run.trace.started.append(engine.name)
+        self.tg.start_soon(self._contend, cid, c, request)
+        return cid
+
+    def start_fallback(self, why: str, *, hedge: bool = False) -> None:
+        if any(c.engine is self.fallback for c in self.contenders.values()):
+            return
+        trace = self.run.trace
+        trace.fallback_reason = why
+        trace.hedged = hedge
+        trace.mark("fallback_started")
+        event = Hedge if hedge else Fallback
+        self.run.emit(event(time.perf_counter(), self.primary.name, self.fallback.name, why))
+        self.start(self.fallback, self.request)
+
+    def crown(self, cid: int) -> None:
+        """`cid` delivered first: cancel the others and the timer, replay its marks. A primary
+        that lost the race past the deadline (or after the deadline timer started the fallback
+        ahead of it) is reported as a deadline miss (it may open its circuit)."""
+        self.winner = cid
+        self.timer.cancel()
+        late = self.deadline_fired or (
+            self.deadline_at is not None and time.perf_counter() > self.deadline_at
+        )
+        first_crown = not self.run.delivered_text and not self.failovers
+        if late and first_crown and self.contenders[cid].engine is not self.primary:
+            for other, c in self.contenders.items():
+                if c.engine is self.primary and other not in self.failed:
+                    self.run.outcome(
+                        self.primary.name,
+                        DeadlineMissError("no token before the deadline", engine=self.primary.name),
+                    )
+        for other, c in self.contenders.items():
+            if other != cid:
+                c.scope.cancel()
+        c = self.contenders[cid]
+        self.run.trace.engine = c.engine.name
+        for mark in c.marks:
+            self.run.trace.mark(mark.name, mark.t)
+
+    def fail_over(self, exc: Exception) -> bool:
+        """The winner failed mid-stream: continue on the other engine from the delivered text
+        (once per request). False: no failover is left."""
+        wid = self.winner
+        if wid is None or self.failovers >= 1:
+            return False
+        old = self.contenders[wid]
+        other = self.fallback if old.engine is self.primary else self.primary
+        self.failovers += 1
+        self.failed.add(wid)
+        delivered = self.run.delivered_text
+        trace = self.run.trace
+        trace.switches.append(
+            (time.perf_counter(), old.engine.name, other.name, str(exc), len(delivered))
+        )
+        self.run.emit(
+            Fallback(
+                time.perf_counter(),
+                old.engine.name,
+                other.name,
+                f"{old.engine.name} failed mid-stream: {exc}",
+            )
+        )
+        old.scope.cancel()
+        cont = dataclasses.replace(
+            self.request, assistant_prefix=self.request.assistant_prefix + delivered
+        )
+        self.crown(self.start(other, cont))
+        return True
+
+    def record_failure(self, cid: int, exc: Exception) -> None:
+        ms = (time.perf_counter() - self.run.trace.t_start) * 1e3
+        self.attempts.append((self.contenders[cid].engine.name, exc, ms))
+
+    def all_failed(self) -> AllEnginesFailedError:
+        return AllEnginesFailedError(self.attempts, received_content=bool(self.run.delivered_text))
+
+    def _fail(self, exc: Exception) -> None:
+        self.fatal = exc
+        self.over = True
+
+    # ---- the tasks: they only post ----------------------------------------------------------
+
+    def _post(self, item: _RaceItem) -> None:
+        """Hand an item to the coordinator; once it has stopped listening, drop it."""
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.send.send_nowait(item)
+
+    async def _contend(self, cid: int, c: _Contender, request: GenerationRequest) -> None:
+        with c.scope:
+            try:
+                await self.run.relay(c.engine, request, lambda ch: self._post((cid, ch)))
+                self._post((cid, None))
+            except Exception as exc:  # judged by the coordinator
+                self._post((cid, exc))
+
+    async def _timer_task(self, hedge_s: float | None, fallback_ttft_s: float | None) -> None:
+        """Post `_TimerFired` at the hedge delay or at the deadline less the fallback's lead,
+        whichever comes first (the other never fires: the fallback is running by then)."""
+        deadline_s = self.deadline_s
+        with self.timer:
+            start_s = deadline_s
+            if deadline_s is not None:  # lead so that the fallback's token lands in time
+                lead = fallback_lead_s(self.fallback, self.request, deadline_s, fallback_ttft_s)
+                start_s = deadline_s - lead
+            hedge_first = hedge_s is not None and (start_s is None or hedge_s < start_s)
+            at = hedge_s if hedge_first else start_s
+            if at is None:
+                return
+            await anyio.sleep(max(0.0, self.run.trace.t_start + at - time.perf_counter()))
+            kind = "hedge: no" if hedge_first else "no"
+            why = f"{kind} token from {self.primary.name} within {at * 1e3:.0f} ms"
+            if not hedge_first and deadline_s is not None and at < deadline_s:
+                why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
+            self._post(_TimerFired(why, hedge=hedge_first))
