@@ -120,9 +120,9 @@ def _read_cpuinfo() -> str:
 def main(argv: list[str]) -> int:
     flags, machine = cpu_flags(_read_cpuinfo()), platform.machine()
     if argv[:1] == ["--check"]:
-        import llama_cpp  # only in `--check`, run inside the project's environment
+        from hybridllm.local import loader  # only `--check` runs inside the project's environment
 
-        info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+        info = loader.llama_cpp().llama_print_system_info().decode("utf-8", "replace")
         lacking = missing(flags, info) if machine.lower() in X86 else []
         if lacking:
             print(f"the llama.cpp build lacks {', '.join(lacking)}, which this CPU offers")
