@@ -29,10 +29,10 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
-from hybridllm.engines.base import Engine, GenerationRequest, Message, PrivacyMode
+from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Period, Prices
-from hybridllm.guard.guarded import GuardedEngine
+from hybridllm.guard.guarded import GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.guard.privacy import kinds, scan
 from hybridllm.policy import Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
@@ -191,8 +191,11 @@ class HybridClient:
         top_p: float | None = None,
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
+        options: Sequence[EngineOptions] = (),
     ) -> Stream:
-        """Start a request now and return its `Stream` (TTFT is measured from this call)."""
+        """Start a request now and return its `Stream` (TTFT is measured from this call).
+        `options`: typed per-engine options (`LlamaOptions`, `OpenAIOptions`); each engine
+        reads only its own."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
@@ -206,14 +209,16 @@ class HybridClient:
             top_p=pol.top_p if top_p is None else top_p,
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
-            scope=pol.name,
-            privacy="off" if pol.privacy == "off" else "keep-local",
+            options=tuple(options),
+        )
+        context = RequestContext(
+            scope=pol.name, privacy="off" if pol.privacy == "off" else "keep-local"
         )
         decision, facts, state = self.decide(request, pol, engine)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
+        plan = self._plan(decision, request, context, pol, None if fb is None else fb.ttft_s)
         send, recv = anyio.create_memory_object_stream[_Item](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
@@ -221,7 +226,7 @@ class HybridClient:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
         self._tg.start_soon(
-            self._drive, run, plan, facts.prompt_tokens, request, facts.router_score
+            self._drive, run, plan, facts.prompt_tokens, request, pol.name, facts.router_score
         )
         return Stream(run, recv)
 
@@ -263,10 +268,13 @@ class HybridClient:
         self,
         decision: Decision,
         request: GenerationRequest,
+        context: RequestContext,
         policy: Policy,
         fallback_ttft_s: float | None,
     ) -> Plan:
         engines = self.engines
+        if self._guard is not None:  # every path of this plan carries the request's context
+            engines["cloud"] = self._guard.bind(context)
         assert decision.primary is not None
         target = engines[decision.primary]
         if decision.fallback is None:
@@ -290,6 +298,7 @@ class HybridClient:
             # with fallback_now the load rule's reason is the last one (no hedge follows it)
             fallback_now=decision.reasons[-1] if decision.fallback_now else None,
             fallback_ttft_s=fallback_ttft_s,
+            failover=decision.failover,
         )
 
     async def _drive(
@@ -298,6 +307,7 @@ class HybridClient:
         plan: Plan,
         prompt_tokens: int,
         request: GenerationRequest,
+        scope: str,
         score: float | None = None,
     ) -> None:
         try:
@@ -310,7 +320,7 @@ class HybridClient:
             if self.decision_log is not None:
                 with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
                     await anyio.to_thread.run_sync(
-                        _log_decision, self.decision_log, run.trace, request, score
+                        _log_decision, self.decision_log, run.trace, request, scope, score
                     )
                 rid = run.trace.request_id
                 with self._log_lock:
@@ -401,7 +411,7 @@ class HybridClient:
 
 
 def _log_decision(
-    log: DecisionLog, trace: Trace, request: GenerationRequest, score: float | None
+    log: DecisionLog, trace: Trace, request: GenerationRequest, scope: str, score: float | None
 ) -> None:
     from hybridllm.routing.features import extract
 
@@ -409,7 +419,7 @@ def _log_decision(
         route=trace.started[0] if trace.started else "none",
         features=extract(request.messages).dense_dict(),
         score=score,
-        policy=request.scope,
+        policy=scope,
         messages=request.messages,
         request_id=trace.request_id,
     )

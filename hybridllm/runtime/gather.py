@@ -2,8 +2,10 @@
 
 `Routing` holds what a client routes with (the latency model and the optional router, budget
 gate and privacy scan) and turns one request into `RequestFacts` + `LiveState`: prompt tokens
-(a cheap length estimate, no tokenizer on the event loop; for the local engine less the prefix
-it shares with the previous local prompt, which llama.cpp keeps in its KV cache), the router's
+(`engines.base.count_prompt_tokens`: the local engine's tokenizer once it is loaded, else the
+script-aware estimate; for the local engine less the prefix it shares with the previous local
+prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_token_bound`, the
+upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
 queue, the budget verdict and the cloud circuit.
@@ -15,7 +17,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hybridllm.engines.base import Engine, GenerationRequest, estimate_prompt_tokens
+from hybridllm.engines.base import (
+    Engine,
+    GenerationRequest,
+    count_prompt_tokens,
+    prompt_token_bound,
+)
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
@@ -63,7 +70,11 @@ class Routing:
                 self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=overhead)
 
     def facts(
-        self, request: GenerationRequest, policy: Policy, forced: EngineName | None
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        forced: EngineName | None,
+        engines: Mapping[EngineName, Engine] | None = None,
     ) -> RequestFacts:
         score = cut = None
         if self.router is not None and forced is None and _uses_router(policy):
@@ -81,7 +92,7 @@ class Routing:
                 text = "\n".join(m.get("content", "") for m in request.messages)
                 kinds = frozenset(self.privacy(text))
         return RequestFacts(
-            prompt_tokens=estimate_prompt_tokens(request.messages),
+            prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
             router_score=score,
             router_threshold=cut,
@@ -115,7 +126,8 @@ class Routing:
         cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
         fits, detail = True, ""
         if cloud_ok and self.budget is not None:
-            verdict = self.budget.check(policy, facts.prompt_tokens, facts.max_tokens)
+            bound = prompt_token_bound(request.messages)  # what the reservation will hold
+            verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
         circuit_open = False
         if cloud_ok and fits and "cloud" in breakers:
@@ -127,6 +139,7 @@ class Routing:
             cloud_circuit_open=circuit_open,
             budget_fits=fits,
             budget_detail=detail,
+            continues=frozenset(n for n, e in engines.items() if e.info().supports_continuation),
         )
 
     def decide(
@@ -137,7 +150,7 @@ class Routing:
         breakers: Mapping[EngineName, CircuitBreaker],
         forced: EngineName | None = None,
     ) -> tuple[Decision, RequestFacts, LiveState]:
-        facts = self.facts(request, policy, forced)
+        facts = self.facts(request, policy, forced, engines)
         state = self.state(facts, request, policy, engines, breakers)
         return decide(facts, policy, state), facts, state
 
