@@ -194,8 +194,7 @@ class HybridClient:
         options: Sequence[EngineOptions] = (),
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
-        `options`: typed per-engine options (`LlamaOptions`, `OpenAIOptions`); each engine
-        reads only its own."""
+        `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
@@ -211,9 +210,8 @@ class HybridClient:
             seed=seed,
             options=tuple(options),
         )
-        context = RequestContext(
-            scope=pol.name, privacy="off" if pol.privacy == "off" else "keep-local"
-        )
+        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
+        context = RequestContext(scope=pol.name, privacy=privacy)
         decision, facts, state = self.decide(request, pol, engine)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
