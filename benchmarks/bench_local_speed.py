@@ -20,7 +20,7 @@ import time
 
 import anyio
 
-from hybridllm.engines import GenerationRequest, LlamaCppEngine
+from hybridllm.engines import GenerationRequest, LlamaCppEngine, LlamaOptions
 from hybridllm.events import Delta, Finish
 
 CHAT = [
@@ -79,10 +79,10 @@ FREE = ("free-writing", "Write a short story about a lighthouse keeper who finds
 
 
 async def one(
-    engine: LlamaCppEngine, prompt: str, max_tokens: int, **extra: object
+    engine: LlamaCppEngine, prompt: str, max_tokens: int, *options: LlamaOptions
 ) -> dict[str, float | str]:
     req = GenerationRequest([{"role": "user", "content": prompt}], max_tokens=max_tokens,
-                            temperature=0.0, extra=extra)  # fmt: skip
+                            temperature=0.0, options=options)  # fmt: skip
     t0 = time.perf_counter()
     first = last = None
     parts: list[str] = []
@@ -134,7 +134,7 @@ async def draft(model: str, reps: int, max_tokens: int) -> None:
             b0, d0, a0 = stats.batches, stats.drafted, stats.accepted
             for _ in range(reps):
                 p = await one(engine, prompt, max_tokens)
-                d = await one(engine, prompt, max_tokens, draft="prompt-lookup")
+                d = await one(engine, prompt, max_tokens, LlamaOptions(draft="prompt-lookup"))
                 plain.append(float(p["rate"]))
                 drafted.append(float(d["rate"]))
                 same = same and p["text"] == d["text"]

@@ -25,6 +25,8 @@ _NAMES = {
     "HybridClient": "hybridllm.client",
     "Engine": "hybridllm.engines.base",
     "GenerationRequest": "hybridllm.engines.base",
+    "LlamaOptions": "hybridllm.engines.options",
+    "OpenAIOptions": "hybridllm.engines.options",
     "LlamaCppEngine": "hybridllm.engines.llamacpp",
     "OpenAIEngine": "hybridllm.engines.openai_engine",
     "ScriptedEngine": "hybridllm.engines.scripted",
@@ -78,6 +80,10 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.engines.base import Engine as Engine, GenerationRequest as GenerationRequest
     from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
     from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
+    from hybridllm.engines.options import (
+        LlamaOptions as LlamaOptions,
+        OpenAIOptions as OpenAIOptions,
+    )
     from hybridllm.engines.scripted import ScriptedEngine as ScriptedEngine
     from hybridllm.errors import (
         AllEnginesFailedError as AllEnginesFailedError,

@@ -29,16 +29,15 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
-from hybridllm.engines.base import Engine, GenerationRequest, Message, PrivacyMode
+from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
 from hybridllm.events import EngineName
-from hybridllm.guard.budget import Cap, Ledger, Period, Prices
-from hybridllm.guard.guarded import GuardedEngine
-from hybridllm.guard.privacy import kinds, scan
+from hybridllm.guard.budget import Cap, Ledger, Prices
+from hybridllm.guard.guarded import GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
-from hybridllm.routing.inputs import BudgetVerdict, Scorer
+from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
-from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.gather import GuardBudget, Routing, policy_caps, privacy_kinds
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans import race, single
@@ -100,7 +99,7 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         gate = (
-            None if self._guard is None or self._guard.ledger is None else _GuardBudget(self._guard)
+            None if self._guard is None or self._guard.ledger is None else GuardBudget(self._guard)
         )
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
@@ -110,7 +109,7 @@ class HybridClient:
         self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
-        self.routing = Routing(latency or LatencyModel(), scorer, gate, _privacy_kinds)
+        self.routing = Routing(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
@@ -191,8 +190,10 @@ class HybridClient:
         top_p: float | None = None,
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
+        options: Sequence[EngineOptions] = (),
     ) -> Stream:
-        """Start a request now and return its `Stream` (TTFT is measured from this call)."""
+        """Start a request now and return its `Stream` (TTFT is measured from this call).
+        `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
@@ -206,14 +207,15 @@ class HybridClient:
             top_p=pol.top_p if top_p is None else top_p,
             stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             seed=seed,
-            scope=pol.name,
-            privacy="off" if pol.privacy == "off" else "keep-local",
+            options=tuple(options),
         )
+        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
+        context = RequestContext(scope=pol.name, privacy=privacy)
         decision, facts, state = self.decide(request, pol, engine, preview=False)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        plan = self._plan(decision, request, pol, None if fb is None else fb.ttft_s)
+        plan = self._plan(decision, request, context, pol, None if fb is None else fb.ttft_s)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
@@ -221,7 +223,7 @@ class HybridClient:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
         self._tg.start_soon(
-            self._drive, run, plan, facts.prompt_tokens, request, facts.router_score
+            self._drive, run, plan, facts.prompt_tokens, request, pol.name, facts.router_score
         )
         return Stream(run, recv)
 
@@ -270,10 +272,13 @@ class HybridClient:
         self,
         decision: Decision,
         request: GenerationRequest,
+        context: RequestContext,
         policy: Policy,
         fallback_ttft_s: float | None,
     ) -> Plan:
         engines = self.engines
+        if self._guard is not None:  # every path of this plan carries the request's context
+            engines["cloud"] = self._guard.bind(context)
         assert decision.primary is not None
         target = engines[decision.primary]
         if decision.fallback is None:
@@ -297,6 +302,7 @@ class HybridClient:
             # with fallback_now the load rule's reason is the last one (no hedge follows it)
             fallback_now=decision.reasons[-1] if decision.fallback_now else None,
             fallback_ttft_s=fallback_ttft_s,
+            failover=decision.failover,
         )
 
     async def _drive(
@@ -305,6 +311,7 @@ class HybridClient:
         plan: Plan,
         prompt_tokens: int,
         request: GenerationRequest,
+        scope: str,
         score: float | None = None,
     ) -> None:
         try:
@@ -317,7 +324,7 @@ class HybridClient:
             if self.decision_log is not None:
                 with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
                     await anyio.to_thread.run_sync(
-                        _log_decision, self.decision_log, run.trace, request, score
+                        _log_decision, self.decision_log, run.trace, request, scope, score
                     )
                 rid = run.trace.request_id
                 with self._log_lock:
@@ -408,7 +415,7 @@ class HybridClient:
 
 
 def _log_decision(
-    log: DecisionLog, trace: Trace, request: GenerationRequest, score: float | None
+    log: DecisionLog, trace: Trace, request: GenerationRequest, scope: str, score: float | None
 ) -> None:
     from hybridllm.routing.features import extract
 
@@ -416,7 +423,7 @@ def _log_decision(
         route=trace.started[0] if trace.started else "none",
         features=extract(request.messages).dense_dict(),
         score=score,
-        policy=request.scope,
+        policy=scope,
         messages=request.messages,
         request_id=trace.request_id,
     )
@@ -427,32 +434,6 @@ def _log_decision(
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
     )
-
-
-def policy_caps(policy: Policy) -> tuple[Cap, ...]:
-    """A policy's `[budget]` as ledger caps scoped to the policy's name."""
-    b = policy.budget
-    limits: tuple[tuple[Period, float | None], ...] = (
-        ("request", b.per_request_usd),
-        ("day", b.per_day_usd),
-        ("month", b.per_month_usd),
-    )
-    return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
-
-
-def _privacy_kinds(text: str) -> tuple[str, ...]:
-    return kinds(scan(text))
-
-
-class _GuardBudget:
-    """The budget gate routing asks (`BudgetGate`), answered by the cloud guard's ledger."""
-
-    def __init__(self, guard: GuardedEngine) -> None:
-        self.guard = guard
-
-    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
-        fits, detail = self.guard.fits(policy.name, prompt_tokens, max_tokens)
-        return BudgetVerdict(fits, detail)
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

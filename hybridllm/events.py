@@ -10,8 +10,9 @@ Event                 what the app sees through `Stream.events()`
 └── Done              the request finished; carries the final trace
 ```
 
-Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as
-"request_sent" or "first_byte"), `Finish` (reason and usage).
+Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as "queued" or
+"first_byte"; `RequestSent`, the typed mark "request_sent", says the request left for a billed
+endpoint), `Finish` (reason and usage).
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ class Mark:
 
     name: str
     t: float
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class RequestSent(Mark):
+    """The mark "request_sent": the request is leaving for the endpoint, which may bill it from
+    here on (the cloud guard settles a reservation, rather than releasing it, once it sees this,
+    any text or a `Finish`)."""
+
+    def __init__(self, t: float) -> None:
+        object.__setattr__(self, "name", "request_sent")
+        object.__setattr__(self, "t", t)
 
 
 @dataclass(frozen=True, slots=True)

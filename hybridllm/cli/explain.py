@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from pathlib import Path
 
-from hybridllm.engines.base import EngineInfo, GenerationRequest
+from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.errors import ConfigError
 from hybridllm.events import Chunk, EngineName
 from hybridllm.guard.privacy import kinds as kinds_of, scan
@@ -60,10 +60,14 @@ class OfflineEngine:
         yield  # an async generator, like every engine's stream
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, model="(offline)", expected_wait_s=self.expected_wait_s)
+        return EngineInfo(name=self.name, model="(offline)", expected_wait_s=self.expected_wait_s,
+                          supports_continuation=True)  # as both real engines do  # fmt: skip
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return None  # no tokenizer: the one estimate (engines.base) counts
 
     async def aclose(self) -> None:
         return None
@@ -207,7 +211,6 @@ def explain(
     request = GenerationRequest(
         messages=({"role": "user", "content": prompt},),
         max_tokens=policy.max_tokens if max_tokens is None else max_tokens,
-        scope=policy.name,
     )
     policy = with_threshold(policy, router_threshold)
     return routing.decide(request, policy, offline, breakers)

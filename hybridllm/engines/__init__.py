@@ -13,7 +13,10 @@ from hybridllm._lazy import lazy
 _NAMES = {
     "Engine": "hybridllm.engines.base",
     "EngineInfo": "hybridllm.engines.base",
+    "EngineOptions": "hybridllm.engines.options",
     "GenerationRequest": "hybridllm.engines.base",
+    "LlamaOptions": "hybridllm.engines.options",
+    "OpenAIOptions": "hybridllm.engines.options",
     "LlamaCppEngine": "hybridllm.engines.llamacpp",
     "OpenAIEngine": "hybridllm.engines.openai_engine",
     "ScriptedEngine": "hybridllm.engines.scripted",
@@ -29,4 +32,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
     from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
+    from hybridllm.engines.options import (
+        EngineOptions as EngineOptions,
+        LlamaOptions as LlamaOptions,
+        OpenAIOptions as OpenAIOptions,
+    )
     from hybridllm.engines.scripted import ScriptedEngine as ScriptedEngine

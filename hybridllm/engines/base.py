@@ -9,18 +9,46 @@ the orchestrator always closes (``contextlib.aclosing``): closing it must stop t
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
 
+from hybridllm.engines.options import EngineOptions
+from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
+from hybridllm.errors import ConfigError
 from hybridllm.events import Chunk, EngineName
 
+__all__ = [
+    "CONTINUE_INSTRUCTION",
+    "Engine",
+    "EngineInfo",
+    "EngineOptions",
+    "GenerationRequest",
+    "Message",
+    "chat_messages",
+    "count_prompt_tokens",
+    "estimate_prompt_tokens",
+    "prompt_token_bound",
+]
+
 Message = Mapping[str, str]
-PrivacyMode = Literal["keep-local", "off"]
+OptionsT = TypeVar("OptionsT", bound=EngineOptions)
+
+CONTINUE_INSTRUCTION = (
+    "Your previous answer was cut off. Continue it exactly where it stopped, mid-word if need "
+    "be; do not repeat any of it and do not comment."
+)
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """What goes on the wire, and nothing else (where it may go, and under which budget, is the
+    caller's business: the cloud guard gets that beside the request).
+
+    `options`: typed per-engine options, at most one object per class; each engine reads only its
+    own class (`LlamaOptions`, `OpenAIOptions`), so an option meant for one engine never reaches
+    another."""
+
     messages: Sequence[Message]
     max_tokens: int = 256
     temperature: float = 0.7
@@ -29,11 +57,45 @@ class GenerationRequest:
     seed: int | None = None
     # text the answer must continue from (mid-stream failover): the start of the assistant turn
     assistant_prefix: str = ""
-    extra: Mapping[str, object] = field(default_factory=dict)
-    # routing metadata, never sent: the policy's name (budget caps per scope) and its privacy
-    # mode for this request (None: the guard's own mode; see engines/guarded.py)
-    scope: str = "default"
-    privacy: PrivacyMode | None = None
+    options: tuple[EngineOptions, ...] = ()
+
+    def __post_init__(self) -> None:
+        options = self.options
+        if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
+            raise ConfigError("options must be a sequence of engine options: (LlamaOptions(),)")
+        options = tuple(options)
+        seen: set[type[EngineOptions]] = set()
+        for option in options:
+            if not isinstance(option, EngineOptions):
+                raise ConfigError(
+                    f"options holds {option!r}: use typed engine options (LlamaOptions, "
+                    "OpenAIOptions), not a mapping of keywords"
+                )
+            if type(option) in seen:
+                raise ConfigError(f"options holds two {type(option).__name__} objects")
+            seen.add(type(option))
+        object.__setattr__(self, "options", options)
+
+    def option(self, kind: type[OptionsT]) -> OptionsT | None:
+        """The request's options of this class (None: the engine's defaults)."""
+        for option in self.options:
+            if isinstance(option, kind):
+                return option
+        return None
+
+
+def chat_messages(request: GenerationRequest) -> tuple[Message, ...]:
+    """The chat messages an endpoint receives for `request`: a continuation (mid-stream
+    failover) adds the delivered text as a partial assistant turn and asks the model to go on
+    from it without repeating it. Engines that continue natively (a raw template) may do better;
+    what the guard scans and bounds is this."""
+    messages = tuple(request.messages)
+    if request.assistant_prefix:
+        messages += (
+            {"role": "assistant", "content": request.assistant_prefix},
+            {"role": "user", "content": CONTINUE_INSTRUCTION},
+        )
+    return messages
 
 
 @dataclass(frozen=True)
@@ -42,8 +104,9 @@ class EngineInfo:
 
     name: EngineName
     model: str
-    can_draft: bool = False
-    can_verify: bool = False
+    # honours `assistant_prefix` (a started answer goes on without repeating itself): routing
+    # allows a mid-stream failover only to an engine that does
+    supports_continuation: bool = False
     queue_depth: int = 0
     expected_wait_s: float = 0.0
     n_ctx: int | None = None
@@ -69,11 +132,20 @@ class Engine(Protocol):
         """Expected seconds to the first token if `request` were sent now (None: unknown)."""
         ...
 
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The prompt tokens these messages make with this engine's own tokenizer and chat
+        template, cheaply, on the event loop (None: no tokenizer at hand)."""
+        ...
+
     async def aclose(self) -> None:
         """Release every resource (threads, sockets, model memory). Idempotent."""
 
 
-def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
-    """About 4 characters per token plus the chat template's few tokens per message (no
-    tokenizer: routing and usage estimates both use this)."""
-    return sum(4 + len(m.get("content", "")) // 4 for m in messages) + 3
+def count_prompt_tokens(messages: Sequence[Message], engines: Iterable[Engine] = ()) -> int:
+    """THE prompt-token figure for routing, the latency model and explain: the first engine
+    with a tokenizer at hand counts exactly; else the script-aware estimate."""
+    for engine in engines:
+        n = engine.count_tokens(messages)
+        if n is not None:
+            return n
+    return estimate_prompt_tokens(messages)

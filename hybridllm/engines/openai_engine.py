@@ -12,7 +12,7 @@ from __future__ import annotations
 import email.utils
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -20,13 +20,16 @@ import httpx2
 import openai
 
 from hybridllm import errors
-from hybridllm.engines.base import EngineInfo, GenerationRequest, estimate_prompt_tokens
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
-
-CONTINUE_INSTRUCTION = (
-    "Your previous answer was cut off. Continue it exactly where it stopped, mid-word if need "
-    "be; do not repeat any of it and do not comment."
+from hybridllm.engines.base import (
+    EngineInfo,
+    GenerationRequest,
+    Message,
+    chat_messages,
+    estimate_prompt_tokens,
 )
+from hybridllm.engines.options import OpenAIOptions
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, RequestSent
+
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 
 
@@ -71,22 +74,18 @@ class OpenAIEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(
-            name=self.name, model=self.model, can_verify=True, queue_depth=self._active
+            name=self.name, model=self.model, supports_continuation=True, queue_depth=self._active
         )
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None  # learned from traces by the latency model (a later issue)
 
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return None  # the endpoint's tokenizer is not at hand
+
     def _messages(self, request: GenerationRequest) -> list[dict[str, str]]:
-        """The chat messages; a continuation (failover) adds the delivered text as a partial
-        assistant turn and asks the model to go on from it without repeating it."""
-        messages = [dict(m) for m in request.messages]
-        if request.assistant_prefix:
-            messages += [
-                {"role": "assistant", "content": request.assistant_prefix},
-                {"role": "user", "content": CONTINUE_INSTRUCTION},
-            ]
-        return messages
+        """The chat messages (a continuation's included: `engines.base.chat_messages`)."""
+        return [dict(m) for m in chat_messages(request)]
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -97,7 +96,8 @@ class OpenAIEngine:
         if self._client is None:
             await self.start()
         assert self._client is not None
-        kwargs: dict[str, Any] = dict(request.extra)
+        options = request.option(OpenAIOptions)
+        kwargs: dict[str, Any] = {} if options is None else options.fields()
         if request.seed is not None:
             kwargs["seed"] = request.seed
         if request.stop:
@@ -112,7 +112,7 @@ class OpenAIEngine:
         self._active += 1
         stream: openai.AsyncStream[Any] | None = None
         try:
-            yield Mark("request_sent", time.perf_counter())
+            yield RequestSent(time.perf_counter())
             try:
                 raw = await self._client.chat.completions.with_raw_response.create(
                     model=self.model,
@@ -155,7 +155,7 @@ class OpenAIEngine:
                 )
             estimated = prompt_tokens is None or completion_tokens is None
             if prompt_tokens is None:
-                prompt_tokens = estimate_prompt_tokens(request.messages)
+                prompt_tokens = estimate_prompt_tokens(chat_messages(request))
             if completion_tokens is None:
                 completion_tokens = n_deltas  # servers send about one delta per token
             yield Finish(

@@ -17,8 +17,8 @@ from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
-from hybridllm.engines.base import EngineInfo, GenerationRequest
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
+from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 
 Step = float | str | BaseException
 
@@ -33,7 +33,11 @@ class ScriptedEngine:
         tpot_s: float = 0.0,
         script: Sequence[Step] | None = None,
         model: str = "scripted",
+        supports_continuation: bool = True,
+        token_count: int | None = None,
     ) -> None:
+        """`supports_continuation`: what `info()` reports (a double of an engine that cannot go
+        on from a started answer: False); `token_count`: what `count_tokens()` answers."""
         self.name: EngineName = name
         self.model = model
         if script is None:
@@ -48,6 +52,8 @@ class ScriptedEngine:
         self.emitted = 0
         self.started = False
         self.predicted_ttft_s: float | None = None  # what predict_ttft_s() answers
+        self.supports_continuation = supports_continuation
+        self.token_count = token_count
 
     async def start(self) -> None:
         self.started = True
@@ -55,15 +61,23 @@ class ScriptedEngine:
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return self.predicted_ttft_s
 
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return self.token_count
+
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, model=self.model, queue_depth=self.active)
+        return EngineInfo(
+            name=self.name,
+            model=self.model,
+            supports_continuation=self.supports_continuation,
+            queue_depth=self.active,
+        )
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         self.requests.append(request)
         self.active += 1
         n = 0
         try:
-            yield Mark("request_sent", time.perf_counter())
+            yield RequestSent(time.perf_counter())
             for step in self.script:
                 if isinstance(step, BaseException):
                     raise step

@@ -214,22 +214,13 @@ class Ledger:
         """Hold the worst-case cost against every cap that applies to `scope`, or raise
         `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
-        applicable = [c for c in caps if c.applies(scope)]
-        for cap in applicable:
-            if cap.period == "request" and amount > _nano(cap.limit_usd):
-                raise _exceeded(cap, 0, 0, amount)
         with self._tx() as db:
             now = self._clock()
             day, month = utc_day_month(now)
             self._expire(db, now)
-            for cap in applicable:
-                if cap.period == "request":
-                    continue
-                spent, held = self._sums(
-                    db, cap.period, day if cap.period == "day" else month, cap.scope
-                )
-                if spent + held + amount > _nano(cap.limit_usd):
-                    raise _exceeded(cap, spent, held, amount)
+            refusal = self._shortfall(db, caps, scope, amount, day, month)
+            if refusal is not None:
+                raise refusal
             expires = now + (self.ttl_s if ttl_s is None else ttl_s)
             cur = db.execute(
                 "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
@@ -266,6 +257,47 @@ class Ledger:
                 ),
             )
         return cost / NANO
+
+    def check(
+        self,
+        *,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+    ) -> BudgetExceededError | None:
+        """What `reserve()` would refuse now, holding nothing: the error naming the first cap
+        the worst-case cost does not fit, or None when it fits every cap. (Routing asks this
+        before it picks the cloud; the reservation stays the authority.)"""
+        amount = price.cost_nano(prompt_tokens, max_tokens)
+        with self._tx() as db:
+            now = self._clock()
+            day, month = utc_day_month(now)
+            self._expire(db, now)
+            return self._shortfall(db, caps, scope, amount, day, month)
+
+    def _shortfall(
+        self,
+        db: sqlite3.Connection,
+        caps: Iterable[Cap],
+        scope: str,
+        amount: int,
+        day: str,
+        month: str,
+    ) -> BudgetExceededError | None:
+        """THE cap check (`reserve` and `check`): per-request caps first, then each day and
+        month cap against its spend and open reservations, in nano-dollars."""
+        applicable = [c for c in caps if c.applies(scope)]
+        applicable.sort(key=lambda c: c.period != "request")
+        for cap in applicable:
+            spent = held = 0
+            if cap.period != "request":
+                key = day if cap.period == "day" else month
+                spent, held = self._sums(db, cap.period, key, cap.scope)
+            if spent + held + amount > _nano(cap.limit_usd):
+                return _exceeded(cap, spent, held, amount)
+        return None
 
     def release(self, reservation: Reservation) -> None:
         """The request was never sent: drop the hold, record no spend."""

@@ -6,17 +6,24 @@
 Like an httpx transport middleware, it sees every request the orchestrator sends to the cloud:
 the first attempt, a retry, a fallback, a hedge, a mid-stream continuation (whose
 `assistant_prefix` carries local text) and anything a later plan sends through `stream()`. Before
-any byte leaves, it scans the whole request (every message, the assistant prefix, every string in
-`extra`) and raises `PrivacyBlockedError` on a finding (mode "keep-local"); then it reserves the
-worst-case cost or raises `BudgetExceededError`. Both refusals are typed and not retryable: the
-orchestrator answers from the local engine instead, and the reason says privacy or budget.
+any byte leaves, it scans the whole request (every chat message, a continuation's included, and
+every string in the engine options) and raises `PrivacyBlockedError` on a finding (mode
+"keep-local"); then it reserves the worst-case cost or raises `BudgetExceededError`. Both
+refusals are typed and not retryable: the orchestrator answers from the local engine instead, and
+the reason says privacy or budget.
 
 The reservation is settled in a `finally`, so every way a stream ends is accounted for: from the
 `Finish` chunk's reported usage; from counted deltas (and the prompt bound) when usage is missing,
 the consumer left early, the request was cancelled or failed mid-answer; released when the request
-was never sent (no `request_sent` mark from the engine, which marks just before sending) or the
-endpoint answered with an HTTP error status (not billed). A settle without reported usage counts
-the prompt at its bound: the ledger may overstate such a request, never understate it.
+was never sent (the engine yielded no `RequestSent` mark, which it yields just before sending, no
+text and no `Finish`) or the endpoint answered with an HTTP error status (not billed). A settle
+without reported usage counts the prompt at `prompt_token_bound` (the one upper bound, the same
+the reservation held): the ledger may overstate such a request, never understate it.
+
+Where a request may go and under whose budget is not part of the request (`GenerationRequest`
+is wire-only): the client passes a `RequestContext` (the policy's scope, its privacy mode) beside
+it, by binding the guard to it for one request (`guard.bind(context)`), so every path of that
+request's plan (retry, hedge, failover) carries the same context.
 
 The wrapper exposes only the `Engine` protocol: a method it does not guard does not exist on it,
 so new cloud paths must go through `stream()` (or call `check()` first), never around the guard.
@@ -24,46 +31,64 @@ so new cloud paths must go through `stream()` (or call `check()` first), never a
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from hybridllm.engines.base import Engine, EngineInfo, GenerationRequest, PrivacyMode
-from hybridllm.engines.openai_engine import CONTINUE_INSTRUCTION
+from hybridllm.engines.base import (
+    Engine,
+    EngineInfo,
+    GenerationRequest,
+    Message,
+    chat_messages,
+    prompt_token_bound,
+)
 from hybridllm.errors import CloudStatusError, ConfigError, PrivacyBlockedError
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
 from hybridllm.guard.privacy import Finding, kinds, scan
 
+PrivacyMode = Literal["keep-local", "off"]
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
 _SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread (about 3 ms+)
 
 
-def prompt_token_bound(request: GenerationRequest) -> int:
-    """An upper bound on the prompt tokens the endpoint counts: byte-level BPE tokenizers make at
-    most one token per UTF-8 byte; plus chat-template tokens (8 per message, 64 per request for
-    a default system prompt). Pessimistic on purpose: a reservation must never be too small."""
-    texts = [str(m.get("content", "")) for m in request.messages]
-    n_messages = len(texts)
-    if request.assistant_prefix:
-        texts += [request.assistant_prefix, CONTINUE_INSTRUCTION]
-        n_messages += 2
-    return sum(len(t.encode("utf-8")) for t in texts) + 8 * n_messages + 64
+@dataclass(frozen=True)
+class RequestContext:
+    """What the guard needs beside the wire request: the budget scope (a policy's name: its
+    caps apply) and the privacy mode for this request (None: the guard's own mode)."""
+
+    scope: str = "default"
+    privacy: PrivacyMode | None = None
+
+    def __post_init__(self) -> None:
+        if self.privacy is not None and self.privacy not in PRIVACY_MODES:
+            raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {self.privacy!r}")
+
+
+def request_token_bound(request: GenerationRequest) -> int:
+    """The prompt tokens a reservation holds for `request`: `prompt_token_bound` of the chat
+    messages it sends (a continuation's included)."""
+    return prompt_token_bound(chat_messages(request))
 
 
 def request_texts(request: GenerationRequest) -> Iterator[tuple[str, str]]:
     """(location, text) for every string that would leave with the request."""
-    for i, message in enumerate(request.messages):
+    for i, message in enumerate(chat_messages(request)):
         for key, value in message.items():
             if isinstance(value, str):
                 yield f"messages[{i}].{key}", value
-    if request.assistant_prefix:
-        yield "assistant_prefix", request.assistant_prefix
-    yield from _strings("extra", request.extra)
+    for option in request.options:
+        if is_dataclass(option):
+            for f in fields(option):
+                where = f"options.{type(option).__name__}.{f.name}"
+                yield from _strings(where, getattr(option, f.name))
 
 
 def _strings(where: str, value: object) -> Iterator[tuple[str, str]]:
@@ -77,6 +102,16 @@ def _strings(where: str, value: object) -> Iterator[tuple[str, str]]:
             yield from _strings(f"{where}[{i}]", v)
 
 
+def usd(amount: float) -> str:
+    """An amount with enough decimals to tell small ones apart ($0.0000312, not $0.0000)."""
+    if amount == 0:
+        return "$0"
+    decimals = 2
+    while decimals < 9 and abs(amount) < 10 ** (2 - decimals):
+        decimals += 1
+    return f"${amount:.{decimals}f}"
+
+
 class GuardedEngine:
     """Wraps a cloud `Engine`: privacy refusal, then budget reservation, then the request."""
 
@@ -88,7 +123,6 @@ class GuardedEngine:
         ledger: Ledger | str | Path | None = None,
         prices: Prices | str | Path | None = None,
         caps: Sequence[Cap] = (),
-        count_prompt_tokens: Callable[[GenerationRequest], int] = prompt_token_bound,
     ) -> None:
         """`ledger`: a `Ledger` or the path of its SQLite file; `prices`: a `Prices` or the path
         of its TOML file; `caps` without a ledger get an in-memory one (this process only)."""
@@ -107,7 +141,6 @@ class GuardedEngine:
         self.caps = tuple(caps)
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
         self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
-        self.count_prompt_tokens = count_prompt_tokens
         self.model = inner.info().model
         self.price: ModelPrice | None = None
         if ledger is not None:
@@ -126,6 +159,13 @@ class GuardedEngine:
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return self.inner.predict_ttft_s(request)
 
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return self.inner.count_tokens(messages)
+
+    def bind(self, context: RequestContext) -> BoundGuard:
+        """This guard as one request's engine: every stream it sends carries `context`."""
+        return BoundGuard(self, context)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -135,9 +175,9 @@ class GuardedEngine:
         """What the detector finds in everything the request would send."""
         return scan((), extra=request_texts(request))
 
-    def check(self, request: GenerationRequest) -> None:
+    def check(self, request: GenerationRequest, context: RequestContext | None = None) -> None:
         """Raise `PrivacyBlockedError` if the request may not leave the device."""
-        mode = request.privacy or self.privacy
+        mode = (context.privacy if context is not None else None) or self.privacy
         if mode == "keep-local":
             found = self.findings(request)
             if found:
@@ -154,26 +194,30 @@ class GuardedEngine:
         return self.caps + self.scoped_caps.get(scope, ())
 
     def fits(self, scope: str, prompt_tokens: int, max_tokens: int) -> tuple[bool, str]:
-        """Would a request of this size fit every cap of `scope` now (worst case)? With the
-        reason when not. (What routing asks before it picks the cloud; the reservation in
-        `stream()` stays the authority.)"""
+        """Would a request of this size (`prompt_tokens`: its `prompt_token_bound`) fit every
+        cap of `scope` now, worst case? With the reason when not. The same check as the
+        reservation's (`Ledger.check`), so the two agree; the reservation stays the authority."""
         if self.ledger is None or self.price is None:
             return True, ""
-        amount = self.price.cost_usd(prompt_tokens, max_tokens)
-        caps = self.caps_for(scope)
-        for cap in caps:
-            if cap.period == "request" and cap.applies(scope) and amount > cap.limit_usd:
-                return False, f"{cap.describe()} cap {cap.limit_usd:.4f} USD < {amount:.4f} USD"
-        left = self.ledger.remaining(caps, scope)
-        if left is not None and amount > left:
-            return False, f"{left:.4f} USD left under the caps < {amount:.4f} USD worst case"
-        return True, ""
+        refusal = self.ledger.check(
+            price=self.price,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            scope=scope,
+            caps=self.caps_for(scope),
+        )
+        if refusal is None:
+            return True, ""
+        return False, (
+            f"{refusal.cap} cap {usd(refusal.limit_usd)}: spent {usd(refusal.spent_usd)}, "
+            f"in flight {usd(refusal.reserved_usd)}, this request up to {usd(refusal.needed_usd)}"
+        )
 
-    async def _reserve(self, request: GenerationRequest) -> Reservation | None:
+    async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:
         if self.ledger is None or self.price is None:
             return None
         ledger, price = self.ledger, self.price
-        prompt = self.count_prompt_tokens(request)
+        prompt = request_token_bound(request)
 
         def reserve() -> Reservation:
             return ledger.reserve(
@@ -181,17 +225,21 @@ class GuardedEngine:
                 price=price,
                 prompt_tokens=prompt,
                 max_tokens=request.max_tokens,
-                scope=request.scope,
-                caps=self.caps_for(request.scope),
+                scope=scope,
+                caps=self.caps_for(scope),
             )
 
         return await anyio.to_thread.run_sync(reserve)
 
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+    async def stream(
+        self, request: GenerationRequest, context: RequestContext | None = None
+    ) -> AsyncGenerator[Chunk, None]:
+        """The guarded stream; `context` None: the default scope and the guard's privacy mode."""
+        context = context or RequestContext()
         if sum(len(text) for _, text in request_texts(request)) > _SCAN_IN_THREAD_CHARS:
-            await anyio.to_thread.run_sync(self.check, request)  # keep the event loop free
+            await anyio.to_thread.run_sync(self.check, request, context)  # keep the loop free
         else:
-            self.check(request)
+            self.check(request, context)
         reservation: Reservation | None = None
         sent = False
         deltas = 0
@@ -201,15 +249,17 @@ class GuardedEngine:
             # shielded: a cancel while the ledger works must not lose a reservation it made
             # (the finally releases it: nothing was sent)
             with anyio.CancelScope(shield=True):
-                reservation = await self._reserve(request)
+                reservation = await self._reserve(request, context.scope)
             await anyio.lowlevel.checkpoint_if_cancelled()
             async with aclosing(self.inner.stream(request)) as chunks:
                 async for chunk in chunks:
-                    if isinstance(chunk, Mark) and chunk.name == "request_sent":
+                    if isinstance(chunk, RequestSent):
                         sent = True
                     elif isinstance(chunk, Delta) and chunk.text:
+                        sent = True  # text came back: it was sent, whatever the engine marked
                         deltas += 1
                     elif isinstance(chunk, Finish):
+                        sent = True
                         finish = chunk
                     yield chunk
         except CloudStatusError as exc:
@@ -245,3 +295,32 @@ class GuardedEngine:
                 reservation.prompt_tokens, min(deltas, request.max_tokens), estimated=True
             )
         await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
+
+
+class BoundGuard:
+    """A `GuardedEngine` bound to one request's `RequestContext`: what that request's plan gets
+    as its cloud engine. It owns nothing (closing it closes nothing; the client closes the
+    guard)."""
+
+    def __init__(self, guard: GuardedEngine, context: RequestContext) -> None:
+        self.guard = guard
+        self.context = context
+        self.name: EngineName = guard.name
+
+    async def start(self) -> None:
+        await self.guard.start()
+
+    def info(self) -> EngineInfo:
+        return self.guard.info()
+
+    def predict_ttft_s(self, request: GenerationRequest) -> float | None:
+        return self.guard.predict_ttft_s(request)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int | None:
+        return self.guard.count_tokens(messages)
+
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        return self.guard.stream(request, self.context)
+
+    async def aclose(self) -> None:
+        pass

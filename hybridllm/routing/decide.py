@@ -20,7 +20,8 @@ The rules, in order (each one that applies adds a reason):
    once (predictive start: the first token wins).
 4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
    predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
-   failure); "refuse" when nothing may serve.
+   failure); "refuse" when nothing may serve. A failure mid-answer moves the answer to the other
+   engine only when both engines can continue a started answer (`LiveState.continues`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class LiveState:
     cloud_circuit_open: bool = False
     budget_fits: bool = True  # the worst-case cloud cost fits every cap
     budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
+    # the engines that can continue a started answer (the engines' `supports_continuation`)
+    continues: frozenset[EngineName] = frozenset({"local", "cloud"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,7 @@ class Decision:
     hedge_s: float | None
     fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
     reasons: tuple[str, ...]
+    failover: bool = False  # a failure mid-answer moves the answer to the other engine
 
     @property
     def reason(self) -> str:
@@ -129,7 +133,14 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     # 4. the plan
     hedge_s = _hedge(policy, primary, fallback, state, reasons) if not fallback_now else None
     plan: PlanKind = "hedge" if hedge_s is not None else "single"
-    return Decision(plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons))
+    failover = fallback is not None
+    cannot = [e for e in (primary, fallback) if e is not None and e not in state.continues]
+    if failover and cannot:
+        failover = False
+        reasons.append(f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer")
+    return Decision(
+        plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons), failover
+    )
 
 
 def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineName:

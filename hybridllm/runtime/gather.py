@@ -2,11 +2,17 @@
 
 `Routing` holds what a client routes with (the latency model and the optional router, budget
 gate and privacy scan) and turns one request into `RequestFacts` + `LiveState`: prompt tokens
-(a cheap length estimate, no tokenizer on the event loop; for the local engine less the prefix
-it shares with the previous local prompt, which llama.cpp keeps in its KV cache), the router's
+(`engines.base.count_prompt_tokens`: the local engine's tokenizer once it is loaded, else the
+script-aware estimate; for the local engine less the prefix it shares with the previous local
+prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_token_bound`, the
+upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
 queue, the budget verdict and the cloud circuit.
+
+The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
+guard's ledger, `privacy_kinds` its `PrivacyScan`, and `policy_caps` turns a policy's `[budget]`
+into ledger caps. Routing sees only the protocols; this room imports both sides.
 """
 
 from __future__ import annotations
@@ -15,11 +21,19 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hybridllm.engines.base import Engine, GenerationRequest, estimate_prompt_tokens
+from hybridllm.engines.base import (
+    Engine,
+    GenerationRequest,
+    count_prompt_tokens,
+    prompt_token_bound,
+)
 from hybridllm.events import EngineName
+from hybridllm.guard.budget import Cap, Period
+from hybridllm.guard.guarded import GuardedEngine
+from hybridllm.guard.privacy import kinds, scan
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.inputs import BudgetGate, Prediction, PrivacyScan, Scorer
+from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 
@@ -63,7 +77,11 @@ class Routing:
                 self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=overhead)
 
     def facts(
-        self, request: GenerationRequest, policy: Policy, forced: EngineName | None
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        forced: EngineName | None,
+        engines: Mapping[EngineName, Engine] | None = None,
     ) -> RequestFacts:
         score = cut = None
         if self.router is not None and forced is None and _uses_router(policy):
@@ -81,7 +99,7 @@ class Routing:
                 text = "\n".join(m.get("content", "") for m in request.messages)
                 kinds = frozenset(self.privacy(text))
         return RequestFacts(
-            prompt_tokens=estimate_prompt_tokens(request.messages),
+            prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
             router_score=score,
             router_threshold=cut,
@@ -118,7 +136,8 @@ class Routing:
         cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
         fits, detail = True, ""
         if cloud_ok and self.budget is not None:
-            verdict = self.budget.check(policy, facts.prompt_tokens, facts.max_tokens)
+            bound = prompt_token_bound(request.messages)  # what the reservation will hold
+            verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
         circuit_open = False
         if cloud_ok and fits and "cloud" in breakers:
@@ -131,6 +150,7 @@ class Routing:
             cloud_circuit_open=circuit_open,
             budget_fits=fits,
             budget_detail=detail,
+            continues=frozenset(n for n, e in engines.items() if e.info().supports_continuation),
         )
 
     def decide(
@@ -144,7 +164,7 @@ class Routing:
         preview: bool = False,
     ) -> tuple[Decision, RequestFacts, LiveState]:
         """Gather and decide. `preview`: nothing will be sent, so leave the circuit as it is."""
-        facts = self.facts(request, policy, forced)
+        facts = self.facts(request, policy, forced, engines)
         state = self.state(facts, request, policy, engines, breakers, preview)
         return decide(facts, policy, state), facts, state
 
@@ -159,3 +179,32 @@ def _uses_router(policy: Policy) -> bool:
         and policy.cloud_allowed
         and any(v is not None for v in stated)
     )
+
+
+# --- the client's gates, answered by the guard (routing reads them through its protocols) ---
+
+
+def policy_caps(policy: Policy) -> tuple[Cap, ...]:
+    """A policy's `[budget]` as ledger caps scoped to the policy's name."""
+    b = policy.budget
+    limits: tuple[tuple[Period, float | None], ...] = (
+        ("request", b.per_request_usd),
+        ("day", b.per_day_usd),
+        ("month", b.per_month_usd),
+    )
+    return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
+
+
+def privacy_kinds(text: str) -> tuple[str, ...]:
+    return kinds(scan(text))
+
+
+class GuardBudget:
+    """The budget gate routing asks (`BudgetGate`), answered by the cloud guard's ledger."""
+
+    def __init__(self, guard: GuardedEngine) -> None:
+        self.guard = guard
+
+    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
+        fits, detail = self.guard.fits(policy.name, prompt_tokens, max_tokens)
+        return BudgetVerdict(fits, detail)

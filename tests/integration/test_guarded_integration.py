@@ -27,7 +27,7 @@ from hybridllm import (
     ScriptedEngine,
 )
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.guard.guarded import prompt_token_bound
+from hybridllm.guard.guarded import request_token_bound
 from hybridllm.testing import FaultProxy, LlamaServer
 from tests.integration.servers import ALIAS, API_KEY
 from tests.privacy_corpus import BENIGN, SENSITIVE
@@ -158,7 +158,7 @@ async def test_concurrent_streams_against_the_real_server_stay_under_the_cap(
 async def _concurrent_streams(proxy: FaultProxy, tmp_path: Path) -> None:
     prompt = "Name a colour."
     req = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_tokens=8)
-    worst = PRICES.price(ALIAS).cost_usd(prompt_token_bound(req), 8)
+    worst = PRICES.price(ALIAS).cost_usd(request_token_bound(req), 8)
     cap = 4.5 * worst
     ledger = Ledger(tmp_path / "spend.db")
     outcomes: list[str] = []
@@ -193,5 +193,5 @@ async def _concurrent_streams(proxy: FaultProxy, tmp_path: Path) -> None:
             model=ALIAS, messages=[{"role": "user", "content": prompt}], max_tokens=1
         )
     )
-    assert reply.usage is not None and reply.usage.prompt_tokens <= prompt_token_bound(req)
-    print(f"prompt tokens {reply.usage.prompt_tokens}, bound {prompt_token_bound(req)}")
+    assert reply.usage is not None and reply.usage.prompt_tokens <= request_token_bound(req)
+    print(f"prompt tokens {reply.usage.prompt_tokens}, bound {request_token_bound(req)}")

@@ -11,6 +11,7 @@ import pytest
 from hybridllm import (
     ContextOverflowError,
     Done,
+    GenerationRequest,
     HybridClient,
     LlamaCppEngine,
     ModelCorruptError,
@@ -254,3 +255,32 @@ def test_blocking_wrappers(model_path: Path) -> None:
             if i == 2:
                 break
         assert client.local is not None and not client.local.busy  # type: ignore[attr-defined]
+
+
+MIXED = [
+    {"role": "system", "content": "Réponds en une phrase. 簡潔に答えてください。"},
+    {
+        "role": "user",
+        "content": "请用一句话解释递归。Объясни рекурсию. شرح العودية 🙂\ndef f(n): return f(n-1)",
+    },
+]
+
+
+async def test_routing_counts_prompt_tokens_with_the_real_tokenizer(model_path: Path) -> None:
+    """With the local engine loaded, the prompt-token figure that routing, the latency model
+    and the budget pre-check use is the tokenizer's own count: what the prefill evaluates."""
+    from hybridllm.engines.base import count_prompt_tokens, estimate_prompt_tokens
+
+    client, engine = make_client(model_path)
+    assert engine.count_tokens(MIXED) is None  # not loaded: routing falls back to the estimate
+    async with client:
+        counted = engine.count_tokens(MIXED)
+        assert counted is not None and engine.count_tokens(MIXED) == counted  # cached
+        assert count_prompt_tokens(MIXED, client.engines.values()) == counted
+        async with client.stream(MIXED, max_tokens=2, temperature=0) as s:
+            usage = [e async for e in s.events() if isinstance(e, Usage)]
+        _, facts, _ = client.decide(GenerationRequest(messages=MIXED), client.policy)
+    assert usage[0].prompt_tokens == counted == facts.prompt_tokens
+    est = estimate_prompt_tokens(MIXED)
+    print(f"\nmixed-script prompt: tokenizer {counted}, estimate {est}")
+    assert 0.5 * counted <= est <= 1.5 * counted

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hybridllm import errors
-from hybridllm.engines import GenerationRequest, LlamaCppEngine
+from hybridllm.engines import GenerationRequest, LlamaCppEngine, LlamaOptions
 from hybridllm.events import Delta, Finish
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -27,9 +27,15 @@ PROMPTS = [
 ]
 
 
-async def run(engine: LlamaCppEngine, prompt: str, **extra: object) -> tuple[str, Finish]:
-    req = GenerationRequest([{"role": "user", "content": prompt}], max_tokens=80,
-                            temperature=0.0, extra=extra)  # fmt: skip
+async def run(
+    engine: LlamaCppEngine, prompt: str, options: LlamaOptions | None = None
+) -> tuple[str, Finish]:
+    req = GenerationRequest(
+        [{"role": "user", "content": prompt}],
+        max_tokens=80,
+        temperature=0.0,
+        options=() if options is None else (options,),
+    )
     text, finish = [], None
     async for chunk in engine.stream(req):
         if isinstance(chunk, Delta):
@@ -45,7 +51,7 @@ async def test_prompt_lookup_output_equals_plain_greedy(model_path: Path) -> Non
     try:
         for prompt in PROMPTS:
             plain, f1 = await run(engine, prompt)
-            drafted, f2 = await run(engine, prompt, draft="prompt-lookup")
+            drafted, f2 = await run(engine, prompt, LlamaOptions(draft="prompt-lookup"))
             assert drafted == plain
             assert (f2.reason, f2.completion_tokens) == (f1.reason, f1.completion_tokens)
             again, _ = await run(engine, prompt)  # the KV cache stayed consistent
@@ -63,7 +69,7 @@ async def test_engine_level_draft_and_opt_out(model_path: Path) -> None:
         stats = engine.draft_stats
         assert stats is not None and stats.batches > 0
         before = stats.batches
-        plain, _ = await run(engine, PROMPTS[1], draft=None)
+        plain, _ = await run(engine, PROMPTS[1], LlamaOptions(draft="off"))
         assert stats.batches == before  # opted out: plain decoding
         assert plain == drafted
         # sampled requests never draft

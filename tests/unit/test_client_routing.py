@@ -99,7 +99,8 @@ async def test_an_exhausted_budget_goes_local_or_fails() -> None:
             client.stream("q", policy=strict)
     assert res.trace.engine == "local" and not cloud.requests
     assert any(
-        r.startswith("budget: cannot cover the cloud request (0.0000 USD left")
+        r.startswith("budget: cannot cover the cloud request (global daily cap $0: spent $0,")
+        and "this request up to $0.000585)" in r  # the amount shows, not "0.0000 USD"
         and r.endswith("local")
         for r in res.trace.decision
     ), res.trace.decision

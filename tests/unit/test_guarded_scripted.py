@@ -32,9 +32,9 @@ from hybridllm import (
     Token,
 )
 from hybridllm.engines.base import EngineInfo, GenerationRequest
-from hybridllm.events import Chunk, Delta, Finish, Mark
+from hybridllm.events import Chunk, Delta, Finish, RequestSent
 from hybridllm.guard.budget import Reservation
-from hybridllm.guard.guarded import prompt_token_bound
+from hybridllm.guard.guarded import request_token_bound
 
 pytestmark = pytest.mark.anyio
 
@@ -139,10 +139,13 @@ class ReportingEngine:
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None
 
+    def count_tokens(self, messages: object) -> int | None:
+        return None
+
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         if self.fail_unsent:
             raise CloudConnectionError("connect refused")
-        yield Mark("request_sent", time.perf_counter())
+        yield RequestSent(time.perf_counter())
         for tok in self.tokens:
             await anyio.sleep(0.001)
             yield Delta(tok, time.perf_counter())
@@ -163,7 +166,7 @@ async def drain(engine: GuardedEngine, request: GenerationRequest, take: int | N
 
 async def test_every_ending_settles_or_releases() -> None:
     req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=10)
-    bound = prompt_token_bound(req)
+    bound = request_token_bound(req)
 
     def guard(inner: object) -> GuardedEngine:
         return GuardedEngine(inner, privacy="off", ledger=ledger, prices=PRICES)  # type: ignore[arg-type]
@@ -201,7 +204,7 @@ async def test_100_concurrent_streams_never_overspend_a_small_cap() -> None:
     cloud = ScriptedEngine("cloud", tokens=["c"] * 8, ttft_s=0.02, tpot_s=0.005)
     prompt = "Summarise the news in one line."
     req = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_tokens=8)
-    worst = PRICE.cost_usd(prompt_token_bound(req), 8)
+    worst = PRICE.cost_usd(request_token_bound(req), 8)
     cap = 7.5 * worst
     client = HybridClient(
         local=local,

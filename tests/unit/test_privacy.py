@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.engines.options import OpenAIOptions
 from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.errors import PrivacyBlockedError
-from hybridllm.guard.guarded import GuardedEngine
+from hybridllm.guard.guarded import GuardedEngine, RequestContext
 from hybridllm.guard.privacy import iban_ok, kinds, luhn_ok, scan, scan_text
 from tests.privacy_corpus import BENIGN, SENSITIVE
 
@@ -197,10 +198,15 @@ def test_the_whole_request_is_scanned() -> None:
         GenerationRequest(
             messages=[*clean, {"role": "system", "content": "card 4111111111111111"}]
         ),
-        GenerationRequest(messages=clean, extra={"prediction": {"content": "ssn 123-45-6789"}}),
+        GenerationRequest(messages=clean, options=(OpenAIOptions(prediction="ssn 123-45-6789"),)),
+        GenerationRequest(
+            messages=clean, options=(OpenAIOptions(extra_body={"x": ["bob.jones@corp.org"]}),)
+        ),
     ):
         with pytest.raises(PrivacyBlockedError):
             guard.check(request)
-    # the request's own mode wins over the guard's
-    off = GenerationRequest(messages=clean, assistant_prefix="bob.jones@corp.org", privacy="off")
-    guard.check(off)
+    # the request's context (its policy's mode), passed beside it, wins over the guard's
+    off = GenerationRequest(messages=clean, assistant_prefix="bob.jones@corp.org")
+    guard.check(off, RequestContext(privacy="off"))
+    with pytest.raises(PrivacyBlockedError):
+        guard.check(off, RequestContext(privacy="keep-local"))

@@ -93,17 +93,21 @@ async def race(
     stall_s: float | None = None,
     fallback_now: str | None = None,
     fallback_ttft_s: float | None = None,
+    failover: bool = True,
 ) -> None:
     """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
     routing decision predicts the primary misses the deadline). `fallback_ttft_s`: the
-    fallback's predicted time to a first token (None: ask the engine)."""
+    fallback's predicted time to a first token (None: ask the engine). `failover`: whether an
+    answer that fails mid-stream may continue on the other engine (the decision says no where
+    an engine cannot continue an answer)."""
     if deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
     else:
         why = f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
     run.route(primary, why)
     async with anyio.create_task_group() as tg:
-        r = _Race(run, primary, fallback, request, tg, deadline_s=deadline_s, stall_s=stall_s)
+        r = _Race(run, primary, fallback, request, tg, deadline_s=deadline_s, stall_s=stall_s,
+                  failover=failover)  # fmt: skip
         await r.serve(hedge_s=hedge_s, fallback_now=fallback_now, fallback_ttft_s=fallback_ttft_s)
     r.conclude()  # outside the task group: the app gets a typed, unwrapped error
 
@@ -121,8 +125,10 @@ class _Race:
         *,
         deadline_s: float | None,
         stall_s: float | None,
+        failover: bool = True,
     ) -> None:
         self.run = run
+        self.failover = failover
         self.primary = primary
         self.fallback = fallback
         self.request = request
@@ -299,7 +305,7 @@ class _Race:
         """The winner failed mid-stream: continue on the other engine from the delivered text
         (once per request). False: no failover is left."""
         wid = self.winner
-        if wid is None or self.failovers >= 1:
+        if wid is None or not self.failover or self.failovers >= 1:
             return False
         old = self.contenders[wid]
         other = self.fallback if old.engine is self.primary else self.primary
