@@ -342,12 +342,32 @@ def _register_tune(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_tune)
 
 
+# --- doctor ---------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from hybridllm.cli.doctor import Doctor, report
+
+    return report(Doctor(base_url=args.base_url).run(), sys.stdout)
+
+
+def _register_doctor(subparsers: Subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="check this machine: the llama.cpp build against the CPU, the wait policy, the "
+        "models and their tuning, the cloud endpoint",
+    )
+    p.add_argument("--base-url", help="the cloud endpoint to check (default: $OPENAI_BASE_URL)")
+    p.set_defaults(func=cmd_doctor)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
     _register_explain,
     _register_router,
     _register_tune,
+    _register_doctor,
 ]
 
 
