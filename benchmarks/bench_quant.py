@@ -7,7 +7,7 @@ Makes each variant (`hybridllm.local.variants.make`, timed), then, per round and
 drift hits every arm alike): prefill of a 256-token prompt from an empty cache and 32 one-token
 decode steps (the measurements `hybridllm tune` uses), with the engine's default settings and
 `--ubatch`.
-Quality: perplexity on the given texts (default: this repository's README and orchestrator
+Quality: perplexity on the given texts (default: this repository's README and the race plan
 source), in 512-token windows that score their second half. `--tasks N`: also accuracy on N
 router-labelled prompts of each kind (short answer, yes/no, number, multiple choice by the most
 likely option letter), greedy, scored as `scripts/label_router_data.py` scores them, and how
@@ -97,7 +97,7 @@ def main() -> None:
         "--text",
         type=Path,
         nargs="*",
-        default=[ROOT / "README.md", ROOT / "hybridllm/orchestrate.py"],
+        default=[ROOT / "README.md", ROOT / "hybridllm/runtime/plans/race.py"],
     )
     args = ap.parse_args()
     names = [args.model] + [f"{args.model}:{q}" for q in args.quants.split(",") if q]

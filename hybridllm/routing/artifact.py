@@ -4,16 +4,25 @@ The skops file holds the fitted scikit-learn estimators, per head of the router 
 `router.FORMS`) a linear classifier and its Platt calibrator, and is loaded with an explicit
 list of trusted types, so loading never executes code from the file. The manifest records the
 heads, the training data hash and row counts, the library and feature versions, the metrics, the
-calibration (score quantiles and quality curve) and the sha256 of the skops file. Loading
-checks, in order: the files exist, the manifest parses and names a known format, the skops
-file's hash matches, the feature version and scikit-learn version match this install; each
-failure is a RouterArtifactError with a `reason`.
+calibration (score quantiles and quality curve), the sha256 of the skops file and (since
+golden scores were added) `golden`: a few fixed prompts and the router's scores for them at
+training time. Loading checks, in order: the files exist, the manifest parses and names a known
+format, the skops file's hash matches, the feature version matches; then the versions:
+
+- with `golden`, any scikit-learn version is accepted whose unpickled router reproduces the
+  golden scores within `GOLDEN_TOLERANCE` (absolute). Scoring is plain numpy over the stored
+  weights (see `router.py`), so scikit-learn matters only for unpickling via skops, and the
+  golden scores check exactly that (and numpy, and the features) on this install;
+- without `golden` (older manifests), the scikit-learn minor version must match the training's.
+
+Each failure is a RouterArtifactError with a `reason`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,8 @@ MODEL_FILE = "router.skops"
 MANIFEST_FILE = "manifest.json"
 ROUTER_DIR_ENV = "HYBRIDLLM_ROUTER_DIR"
 TRUSTED_TYPES = ["sklearn.linear_model._logistic.LogisticRegression"]
+GOLDEN_TOLERANCE = 1e-9  # absolute, per golden score
+LOGIT_BOUND = 12.0  # as `router.LOGIT_BOUND` (not importable here; a unit test holds them equal)
 
 
 def default_dir() -> Path:
@@ -172,9 +183,22 @@ def load_parts(directory: Path) -> Parts:
         )
     _check_versions(manifest, mpath)
     names = list(manifest.get("heads", FORMS["single"]))
-    estimators = _load_estimators(blob, fpath, names, flat=fmt == 1)
     try:
-        return Parts(
+        estimators = _load_estimators(blob, fpath, names, flat=fmt == 1,
+                                      verified="golden" in manifest)  # fmt: skip
+    except RouterArtifactError as exc:
+        trained, here = _sklearn_versions(manifest)
+        if exc.reason == "malformed" and _minor(trained) != _minor(here):
+            raise RouterArtifactError(
+                f"router saved with scikit-learn {trained} does not load with this install's "
+                f"{here} ({exc}): retrain it (`hybridllm router train`) or install "
+                f"scikit-learn {_minor(trained)}",
+                path=fpath,
+                reason="version",
+            ) from exc
+        raise
+    try:
+        parts = Parts(
             heads={n: head_from(estimators[n]) for n in names},
             calibration=Calibration.from_json(manifest["calibration"]),
             manifest=manifest,
@@ -183,6 +207,9 @@ def load_parts(directory: Path) -> Parts:
         raise RouterArtifactError(
             f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
         ) from exc
+    if "golden" in manifest:
+        _check_golden(manifest, parts.heads, mpath)
+    return parts
 
 
 def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
@@ -198,8 +225,9 @@ def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
         raise RouterArtifactError(
             "router trained on other dense features: retrain it", path=mpath, reason="version"
         )
-    trained = str(manifest.get("versions", {}).get("sklearn", "?"))
-    here = library_versions()["sklearn"]
+    if "golden" in manifest:
+        return  # any scikit-learn that reproduces the golden scores (`_check_golden`)
+    trained, here = _sklearn_versions(manifest)
     if _minor(trained) != _minor(here):
         raise RouterArtifactError(
             f"router saved with scikit-learn {trained}, this install has {here}: retrain it "
@@ -209,9 +237,73 @@ def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
         )
 
 
-def _load_estimators(blob: bytes, fpath: Path, heads: list[str], *, flat: bool) -> dict[str, Any]:
-    """{head: {classifier, calibrator}}; format 1 files hold one flat pair."""
+def _sklearn_versions(manifest: dict[str, Any]) -> tuple[str, str]:
+    """(the scikit-learn version the router was saved with, this install's)."""
+    versions = manifest.get("versions")
+    trained = versions.get("sklearn", "?") if isinstance(versions, dict) else "?"
+    return str(trained), library_versions()["sklearn"]
+
+
+def heads_score(heads: dict[str, Head], feats: F.Features) -> float:
+    """A router's score from its heads: the same arithmetic as `Router.score_features` (which
+    stacks the heads once; a unit test holds the two equal). Used to check golden scores here,
+    where `router` cannot be imported (it imports this module)."""
+    stacked = np.stack([h.weights for h in heads.values()], axis=1)  # (features, heads)
+    w_hash, w_dense = stacked[: F.N_HASH], stacked[F.N_HASH :].T
+    z = np.array([h.intercept for h in heads.values()], dtype=np.float64)
+    z = z + w_dense @ np.asarray(feats.dense, dtype=np.float64)
+    if len(feats.hashed):
+        z = z + w_hash[feats.hashed].sum(axis=0) * F.hashed_scale(len(feats.hashed))
+    platt = np.array([h.platt for h in heads.values()], dtype=np.float64)
+    z = np.clip(platt[:, 0] * z + platt[:, 1], -LOGIT_BOUND, LOGIT_BOUND)
+    p = 1.0 / (1.0 + np.exp(-z))
+    return float(p[0]) if len(heads) == 1 else float(p[0] * (1.0 - p[1]))
+
+
+def _check_golden(manifest: dict[str, Any], heads: dict[str, Head], mpath: Path) -> None:
+    """The loaded heads must reproduce the golden scores recorded at training."""
+    try:
+        golden = manifest["golden"]
+        prompts, expected = golden["prompts"], [float(x) for x in golden["scores"]]
+        if not prompts or len(prompts) != len(expected):
+            raise ValueError(f"{len(prompts)} golden prompts, {len(expected)} scores")
+        got = [heads_score(heads, F.extract(p)) for p in prompts]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RouterArtifactError(
+            f"malformed golden scores in the router manifest ({exc!r})",
+            path=mpath,
+            reason="malformed",
+        ) from exc
+    diffs = [abs(g - e) for g, e in zip(got, expected, strict=True)]
+    off = [i for i, d in enumerate(diffs) if not d <= GOLDEN_TOLERANCE]  # NaN is off too
+    if off:
+        worst = max(off, key=lambda i: math.inf if math.isnan(diffs[i]) else diffs[i])
+        trained, here = _sklearn_versions(manifest)
+        lib = library_versions()
+        versions = manifest.get("versions")
+        saved = versions if isinstance(versions, dict) else {}
+        raise RouterArtifactError(
+            f"router does not reproduce its golden scores on this install: golden prompt "
+            f"{worst} scores {got[worst]!r}, recorded {expected[worst]!r} (off by "
+            f"{diffs[worst]:.3g}, tolerance {GOLDEN_TOLERANCE:g}); saved with scikit-learn "
+            f"{trained}, skops {saved.get('skops', '?')}, numpy {saved.get('numpy', '?')}, this "
+            f"install has scikit-learn {here}, skops {lib['skops']}, numpy {lib['numpy']}: "
+            "retrain it (`hybridllm router train`) or install the versions it was saved with",
+            path=mpath,
+            reason="version",
+        )
+
+
+def _load_estimators(
+    blob: bytes, fpath: Path, heads: list[str], *, flat: bool, verified: bool = False
+) -> dict[str, Any]:
+    """{head: {classifier, calibrator}}; format 1 files hold one flat pair. `verified`: golden
+    scores will check the result, so scikit-learn's warning about unpickling an estimator of
+    another version is silenced (the golden check, not that warning, decides)."""
+    import warnings
+
     import skops.io as sio
+    from sklearn.exceptions import InconsistentVersionWarning
 
     try:
         untrusted = sio.get_untrusted_types(data=blob)
@@ -222,7 +314,10 @@ def _load_estimators(blob: bytes, fpath: Path, heads: list[str], *, flat: bool) 
                 path=fpath,
                 reason="tampered",
             )
-        obj = sio.loads(blob, trusted=TRUSTED_TYPES)
+        with warnings.catch_warnings():
+            if verified:
+                warnings.simplefilter("ignore", InconsistentVersionWarning)
+            obj = sio.loads(blob, trusted=TRUSTED_TYPES)
     except RouterArtifactError:
         raise
     except Exception as exc:  # skops raises many kinds on a corrupt zip

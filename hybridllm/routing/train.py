@@ -11,7 +11,8 @@ is an L2 logistic regression over the hashed n-grams and dense features of `feat
 its regularisation C is chosen by 5-fold cross-validated ROC AUC on the train split alone, and
 Platt scaling is then fitted on the calibration split. The router's scores on the calibration
 split give the threshold quantiles and the quality curve. The test split is only scored, for
-the manifest's metrics.
+the manifest's metrics. The manifest also records the router's scores on `GOLDEN_PROMPTS` (its
+`golden` entry): loading accepts any scikit-learn version that reproduces them.
 Rows from a decision log (prompt stored, user feedback given, answered by the local engine) join
 the train split.
 """
@@ -48,6 +49,28 @@ SPLIT_FILE = "splits.tsv"
 
 
 Form = Literal["single", "factored"]
+
+# Fixed prompts of different kinds (arithmetic, code, trivia, multiple choice, yes/no, CJK,
+# Cyrillic, a multi-turn chat with a system message and LaTeX), so that their scores touch the
+# dense features and many hashed buckets of every head. The manifest records them with the
+# trained router's scores; loading checks the loaded router reproduces those scores.
+GOLDEN_PROMPTS: tuple[F.Messages, ...] = (
+    "What is 417 * 23? Answer with the number only.",
+    "Write a Python function that returns the n-th Fibonacci number.\n\n```python\n"
+    "def fib(n):\n    ...\n```",
+    "Who wrote the novel Moby-Dick?",
+    "Which gas do plants absorb from the air?\nA) oxygen\nB) carbon dioxide\nC) nitrogen\n"
+    "D) helium\nAnswer with the letter.",
+    "Is the Pacific the largest ocean on Earth? Answer yes or no.",
+    "東京タワーの高さは何メートルですか？",
+    "Объясни, почему небо голубое.",
+    [
+        {"role": "system", "content": "You are a careful math tutor."},
+        {"role": "user", "content": "Solve $x^2 - 5x + 6 = 0$."},
+        {"role": "assistant", "content": "x = 2 or x = 3."},
+        {"role": "user", "content": "Now solve \\frac{x}{3} + 2 = 14, step by step."},
+    ],
+)
 
 
 def as_form(value: object) -> Form:
@@ -185,6 +208,12 @@ def _fit_head(
     return head, {"classifier": clf, "calibrator": platt}, best, cv_auc
 
 
+def golden(router: Router, prompts: Sequence[F.Messages] = GOLDEN_PROMPTS) -> dict[str, Any]:
+    """The manifest's `golden` entry: fixed prompts and this router's scores for them."""
+    as_json = [p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
+    return {"prompts": as_json, "scores": [router.score(p) for p in prompts]}
+
+
 def score_all(router: Router, examples: Sequence[Example]) -> npt.NDArray[np.float64]:
     return np.array([router.score(ex.prompt) for ex in examples], dtype=np.float64)
 
@@ -280,6 +309,7 @@ def train(
             "test": test_metrics,
         },
         "calibration": r.calibration.to_json(),
+        "golden": golden(r),
     }
     full = save_router(out, fitted.estimators, manifest)
     write_split_file(examples, out / SPLIT_FILE)

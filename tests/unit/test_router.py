@@ -195,13 +195,101 @@ def _edit_manifest(path: Path, **changes: object) -> None:
     (path / "manifest.json").write_text(json.dumps(m))
 
 
-@pytest.mark.parametrize(
-    "change",
-    [{"sklearn": "0.24.2"}, {"feature_version": 999}, {"n_hash": 1024}, {"format": 99}],
-)
+@pytest.mark.parametrize("change", [{"feature_version": 999}, {"n_hash": 1024}, {"format": 99}])
 def test_version_mismatch_is_refused(artifact: Path, change: dict[str, object]) -> None:
     _edit_manifest(artifact, **change)
     with pytest.raises(RouterArtifactError, match="retrain|format") as info:
+        Router.load(artifact)
+    assert info.value.reason == "version"
+
+
+def _fake_sklearn(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    """This install's scikit-learn version, as the artifact check sees it."""
+    from hybridllm.routing import artifact
+
+    real = artifact.library_versions()
+    monkeypatch.setattr(artifact, "library_versions", lambda: {**real, "sklearn": version})
+
+
+def test_golden_scores_are_recorded_and_reproduced(trained: Path) -> None:
+    from hybridllm.routing import artifact, features as F, router as router_module
+    from hybridllm.routing.train import GOLDEN_PROMPTS
+
+    golden = json.loads((trained / "manifest.json").read_text())["golden"]
+    assert len(golden["prompts"]) == len(golden["scores"]) == len(GOLDEN_PROMPTS) == 8
+    router = Router.load(trained)
+    assert [router.score(p) for p in golden["prompts"]] == golden["scores"]
+    # the check's own arithmetic is the router's
+    assert artifact.LOGIT_BOUND == router_module.LOGIT_BOUND
+    for p in [*GOLDEN_PROMPTS, "", "Calculate 311 * 37? Answer with the number only."]:
+        feats = F.extract(p)
+        assert artifact.heads_score(router.heads, feats) == pytest.approx(
+            router.score_features(feats), abs=1e-15
+        )
+
+
+def test_other_sklearn_version_loads_when_golden_scores_reproduce(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _edit_manifest(artifact, sklearn="0.24.2")  # saved with another version...
+    _fake_sklearn(monkeypatch, "1.5.2")  # ...loaded by a third: the golden scores decide
+    assert 0.0 < Router.load(artifact).score("Who wrote Moby-Dick?") < 1.0
+
+
+@pytest.mark.parametrize("delta", [1e-6, float("nan")])
+def test_golden_score_not_reproduced_is_refused(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch, delta: float
+) -> None:
+    m = json.loads((artifact / "manifest.json").read_text())
+    m["golden"]["scores"][3] += delta
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    _fake_sklearn(monkeypatch, "1.5.2")
+    with pytest.raises(RouterArtifactError, match="golden prompt 3.*scikit-learn 1.5.2") as info:
+        Router.load(artifact)
+    assert info.value.reason == "version"
+
+
+def test_golden_score_within_tolerance_loads(artifact: Path) -> None:
+    m = json.loads((artifact / "manifest.json").read_text())
+    m["golden"]["scores"][0] += 5e-10
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    Router.load(artifact)
+
+
+def test_malformed_golden_entry_is_refused(artifact: Path) -> None:
+    m = json.loads((artifact / "manifest.json").read_text())
+    m["golden"]["scores"] = m["golden"]["scores"][:-1]
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    assert _reason(artifact) == "malformed"
+
+
+def test_manifest_without_golden_scores_needs_the_same_minor_version(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = json.loads((artifact / "manifest.json").read_text())
+    del m["golden"]
+    m["versions"]["sklearn"] = "1.5.0"
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    _fake_sklearn(monkeypatch, "1.5.2")
+    Router.load(artifact)  # same minor: loads, as before golden scores
+    _fake_sklearn(monkeypatch, "1.6.1")
+    with pytest.raises(RouterArtifactError, match="1.5.0.*1.6.1.*retrain") as info:
+        Router.load(artifact)
+    assert info.value.reason == "version"
+
+
+def test_file_that_fails_to_unpickle_under_another_version_is_a_version_error(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridllm.routing import artifact as artifact_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RouterArtifactError("router file does not load", path=artifact, reason="malformed")
+
+    monkeypatch.setattr(artifact_module, "_load_estimators", broken)
+    assert _reason(artifact) == "malformed"  # same version: a broken file
+    _fake_sklearn(monkeypatch, "0.99.0")  # another minor than the training's, whatever it was
+    with pytest.raises(RouterArtifactError, match="does not load with this install") as info:
         Router.load(artifact)
     assert info.value.reason == "version"
 
@@ -287,6 +375,7 @@ def test_recalibrate_on_traffic_moves_share_thresholds_only() -> None:
 
 def test_shipped_artifact_loads() -> None:
     router = Router.load()
+    assert len(router.manifest["golden"]["scores"]) == 8  # checked on load, on any scikit-learn
     s = router.score("What is the capital of France? Answer with a short phrase only.")
     assert 0.0 < s < 1.0
     assert router.label in ("cloud-needed", "local-wrong")
