@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,6 @@ MANIFEST_FILE = "manifest.json"
 ROUTER_DIR_ENV = "HYBRIDLLM_ROUTER_DIR"
 TRUSTED_TYPES = ["sklearn.linear_model._logistic.LogisticRegression"]
 GOLDEN_TOLERANCE = 1e-9  # absolute, per golden score
-LOGIT_BOUND = 12.0  # as `router.LOGIT_BOUND` (not importable here; a unit test holds them equal)
 
 
 def default_dir() -> Path:
@@ -207,8 +207,6 @@ def load_parts(directory: Path) -> Parts:
         raise RouterArtifactError(
             f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
         ) from exc
-    if "golden" in manifest:
-        _check_golden(manifest, parts.heads, mpath)
     return parts
 
 
@@ -226,7 +224,7 @@ def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:
             "router trained on other dense features: retrain it", path=mpath, reason="version"
         )
     if "golden" in manifest:
-        return  # any scikit-learn that reproduces the golden scores (`_check_golden`)
+        return  # any scikit-learn that reproduces the golden scores (`check_golden`)
     trained, here = _sklearn_versions(manifest)
     if _minor(trained) != _minor(here):
         raise RouterArtifactError(
@@ -244,30 +242,19 @@ def _sklearn_versions(manifest: dict[str, Any]) -> tuple[str, str]:
     return str(trained), library_versions()["sklearn"]
 
 
-def heads_score(heads: dict[str, Head], feats: F.Features) -> float:
-    """A router's score from its heads: the same arithmetic as `Router.score_features` (which
-    stacks the heads once; a unit test holds the two equal). Used to check golden scores here,
-    where `router` cannot be imported (it imports this module)."""
-    stacked = np.stack([h.weights for h in heads.values()], axis=1)  # (features, heads)
-    w_hash, w_dense = stacked[: F.N_HASH], stacked[F.N_HASH :].T
-    z = np.array([h.intercept for h in heads.values()], dtype=np.float64)
-    z = z + w_dense @ np.asarray(feats.dense, dtype=np.float64)
-    if len(feats.hashed):
-        z = z + w_hash[feats.hashed].sum(axis=0) * F.hashed_scale(len(feats.hashed))
-    platt = np.array([h.platt for h in heads.values()], dtype=np.float64)
-    z = np.clip(platt[:, 0] * z + platt[:, 1], -LOGIT_BOUND, LOGIT_BOUND)
-    p = 1.0 / (1.0 + np.exp(-z))
-    return float(p[0]) if len(heads) == 1 else float(p[0] * (1.0 - p[1]))
-
-
-def _check_golden(manifest: dict[str, Any], heads: dict[str, Head], mpath: Path) -> None:
-    """The loaded heads must reproduce the golden scores recorded at training."""
+def check_golden(
+    manifest: dict[str, Any], score: Callable[[F.Messages], float], mpath: Path
+) -> None:
+    """A loaded router (its `score`) must reproduce the golden scores recorded at training.
+    `Router.load` calls this with the router it built; manifests without them pass."""
+    if "golden" not in manifest:
+        return
     try:
         golden = manifest["golden"]
         prompts, expected = golden["prompts"], [float(x) for x in golden["scores"]]
         if not prompts or len(prompts) != len(expected):
             raise ValueError(f"{len(prompts)} golden prompts, {len(expected)} scores")
-        got = [heads_score(heads, F.extract(p)) for p in prompts]
+        got = [score(p) for p in prompts]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RouterArtifactError(
             f"malformed golden scores in the router manifest ({exc!r})",

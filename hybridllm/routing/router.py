@@ -75,14 +75,17 @@ class Router:
         directory = Path(path) if path is not None else artifact.default_dir()
         parts = artifact.load_parts(directory)
         try:
-            return cls(heads=parts.heads, calibration=parts.calibration,
-                       manifest=parts.manifest, path=directory)  # fmt: skip
+            router = cls(heads=parts.heads, calibration=parts.calibration,
+                         manifest=parts.manifest, path=directory)  # fmt: skip
         except (ValueError, KeyError, TypeError) as exc:
             raise RouterArtifactError(
                 f"router artifact does not fit this router ({exc})",
                 path=directory / artifact.MODEL_FILE,
                 reason="malformed",
             ) from exc
+        # the scores it was trained to give, given here (any scikit-learn that unpickles it)
+        artifact.check_golden(parts.manifest, router.score, directory / artifact.MANIFEST_FILE)
+        return router
 
     # --- scoring -------------------------------------------------------------------------
 

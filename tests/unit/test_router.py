@@ -212,20 +212,12 @@ def _fake_sklearn(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
 
 
 def test_golden_scores_are_recorded_and_reproduced(trained: Path) -> None:
-    from hybridllm.routing import artifact, features as F, router as router_module
     from hybridllm.routing.train import GOLDEN_PROMPTS
 
     golden = json.loads((trained / "manifest.json").read_text())["golden"]
     assert len(golden["prompts"]) == len(golden["scores"]) == len(GOLDEN_PROMPTS) == 8
     router = Router.load(trained)
     assert [router.score(p) for p in golden["prompts"]] == golden["scores"]
-    # the check's own arithmetic is the router's
-    assert artifact.LOGIT_BOUND == router_module.LOGIT_BOUND
-    for p in [*GOLDEN_PROMPTS, "", "Calculate 311 * 37? Answer with the number only."]:
-        feats = F.extract(p)
-        assert artifact.heads_score(router.heads, feats) == pytest.approx(
-            router.score_features(feats), abs=1e-15
-        )
 
 
 def test_other_sklearn_version_loads_when_golden_scores_reproduce(
