@@ -33,7 +33,8 @@ from pydantic import (
 
 from hybridllm.errors import PolicyError
 
-PlanName = Literal["single", "hedge", "speculative", "cascade"]
+# only plans that run: "speculative" and "cascade" join when they are built (issues 14, 17)
+PlanName = Literal["single", "hedge"]
 EngineChoice = Literal["local", "cloud"]
 
 
