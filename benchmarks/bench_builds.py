@@ -45,7 +45,7 @@ KEYS = ("prefill", "prefill50", "decode", "prefill_cpu", "decode_cpu")
 def worker(model: str, settings_json: str) -> None:
     import llama_cpp
 
-    from hybridllm.local.models import resolve_model
+    from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import LlamaSettings
     from hybridllm.local.tune import bench_tokens, measure_decode, measure_prefill
 

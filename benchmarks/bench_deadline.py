@@ -49,7 +49,7 @@ import anyio
 from hybridllm import HybridClient, Policy
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
 from hybridllm.errors import EngineError, HybridError
-from hybridllm.local.models import resolve_model
+from hybridllm.local.resolve import resolve_model
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from hybridllm.testing.proxy import heavy_tail

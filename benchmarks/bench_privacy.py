@@ -36,7 +36,7 @@ def token_counter() -> tuple[Callable[[str], int], str]:
     try:
         import llama_cpp
 
-        from hybridllm.local.models import resolve_model
+        from hybridllm.local.resolve import resolve_model
 
         path = resolve_model("smollm2-135m-instruct")
         llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)

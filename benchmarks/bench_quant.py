@@ -81,7 +81,7 @@ def answers(llm: Any, rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     import llama_cpp
 
-    from hybridllm.local.models import resolve_model
+    from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import DEFAULT_SETTINGS
     from hybridllm.local.tune import bench_tokens, measure_decode, measure_prefill
     from hybridllm.local.variants import make

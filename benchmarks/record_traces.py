@@ -30,7 +30,7 @@ from hybridllm import HybridClient, Policy
 from hybridllm.engines import GenerationRequest, LlamaCppEngine, OpenAIEngine
 from hybridllm.engines.base import estimate_prompt_tokens
 from hybridllm.errors import HybridError
-from hybridllm.local.models import resolve_model
+from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from hybridllm.testing.faults import heavy_tail
 

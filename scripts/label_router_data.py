@@ -410,7 +410,7 @@ class LetterModel:
         from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from hybridllm.local.models import resolve_model
+        from hybridllm.local.resolve import resolve_model
 
         self.llm = Llama(
             str(resolve_model(name)), n_ctx=2048, n_threads=threads, flash_attn=True, verbose=False
