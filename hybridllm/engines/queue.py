@@ -109,6 +109,11 @@ class BoundedQueue:
         the queue meanwhile. Raises `QueueFullError` at once past a bound, or after
         `max_queue_wait_s` of waiting. The caller calls `release()` after its turn."""
         self.check()
+        try:
+            self.lock.acquire_nowait()  # free: this request's turn now, it never waited
+            return
+        except anyio.WouldBlock:
+            pass
         rid = next(self._ids)
         self.pending[rid] = estimate_s
         try:
