@@ -217,7 +217,8 @@ class HybridClient:
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         plan = self._plan(decision, request, context, pol, None if fb is None else fb.ttft_s)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-        run = RequestRun(trace, send, self._outcome)
+        cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
+        run = RequestRun(trace, send, self._outcome, cloud_off)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:

@@ -22,6 +22,8 @@ HybridError
     │                           inter-token limit (`stall_ms`)
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
+    ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
+    │                           wait would pass `max_queue_wait_s`: refused at once, never queued
     ├── RefusedError            a guard kept the request from the engine; nothing was sent
     │   ├── PrivacyBlockedError     the request holds personal or secret data (keep-local)
     │   └── BudgetExceededError     the worst-case cost does not fit a budget cap
@@ -185,6 +187,27 @@ class LocalEngineError(EngineError):
     pass
 
 
+class QueueFullError(EngineError):
+    """The engine's queue is at its bound: `waiting` requests already wait (`max_queue`), or
+    this request would wait (or has waited) longer than `max_queue_wait_s`. Raised before the
+    request reaches the model, so the race answers it from the other engine at once; not
+    retryable on the same engine (a retry would only join the same queue)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        engine: str = "local",
+        waiting: int,
+        max_queue: int | None,
+        max_queue_wait_s: float | None,
+    ) -> None:
+        self.waiting = waiting
+        self.max_queue = max_queue
+        self.max_queue_wait_s = max_queue_wait_s
+        super().__init__(message, engine=engine)
+
+
 class RefusedError(EngineError):
     """A guard (privacy, budget) kept the request from the engine before any byte was sent."""
 
@@ -249,6 +272,17 @@ class CloudTimeoutError(CloudError):
 
 class CloudProtocolError(CloudError):
     pass
+
+
+class CloudUnavailableError(CloudError, ConfigError):
+    """The cloud engine is off for a configuration reason and sent nothing: no API key, or the
+    endpoint refused the key (401/403) and the engine stopped sending until the key changes.
+    `reason` says which and what to do; `status_code` is the refusal's status (None: no key)."""
+
+    def __init__(self, reason: str, *, status_code: int | None = None) -> None:
+        self.reason = reason
+        self.status_code = status_code
+        super().__init__(f"the cloud engine is unavailable: {reason}")
 
 
 class CloudStatusError(CloudError):

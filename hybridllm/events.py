@@ -6,6 +6,8 @@ Event                 what the app sees through `Stream.events()`
 ├── Token             one piece of answer text (never empty)
 ├── Fallback          another engine was started (deadline, failure, mid-stream failover)
 │   └── Hedge         ... started early by a hedge
+├── CloudUnavailable  the cloud could not be used for a configuration reason (no API key, the
+│                     key refused with 401/403); the request was served without it
 ├── Usage             token counts as reported (or counted) by the engine
 └── Done              the request finished; carries the final trace
 ```
@@ -55,6 +57,16 @@ class Fallback(Event):
 @dataclass(frozen=True, slots=True)
 class Hedge(Fallback):
     """The backup was started early by a hedge (not because the primary failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloudUnavailable(Event):
+    """The cloud engine is off for a configuration reason (`reason`, e.g. "authentication
+    failed (401): check OPENAI_API_KEY or api_key="), so this request did not use it. Sent at
+    most once per stream: after the `Route` when routing left the cloud out for it, or when the
+    cloud refused this very request's key."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
+from hybridllm.engines.base import Engine
 from hybridllm.local import cpubuild, models, tune, variants, waitpolicy
 
 Status = Literal["ok", "warn", "fail"]
@@ -41,6 +42,9 @@ class Doctor:
     system_info: Callable[[], str] | None = None
     base_url: str | None = None
     api_key: str | None = None
+    # a running cloud engine (a client's `client.cloud`): its own state is reported too (a key
+    # it found missing or refused stops it until `set_api_key()`)
+    engine: Engine | None = None
 
     def build(self) -> Finding:
         flags = cpubuild.cpu_flags(self.cpuinfo or _read("/proc/cpuinfo"))
@@ -111,6 +115,10 @@ class Doctor:
         return Finding("tuning", "ok", tuple(facts) or ("no pulled models",))
 
     def cloud(self) -> Finding:
+        stopped = None if self.engine is None else self.engine.info().unavailable
+        if stopped is not None:
+            return Finding("cloud endpoint", "fail", (f"the engine sends nothing: {stopped}",),
+                           "give it a working key: engine.set_api_key(...)")  # fmt: skip
         url = self.base_url or os.environ.get("OPENAI_BASE_URL")
         if not url:
             return Finding("cloud endpoint", "ok",
@@ -121,16 +129,25 @@ class Doctor:
             req.add_header("Authorization", f"Bearer {key}")
         facts = [f"{url} (API key {'set' if key else 'NOT set'})",
                  "verifier dialects: not probed (no speculative plan yet)"]  # fmt: skip
+        no_key = "set OPENAI_API_KEY (any value for a server that needs none)"
         try:
             with urllib.request.urlopen(req, timeout=CLOUD_TIMEOUT_S) as resp:  # noqa: S310
                 names = [m.get("id", "?") for m in json.load(resp).get("data", [])]
         except urllib.error.HTTPError as exc:
-            fix = "check OPENAI_API_KEY" if exc.code in (401, 403) else "check the endpoint"
-            return Finding("cloud endpoint", "fail", (*facts, f"answered HTTP {exc.code}"), fix)
+            if exc.code in (401, 403):  # OpenAIEngine stops sending after such an answer
+                why = "no key was sent" if not key else "the API key was refused"
+                return Finding("cloud endpoint", "fail",
+                               (*facts, f"answered HTTP {exc.code}: {why}"),
+                               "check OPENAI_API_KEY" if key else no_key)  # fmt: skip
+            return Finding("cloud endpoint", "fail", (*facts, f"answered HTTP {exc.code}"),
+                           "check the endpoint")  # fmt: skip
         except (OSError, ValueError) as exc:
             return Finding("cloud endpoint", "fail", (*facts, f"unreachable: {exc}"),
                            "check OPENAI_BASE_URL and the network")  # fmt: skip
         facts.insert(1, f"reachable; models: {', '.join(names[:5]) or 'none listed'}")
+        if not key:  # reachable, but the SDK sends no placeholder key: nothing would be sent
+            facts.append("OpenAIEngine sends nothing without an API key: requests stay local")
+            return Finding("cloud endpoint", "fail", tuple(facts), no_key)
         return Finding("cloud endpoint", "ok", tuple(facts))
 
     def run(self) -> list[Finding]:

@@ -113,6 +113,10 @@ class EngineInfo:
     # measured speed (local engines: tuning or warm-up, then refined by real requests)
     prefill_tps: float | None = None
     decode_tps: float | None = None
+    # why the engine cannot take a request now (None: it can): a cloud engine without a usable
+    # API key, a local queue at its bound. Routing leaves such an engine out with this reason
+    # when another may serve; a request sent anyway fails at once with a typed error
+    unavailable: str | None = None
 
 
 @runtime_checkable

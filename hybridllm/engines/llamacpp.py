@@ -9,7 +9,6 @@ by llama.cpp's abort callback. The KV cache is reused for a shared prompt prefix
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import threading
 import time
@@ -28,6 +27,7 @@ from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_lla
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
 from hybridllm.engines.options import LlamaOptions
+from hybridllm.engines.queue import BoundedQueue
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
 from hybridllm.local.models import get_manifest
 from hybridllm.local.resolve import resolve_model
@@ -50,6 +50,15 @@ class LlamaCppEngine:
     `options=(LlamaOptions(draft="off"),)`; a request may also opt in with
     `LlamaOptions(draft="prompt-lookup")`. Its output is the same as plain greedy decoding,
     faster when the answer copies the prompt.
+
+    The queue: one generation runs at a time, the others wait in the order of their calls.
+    `max_queue` bounds how many may wait (the running one not counted; 0: none) and
+    `max_queue_wait_s` how long one may wait for its turn; both None (the default): unbounded.
+    Past either bound a request is refused at once with `QueueFullError` (before any model work),
+    and routing, which reads the same bound from `info().unavailable`, sends it to the cloud when
+    the policy allows that. They are the engine's (not a policy's) because they describe this
+    machine's capacity, shared by every policy; a policy's own tolerance is its
+    `ttft_deadline_ms`, which routing already weighs against the expected queue wait.
     """
 
     def __init__(
@@ -67,6 +76,8 @@ class LlamaCppEngine:
         pull: bool = False,
         name: EngineName = "local",
         llama_kwargs: dict[str, Any] | None = None,
+        max_queue: int | None = None,
+        max_queue_wait_s: float | None = None,
     ) -> None:
         self.name: EngineName = name
         self.model = str(model)
@@ -85,11 +96,11 @@ class LlamaCppEngine:
         self._llama_kwargs = dict(llama_kwargs or {})
         self._session: LlamaSession | None = None
         self._start_lock = anyio.Lock()
-        self._lock = anyio.Lock()  # one generation at a time, FIFO
+        self._queue = BoundedQueue(
+            name, max_queue=max_queue, max_queue_wait_s=max_queue_wait_s
+        )  # one generation at a time, FIFO, bounded
+        self._lock = self._queue.lock
         self._prepare_lock = anyio.Lock()
-        self._ids = itertools.count()
-        self._pending: dict[int, float] = {}  # queued request id -> estimated seconds
-        self._active: tuple[float, float] | None = None  # (started at, estimated seconds)
         # Measured at warm-up, then refined from real requests (exponential average).
         self.prefill_tps: float | None = None
         self.tpot_s: float | None = None
@@ -161,20 +172,17 @@ class LlamaCppEngine:
             name=self.name,
             model=self.model,
             supports_continuation=True,  # the assistant prefix goes on in the raw template
-            queue_depth=len(self._pending) + (1 if self._active else 0),
+            queue_depth=self._queue.depth,
             expected_wait_s=self.expected_wait_s(),
             n_ctx=self.n_ctx,
             prefill_tps=self.prefill_tps,
             decode_tps=1.0 / self.tpot_s if self.tpot_s else None,
+            unavailable=self._queue.unavailable(),
         )
 
     def expected_wait_s(self) -> float:
         """Seconds a request queued now would wait before its prefill starts (estimate)."""
-        wait = sum(self._pending.values())
-        if self._active is not None:
-            started, est = self._active
-            wait += max(0.0, est - (time.perf_counter() - started))
-        return wait
+        return self._queue.expected_wait_s()
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         """Queue wait plus prefill of the prompt (its tokens counted by the tokenizer)."""
@@ -224,18 +232,17 @@ class LlamaCppEngine:
         async with self._prepare_lock:
             prepared = await anyio.to_thread.run_sync(session.prepare, request)
         new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
-        rid = next(self._ids)
-        self._pending[rid] = self.estimate_s(new_tokens, prepared.max_tokens)
+        self._queue.check()  # past a bound: QueueFullError now, before the "queued" mark
         yield Mark("queued", time.perf_counter())
-        try:
-            await self._lock.acquire()
-        finally:
-            del self._pending[rid]
+        await self._queue.acquire(self.estimate_s(new_tokens, prepared.max_tokens))
         gen: Generation | None = None
         try:
             self.busy = True
             new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
-            self._active = (time.perf_counter(), self.estimate_s(new_tokens, prepared.max_tokens))
+            self._queue.active = (
+                time.perf_counter(),
+                self.estimate_s(new_tokens, prepared.max_tokens),
+            )
             yield Mark("started", time.perf_counter())
             t0 = time.perf_counter()
             try:
@@ -248,7 +255,7 @@ class LlamaCppEngine:
             t1 = time.perf_counter()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
-            self._active = (t1, self.estimate_s(0, prepared.max_tokens))
+            self._queue.active = (t1, self.estimate_s(0, prepared.max_tokens))
             async with contextlib.aclosing(self._decode(session, gen)) as deltas:
                 async for delta in deltas:
                     yield delta
@@ -265,9 +272,8 @@ class LlamaCppEngine:
                     await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 else:  # stopped in the queue or during prefill: the llama thread let go now
                     self.stopped_at = time.perf_counter()
-                self._active = None
                 self.busy = False
-                self._lock.release()
+                self._queue.release()
 
     async def _decode(self, session: LlamaSession, gen: Generation) -> AsyncGenerator[Delta, None]:
         """Decode on the llama thread without pausing between tokens; stop when told."""

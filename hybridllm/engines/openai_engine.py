@@ -5,6 +5,13 @@ orchestrator, which knows the deadline). Every failure leaves this module as a
 `hybridllm.errors.CloudError` subclass carrying the status code, Retry-After and whether content
 had already been delivered. Closing the stream closes the HTTP response at once, so the server
 sees the disconnect.
+
+A missing or refused API key is configuration, not a passing fault. Without a key (no `api_key=`,
+no `OPENAI_API_KEY`) the engine never sends a placeholder: it is unavailable from the start. Once
+the endpoint refuses the key (401/403), that request fails with `AuthenticationError` and the
+engine stops sending. Either way `info().unavailable` gives the reason (routing then serves
+locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
+`CloudUnavailableError` (nothing sent) until `set_api_key()` gives a new key.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import email.utils
 import os
 import time
+import warnings
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, cast
 
@@ -31,6 +39,10 @@ from hybridllm.engines.options import OpenAIOptions
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, RequestSent
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
+NO_KEY = (
+    "no API key: set OPENAI_API_KEY or pass api_key= (any non-empty value for a server that "
+    "needs none)"
+)
 
 
 class OpenAIEngine:
@@ -38,7 +50,9 @@ class OpenAIEngine:
 
     `base_url` and `api_key` default to the openai SDK's environment variables
     (`OPENAI_BASE_URL`, `OPENAI_API_KEY`). `timeout` is the SDK's timeout (seconds or
-    `httpx2.Timeout`); `include_usage` asks the server for a final usage chunk.
+    `httpx2.Timeout`); `include_usage` asks the server for a final usage chunk. Without a key
+    the engine sends nothing (see the module); a server that needs no key takes any value
+    (`api_key="none"`).
     """
 
     def __init__(
@@ -54,7 +68,12 @@ class OpenAIEngine:
     ) -> None:
         self.name: EngineName = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
+        self.api_key: str | None = api_key or os.environ.get("OPENAI_API_KEY") or None
+        # why the engine sends nothing (a missing or refused key), and whether it was said
+        self._unavailable: errors.CloudUnavailableError | None = (
+            errors.CloudUnavailableError(NO_KEY) if self.api_key is None else None
+        )
+        self._warned = False
         self.model = model or os.environ.get("OPENAI_MODEL") or "gpt-4o-mini"
         self.include_usage = include_usage
         self._timeout = timeout
@@ -62,11 +81,43 @@ class OpenAIEngine:
         self._client: openai.AsyncOpenAI | None = None
         self._active = 0
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why the engine sends nothing now (None: it sends)."""
+        return None if self._unavailable is None else self._unavailable.reason
+
+    def set_api_key(self, api_key: str) -> None:
+        """Use a new API key from the next request on; an engine stopped by a missing or
+        refused key sends again."""
+        if not isinstance(api_key, str) or not api_key.strip():
+            raise errors.ConfigError("api_key must be a non-empty string")
+        self.api_key = api_key
+        self._unavailable = None
+        self._warned = False
+        if self._client is not None:  # the same connection pool, the new key
+            self._client = self._client.with_options(api_key=api_key)
+
+    def _stop(self, reason: errors.CloudUnavailableError) -> None:
+        """Stop sending, and say so once (until the key changes)."""
+        self._unavailable = reason
+        self._say()
+
+    def _say(self) -> None:
+        if self._unavailable is not None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self._unavailable}; requests are served without the cloud until the key "
+                "changes (OpenAIEngine.set_api_key())",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
     async def start(self) -> None:
+        self._say()  # a missing key: said when the engine starts, not at every request
         if self._client is None:
             self._client = openai.AsyncOpenAI(
                 base_url=self.base_url,
-                api_key=self.api_key,
+                api_key=self.api_key or "",
                 timeout=self._timeout,
                 max_retries=0,
                 default_headers=self._headers or None,
@@ -74,7 +125,11 @@ class OpenAIEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(
-            name=self.name, model=self.model, supports_continuation=True, queue_depth=self._active
+            name=self.name,
+            model=self.model,
+            supports_continuation=True,
+            queue_depth=self._active,
+            unavailable=self.unavailable,
         )
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
@@ -93,9 +148,14 @@ class OpenAIEngine:
             await client.close()
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        if self._unavailable is not None:  # nothing is sent with a missing or refused key
+            raise errors.CloudUnavailableError(
+                self._unavailable.reason, status_code=self._unavailable.status_code
+            )
         if self._client is None:
             await self.start()
         assert self._client is not None
+        client, key = self._client, self.api_key
         options = request.option(OpenAIOptions)
         kwargs: dict[str, Any] = {} if options is None else options.fields()
         if request.seed is not None:
@@ -114,7 +174,7 @@ class OpenAIEngine:
         try:
             yield RequestSent(time.perf_counter())
             try:
-                raw = await self._client.chat.completions.with_raw_response.create(
+                raw = await client.chat.completions.with_raw_response.create(
                     model=self.model,
                     messages=self._messages(request),  # type: ignore[arg-type]
                     max_tokens=request.max_tokens,
@@ -141,7 +201,17 @@ class OpenAIEngine:
             except errors.HybridError:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
-                raise map_error(exc, received_content=received, url=self.base_url) from exc
+                error = map_error(exc, received_content=received, url=self.base_url)
+                if isinstance(error, errors.AuthenticationError) and key == self.api_key:
+                    # the key in use was refused (not one replaced while this request ran)
+                    code = error.status_code
+                    self._stop(
+                        errors.CloudUnavailableError(
+                            f"authentication failed ({code}): check OPENAI_API_KEY or api_key=",
+                            status_code=code,
+                        )
+                    )
+                raise error from exc
             except (ValueError, TypeError, AttributeError) as exc:  # malformed SSE / JSON
                 raise errors.CloudProtocolError(
                     f"malformed stream from {self.base_url or 'the endpoint'}: {exc}",

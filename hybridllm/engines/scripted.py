@@ -8,6 +8,11 @@ stand-in for the real engines in integration tests.
 
 A script is a list of steps: a float sleeps that many seconds, a str is emitted as a delta,
 an exception instance is raised.
+
+`serial=True` models a local engine's queue: one request plays at a time, the others wait in
+the order of their calls (`info()` reports the depth and the expected wait: the script's sleeps
+of the requests ahead), through the same `BoundedQueue` as `LlamaCppEngine`, so `max_queue` and
+`max_queue_wait_s` bound it the same way (either one turns `serial` on).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import AsyncGenerator, Sequence
 import anyio
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
+from hybridllm.engines.queue import BoundedQueue
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 
 Step = float | str | BaseException
@@ -35,9 +41,13 @@ class ScriptedEngine:
         model: str = "scripted",
         supports_continuation: bool = True,
         token_count: int | None = None,
+        serial: bool = False,
+        max_queue: int | None = None,
+        max_queue_wait_s: float | None = None,
     ) -> None:
         """`supports_continuation`: what `info()` reports (a double of an engine that cannot go
-        on from a started answer: False); `token_count`: what `count_tokens()` answers."""
+        on from a started answer: False); `token_count`: what `count_tokens()` answers;
+        `serial`, `max_queue`, `max_queue_wait_s`: a bounded FIFO queue (see the module)."""
         self.name: EngineName = name
         self.model = model
         if script is None:
@@ -54,6 +64,10 @@ class ScriptedEngine:
         self.predicted_ttft_s: float | None = None  # what predict_ttft_s() answers
         self.supports_continuation = supports_continuation
         self.token_count = token_count
+        self.queue: BoundedQueue | None = None
+        if serial or max_queue is not None or max_queue_wait_s is not None:
+            self.queue = BoundedQueue(name, max_queue=max_queue, max_queue_wait_s=max_queue_wait_s)
+        self.duration_s = sum(s for s in self.script if isinstance(s, float | int))
 
     async def start(self) -> None:
         self.started = True
@@ -69,11 +83,17 @@ class ScriptedEngine:
             name=self.name,
             model=self.model,
             supports_continuation=self.supports_continuation,
-            queue_depth=self.active,
+            queue_depth=self.active if self.queue is None else self.queue.depth,
+            expected_wait_s=0.0 if self.queue is None else self.queue.expected_wait_s(),
+            unavailable=None if self.queue is None else self.queue.unavailable(),
         )
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
-        self.requests.append(request)
+        queue = self.queue
+        if queue is not None:
+            await queue.acquire(self.duration_s)  # QueueFullError past a bound
+            queue.active = (time.perf_counter(), self.duration_s)
+        self.requests.append(request)  # the requests that got their turn
         self.active += 1
         n = 0
         try:
@@ -91,6 +111,8 @@ class ScriptedEngine:
         finally:
             self.active -= 1
             self.closed_streams += 1
+            if queue is not None:
+                queue.release()
 
     async def aclose(self) -> None:
         self.started = False

@@ -13,7 +13,12 @@ The rules, in order (each one that applies adds a reason):
 2. Which engines may serve: the client's, the policy's (`allow_cloud`, `fallback_order`), a
    privacy finding (keep-local, or privacy on without a scanner: no cloud; block: refuse), the
    budget (cannot cover the worst case: no cloud, or refuse when `on_exceeded = "fail"` and the
-   cloud was asked for), the cloud circuit (open: no cloud, unless forced or the only engine).
+   cloud was asked for), the cloud circuit (open: no cloud, unless forced or the only engine),
+   an unavailable engine (`LiveState.unavailable`: a cloud without a usable API key, a local
+   queue at its bound): left out with its reason when another engine may serve, else kept (it
+   fails at once with its typed error: `CloudUnavailableError`, `QueueFullError`). A cloud left
+   out that the request could have used is named in `Decision.unavailable` (the stream says so
+   with a `CloudUnavailable` event).
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
    primary predicted past the deadline while the other's p95 meets it, swaps the two; a
    primary predicted past the deadline otherwise keeps its place but the other one starts at
@@ -27,7 +32,7 @@ The rules, in order (each one that applies adds a reason):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hybridllm.events import EngineName
@@ -63,6 +68,8 @@ class LiveState:
     budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
     # the engines that can continue a started answer (the engines' `supports_continuation`)
     continues: frozenset[EngineName] = frozenset({"local", "cloud"})
+    # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
+    unavailable: Mapping[EngineName, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,8 @@ class Decision:
     fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
     reasons: tuple[str, ...]
     failover: bool = False  # a failure mid-answer moves the answer to the other engine
+    # engines this request could have used, left out as unavailable: (engine, why)
+    unavailable: tuple[tuple[EngineName, str], ...] = ()
 
     @property
     def reason(self) -> str:
@@ -102,6 +111,25 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     explained = _restrict(facts, policy, state, allowed, want, reasons)
     if explained is None:
         return _refuse(reasons, deadline)
+    left_out = _unavailable(facts, state, allowed, reasons)
+    explained = explained or any(e == "cloud" for e, _ in left_out)
+    decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline)
+    if left_out and decision.primary is not None:
+        decision = replace(decision, unavailable=left_out)
+    return decision
+
+
+def _serve(
+    facts: RequestFacts,
+    policy: Policy,
+    state: LiveState,
+    allowed: list[EngineName],
+    want: EngineName,
+    explained: bool,
+    reasons: list[str],
+    deadline: float | None,
+) -> Decision:
+    """3. and 4.: the serving engine, its fallback, the load rules and the plan."""
 
     # the engine that serves
     if facts.forced is not None:
@@ -207,6 +235,27 @@ def _restrict(
         else:  # nothing else could answer: try it rather than fail without trying
             reasons.append("cloud circuit open, but no other engine -> cloud")
     return explained
+
+
+def _unavailable(
+    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[str]
+) -> tuple[tuple[EngineName, str], ...]:
+    """Leave out the engines that cannot take a request now while another may serve; one that
+    is forced or the last one left stays (it fails at once, with its typed error)."""
+    left_out: list[tuple[EngineName, str]] = []
+    for engine in list(allowed):
+        why = state.unavailable.get(engine)
+        if why is None:
+            continue
+        if facts.forced == engine:
+            reasons.append(f"{engine}: {why}, but engine={engine} forced -> {engine} (fails)")
+        elif len(allowed) > 1:
+            allowed.remove(engine)
+            reasons.append(f"{engine}: {why} -> {allowed[0]}")
+            left_out.append((engine, why))
+        else:
+            reasons.append(f"{engine}: {why}, and no other engine -> {engine} (fails)")
+    return tuple(left_out)
 
 
 def _load(

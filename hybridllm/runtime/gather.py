@@ -8,7 +8,8 @@ prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_tok
 upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
-queue, the budget verdict and the cloud circuit.
+queue, the budget verdict, the cloud circuit, and the engines that cannot take a request now
+(`EngineInfo.unavailable`: a cloud without a usable key, a local queue at its bound).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
 guard's ledger, `privacy_kinds` its `PrivacyScan`, and `policy_caps` turns a policy's `[budget]`
@@ -119,9 +120,9 @@ class Routing:
         """The live state for `decide()`. A request (`preview=False`) takes a half-open cloud
         circuit's probe when it is let through; a preview only reads the circuit."""
         queue = 0.0
-        local = engines.get("local")
-        if local is not None:
-            queue = local.info().expected_wait_s
+        infos = {name: engine.info() for name, engine in engines.items()}
+        if "local" in infos:
+            queue = infos["local"].expected_wait_s
         latency: dict[EngineName, Prediction] = {}
         for name, engine in engines.items():
             q = queue if name == "local" else 0.0
@@ -140,7 +141,7 @@ class Routing:
             verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
         circuit_open = False
-        if cloud_ok and fits and "cloud" in breakers:
+        if cloud_ok and fits and "cloud" in breakers and not infos["cloud"].unavailable:
             breaker = breakers["cloud"]
             circuit_open = not (breaker.would_allow() if preview else breaker.allow())
         return LiveState(
@@ -150,7 +151,8 @@ class Routing:
             cloud_circuit_open=circuit_open,
             budget_fits=fits,
             budget_detail=detail,
-            continues=frozenset(n for n, e in engines.items() if e.info().supports_continuation),
+            continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
+            unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
         )
 
     def decide(

@@ -31,6 +31,7 @@ from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import (
     Chunk,
+    CloudUnavailable,
     Delta,
     Done,
     EngineName,
@@ -63,10 +64,16 @@ class RequestRun:
         trace: Trace,
         send: MemoryObjectSendStream[StreamItem],
         on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
+        cloud_unavailable: str | None = None,
     ) -> None:
+        """`cloud_unavailable`: why routing left out a cloud this request could have used (a
+        missing or refused key): the stream says so with a `CloudUnavailable` after its
+        `Route`."""
         self.trace = trace
         self._send = send
         self._on_outcome = on_outcome
+        self._cloud_unavailable = cloud_unavailable
+        self._said_unavailable = False
         self._delivered: list[str] = []
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -100,6 +107,14 @@ class RequestRun:
         self.trace.engine = engine.name
         self.trace.route_reason = reason
         self.emit(Route(time.perf_counter(), engine.name, reason))
+        if self._cloud_unavailable is not None:
+            self.say_unavailable(self._cloud_unavailable)
+
+    def say_unavailable(self, reason: str) -> None:
+        """Tell the app, once per stream, that the cloud is off for a configuration reason."""
+        if not self._said_unavailable:
+            self._said_unavailable = True
+            self.emit(CloudUnavailable(time.perf_counter(), reason))
 
     def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
         """Hand one chunk of the serving engine to the trace and the app."""
@@ -148,6 +163,9 @@ class RequestRun:
         except Exception as exc:
             if isinstance(exc, errors.RefusedError):  # privacy / budget: never the secret
                 self.trace.refusals.append(f"{engine.name}: {exc}")
+            if isinstance(exc, errors.AuthenticationError | errors.CloudUnavailableError):
+                # the key is missing or was refused: the engine says why until the key changes
+                self.say_unavailable(engine.info().unavailable or str(exc))
             self.outcome(engine.name, exc)
             raise
         if not healthy:

@@ -121,3 +121,25 @@ def test_report_exit_code_and_the_command(cache: Path, capsys: pytest.CaptureFix
     assert "[WARN] llama.cpp build" in text and "[ok  ] OpenMP wait policy" in text
     assert main(["doctor", "--base-url", "http://127.0.0.1:9/v1"]) == 1
     assert "[FAIL] cloud endpoint" in capsys.readouterr().out
+
+
+def test_the_cloud_without_a_key_or_with_a_stopped_engine_fails(
+    cache: Path, endpoint: tuple[str, type[_Models]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from hybridllm.engines.base import EngineInfo
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    url, handler = endpoint
+    keyless = Doctor(base_url=url).cloud()  # reachable, but the SDK would send nothing
+    assert keyless.status == "fail" and "OPENAI_API_KEY" in keyless.fix
+    assert any("sends nothing without an API key" in f for f in keyless.facts)
+    handler.status = 403
+    refused = Doctor(base_url=url, api_key="wrong").cloud()
+    assert any("HTTP 403: the API key was refused" in f for f in refused.facts)
+    info = EngineInfo(name="cloud", model="m", unavailable="authentication failed (401): ...")
+    stopped = SimpleNamespace(info=lambda: info)
+    found = Doctor(base_url=url, api_key="k", engine=stopped).cloud()  # type: ignore[arg-type]
+    assert found.status == "fail" and "authentication failed (401)" in found.facts[0]
+    assert "set_api_key" in found.fix

@@ -90,7 +90,7 @@ async def test_a_local_option_never_reaches_the_cloud_sdk() -> None:
         sent.update(kwargs)
         return SimpleNamespace(parse=_FakeStream)
 
-    engine = OpenAIEngine(base_url="http://127.0.0.1:9", model="m")
+    engine = OpenAIEngine(base_url="http://127.0.0.1:9", api_key="k", model="m")
     raw = SimpleNamespace(create=create)
     engine._client = SimpleNamespace(  # type: ignore[assignment]
         chat=SimpleNamespace(completions=SimpleNamespace(with_raw_response=raw))
