@@ -33,7 +33,7 @@ from hybridllm.engines import LlamaCppEngine, OpenAIEngine
 from hybridllm.engines.base import Engine
 from hybridllm.errors import ConfigError
 from hybridllm.events import EngineName, Route, Token
-from hybridllm.local import resolve
+from hybridllm.local import resolve, waitpolicy
 from hybridllm.testing.server import LlamaServer, free_port
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -257,6 +257,10 @@ def run_demo(args: argparse.Namespace) -> int:
     out.write("\n")
     out.flush()
 
+    if standin:
+        # the stand-in cloud and the local engine share these cores (a race runs both at once):
+        # threads that spin while they wait would slow each other down many times over
+        os.environ.setdefault(waitpolicy.ENV, "PASSIVE")
     _pull(local_name, out)
     local = LlamaCppEngine(local_name, n_threads=threads, warm_up=False, pull=True)
     server: LlamaServer | None = None

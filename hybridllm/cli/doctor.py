@@ -65,15 +65,12 @@ class Doctor:
         return Finding("llama.cpp build", "ok", facts)
 
     def wait_policy(self) -> Finding:
-        env = os.environ.get(waitpolicy.ENV)
-        if env:
-            why = f"{waitpolicy.ENV}={env} is set in the environment (it wins)"
-        elif (stored := waitpolicy.stored()) is not None:
-            why = (f"{stored['omp_wait_policy']}: stored for this CPU by `hybridllm tune "
-                   f"--dedicated` ({waitpolicy.device_file()})")  # fmt: skip
-        else:
-            why = "passive: the default (nothing set, nothing stored for this CPU)"
-        return Finding("OpenMP wait policy", "ok", (why,))
+        choice = waitpolicy.choose_safely()  # what a process that loads llama.cpp now would use
+        if choice.policy == "active":
+            facts = (choice.why, "active waiting keeps a core at 100% while idle")
+            fix = f"unset {waitpolicy.ENV} (hybridllm then spins only briefly)"
+            return Finding("OpenMP wait policy", "warn", facts, fix)
+        return Finding("OpenMP wait policy", "ok", (choice.why,))
 
     def models(self) -> Finding:
         facts, problems = [], []
@@ -151,7 +148,7 @@ class Doctor:
         return Finding("cloud endpoint", "ok", tuple(facts))
 
     def run(self) -> list[Finding]:
-        policy = self.wait_policy()  # first: loading llama.cpp for the build check applies it
+        policy = self.wait_policy()  # before the build check loads llama.cpp and applies one
         return [self.build(), policy, self.models(), self.tuning(), self.cloud()]
 
 

@@ -273,45 +273,44 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _show_wait_policy() -> None:
-    import os
-
     from hybridllm.local import waitpolicy
 
-    device = waitpolicy.stored()
-    where = f"stored in {waitpolicy.device_file()}" if device else "default (not tuned)"
-    choice = device["omp_wait_policy"] if device else "passive"
-    here = os.environ.get(waitpolicy.ENV, "?").lower()
-    print(f"OpenMP wait policy: {here} in this process; device choice {choice}, {where}")
-    for policy, r in (device or {}).get("measured", {}).items():
+    choice = waitpolicy.choose_safely()
+    print(f"OpenMP wait setting for a new process: {choice.why}")
+    for policy, r in ((waitpolicy.stored() or {}).get("measured") or {}).items():
+        idle = r.get("idle_cpu_pct", float("nan"))
         print(f"  {policy:<8} prefill {r['prefill_tps']:8.1f} tok/s  decode "
-              f"{r['decode_tps']:8.1f} tok/s")  # fmt: skip
+              f"{r['decode_tps']:8.1f} tok/s  idle CPU {idle:.1f}%")  # fmt: skip
 
 
 def _tune_wait_policy(tune: Any, path: Path, result: Any, args: argparse.Namespace) -> Any:
-    """Measure both OpenMP wait policies with the chosen settings; store the device's choice
-    (active only with --dedicated and where faster). Returns the tuning with the rates of the
-    policy that will be in force."""
+    """Measure bounded spinning and passive waiting with the chosen settings, speed and CPU
+    while idle; with --dedicated store the device's choice (bounded only where faster and cool
+    while idle). Returns the tuning with the rates of the setting a new process will use."""
     import dataclasses
 
     from hybridllm.local import waitpolicy
 
     settings = json.dumps(dataclasses.asdict(result.settings))
     measured: dict[str, dict[str, float]] = {}
-    for policy in ("passive", "active"):
+    for policy in ("passive", "bounded"):
         if not args.quiet:
-            print(f"measuring OMP_WAIT_POLICY={policy} (a fresh process) ...", file=sys.stderr)
+            print(f"measuring {policy} waiting (a fresh process) ...", file=sys.stderr)
         measured[policy] = waitpolicy.measure(path, policy, settings, quick=args.quick)
-    spinning = waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN)
-    choice = spinning if args.dedicated else "passive"
-    stored_at = waitpolicy.save(choice, measured, dedicated=args.dedicated)
+    faster = waitpolicy.pick(measured, dedicated=True, min_gain=tune.MIN_GAIN)
+    if args.dedicated:
+        stored_at = waitpolicy.save(faster, measured, dedicated=True)
+        choice, where = faster, f"stored in {stored_at}"
+    else:
+        chosen = waitpolicy.choose_safely(threads=result.settings.n_threads)
+        choice = "bounded" if chosen.policy == "bounded" else "passive"
+        where = f"not stored; a new process decides: {chosen.why}"
     for policy, r in measured.items():
-        mark = "  <- stored" if policy == choice else ""
-        print(f"OMP_WAIT_POLICY={policy}: prefill {r['prefill_tps']:.1f} tokens/s, decode "
-              f"{r['decode_tps']:.1f} tokens/s{mark}")  # fmt: skip
-    if spinning == "active" and not args.dedicated:
-        print("active waiting is faster here, but collapses when other processes share the "
-              "cores; pass --dedicated if nothing else heavy runs on them")  # fmt: skip
-    print(f"wait policy: {choice} ({stored_at}; new processes; $OMP_WAIT_POLICY overrides)")
+        mark = "  <- in force" if policy == choice else ""
+        print(f"{policy} waiting: prefill {r['prefill_tps']:.1f} tokens/s, decode "
+              f"{r['decode_tps']:.1f} tokens/s, CPU while idle {r['idle_cpu_pct']:.1f}%"
+              f"{mark}")  # fmt: skip
+    print(f"wait setting: {choice} ({where}; $OMP_WAIT_POLICY overrides)")
     rates = tune.Rates(measured[choice]["prefill_tps"], measured[choice]["decode_tps"])
     return dataclasses.replace(result, rates=rates)
 

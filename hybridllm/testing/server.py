@@ -165,8 +165,9 @@ class LlamaServer:
             self._log_file = os.fdopen(fd, "wb")
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # the server loads llama.cpp: its threads wait as this process's would (see waitpolicy)
-        env.setdefault(waitpolicy.ENV, waitpolicy.choose_safely())
+        # a server on this machine shares its cores with the app's own engine: its threads sleep
+        # at once when they wait, unless the environment says otherwise (see waitpolicy)
+        env.setdefault(waitpolicy.ENV, "PASSIVE")
         self._proc = subprocess.Popen(
             self.command(port),
             stdin=subprocess.DEVNULL,

@@ -17,6 +17,10 @@ from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from tests.integration.servers import ALIAS, API_KEY, TEST_MODEL
 
+# these tests run the loopback server and the in-process engine on the same cores at once:
+# their threads sleep when they wait (hybridllm.local.waitpolicy), unless told otherwise
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:

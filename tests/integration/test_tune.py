@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from hybridllm.engines import LlamaCppEngine
+from hybridllm.local import waitpolicy
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings, cpu_threads
 from hybridllm.local.tune import (
+    MIN_GAIN,
     Environment,
     Rates,
     Trial,
@@ -152,15 +154,22 @@ def test_tune_command_measures_stores_and_shows(model_link: Path) -> None:
     cache = model_link.parent / "cache"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "HYBRIDLLM_CACHE_DIR": str(cache)}  # fmt: skip
+    env.pop("OMP_WAIT_POLICY", None)  # the tests' own setting (conftest) would win over the store
     cmd = [sys.executable, "-m", "hybridllm.cli.main", "tune", str(model_link)]
-    run = subprocess.run([*cmd, "--quick"], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([*cmd, "--quick", "--dedicated"], env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr
-    # both wait policies measured in fresh processes; without --dedicated passive is stored
+    # both wait settings measured in fresh processes, speed and CPU while idle; with
+    # --dedicated the faster one that idles cool is stored (never one that spins while idle)
     device = json.loads((cache / "device.json").read_text())
-    assert device["omp_wait_policy"] == "passive" and not device["dedicated"]
-    assert set(device["measured"]) == {"active", "passive"}
-    assert all(r["prefill_tps"] > 0 and r["decode_tps"] > 0 for r in device["measured"].values())
-    assert "OMP_WAIT_POLICY=active" in run.stdout and "wait policy: passive" in run.stdout
+    measured = device["measured"]
+    assert set(measured) == {"bounded", "passive"} and device["dedicated"]
+    assert all(r["prefill_tps"] > 0 and r["decode_tps"] > 0 for r in measured.values())
+    assert all(0.0 <= r["idle_cpu_pct"] < 50.0 for r in measured.values())
+    stored = device["omp_wait_policy"]
+    assert stored == waitpolicy.pick(measured, dedicated=True, min_gain=MIN_GAIN)
+    assert "bounded waiting: prefill" in run.stdout and "CPU while idle" in run.stdout
+    assert f"wait setting: {stored} (stored in" in run.stdout
     assert "tuning" in run.stderr and "/" in run.stderr  # progress lines
     tuning = load_tuning(model_link)
     assert tuning is not None
@@ -170,4 +179,4 @@ def test_tune_command_measures_stores_and_shows(model_link: Path) -> None:
     assert show.returncode == 0
     assert f"prefill: {tuning.prefill_tps:.1f} tokens/s" in show.stdout
     assert f"n_ubatch={tuning.settings.n_ubatch}" in show.stdout
-    assert "device choice passive" in show.stdout
+    assert f"{stored}: stored for this CPU" in show.stdout

@@ -52,11 +52,14 @@ def test_a_build_that_does_not_load_fails() -> None:
 def test_the_wait_policy_says_where_it_comes_from(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert "passive: the default" in Doctor().wait_policy().facts[0]
-    waitpolicy.save("active", {}, dedicated=True)
-    assert "active: stored for this CPU" in Doctor().wait_policy().facts[0]
+    assert "automatic" in Doctor().wait_policy().facts[0]
+    waitpolicy.save("bounded", {}, dedicated=True)
+    assert "bounded: stored for this CPU" in Doctor().wait_policy().facts[0]
     monkeypatch.setenv(waitpolicy.ENV, "passive")
     assert "set in the environment" in Doctor().wait_policy().facts[0]
+    monkeypatch.setenv(waitpolicy.ENV, "active")
+    spinning = Doctor().wait_policy()
+    assert spinning.status == "warn" and "unset OMP_WAIT_POLICY" in spinning.fix
 
 
 def test_models_and_tuning_in_an_empty_cache(cache: Path) -> None:
@@ -118,7 +121,7 @@ def test_report_exit_code_and_the_command(cache: Path, capsys: pytest.CaptureFix
     out = io.StringIO()
     assert report(_doctor(ZEN4, AVX2_BUILD).run(), out) == 0  # a warning is not a failure
     text = out.getvalue()
-    assert "[WARN] llama.cpp build" in text and "[ok  ] OpenMP wait policy" in text
+    assert "[WARN] llama.cpp build" in text and "OpenMP wait policy" in text
     assert main(["doctor", "--base-url", "http://127.0.0.1:9/v1"]) == 1
     assert "[FAIL] cloud endpoint" in capsys.readouterr().out
 
