@@ -29,10 +29,11 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
+from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
-from hybridllm.guard.guarded import GuardedEngine, PrivacyMode, RequestContext
+from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.inputs import Scorer
@@ -46,7 +47,6 @@ from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
 Plan = Callable[[RequestRun], Awaitable[None]]
-_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,15 @@ class HybridClient:
         prompt text only with `DecisionLog(path, store_prompts=True)`."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
+        for arg, eng in (("local", local), ("cloud", cloud)):
+            if eng is not None and not isinstance(eng, Engine):
+                raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
+        validate.one_of("privacy", privacy, PRIVACY_MODES)
+        policy = _policy_ref("policy", policy)
+        for i, d in enumerate(policy_dirs or ()):
+            validate.directory(f"policy_dirs[{i}]", d)
+        if router not in (None, "default") and not callable(getattr(router, "score", None)):
+            raise errors.InvalidArgumentError("router", router, 'None, "default" or a Router')
         self._guard: GuardedEngine | None = None
         if cloud is not None:
             if prices is not None and ledger is None:
@@ -193,21 +202,30 @@ class HybridClient:
         options: Sequence[EngineOptions] = (),
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
-        `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own."""
+        `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
+
+        Every argument is checked before anything is sent (`engines.validate`): `messages` a
+        non-blank prompt or a list of {"role", "content"} mappings whose last user message is
+        not blank; `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop`
+        non-empty strings; `seed` 0 to 2**32 - 1; `engine` "local", "cloud" or None; `policy` a
+        name, a path or a `Policy` (None: the client's). A bad one raises
+        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
+        msgs = validate.messages(messages)
+        policy = _policy_ref("policy", policy)
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
         request = GenerationRequest(
-            messages=normalize_messages(messages),
-            max_tokens=pol.max_tokens if max_tokens is None else _positive(max_tokens),
+            messages=msgs,
+            max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
             temperature=pol.temperature if temperature is None else temperature,
             top_p=pol.top_p if top_p is None else top_p,
-            stop=pol.stop if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
+            stop=pol.stop if stop is None else validate.stop(stop),
             seed=seed,
-            options=tuple(options),
+            options=options,  # type: ignore[arg-type]  # GenerationRequest checks and copies
         )
         privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy)
@@ -257,8 +275,7 @@ class HybridClient:
         leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
         request); `stream()` decides with `preview=False`."""
         if forced is not None:
-            if forced not in ("local", "cloud"):
-                raise errors.ConfigError(f"engine must be 'local' or 'cloud', not {forced!r}")
+            validate.one_of("engine", forced, ("local", "cloud"))
             if forced not in self.engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
         name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
@@ -266,6 +283,17 @@ class HybridClient:
             request, policy, self.engines, self.breakers, name, preview=preview
         )
         if decision.primary is None:
+            found = facts.privacy_kinds
+            if (
+                found
+                and policy.privacy != "off"
+                and any(
+                    r.startswith("privacy: ")
+                    and r.endswith(("blocked by the policy", "local only"))
+                    for r in decision.reasons
+                )
+            ):  # a privacy refusal is the documented type, whatever refused it
+                raise errors.PrivacyBlockedError(tuple(sorted(found)), reasons=decision.reasons)
             raise errors.RequestRefusedError(decision.reasons)
         return decision, facts, state
 
@@ -452,25 +480,15 @@ def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 def normalize_messages(messages: Messages) -> tuple[Message, ...]:
-    """A prompt string becomes one user message; malformed messages get a ConfigError."""
-    if isinstance(messages, str):
-        return ({"role": "user", "content": messages},)
-    out: list[Message] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
-            raise errors.ConfigError(f"messages[{i}] must be a mapping with role and content")
-        role, content = m.get("role"), m.get("content")
-        if role not in _ROLES:
-            raise errors.ConfigError(f"messages[{i}].role must be one of {sorted(_ROLES)}")
-        if not isinstance(content, str):
-            raise errors.ConfigError(f"messages[{i}].content must be a string")
-        out.append({"role": role, "content": content})
-    if not out:
-        raise errors.ConfigError("messages is empty")
-    return tuple(out)
+    """A prompt string becomes one user message; bad messages get an `InvalidArgumentError`."""
+    return validate.messages(messages)
 
 
-def _positive(n: int) -> int:
-    if n < 1:
-        raise errors.ConfigError(f"max_tokens must be at least 1, not {n}")
-    return n
+def _policy_ref(argument: str, value: object) -> str | Path | Policy | None:
+    if (
+        value is None
+        or isinstance(value, Path | Policy)
+        or (isinstance(value, str) and value.strip())
+    ):
+        return value
+    raise errors.InvalidArgumentError(argument, value, "a policy name, a path or a Policy")

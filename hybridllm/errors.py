@@ -3,9 +3,11 @@
 ```
 HybridError
 ├── ConfigError                 bad input from the user: arguments, manifests, policies
+│   ├── InvalidArgumentError    an argument failed its check (`argument`, `value`, `rule`):
+│   │                           stream()/complete(), engines, CLI options
 │   ├── ManifestError           a model manifest is malformed or unknown
 │   ├── PolicyError             a policy file or name is wrong
-│   │   └── RequestRefusedError the policy lets no engine serve this request (privacy, budget)
+│   │   └── RequestRefusedError the policy lets no engine serve this request (budget, ...)
 │   ├── RouterThresholdError    a router threshold cannot be met (or its arguments are wrong)
 │   └── DecisionLogError        the decision log was misused (unknown request id, ...)
 ├── ModelError                  a model file cannot be used
@@ -25,17 +27,24 @@ HybridError
     ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
     │                           wait would pass `max_queue_wait_s`: refused at once, never queued
     ├── RefusedError            a guard kept the request from the engine; nothing was sent
-    │   ├── PrivacyBlockedError     the request holds personal or secret data (keep-local)
+    │   ├── PrivacyBlockedError     the request holds personal or secret data and the privacy
+    │   │                           mode keeps it local (also when routing refuses it up front:
+    │   │                           privacy "block", or engine="cloud" under "keep-local")
     │   └── BudgetExceededError     the worst-case cost does not fit a budget cap
     └── CloudError              an OpenAI-compatible endpoint failed
         ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
         ├── CloudTimeoutError       the endpoint did not answer in time
         ├── CloudProtocolError      malformed stream, error event inside the stream
-        └── CloudStatusError        an HTTP error status
+        └── CloudStatusError        an HTTP error status (a 4xx other than 429: never retried)
             ├── AuthenticationError 401 / 403
             ├── RateLimitError      429 (retry_after from the header)
             └── ServerError         5xx
 ```
+
+A request that fails a check at the edge (`InvalidArgumentError`, a `PolicyError` for a
+`Policy(...)` with a bad field) reaches no engine. An HTTP 4xx other than 429 is the request's
+fault, not the endpoint's: it is a plain `CloudStatusError`, never retried and never counted
+against the cloud circuit (429 and 5xx are).
 
 Refusals are never retryable: the orchestrator answers from the other engine instead, and the
 trace's fallback reason starts with "privacy:" or "budget:". Their messages never hold the
@@ -57,6 +66,21 @@ class HybridError(Exception):
 
 class ConfigError(HybridError):
     """Bad input from the user (arguments, files)."""
+
+
+class InvalidArgumentError(ConfigError):
+    """An argument of a public call (`HybridClient.stream`, an engine, a CLI option) failed its
+    check. `argument`: its name ("temperature", "messages[1].content", "--max-tokens");
+    `value`: what was given; `rule`: what it must be ("a number from 0 to 2")."""
+
+    def __init__(self, argument: str, value: object, rule: str) -> None:
+        self.argument = argument
+        self.value = value
+        self.rule = rule
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{argument} must be {rule}, not {shown}")
 
 
 class ManifestError(ConfigError):
@@ -216,13 +240,19 @@ class PrivacyBlockedError(RefusedError):
     """The request holds personal or secret data and the privacy mode keeps it on the device.
 
     `kinds`: the kinds found (for example ("card", "email")); the matched text is never kept.
+    `reasons`: the routing decision's reasons when routing refused the request (a forced
+    `engine="cloud"`, or privacy "block"); empty when the guard at the cloud seam refused it.
     """
 
-    def __init__(self, kinds: tuple[str, ...], *, engine: str = "cloud") -> None:
+    def __init__(
+        self, kinds: tuple[str, ...], *, engine: str = "cloud", reasons: tuple[str, ...] = ()
+    ) -> None:
         self.kinds = kinds
+        self.reasons = reasons
+        why = f" (decision: {'; '.join(reasons)})" if reasons else ""
         super().__init__(
             f"privacy: the request contains {', '.join(kinds)}; the privacy mode keeps it on the "
-            f"device, nothing was sent to the {engine} engine",
+            f"device, nothing was sent to the {engine} engine{why}",
             engine=engine,
         )
 

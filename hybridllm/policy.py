@@ -12,6 +12,12 @@ the second half of this module. Every field is optional:
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
     temperature, top_p, stop, retries                           sampling and retry defaults
+
+Checked the same way from a file and from Python (`Policy(temperature=5)`): numbers are finite
+(no NaN, no inf), counts are ints (not bools, floats or strings), and a bad field is a
+`PolicyError` naming it (`.field`), never pydantic's own error. Ranges: temperature 0 to 2, top_p
+in (0, 1], max_tokens >= 1, retries 0 to 10, deadlines and delays > 0 ms (hedge >= 0), router
+threshold / cloud share / quality floor 0 to 1, budget caps >= 0 USD, stop strings non-empty.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import os
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -38,11 +44,42 @@ PlanName = Literal["single", "hedge"]
 EngineChoice = Literal["local", "cloud"]
 
 
+def _init(model: BaseModel, **data: Any) -> None:
+    """pydantic's __init__, with its ValidationError as a PolicyError naming the field."""
+    try:
+        BaseModel.__init__(model, **data)
+    except ValidationError as exc:
+        msg, loc = _described(exc, type(model))
+        raise PolicyError(msg, field=".".join(loc) or None) from None
+
+
+# pydantic validates nested and file data without calling a model's own __init__ when it is
+# marked as its base one: a bad field deep in a file stays a ValidationError for `_load`
+_init.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+def _described(exc: ValidationError, model: type[BaseModel]) -> tuple[str, list[str]]:
+    """The first error's message, in words, and its location (field names)."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        if loc[:1] == ["budget"] and len(loc) > 1:
+            model = Budget
+        msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
+    elif loc:
+        msg += f" (got {err['input']!r})"
+    return msg, loc
+
+
 class Budget(BaseModel):
     """Spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a request the
     budget cannot cover: "local" serves it on the device, "fail" refuses it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    if not TYPE_CHECKING:  # type checkers keep pydantic's own signature
+        __init__ = _init
 
     per_request_usd: float | None = Field(default=None, ge=0)
     per_day_usd: float | None = Field(default=None, ge=0)
@@ -51,7 +88,10 @@ class Budget(BaseModel):
 
 
 class Policy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    if not TYPE_CHECKING:  # type checkers keep pydantic's own signature
+        __init__ = _init
 
     name: str = "default"
     description: str = ""
@@ -81,6 +121,32 @@ class Policy(BaseModel):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
+
+    @field_validator(
+        "ttft_deadline_ms", "tpot_target_ms", "stall_ms", "router_threshold",
+        "target_cloud_share", "quality_floor", "temperature", "top_p", mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _number(cls, v: object) -> object:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ValueError("must be a number")
+        return v
+
+    @field_validator("retries", "max_tokens", mode="before")
+    @classmethod
+    def _count(cls, v: object) -> object:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("must be an int")
+        return v
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: object) -> object:
+        if isinstance(v, str):
+            raise ValueError('must be a list of strings, e.g. ["END"]')
+        if isinstance(v, list | tuple) and not all(isinstance(s, str) and s for s in v):
+            raise ValueError("each stop string must be a non-empty string")
+        return v
 
     @field_validator("hedge_after_ms", mode="before")
     @classmethod
@@ -186,15 +252,8 @@ def _load(path: Path, dirs: Sequence[str | Path] | None, files: list[Path]) -> P
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(x) for x in err["loc"]]
+        msg, loc = _described(exc, Policy)
         field = ".".join(loc) or None
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            model: type[BaseModel] = Budget if loc[:1] == ["budget"] and len(loc) > 1 else Policy
-            msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
-        elif loc:
-            msg += f" (got {err['input']!r})"
         where = origin.get(field or "", origin.get(loc[0], Path(path)) if loc else Path(path))
         raise PolicyError(msg, path=where, field=field) from exc
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
+from hybridllm.engines import validate
 from hybridllm.engines.options import EngineOptions
 from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
 from hybridllm.errors import ConfigError
@@ -47,7 +48,11 @@ class GenerationRequest:
 
     `options`: typed per-engine options, at most one object per class; each engine reads only its
     own class (`LlamaOptions`, `OpenAIOptions`), so an option meant for one engine never reaches
-    another."""
+    another.
+
+    The sampling fields are checked when the request is made (`engines.validate`: max_tokens an
+    int >= 1, temperature 0 to 2, top_p in (0, 1], stop strings non-empty, seed 0 to 2**32 - 1):
+    a bad value is an `InvalidArgumentError` and never reaches an engine."""
 
     messages: Sequence[Message]
     max_tokens: int = 256
@@ -60,6 +65,12 @@ class GenerationRequest:
     options: tuple[EngineOptions, ...] = ()
 
     def __post_init__(self) -> None:
+        validate.max_tokens(self.max_tokens)
+        validate.temperature(self.temperature)
+        validate.top_p(self.top_p)
+        validate.seed(self.seed)
+        object.__setattr__(self, "stop", validate.stop(self.stop))
+        validate.text("assistant_prefix", self.assistant_prefix, blank_ok=True)
         options = self.options
         if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
             raise ConfigError("options must be a sequence of engine options: (LlamaOptions(),)")

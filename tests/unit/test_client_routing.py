@@ -15,6 +15,7 @@ from hybridllm import (
     ModelPrice,
     Policy,
     Prices,
+    PrivacyBlockedError,
     RequestRefusedError,
     Route,
     ScriptedEngine,
@@ -66,8 +67,9 @@ async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None
         res = await client.complete("mail me at ada.lovelace@example.org")
         assert (await client.complete("no secrets here")).trace.engine == "cloud"
         blocked = pol.model_copy(update={"privacy": "block"})
-        with pytest.raises(RequestRefusedError, match="privacy: email found"):
+        with pytest.raises(PrivacyBlockedError, match="privacy: email found -> blocked") as info:
             client.stream("ada.lovelace@example.org", policy=blocked)
+        assert info.value.kinds == ("email",) and not info.value.retryable
     assert res.text == "slow" and res.trace.started == ["local"]
     assert "privacy: email found -> local only" in res.trace.route_reason
     assert len(cloud.requests) == 1 and "@" not in cloud.requests[0].messages[0]["content"]
@@ -78,7 +80,7 @@ async def test_the_client_privacy_mode_is_a_floor_under_every_policy() -> None:
     pol = Policy(name="open", prefer="cloud", privacy="off")
     async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
         res = await client.complete("card 4111 1111 1111 1111 please")
-        with pytest.raises(RequestRefusedError, match="privacy: card found"):  # even forced
+        with pytest.raises(PrivacyBlockedError, match="contains card.*card found"):  # even forced
             client.stream("card 4111 1111 1111 1111", engine="cloud")
     assert res.trace.engine == "local" and not cloud.requests
 

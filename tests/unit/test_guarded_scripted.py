@@ -252,8 +252,8 @@ async def test_forced_or_cloud_only_requests_get_the_typed_refusal(tmp_path: Pat
     )
     assert isinstance(client.cloud, GuardedEngine) and client.cloud.ledger is not None
     async with client:
-        with pytest.raises(RequestRefusedError, match="privacy: email found"):
-            await client.complete(f"mail {EMAIL}", engine="cloud")
+        with pytest.raises(PrivacyBlockedError, match="^privacy: the request contains email"):
+            await client.complete(f"mail {EMAIL}", engine="cloud")  # routing refuses it
         # past routing (a path that did not ask it), the guard at the seam refuses too
         request = GenerationRequest(messages=({"role": "user", "content": f"mail {EMAIL}"},))
         with pytest.raises(PrivacyBlockedError, match="^privacy: the request contains email"):

@@ -1,0 +1,203 @@
+"""Checks at the API's edge: every public argument is checked before any work, and a failure is
+one `InvalidArgumentError` naming the argument, the value and the rule.
+
+The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`):
+
+    messages      a non-blank prompt string, or a non-empty sequence of {"role", "content"}
+                  mappings (role: system, user, assistant, developer, tool; content: a string);
+                  the last user message (else some message) must hold non-blank text
+    max_tokens    an int >= 1 (not a bool)
+    temperature   a finite number from 0 to 2
+    top_p         a finite number in (0, 1]
+    stop          a non-empty string, or a sequence of at most 16 non-empty strings
+    seed          an int from 0 to 4294967295 (2**32 - 1: what llama.cpp and OpenAI both take)
+
+Engine constructors and CLI options use the same helpers (`integer`, `number`, `flag`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from hybridllm.errors import InvalidArgumentError
+
+__all__ = [
+    "MAX_SEED",
+    "MAX_STOP",
+    "ROLES",
+    "directory",
+    "flag",
+    "integer",
+    "max_tokens",
+    "messages",
+    "number",
+    "one_of",
+    "seed",
+    "stop",
+    "temperature",
+    "text",
+    "top_p",
+]
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+MAX_SEED = 2**32 - 1
+MAX_STOP = 16
+T = TypeVar("T")
+
+
+def integer(
+    argument: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """An int (not a bool, not a float, not a string) within [minimum, maximum]."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if ok and minimum is not None and value < minimum:  # type: ignore[operator]
+        ok = False
+    if ok and maximum is not None and value > maximum:  # type: ignore[operator]
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(argument, value, _range("an int", minimum, maximum))
+    assert isinstance(value, int)
+    return value
+
+
+def number(
+    argument: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+) -> float:
+    """A finite int or float (not a bool, not NaN or inf) within [minimum, maximum], and
+    strictly greater than `above` when given."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        v = float(value)  # type: ignore[arg-type]
+        ok = (
+            math.isfinite(v)
+            and (minimum is None or v >= minimum)
+            and (maximum is None or v <= maximum)
+            and (above is None or v > above)
+        )
+    if not ok:
+        if above is not None:
+            rule = f"a finite number > {above:g}" + (
+                "" if maximum is None else f" and <= {maximum:g}"
+            )
+        else:
+            rule = _range("a finite number", minimum, maximum)
+        raise InvalidArgumentError(argument, value, rule)
+    return float(value)  # type: ignore[arg-type]
+
+
+def flag(argument: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(argument, value, "True or False")
+    return value
+
+
+def text(argument: str, value: object, *, blank_ok: bool = False) -> str:
+    """A string (non-blank unless `blank_ok`)."""
+    if not isinstance(value, str) or (not blank_ok and not value.strip()):
+        raise InvalidArgumentError(
+            argument, value, "a string" if blank_ok else "a non-blank string"
+        )
+    return value
+
+
+def one_of(argument: str, value: object, choices: Sequence[T]) -> T:
+    for choice in choices:
+        if type(value) is type(choice) and value == choice:
+            return choice
+    raise InvalidArgumentError(argument, value, "one of " + ", ".join(map(repr, choices)))
+
+
+def directory(argument: str, value: object) -> Path:
+    """An existing directory (a str or a Path)."""
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise InvalidArgumentError(argument, value, "a directory path (str or Path)")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise InvalidArgumentError(argument, value, "an existing directory")
+    return path
+
+
+# ---- a request ----------------------------------------------------------------------------------
+
+
+def max_tokens(value: object) -> int:
+    return integer("max_tokens", value, minimum=1)
+
+
+def temperature(value: object) -> float:
+    return number("temperature", value, minimum=0.0, maximum=2.0)
+
+
+def top_p(value: object) -> float:
+    return number("top_p", value, above=0.0, maximum=1.0)
+
+
+def seed(value: object) -> int | None:
+    return None if value is None else integer("seed", value, minimum=0, maximum=MAX_SEED)
+
+
+def stop(value: object) -> tuple[str, ...]:
+    """A string or a sequence of strings, as a tuple; each one non-empty."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Sequence) or isinstance(value, bytes):
+        raise InvalidArgumentError("stop", value, "a string or a sequence of strings")
+    out = tuple(value)
+    if len(out) > MAX_STOP:
+        raise InvalidArgumentError("stop", value, f"at most {MAX_STOP} strings")
+    for i, s in enumerate(out):
+        if not isinstance(s, str) or not s:
+            raise InvalidArgumentError(f"stop[{i}]" if len(out) > 1 else "stop", s,
+                                       "a non-empty string")  # fmt: skip
+    return out
+
+
+def messages(value: object) -> tuple[dict[str, str], ...]:
+    """A prompt string becomes one user message; a list of messages is checked one by one."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidArgumentError("messages", value, "a prompt with some non-blank text")
+        return ({"role": "user", "content": value},)
+    if isinstance(value, Mapping) or not isinstance(value, Sequence) or isinstance(value, bytes):
+        raise InvalidArgumentError(
+            "messages", value, "a prompt string or a sequence of {'role', 'content'} mappings"
+        )
+    out: list[dict[str, str]] = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping):
+            raise InvalidArgumentError(f"messages[{i}]", m, "a mapping with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise InvalidArgumentError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
+        if not isinstance(content, str):
+            raise InvalidArgumentError(f"messages[{i}].content", content, "a string")
+        out.append({"role": str(role), "content": content})
+    if not out:
+        raise InvalidArgumentError("messages", value, "a non-empty sequence of messages")
+    users = [i for i, m in enumerate(out) if m["role"] == "user"]
+    if users and not out[users[-1]]["content"].strip():
+        i = users[-1]
+        raise InvalidArgumentError(
+            f"messages[{i}].content", out[i]["content"], "non-blank text (the last user message)"
+        )
+    if not any(m["content"].strip() for m in out):
+        raise InvalidArgumentError("messages", value, "a conversation with some non-blank text")
+    return tuple(out)
+
+
+def _range(what: str, minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"{what} from {minimum:g} to {maximum:g}"
+    if minimum is not None:
+        return f"{what} >= {minimum:g}"
+    if maximum is not None:
+        return f"{what} <= {maximum:g}"
+    return what
