@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from hybridllm.engines import validate
 from hybridllm.engines.options import EngineOptions
 from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
-from hybridllm.errors import ConfigError
+from hybridllm.errors import ConfigError, InvalidArgumentError
 from hybridllm.events import Chunk, EngineName
 
 __all__ = [
@@ -73,7 +73,9 @@ class GenerationRequest:
         validate.text("assistant_prefix", self.assistant_prefix, blank_ok=True)
         options = self.options
         if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
-            raise ConfigError("options must be a sequence of engine options: (LlamaOptions(),)")
+            raise InvalidArgumentError(
+                "options", options, "a sequence of engine options, e.g. (LlamaOptions(),)"
+            )
         options = tuple(options)
         seen: set[type[EngineOptions]] = set()
         for option in options:

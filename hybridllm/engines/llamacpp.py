@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 
 from hybridllm import errors
+from hybridllm.engines import validate
 from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
 from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
@@ -59,6 +60,10 @@ class LlamaCppEngine:
     the policy allows that. They are the engine's (not a policy's) because they describe this
     machine's capacity, shared by every policy; a policy's own tolerance is its
     `ttft_deadline_ms`, which routing already weighs against the expected queue wait.
+
+    Checked when made (`InvalidArgumentError`): `model` a non-blank name or a path; `n_ctx`,
+    `n_threads`, `n_batch` ints >= 1 (or None); `flash_attn` a bool (or None); `use_tuning`,
+    `warm_up`, `pull` bools; `settings` a `LlamaSettings`; `llama_kwargs` a dict.
     """
 
     def __init__(
@@ -79,6 +84,9 @@ class LlamaCppEngine:
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
     ) -> None:
+        _check_args(model, n_ctx, n_threads, n_batch, flash_attn, settings, llama_kwargs, name)
+        for arg, value in (("use_tuning", use_tuning), ("warm_up", warm_up), ("pull", pull)):
+            validate.flag(arg, value)
         self.name: EngineName = name
         self.model = str(model)
         self._n_ctx = n_ctx
@@ -348,3 +356,27 @@ class LlamaCppEngine:
 
 def _noop() -> None:
     pass
+
+
+def _check_args(
+    model: object,
+    n_ctx: object,
+    n_threads: object,
+    n_batch: object,
+    flash_attn: object,
+    settings: object,
+    llama_kwargs: object,
+    name: object,
+) -> None:
+    if not isinstance(model, Path):
+        validate.text("model", model)
+    for arg, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch)):
+        if value is not None:
+            validate.integer(arg, value, minimum=1)
+    if flash_attn is not None:
+        validate.flag("flash_attn", flash_attn)
+    if settings is not None and not isinstance(settings, LlamaSettings):
+        raise errors.InvalidArgumentError("settings", settings, "a LlamaSettings")
+    if llama_kwargs is not None and not isinstance(llama_kwargs, dict):
+        raise errors.InvalidArgumentError("llama_kwargs", llama_kwargs, "a dict")
+    validate.one_of("name", name, ("local", "cloud"))

@@ -28,6 +28,7 @@ import httpx2
 import openai
 
 from hybridllm import errors
+from hybridllm.engines import validate
 from hybridllm.engines.base import (
     EngineInfo,
     GenerationRequest,
@@ -53,6 +54,10 @@ class OpenAIEngine:
     `httpx2.Timeout`); `include_usage` asks the server for a final usage chunk. Without a key
     the engine sends nothing (see the module); a server that needs no key takes any value
     (`api_key="none"`).
+
+    Checked when made (`InvalidArgumentError`): `base_url` an http(s) URL, `api_key` a
+    string, `model` a non-blank string, `timeout` a number of seconds > 0 or an `httpx2.Timeout`,
+    `include_usage` a bool, `default_headers` a mapping of strings, `name` "local" or "cloud".
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class OpenAIEngine:
         default_headers: Mapping[str, str] | None = None,
         name: EngineName = "cloud",
     ) -> None:
+        _check_args(base_url, api_key, model, timeout, include_usage, default_headers, name)
         self.name: EngineName = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         self.api_key: str | None = api_key or os.environ.get("OPENAI_API_KEY") or None
@@ -240,6 +246,34 @@ class OpenAIEngine:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+
+def _check_args(
+    base_url: object,
+    api_key: object,
+    model: object,
+    timeout: object,
+    include_usage: object,
+    headers: object,
+    name: object,
+) -> None:
+    if base_url is not None:
+        url = validate.text("base_url", base_url)
+        if not url.startswith(("http://", "https://")):
+            raise errors.InvalidArgumentError("base_url", url, "an http:// or https:// URL")
+    if api_key is not None:  # a blank key is the same as none (see the module)
+        validate.text("api_key", api_key, blank_ok=True)
+    if model is not None:
+        validate.text("model", model)
+    if not isinstance(timeout, httpx2.Timeout):
+        validate.number("timeout", timeout, above=0.0)
+    validate.flag("include_usage", include_usage)
+    if headers is not None and not (
+        isinstance(headers, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise errors.InvalidArgumentError("default_headers", headers, "a mapping of str to str")
+    validate.one_of("name", name, ("local", "cloud"))
 
 
 def map_error(

@@ -6,7 +6,8 @@
 
 Each engine reads only its own class from `GenerationRequest.options`: the local engine's
 drafting never reaches the cloud SDK as a keyword, and a cloud option never reaches llama.cpp.
-Bad values are a `ConfigError` when the object is made, before any request.
+Bad values are an `InvalidArgumentError` (a `ConfigError`) when the object is made, before any
+request.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from hybridllm.errors import ConfigError
+from hybridllm.errors import InvalidArgumentError
 
 DRAFT_MODES = ("prompt-lookup", "off")
 
@@ -39,7 +40,7 @@ class LlamaOptions(EngineOptions):
 
     def __post_init__(self) -> None:
         if self.draft is not None and self.draft not in DRAFT_MODES:
-            raise ConfigError(f"unknown draft mode {self.draft!r} (known: {DRAFT_MODES})")
+            raise InvalidArgumentError("draft", self.draft, f"None or one of {DRAFT_MODES}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,13 @@ class OpenAIOptions(EngineOptions):
                 and math.isfinite(value)
                 and -2 <= value <= 2
             ):
-                raise ConfigError(f"{name} must be a number from -2 to 2, not {value!r}")
+                raise InvalidArgumentError(name, value, "a finite number from -2 to 2")
         if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
-            raise ConfigError(f"extra_body must be a mapping, not {type(self.extra_body).__name__}")
+            raise InvalidArgumentError("extra_body", self.extra_body, "a mapping")
         for name in ("prediction", "user"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string, not {type(value).__name__}")
+                raise InvalidArgumentError(name, value, "a string")
 
     def fields(self) -> dict[str, object]:
         """The keyword arguments for `chat.completions.create`."""

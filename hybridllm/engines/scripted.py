@@ -22,8 +22,10 @@ from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
+from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
+from hybridllm.errors import InvalidArgumentError
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 
 Step = float | str | BaseException
@@ -47,7 +49,20 @@ class ScriptedEngine:
     ) -> None:
         """`supports_continuation`: what `info()` reports (a double of an engine that cannot go
         on from a started answer: False); `token_count`: what `count_tokens()` answers;
-        `serial`, `max_queue`, `max_queue_wait_s`: a bounded FIFO queue (see the module)."""
+        `serial`, `max_queue`, `max_queue_wait_s`: a bounded FIFO queue (see the module).
+        Checked when made (`InvalidArgumentError`): tokens are strings, `ttft_s` and `tpot_s`
+        finite and >= 0, script steps a float >= 0, a str or an exception, `token_count` an
+        int >= 0."""
+        validate.one_of("name", name, ("local", "cloud"))
+        for arg, value in (("ttft_s", ttft_s), ("tpot_s", tpot_s)):
+            validate.number(arg, value, minimum=0.0)
+        if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+            raise InvalidArgumentError("tokens", tokens, "a sequence of strings")
+        for i, step in enumerate(script or ()):
+            if not isinstance(step, str | BaseException):
+                validate.number(f"script[{i}]", step, minimum=0.0)
+        if token_count is not None:
+            validate.integer("token_count", token_count, minimum=0)
         self.name: EngineName = name
         self.model = model
         if script is None:
