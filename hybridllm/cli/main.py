@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hybridllm.cli.args import existing_dir, non_negative_int, positive_int, prompt
 from hybridllm.errors import HybridError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -132,7 +133,10 @@ def _register_demo(subparsers: Subparsers) -> None:
     p.add_argument("--no-cloud", action="store_true", help="local engine only")
     p.add_argument("--local-model", metavar="NAME", help="local model name or GGUF path")
     p.add_argument(
-        "--threads", type=int, metavar="N", help="CPU threads for each model (default: all)"
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads for each model (default: all)",
     )
     p.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint for the cloud")
     p.add_argument("--api-key", metavar="KEY", help="API key for the cloud endpoint")
@@ -161,11 +165,12 @@ def _register_explain(subparsers: Subparsers) -> None:
             "--local-model)."
         ),
     )
-    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("prompt", type=prompt, metavar="PROMPT")
     p.add_argument("--policy", default="chat", metavar="NAME", help="preset, user policy or file")
     p.add_argument(
-        "--policy-dir", action="append", metavar="DIR", help="look up policies here first"
-    )
+        "--policy-dir", type=existing_dir, action="append", metavar="DIR",
+        help="look up policies here first (must exist)",
+    )  # fmt: skip
     p.add_argument("--max-tokens", type=int, metavar="N", help="output tokens (policy default)")
     p.add_argument("--queue-s", type=float, default=0.0, metavar="S", help="local queue wait")
     p.add_argument("--cloud-circuit", choices=["closed", "open"], default="closed")
@@ -178,7 +183,9 @@ def _register_explain(subparsers: Subparsers) -> None:
     p.add_argument("--no-local", action="store_true", help="no local engine")
     p.add_argument("--no-cloud", action="store_true", help="no cloud engine")
     p.add_argument("--local-model", metavar="NAME", help="load it for warm-up figures")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for --local-model")
+    p.add_argument(
+        "--threads", type=positive_int, metavar="N", help="CPU threads for --local-model"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_explain)
 
@@ -206,7 +213,7 @@ def _register_router(subparsers: Subparsers) -> None:
     p.add_argument("--form", choices=["factored", "single"], default=None,
                    help="two heads, P(cloud right) * (1 - P(local right)), or one head on the "
                    "label (default: factored for cloud-needed)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("eval", help="PGR / APGR / CPT on the test split, with baselines and a plot")
@@ -333,7 +340,7 @@ def _register_tune(subparsers: Subparsers) -> None:
     )  # fmt: skip
     p.add_argument("--show", action="store_true", help="print the stored tuning and its rates")
     p.add_argument("--quick", action="store_true", help="shorter measurements (noisier)")
-    p.add_argument("--n-ctx", type=int, default=2048, help="context size to measure with")
+    p.add_argument("--n-ctx", type=positive_int, default=2048, help="context size to measure with")
     p.add_argument("--dedicated", action="store_true",
                    help="nothing else heavy runs on these cores: allow spinning OpenMP threads "
                    "(OMP_WAIT_POLICY=active) where they measure faster")  # fmt: skip
