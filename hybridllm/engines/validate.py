@@ -146,7 +146,8 @@ def seed(value: object) -> int | None:
 
 def stop(value: object) -> tuple[str, ...]:
     """A string or a sequence of strings, as a tuple; each one non-empty."""
-    if isinstance(value, str):
+    single = isinstance(value, str)
+    if single:
         value = (value,)
     if not isinstance(value, Sequence) or isinstance(value, bytes):
         raise InvalidArgumentError("stop", value, "a string or a sequence of strings")
@@ -155,8 +156,7 @@ def stop(value: object) -> tuple[str, ...]:
         raise InvalidArgumentError("stop", value, f"at most {MAX_STOP} strings")
     for i, s in enumerate(out):
         if not isinstance(s, str) or not s:
-            raise InvalidArgumentError(f"stop[{i}]" if len(out) > 1 else "stop", s,
-                                       "a non-empty string")  # fmt: skip
+            raise InvalidArgumentError("stop" if single else f"stop[{i}]", s, "a non-empty string")
     return out
 
 
