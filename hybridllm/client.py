@@ -90,7 +90,7 @@ class HybridClient:
             if eng is not None and not isinstance(eng, Engine):
                 raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
         validate.one_of("privacy", privacy, PRIVACY_MODES)
-        policy = _policy_ref("policy", policy)
+        policy = validate.policy_ref(policy)
         for i, d in enumerate(policy_dirs or ()):
             validate.directory(f"policy_dirs[{i}]", d)
         if router not in (None, "default") and not callable(getattr(router, "score", None)):
@@ -216,7 +216,7 @@ class HybridClient:
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
         msgs = validate.messages(messages)
-        policy = _policy_ref("policy", policy)
+        policy = validate.policy_ref(policy)
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
         request = GenerationRequest(
             messages=msgs,
@@ -482,13 +482,3 @@ def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def normalize_messages(messages: Messages) -> tuple[Message, ...]:
     """A prompt string becomes one user message; bad messages get an `InvalidArgumentError`."""
     return validate.messages(messages)
-
-
-def _policy_ref(argument: str, value: object) -> str | Path | Policy | None:
-    if (
-        value is None
-        or isinstance(value, Path | Policy)
-        or (isinstance(value, str) and value.strip())
-    ):
-        return value
-    raise errors.InvalidArgumentError(argument, value, "a policy name, a path or a Policy")

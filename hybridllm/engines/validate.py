@@ -11,6 +11,7 @@ The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`
     top_p         a finite number in (0, 1]
     stop          a non-empty string, or a sequence of at most 16 non-empty strings
     seed          an int from 0 to 4294967295 (2**32 - 1: what llama.cpp and OpenAI both take)
+    policy        a non-blank policy name or path, a `Policy`, or None
 
 Engine constructors and CLI options use the same helpers (`integer`, `number`, `flag`, ...).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hybridllm.errors import InvalidArgumentError
+from hybridllm.policy import Policy
 
 __all__ = [
     "MAX_SEED",
@@ -35,6 +37,7 @@ __all__ = [
     "messages",
     "number",
     "one_of",
+    "policy_ref",
     "seed",
     "stop",
     "temperature",
@@ -123,6 +126,15 @@ def directory(argument: str, value: object) -> Path:
     if not path.is_dir():
         raise InvalidArgumentError(argument, value, "an existing directory")
     return path
+
+
+def policy_ref(value: object, argument: str = "policy") -> str | Path | Policy | None:
+    """A policy name or path (non-blank), a `Policy`, or None."""
+    if value is None or isinstance(value, Path | Policy):
+        return value
+    if isinstance(value, str) and value.strip():
+        return value
+    raise InvalidArgumentError(argument, value, "a policy name, a path or a Policy")
 
 
 # ---- a request ----------------------------------------------------------------------------------
