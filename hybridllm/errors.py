@@ -35,6 +35,8 @@ HybridError
         ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
         ├── CloudTimeoutError       the endpoint did not answer in time
         ├── CloudProtocolError      malformed stream, error event inside the stream
+        ├── CloudUnavailableError   (also a ConfigError) no API key, or the key was refused:
+        │                           the engine sends nothing until `set_api_key()`
         └── CloudStatusError        an HTTP error status (a 4xx other than 429: never retried)
             ├── AuthenticationError 401 / 403
             ├── RateLimitError      429 (retry_after from the header)
