@@ -86,7 +86,9 @@ class Decision:
     fallback: EngineName | None
     deadline_s: float | None
     hedge_s: float | None
-    fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
+    # start the fallback at once, in parallel (the primary is predicted to miss the deadline);
+    # the last reason then says so
+    fallback_now: bool
     reasons: tuple[str, ...]
     failover: bool = False  # a failure mid-answer moves the answer to the other engine
     # engines this request could have used, left out as unavailable: (engine, why)
@@ -182,7 +184,9 @@ def _serve(
     cannot = [e for e in (primary, fallback) if e is not None and e not in state.continues]
     if failover and cannot:
         failover = False
-        reasons.append(f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer")
+        why = f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer"
+        # a parallel start's reason stays the last one (the plan announces the start with it)
+        reasons.insert(len(reasons) - 1 if fallback_now else len(reasons), why)
     return Decision(
         plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons), failover,
         fallback_lead=lead,

@@ -60,6 +60,14 @@ def test_a_parallel_cloud_start_is_one_plain_reason_with_its_cost() -> None:
     )
 
 
+def test_the_parallel_reason_stays_last_for_the_plan_to_announce() -> None:
+    state = LiveState(latency=MISS.latency, continues=frozenset({"local"}))
+    d = decide(FACTS, VOICE, state)
+    assert d.fallback_now and not d.failover
+    assert "the cloud starts in parallel now" in d.reasons[-1]
+    assert "no mid-stream failover: cloud cannot continue an answer" in d.reasons
+
+
 def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> None:
     pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
     state = LiveState(latency={"local": pred("local", 0.2, 0.9), "cloud": pred("cloud", 2.0)})
