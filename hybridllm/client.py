@@ -228,12 +228,13 @@ class HybridClient:
             options=options,  # type: ignore[arg-type]  # GenerationRequest checks and copies
         )
         privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
-        context = RequestContext(scope=pol.name, privacy=privacy)
+        context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
         decision, facts, state = self.decide(request, pol, engine, preview=False)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        plan = self._plan(decision, request, context, pol, None if fb is None else fb.ttft_s)
+        lead = None if fb is None else fb.ttft_s
+        plan = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         run = RequestRun(trace, send, self._outcome, cloud_off)

@@ -5,7 +5,9 @@ Event                 what the app sees through `Stream.events()`
 ├── Route             which engine serves the request, and why
 ├── Token             one piece of answer text (never empty)
 ├── Fallback          another engine was started (deadline, failure, mid-stream failover)
-│   └── Hedge         ... started early by a hedge
+│   ├── Hedge         ... started early by a hedge
+│   └── ParallelStart ... started at once beside the primary, which is predicted to miss the
+│                     deadline (a cloud started this way is a cloud request paid for)
 ├── CloudUnavailable  the cloud could not be used for a configuration reason (no API key, the
 │                     key refused with 401/403); the request was served without it
 ├── Usage             token counts as reported (or counted) by the engine
@@ -57,6 +59,23 @@ class Fallback(Event):
 @dataclass(frozen=True, slots=True)
 class Hedge(Fallback):
     """The backup was started early by a hedge (not because the primary failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelStart(Fallback):
+    """`to_engine` (`engine`) was started at once, beside `from_engine`, because the routing
+    decision predicts `from_engine` misses the first-token deadline; the first token wins.
+    Sent right after the `Route`. Nothing failed: when it is the cloud, it is a cloud request
+    paid for whichever engine wins (`Trace.parallel_start`, `Trace.spent`).
+
+    A subclass of `Fallback`, like `Hedge`: `Fallback` means "another engine was started", so
+    an app that watches `Fallback` to know a second engine is running keeps working, while
+    `isinstance(event, ParallelStart)` tells a planned parallel start from a rescue."""
+
+    @property
+    def engine(self) -> EngineName:
+        """The engine started in parallel."""
+        return self.to_engine
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ the second half of this module. Every field is optional:
     ttft_deadline_ms, tpot_target_ms, stall_ms, max_tokens     latency budget and output length
     router_threshold | target_cloud_share | quality_floor      how the router's score is read
     prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
+    parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
     temperature, top_p, stop, retries                           sampling and retry defaults
@@ -107,6 +108,16 @@ class Policy(BaseModel):
     # start the backup this long after the call even before the deadline; "auto": at the
     # primary's predicted p95 TTFT (once a few requests have been seen)
     hedge_after_ms: float | Literal["auto"] | None = None
+    # When the local engine serves first but is predicted to miss the deadline, the cloud
+    # starts in parallel at once (the first token wins): a cloud request paid for even when the
+    # local engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the
+    # deadline itself (not ahead of it by its own predicted first-token time), or when the local
+    # engine fails. `parallel_cloud_share`: at most this share of this policy's recent requests
+    # (`runtime.gather.PARALLEL_WINDOW`, in this client) may start the cloud in parallel; past it
+    # the cloud waits for the deadline. A hedge (`hedge_after_ms`) is the policy's own explicit
+    # choice and still applies.
+    parallel_cloud: bool = Field(default=True, strict=True)
+    parallel_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
     # a serving engine silent for longer than this mid-answer counts as failed (failover)
     stall_ms: float | None = Field(default=None, gt=0)
     # retries of retryable failures before the first token (never past the deadline)
@@ -184,6 +195,10 @@ class Policy(BaseModel):
                 )
             if order == ("cloud",) and not self.allow_cloud:
                 raise ValueError("fallback_order allows only the cloud but allow_cloud is false")
+        if self.parallel_cloud_share is not None and not self.parallel_cloud:
+            raise ValueError(
+                "parallel_cloud_share caps parallel cloud starts, but parallel_cloud is false"
+            )
         if self.prefer == "cloud" and not self.allow_cloud:
             raise ValueError("prefer is 'cloud' but allow_cloud is false")
         return self

@@ -32,7 +32,8 @@ from hybridllm.client import HybridClient
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
 from hybridllm.engines.base import Engine
 from hybridllm.errors import ConfigError
-from hybridllm.events import EngineName, Route, Token
+from hybridllm.events import EngineName, ParallelStart, Route, Token
+from hybridllm.guard.guarded import usd
 from hybridllm.local import resolve, waitpolicy
 from hybridllm.testing.server import LlamaServer, free_port
 
@@ -109,6 +110,7 @@ class Row:
     tpot_ms: float | None
     tokens: int
     total_ms: float | None
+    parallel: str | None = None  # the engine started in parallel with the one preferred
 
 
 # ---- terminal output ---------------------------------------------------------------------------
@@ -202,12 +204,28 @@ def _ms(x: float | None) -> str:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = ("scenario", "engine", "TTFT ms", "TPOT ms", "tokens", "total ms")
+    head = ("scenario", "engine", "TTFT ms", "TPOT ms", "tokens", "total ms", "parallel")
     cells = [
-        (r.scenario, r.engine, _ms(r.ttft_ms), _ms(r.tpot_ms), str(r.tokens), _ms(r.total_ms))
+        (
+            r.scenario, r.engine, _ms(r.ttft_ms), _ms(r.tpot_ms), str(r.tokens),
+            _ms(r.total_ms), r.parallel or "-",
+        )
         for r in rows
-    ]
+    ]  # fmt: skip
     return render_table(head, cells, numeric_from=2)
+
+
+def parallel_note(rows: list[Row]) -> str:
+    """What the parallel cloud starts of a run cost, in words ("" when there were none)."""
+    n = sum(r.parallel == "cloud" for r in rows)
+    if not n:
+        return ""
+    return (
+        f"{n} of {len(rows)} requests also started the cloud in parallel: the engine preferred "
+        "was predicted past the policy's deadline. Each one is a cloud request paid for, "
+        "whichever engine answered first. A policy can forbid it (parallel_cloud = false) or "
+        "cap it (parallel_cloud_share = 0.2)."
+    )
 
 
 # ---- setup ---------------------------------------------------------------------------------------
@@ -292,6 +310,9 @@ def run_demo(args: argparse.Namespace) -> int:
             out.write("stand-in cloud stopped\n")
             out.flush()
     out.write("\nsummary\n" + format_table(rows) + "\n")
+    note = parallel_note(rows)
+    if note:
+        out.write("\n" + "\n".join(textwrap.wrap(note, 100)) + "\n")
     out.flush()
     return 0
 
@@ -343,15 +364,25 @@ async def _one(client: HybridClient, sc: Scenario, counter: str, quick: bool, ou
                 note = f"; wanted {sc.engine}, which this run lacks" if sc.engine != forced else ""
                 out.write(f"  -> {event.engine}: {event.reason}{note}\n")
                 out.flush()
+            elif isinstance(event, ParallelStart):
+                paid = " (a cloud request, paid for)" if event.engine == "cloud" else ""
+                out.write(f"  ++ {event.engine} started in parallel{paid}\n")
+                out.flush()
             elif isinstance(event, Token):
                 writer.write(event.text)
     writer.end()
     t = s.trace
     tokens = t.completion_tokens if t.completion_tokens is not None else t.n_tokens
     finish = ", stopped at max_tokens" if t.finish_reason == "length" else ""
+    also = ""
+    if t.parallel_engine is not None:
+        cost = "" if t.parallel_cost_usd is None else f", {usd(t.parallel_cost_usd)}"
+        also = f" | {t.parallel_engine} also ran in parallel{cost}"
     out.write(
         f"  == {t.engine} | TTFT {_ms(t.ttft_ms)} ms | TPOT {_ms(t.tpot_ms)} ms | "
-        f"{tokens} tokens{finish}\n"
+        f"{tokens} tokens{finish}{also}\n"
     )
     out.flush()
-    return Row(sc.name, t.engine or "-", t.ttft_ms, t.tpot_ms, tokens, t.total_ms)
+    return Row(
+        sc.name, t.engine or "-", t.ttft_ms, t.tpot_ms, tokens, t.total_ms, t.parallel_engine
+    )

@@ -247,7 +247,11 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
     else:
         how = f"{decision.plan}: {decision.primary}"
         if decision.fallback is not None:
-            when = "at once" if decision.fallback_now else "at the deadline or on failure"
+            when = "at the deadline or on failure"
+            if decision.fallback_now:
+                when = "in parallel, at once"
+            elif not decision.fallback_lead:
+                when = "only at the deadline (no parallel start) or on failure"
             if decision.hedge_s is not None:
                 when = f"after {_ms(decision.hedge_s)} (hedge)"
             how += f", then {decision.fallback} {when}"
@@ -275,6 +279,7 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "primary": decision.primary,
             "fallback": decision.fallback,
             "fallback_now": decision.fallback_now,
+            "fallback_lead": decision.fallback_lead,
             "deadline_s": decision.deadline_s,
             "hedge_s": decision.hedge_s,
             "reasons": list(decision.reasons),

@@ -31,9 +31,9 @@ so new cloud paths must go through `stream()` (or call `check()` first), never a
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -59,13 +59,20 @@ PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
 _SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread (about 3 ms+)
 
 
+# told of each settled cloud request: the usage counted and its cost in USD
+SettleHook = Callable[[TokenUsage, float], None]
+
+
 @dataclass(frozen=True)
 class RequestContext:
     """What the guard needs beside the wire request: the budget scope (a policy's name: its
-    caps apply) and the privacy mode for this request (None: the guard's own mode)."""
+    caps apply), the privacy mode for this request (None: the guard's own mode), and a hook
+    told of each of its cloud requests the ledger settles (the request's trace records them;
+    a released reservation costs nothing and is not told)."""
 
     scope: str = "default"
     privacy: PrivacyMode | None = None
+    on_settle: SettleHook | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.privacy is not None and self.privacy not in PRIVACY_MODES:
@@ -268,7 +275,11 @@ class GuardedEngine:
         finally:
             if reservation is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._close(reservation, request, sent and billed, finish, deltas)
+                    settled = await self._close(
+                        reservation, request, sent and billed, finish, deltas
+                    )
+                if settled is not None and context.on_settle is not None:
+                    context.on_settle(*settled)
 
     async def _close(
         self,
@@ -277,12 +288,13 @@ class GuardedEngine:
         billed: bool,
         finish: Finish | None,
         deltas: int,
-    ) -> None:
+    ) -> tuple[TokenUsage, float] | None:
+        """Settle (billed) or release the reservation; the usage and cost settled, if any."""
         ledger = self.ledger
         assert ledger is not None
         if not billed:
             await anyio.to_thread.run_sync(ledger.release, reservation)
-            return
+            return None
         if (
             finish is not None
             and not finish.usage_estimated
@@ -294,7 +306,7 @@ class GuardedEngine:
             usage = TokenUsage(
                 reservation.prompt_tokens, min(deltas, request.max_tokens), estimated=True
             )
-        await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
+        return usage, await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
 
 
 class BoundGuard:

@@ -21,8 +21,12 @@ The rules, in order (each one that applies adds a reason):
    with a `CloudUnavailable` event).
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
    primary predicted past the deadline while the other's p95 meets it, swaps the two; a
-   primary predicted past the deadline otherwise keeps its place but the other one starts at
-   once (predictive start: the first token wins).
+   primary predicted past the deadline otherwise keeps its place but the other one starts in
+   parallel at once (predictive start: the first token wins). A cloud started that way is a
+   cloud request paid for even when the local engine wins, and the reason says so; the policy
+   may forbid it (`parallel_cloud = false`) or cap its share of the policy's recent requests
+   (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
+   the deadline itself (`Decision.fallback_lead` False).
 4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
    predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
    failure); "refuse" when nothing may serve. A failure mid-answer moves the answer to the other
@@ -70,6 +74,9 @@ class LiveState:
     continues: frozenset[EngineName] = frozenset({"local", "cloud"})
     # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
     unavailable: Mapping[EngineName, str] = field(default_factory=dict)
+    # this policy's recent requests in this client: (how many started the cloud in parallel,
+    # how many there were), for `Policy.parallel_cloud_share`
+    parallel_recent: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +86,21 @@ class Decision:
     fallback: EngineName | None
     deadline_s: float | None
     hedge_s: float | None
-    fallback_now: bool  # start the fallback at once (the primary is predicted to miss)
+    # start the fallback at once, in parallel (the primary is predicted to miss the deadline);
+    # the last reason then says so
+    fallback_now: bool
     reasons: tuple[str, ...]
     failover: bool = False  # a failure mid-answer moves the answer to the other engine
     # engines this request could have used, left out as unavailable: (engine, why)
     unavailable: tuple[tuple[EngineName, str], ...] = ()
+    # the fallback may start ahead of the deadline by its own predicted time to a first token;
+    # False: at the deadline itself (a cloud the policy does not start in parallel)
+    fallback_lead: bool = True
+
+    @property
+    def parallel_cloud(self) -> bool:
+        """The cloud starts at once beside the local engine (a cloud request paid for)."""
+        return self.fallback_now and self.fallback == "cloud"
 
     @property
     def reason(self) -> str:
@@ -149,9 +166,11 @@ def _serve(
     primary, fallback = preferred, (others[0] if others else None)
 
     # 3. load: who can meet the deadline
-    fallback_now = False
+    fallback_now, lead = False, True
     if deadline is not None and fallback is not None:
-        primary, fallback, fallback_now = _load(primary, fallback, deadline, state, reasons)
+        primary, fallback, fallback_now, lead = _load(
+            primary, fallback, deadline, policy, state, reasons
+        )
     elif deadline is not None and primary == "local" and state.local_queue_s > deadline:
         reasons.append(
             f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}, "
@@ -165,10 +184,13 @@ def _serve(
     cannot = [e for e in (primary, fallback) if e is not None and e not in state.continues]
     if failover and cannot:
         failover = False
-        reasons.append(f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer")
+        why = f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer"
+        # a parallel start's reason stays the last one (the plan announces the start with it)
+        reasons.insert(len(reasons) - 1 if fallback_now else len(reasons), why)
     return Decision(
-        plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons), failover
-    )
+        plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons), failover,
+        fallback_lead=lead,
+    )  # fmt: skip
 
 
 def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineName:
@@ -262,30 +284,60 @@ def _load(
     primary: EngineName,
     fallback: EngineName,
     deadline: float,
+    policy: Policy,
     state: LiveState,
     reasons: list[str],
-) -> tuple[EngineName, EngineName, bool]:
-    """Swap the engines, or start both at once, when the primary cannot make the deadline."""
+) -> tuple[EngineName, EngineName, bool, bool]:
+    """Swap the engines, or start both at once, when the primary cannot make the deadline.
+    Returns (primary, fallback, start the fallback at once, may it start ahead of the
+    deadline)."""
     if primary == "local" and state.local_queue_s > deadline:
         reasons.append(
             f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)} -> {fallback}"
         )
-        return fallback, primary, False
+        return fallback, primary, False, True
+    # a cloud the policy never starts in parallel waits for the deadline itself
+    lead = fallback != "cloud" or policy.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
-        return primary, fallback, False
+        return primary, fallback, False, lead
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
         reasons.append(
             f"{primary} predicted TTFT {_ms(mine.ttft_s)} > deadline {_ms(deadline)}, "
             f"{fallback} p95 {_ms(theirs.ttft_p95_s)} meets it -> {fallback}"
         )
-        return fallback, primary, False
-    reasons.append(
-        f"{primary} predicts a first token in {_ms(mine.ttft_s)}, past the {_ms(deadline)} "
-        f"deadline -> {fallback} starts at once"
+        return fallback, primary, False, True
+    missed = (
+        f"{primary} is preferred but predicted at {_ms(mine.ttft_s)} against the "
+        f"{_ms(deadline)} deadline"
     )
-    return primary, fallback, True
+    held = None if fallback != "cloud" else _parallel_cloud_held(policy, state)
+    if held is not None:
+        reasons.append(f"{missed}; {held}: the cloud starts only at the deadline")
+        return primary, fallback, False, False
+    if fallback == "cloud":
+        now = "the cloud starts in parallel now (it costs a cloud request; the first token wins)"
+    else:
+        now = "the local engine starts in parallel now (the first token wins)"
+    reasons.append(f"{missed}: {now}")
+    return primary, fallback, True, True
+
+
+def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
+    """Why the policy keeps the cloud from starting beside the local engine now, or None."""
+    if not policy.parallel_cloud:
+        return f"policy {policy.name!r} forbids a parallel cloud start (parallel_cloud = false)"
+    cap = policy.parallel_cloud_share
+    if cap is None:
+        return None
+    started, seen = state.parallel_recent
+    if (started + 1) / (seen + 1) <= cap:  # the share, this request included, stays in the cap
+        return None
+    return (
+        f"policy {policy.name!r} caps parallel cloud starts at {cap:.0%} of its requests "
+        f"({started} of the last {seen})"
+    )
 
 
 def _hedge(

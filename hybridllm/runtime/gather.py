@@ -8,8 +8,10 @@ prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_tok
 upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
-queue, the budget verdict, the cloud circuit, and the engines that cannot take a request now
-(`EngineInfo.unavailable`: a cloud without a usable key, a local queue at its bound).
+queue, the budget verdict, the cloud circuit, the engines that cannot take a request now
+(`EngineInfo.unavailable`: a cloud without a usable key, a local queue at its bound), and how
+many of the policy's last `PARALLEL_WINDOW` requests started the cloud in parallel (for
+`Policy.parallel_cloud_share`; each decided request, not a preview, is noted here).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
 guard's ledger, `privacy_kinds` its `PrivacyScan`, and `policy_caps` turns a policy's `[budget]`
@@ -19,6 +21,7 @@ into ledger caps. Routing sees only the protocols; this room imports both sides.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +40,9 @@ from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+
+# how many of a policy's recent requests `Policy.parallel_cloud_share` is measured over
+PARALLEL_WINDOW = 20
 
 
 def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
@@ -58,6 +64,20 @@ class Routing:
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
     last_local_prompt: str | None = None  # what the local engine's KV cache likely holds
+    # per policy name, its last PARALLEL_WINDOW decided requests: did each start the cloud in
+    # parallel?
+    parallel: dict[str, deque[bool]] = field(default_factory=dict)
+
+    def parallel_recent(self, policy: str) -> tuple[int, int]:
+        """(parallel cloud starts, requests) among the policy's recent requests."""
+        recent = self.parallel.get(policy, ())
+        return sum(recent), len(recent)
+
+    def note_decision(self, policy: str, decision: Decision) -> None:
+        """A request under `policy` was decided (and will run): count its parallel start."""
+        if decision.primary is not None:
+            window = self.parallel.setdefault(policy, deque(maxlen=PARALLEL_WINDOW))
+            window.append(decision.parallel_cloud)
 
     def note_local(self, messages: Sequence[Mapping[str, str]]) -> None:
         """The local engine ran this prompt: its prefix is in the KV cache now."""
@@ -153,6 +173,7 @@ class Routing:
             budget_detail=detail,
             continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
             unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
+            parallel_recent=self.parallel_recent(policy.name),
         )
 
     def decide(
@@ -165,10 +186,14 @@ class Routing:
         *,
         preview: bool = False,
     ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Gather and decide. `preview`: nothing will be sent, so leave the circuit as it is."""
+        """Gather and decide. `preview`: nothing will be sent, so leave the circuit (and the
+        policy's count of parallel cloud starts) as it is."""
         facts = self.facts(request, policy, forced, engines)
         state = self.state(facts, request, policy, engines, breakers, preview)
-        return decide(facts, policy, state), facts, state
+        decision = decide(facts, policy, state)
+        if not preview:
+            self.note_decision(policy.name, decision)
+        return decision, facts, state
 
 
 def _uses_router(policy: Policy) -> bool:

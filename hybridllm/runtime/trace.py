@@ -2,15 +2,45 @@
 
 All times come from `time.perf_counter()`. TTFT runs from the `stream()` call to the first
 token that carries content; role-only chunks, keep-alives and empty deltas never count.
+
+Money: every cloud request of this request that the cloud guard's ledger settled (a guard with
+`prices=`) is in `spent`, with the role it played (`SpendRole`: the plan that starts an engine
+sets `spend_role` in that engine's task, and the guard's settle hook, `Trace.settled`, reads
+it); `cost_usd` is their sum. A cloud started in parallel that lost the race is in there too,
+with what the guard settled for it (a cancelled stream is billed for its prompt and the tokens
+counted so far; one never sent is released and costs nothing).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from hybridllm.events import EngineName
+
+if TYPE_CHECKING:
+    from hybridllm.guard.budget import TokenUsage
+
+# what a cloud request did for its request: served it from the start ("primary"), started at
+# the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary
+# ("parallel"), or continued a started answer ("continuation")
+SpendRole = Literal["primary", "fallback", "hedge", "parallel", "continuation"]
+spend_role: ContextVar[SpendRole] = ContextVar("hybridllm_spend_role", default="primary")
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """One settled cloud request: its role, tokens and cost (`estimated`: counted by the
+    client, the server reported no usage)."""
+
+    role: SpendRole
+    prompt_tokens: int
+    completion_tokens: int
+    usd: float
+    estimated: bool = False
 
 
 @dataclass
@@ -22,7 +52,12 @@ class Trace:
     route_reason: str = ""
     decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
-    fallback_reason: str | None = None
+    fallback_reason: str | None = None  # why another engine started (any reason, see below)
+    # why the other engine started at once beside the primary (a predicted deadline miss; a
+    # `ParallelStart` event), and which one; None: no parallel start
+    parallel_start: str | None = None
+    parallel_engine: EngineName | None = None
+    spent: list[Spend] = field(default_factory=list)  # settled cloud requests, in order
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge
     retries: int = 0  # retried attempts before the first token
@@ -48,6 +83,16 @@ class Trace:
     def mark(self, name: str, t: float | None = None) -> None:
         """Record the first time a phase was seen (later repeats are ignored)."""
         self.marks.setdefault(name, time.perf_counter() if t is None else t)
+
+    def settled(self, usage: TokenUsage, usd: float) -> None:
+        """The cloud guard settled one of this request's cloud requests (its settle hook); the
+        role comes from the task it ran in (`spend_role`)."""
+        self.spent.append(
+            Spend(
+                spend_role.get(), usage.prompt_tokens, usage.completion_tokens, usd,
+                usage.estimated,
+            )
+        )  # fmt: skip
 
     def token(self, t: float) -> None:
         if not self.token_times:
@@ -96,6 +141,18 @@ class Trace:
         return {k: (v - self.t_start) * 1000.0 for k, v in sorted(self.marks.items(), key=_by_t)}
 
     @property
+    def cost_usd(self) -> float | None:
+        """What this request's cloud requests cost, as the guard's ledger settled them; None:
+        none was settled (no cloud request billed, or a client without prices= to cost one)."""
+        return sum(s.usd for s in self.spent) if self.spent else None
+
+    @property
+    def parallel_cost_usd(self) -> float | None:
+        """What the cloud started in parallel cost (None: none settled)."""
+        mine = [s.usd for s in self.spent if s.role == "parallel"]
+        return sum(mine) if mine else None
+
+    @property
     def tokens_per_s(self) -> float | None:
         tpot = self.tpot_ms
         return None if not tpot else 1000.0 / tpot
@@ -110,6 +167,8 @@ class Trace:
             "completion_tokens": self.completion_tokens,
             "total_ms": _r(self.total_ms),
             "finish_reason": self.finish_reason,
+            "parallel_start": self.parallel_engine,
+            "cost_usd": self.cost_usd,
         }
 
 

@@ -149,12 +149,16 @@ async def test_a_cloud_that_got_slow_gets_the_local_engine_started_at_once() -> 
         traces = [(await client.complete("q")).trace for _ in range(5)]
     assert all(tr.engine == "cloud" for tr in traces)
     first_started_at_once = next(
-        i for i, tr in enumerate(traces) if any("cloud predicts" in r for r in tr.decision)
+        i
+        for i, tr in enumerate(traces)
+        if any("cloud is preferred but predicted" in r for r in tr.decision)
     )
     assert first_started_at_once <= 3, [tr.decision for tr in traces]
     last = traces[-1]
     assert last.segments_ms["fallback_started"] < 100  # not waiting for the deadline
-    assert "local starts at once" in last.route_reason
+    assert "the local engine starts in parallel now" in last.route_reason
+    assert "starts if no token" not in last.route_reason  # one reason, not two
+    assert last.parallel_engine == "local" and last.parallel_start in last.route_reason
 
 
 async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:

@@ -40,6 +40,8 @@ def policies(draw: st.DrawFn) -> Policy:
         order = None
     plans = draw(st.sampled_from([("single",), ("single", "hedge")]))
     hedge = draw(st.sampled_from([None, 50.0, "auto"])) if "hedge" in plans else None
+    parallel = draw(st.booleans())
+    share = draw(st.one_of(st.none(), unit)) if parallel else None
     return Policy(
         name="p",
         prefer=prefer,
@@ -50,6 +52,8 @@ def policies(draw: st.DrawFn) -> Policy:
         ttft_deadline_ms=draw(st.one_of(st.none(), st.floats(min_value=1.0, max_value=5000.0))),
         privacy=draw(st.sampled_from(["off", "keep-local", "block"])),
         budget=Budget(on_exceeded=draw(st.sampled_from(["local", "fail"]))),
+        parallel_cloud=parallel,
+        parallel_cloud_share=share,
     )
 
 
@@ -83,6 +87,9 @@ def states(draw: st.DrawFn) -> LiveState:
         cloud_circuit_open=draw(st.booleans()),
         budget_fits=draw(st.booleans()),
         budget_detail="day cap 0.50 USD, left 0.01 USD",
+        parallel_recent=draw(
+            st.integers(0, 20).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n)))
+        ),
     )
 
 
@@ -105,6 +112,14 @@ def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
         assert d.fallback is not None and d.hedge_s is not None and "hedge" in p.plans
     if d.fallback_now:
         assert d.fallback is not None and d.plan == "single"
+    # a parallel cloud start only where the policy allows one, within its share, and said
+    if d.parallel_cloud:
+        assert p.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
+        started, seen = s.parallel_recent
+        cap = p.parallel_cloud_share
+        assert cap is None or (started + 1) / (seen + 1) <= cap
+    if not d.fallback_lead:
+        assert d.fallback == "cloud" and not d.fallback_now
     # deterministic: a pure function of its inputs
     assert decide(f, p, s) == d
     # a policy that keeps requests on the device never yields a cloud engine
@@ -148,8 +163,10 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
         s.local_queue_s > deadline or (local is not None and local.ttft_s > deadline)
     )
     if cloud_usable and local_misses and d.primary == "local":
-        assert d.fallback == "cloud" and d.fallback_now
-        assert any("deadline" in r for r in d.reasons)
+        assert d.fallback == "cloud" and any("deadline" in r for r in d.reasons)
+        # started in parallel at once, or held back by the policy to the deadline itself
+        assert d.fallback_now or not d.fallback_lead
+        assert d.fallback_now == (not any("starts only at the deadline" in r for r in d.reasons))
 
 
 # ---- readable reasons for the main cases ---------------------------------------------------------
@@ -202,7 +219,8 @@ def test_unknown_cloud_latency_starts_both_at_once() -> None:
     state = LiveState(latency={"local": pred("local", 0.9)})
     d = decide(RequestFacts(1000, 64), CHAT, state)
     assert (d.primary, d.fallback, d.fallback_now) == ("local", "cloud", True)
-    assert "predicts a first token in 900 ms" in d.reason
+    assert "local is preferred but predicted at 900 ms against the 500 ms deadline" in d.reason
+    assert "the cloud starts in parallel now (it costs a cloud request" in d.reason
 
 
 def test_slow_cloud_swaps_to_local() -> None:

@@ -122,7 +122,8 @@ async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
         res = await client.complete("q")
     assert res.text == "fast" and res.trace.engine == "cloud"
     assert res.trace.segments_ms["fallback_started"] < 50
-    assert "predicts" in (res.trace.fallback_reason or "")
+    assert "predicted at 500 ms against the 100 ms deadline" in (res.trace.fallback_reason or "")
+    assert res.trace.parallel_engine == "cloud"
 
 
 async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:

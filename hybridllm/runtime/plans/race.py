@@ -2,12 +2,14 @@
 
 `race()`: the primary starts at once; the deadline (if the policy has one) counts from the
 `stream()` call. If the primary has produced no content token by then, fails before its first
-one, is predicted (by the routing decision) to miss the deadline, or a hedge delay passes, the
-fallback starts while the primary keeps running. "By then" leads the deadline by the fallback's
-own predicted time to a first token (at most half the deadline), so that its token can still
-arrive inside the deadline. The first content token wins and the loser is cancelled at once (its
-stream closed: connection dropped, local decoding stopped). Role-only chunks, keep-alives and
-empty deltas never win.
+one, or a hedge delay passes, the fallback starts while the primary keeps running (a `Fallback`,
+a `Hedge` event). "By then" leads the deadline by the fallback's own predicted time to a first
+token (at most half the deadline), so that its token can still arrive inside the deadline.
+Where the routing decision predicts the primary misses the deadline (`fallback_now`), the
+fallback starts in parallel with it at once, announced as a `ParallelStart` right after the
+`Route` (whose reason is then the decision's alone). The first content token wins and the loser
+is cancelled at once (its stream closed: connection dropped, local decoding stopped). Role-only
+chunks, keep-alives and empty deltas never win.
 
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
 inter-token limit (`StallError`) moves the answer to the other engine, which continues from the
@@ -38,8 +40,9 @@ from hybridllm.errors import (
     RefusedError,
     StallError,
 )
-from hybridllm.events import Chunk, Delta, Fallback, Finish, Hedge, Mark
+from hybridllm.events import Chunk, Delta, Fallback, Finish, Hedge, Mark, ParallelStart
 from hybridllm.runtime.stream import RequestRun
+from hybridllm.runtime.trace import SpendRole, spend_role
 
 # what a contender's task posts: its id, and a chunk, the error it ended with, or None (its
 # stream ended)
@@ -61,6 +64,7 @@ _RaceItem = ContenderItem | _TimerFired
 class _Contender:
     engine: Engine
     scope: anyio.CancelScope
+    role: SpendRole = "primary"
     marks: list[Mark] = dataclasses.field(default_factory=list)
 
 
@@ -95,12 +99,15 @@ async def race(
     fallback_ttft_s: float | None = None,
     failover: bool = True,
 ) -> None:
-    """Run the race. `fallback_now`: start the fallback at once too, for this reason (the
-    routing decision predicts the primary misses the deadline). `fallback_ttft_s`: the
-    fallback's predicted time to a first token (None: ask the engine). `failover`: whether an
-    answer that fails mid-stream may continue on the other engine (the decision says no where
-    an engine cannot continue an answer)."""
-    if deadline_s is None:
+    """Run the race. `fallback_now`: start the fallback at once too, in parallel, for this
+    reason (the routing decision predicts the primary misses the deadline; `reason` says so).
+    `fallback_ttft_s`: the fallback's predicted time to a first token (None: ask the engine; 0:
+    no lead, the fallback starts at the deadline itself). `failover`: whether an answer that
+    fails mid-stream may continue on the other engine (the decision says no where an engine
+    cannot continue an answer)."""
+    if fallback_now is not None:
+        why = reason  # the fallback starts now: no deadline to wait for
+    elif deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
     else:
         why = f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
@@ -160,7 +167,7 @@ class _Race:
         try:
             self.start(self.primary, self.request)
             if fallback_now is not None:
-                self.start_fallback(fallback_now)
+                self.start_fallback(fallback_now, parallel=True)
             self.tg.start_soon(self._timer_task, hedge_s, fallback_ttft_s)
             async with self.recv:
                 while not self.over:
@@ -257,24 +264,32 @@ class _Race:
 
     # ---- the moves --------------------------------------------------------------------------
 
-    def start(self, engine: Engine, request: GenerationRequest) -> int:
+    def start(
+        self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary"
+    ) -> int:
         cid = next(self.ids)
-        self.contenders[cid] = c = _Contender(engine, anyio.CancelScope())
+        self.contenders[cid] = c = _Contender(engine, anyio.CancelScope(), role)
         if engine.name not in self.run.trace.started:
             self.run.trace.started.append(engine.name)
         self.tg.start_soon(self._contend, cid, c, request)
         return cid
 
-    def start_fallback(self, why: str, *, hedge: bool = False) -> None:
+    def start_fallback(self, why: str, *, hedge: bool = False, parallel: bool = False) -> None:
+        """Start the fallback beside the primary: on the deadline or a failure, by a hedge, or
+        in parallel from the start (`parallel`: a predicted deadline miss)."""
         if any(c.engine is self.fallback for c in self.contenders.values()):
             return
         trace = self.run.trace
         trace.fallback_reason = why
         trace.hedged = hedge
         trace.mark("fallback_started")
-        event = Hedge if hedge else Fallback
+        event: type[Fallback] = Hedge if hedge else Fallback
+        role: SpendRole = "hedge" if hedge else "fallback"
+        if parallel:
+            event, role = ParallelStart, "parallel"
+            trace.parallel_start, trace.parallel_engine = why, self.fallback.name
         self.run.emit(event(time.perf_counter(), self.primary.name, self.fallback.name, why))
-        self.start(self.fallback, self.request)
+        self.start(self.fallback, self.request, role)
 
     def crown(self, cid: int) -> None:
         """`cid` delivered first: cancel the others and the timer, replay its marks. A primary
@@ -328,7 +343,7 @@ class _Race:
         cont = dataclasses.replace(
             self.request, assistant_prefix=self.request.assistant_prefix + delivered
         )
-        self.crown(self.start(other, cont))
+        self.crown(self.start(other, cont, "continuation"))
         return True
 
     def record_failure(self, cid: int, exc: Exception) -> None:
@@ -350,6 +365,7 @@ class _Race:
             self.send.send_nowait(item)
 
     async def _contend(self, cid: int, c: _Contender, request: GenerationRequest) -> None:
+        spend_role.set(c.role)  # this task's own context: what its cloud request costs is tagged
         with c.scope:
             try:
                 await self.run.relay(c.engine, request, lambda ch: self._post((cid, ch)))

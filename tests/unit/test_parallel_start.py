@@ -1,0 +1,297 @@
+"""Money that is visible (issue 13, part 4): a cloud started in parallel with a local engine
+predicted to miss its deadline is named (reason, `ParallelStart`), counted (trace), and a policy
+can forbid it (`parallel_cloud = false`) or cap its share (`parallel_cloud_share`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from hybridllm import (
+    Fallback,
+    HybridClient,
+    ModelPrice,
+    ParallelStart,
+    Policy,
+    PolicyError,
+    Prices,
+    Route,
+    ScriptedEngine,
+)
+from hybridllm.cli.demo import Row, format_table, parallel_note
+from hybridllm.events import EngineName, Event
+from hybridllm.policy import resolve_policy
+from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.routing.inputs import Prediction
+from hybridllm.runtime.gather import PARALLEL_WINDOW
+from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.trace import Trace
+
+VOICE = Policy(name="voice", prefer="local", ttft_deadline_ms=400)
+FACTS = RequestFacts(50, 64)
+
+
+def pred(engine: str, ttft: float, p95: float | None = None) -> Prediction:
+    p95 = ttft if p95 is None else p95
+    return Prediction(engine, ttft, p95, ttft + 1.0, p95 + 2.0, 0.05, samples=10)  # type: ignore[arg-type]
+
+
+# local just past the deadline, a cloud whose p95 does not meet it either
+MISS = LiveState(latency={"local": pred("local", 0.437), "cloud": pred("cloud", 0.2, 0.6)})
+
+
+# ---- decide() ---------------------------------------------------------------------------------
+
+
+def test_a_parallel_cloud_start_is_one_plain_reason_with_its_cost() -> None:
+    d = decide(FACTS, VOICE, MISS)
+    assert (d.primary, d.fallback, d.fallback_now, d.parallel_cloud) == (
+        "local",
+        "cloud",
+        True,
+        True,
+    )
+    assert d.reason == (
+        "policy 'voice' prefers local; local is preferred but predicted at 437 ms against the "
+        "400 ms deadline: the cloud starts in parallel now (it costs a cloud request; the first "
+        "token wins)"
+    )
+
+
+def test_the_parallel_reason_stays_last_for_the_plan_to_announce() -> None:
+    state = LiveState(latency=MISS.latency, continues=frozenset({"local"}))
+    d = decide(FACTS, VOICE, state)
+    assert d.fallback_now and not d.failover
+    assert "the cloud starts in parallel now" in d.reasons[-1]
+    assert "no mid-stream failover: cloud cannot continue an answer" in d.reasons
+
+
+def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> None:
+    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    state = LiveState(latency={"local": pred("local", 0.2, 0.9), "cloud": pred("cloud", 2.0)})
+    d = decide(FACTS, pol, state)
+    assert d.fallback_now and not d.parallel_cloud
+    assert "the local engine starts in parallel now (the first token wins)" in d.reason
+    assert "costs" not in d.reason
+
+
+def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
+    pol = VOICE.model_copy(update={"parallel_cloud": False})
+    d = decide(FACTS, pol, MISS)
+    assert (d.primary, d.fallback, d.fallback_now, d.fallback_lead) == (
+        "local",
+        "cloud",
+        False,
+        False,
+    )
+    assert d.plan == "single" and not d.parallel_cloud
+    assert d.reasons[-1] == (
+        "local is preferred but predicted at 437 ms against the 400 ms deadline; policy 'voice' "
+        "forbids a parallel cloud start (parallel_cloud = false): the cloud starts only at the "
+        "deadline"
+    )
+    # a local engine predicted in time: no reason added, and still no lead for the cloud
+    fine = decide(FACTS, pol, LiveState(latency={"local": pred("local", 0.1)}))
+    assert not fine.fallback_now and not fine.fallback_lead
+    assert fine.reasons == ("policy 'voice' prefers local",)
+    # the default keeps the lead (the cloud may start ahead of the deadline by its own TTFT)
+    assert decide(FACTS, VOICE, LiveState(latency={"local": pred("local", 0.1)})).fallback_lead
+
+
+def test_parallel_cloud_false_still_swaps_to_a_cloud_that_meets_the_deadline() -> None:
+    pol = VOICE.model_copy(update={"parallel_cloud": False})
+    state = LiveState(latency={"local": pred("local", 0.9), "cloud": pred("cloud", 0.2, 0.3)})
+    d = decide(FACTS, pol, state)
+    assert (d.primary, d.fallback, d.fallback_now) == ("cloud", "local", False)
+
+
+@pytest.mark.parametrize(
+    ("recent", "parallel"),
+    [((0, 0), False), ((0, 3), False), ((0, 4), True), ((1, 9), True), ((2, 9), False)],
+)
+def test_the_share_cap_counts_this_request_in(recent: tuple[int, int], parallel: bool) -> None:
+    pol = VOICE.model_copy(update={"parallel_cloud_share": 0.2})
+    state = LiveState(latency=MISS.latency, parallel_recent=recent)
+    d = decide(FACTS, pol, state)
+    assert d.parallel_cloud is parallel and d.fallback_lead is parallel
+    if not parallel:
+        started, seen = recent
+        assert (
+            f"policy 'voice' caps parallel cloud starts at 20% of its requests ({started} of the "
+            f"last {seen}): the cloud starts only at the deadline" in d.reason
+        )
+
+
+def test_a_share_cap_does_not_touch_requests_local_can_serve_in_time() -> None:
+    pol = VOICE.model_copy(update={"parallel_cloud_share": 0.0})
+    d = decide(FACTS, pol, LiveState(latency={"local": pred("local", 0.1)}))
+    assert d.fallback_lead and d.reasons == ("policy 'voice' prefers local",)
+
+
+# ---- the policy fields ------------------------------------------------------------------------
+
+
+def test_policy_fields_are_validated(tmp_path: Path) -> None:
+    assert Policy().parallel_cloud and Policy().parallel_cloud_share is None
+    bad = {
+        "parallel_cloud_share = 1.5": "parallel_cloud_share",
+        "parallel_cloud_share = -0.1": "parallel_cloud_share",
+        "parallel_cloud_share = nan": "parallel_cloud_share",
+        'parallel_cloud = "no"': "parallel_cloud",
+        "parallel_cloud = false\nparallel_cloud_share = 0.2": "parallel_cloud is false",
+    }
+    for i, (body, words) in enumerate(bad.items()):
+        path = tmp_path / f"p{i}.toml"
+        path.write_text(body + "\n")
+        with pytest.raises(PolicyError) as info:
+            resolve_policy(path)
+        assert words in str(info.value), (body, str(info.value))
+    ok = tmp_path / "ok.toml"
+    ok.write_text('extends = "voice-assistant"\nparallel_cloud = false\n')
+    assert not resolve_policy(ok).parallel_cloud
+
+
+def test_presets_say_where_parallel_cloud_starts_are_kept() -> None:
+    for name in ("voice-assistant", "code-completion"):
+        pol = resolve_policy(name)
+        assert pol.prefer == "local" and pol.parallel_cloud and pol.parallel_cloud_share is None
+        text = (Path(__file__).parents[2] / "policies" / f"{name}.toml").read_text()
+        assert "paid for" in text and "parallel_cloud = true" in text
+    assert resolve_policy("npc-dialogue").parallel_cloud_share == 0.25
+    assert resolve_policy("chat").parallel_cloud  # the default elsewhere
+
+
+# ---- the race and the client ------------------------------------------------------------------
+
+PRICES = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+FAST = Policy(name="fast", prefer="local", ttft_deadline_ms=100)
+
+
+def slow_local(script: list[object], predicted: float = 0.5) -> ScriptedEngine:
+    local = ScriptedEngine("local", script=script)  # type: ignore[arg-type]
+    local.predicted_ttft_s = predicted  # the engine's own estimate: past the 100 ms deadline
+    return local
+
+
+class EnginesOwnEstimates(LatencyModel):
+    """A latency model that never learns: predictions stay the engines' own estimates."""
+
+    def knows(self, name: EngineName) -> bool:
+        return False
+
+
+async def events_of(client: HybridClient, **kw: object) -> tuple[list[Event], Trace]:
+    async with client.stream("q", **kw) as s:  # type: ignore[arg-type]
+        events = [e async for e in s.events()]
+    return events, s.trace
+
+
+@pytest.mark.anyio
+async def test_a_parallel_start_is_a_parallel_start_event_not_a_late_fallback() -> None:
+    local = slow_local([0.15, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.4, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=FAST) as client:
+        events, tr = await events_of(client)
+        await anyio.sleep(0.01)
+        assert cloud.active == 0 and cloud.closed_streams == 1  # the loser was stopped
+    route, started = events[0], events[1]
+    assert isinstance(route, Route) and isinstance(started, ParallelStart)
+    assert started.engine == "cloud" and started.from_engine == "local"
+    assert isinstance(started, Fallback)  # compatible: "another engine was started"
+    assert [type(e) for e in events if isinstance(e, Fallback)] == [ParallelStart]
+    # one reason: the parallel start, not also "cloud starts if no token in 100 ms"
+    assert "the cloud starts in parallel now (it costs a cloud request" in route.reason
+    assert "starts if no token" not in route.reason and "starts at once" not in route.reason
+    assert started.reason in route.reason
+    assert tr.engine == "local" and tr.parallel_engine == "cloud"
+    assert tr.parallel_start == started.reason and tr.segments_ms["fallback_started"] < 50
+    assert tr.cost_usd is None  # no prices=: nothing costed
+    assert tr.summary()["parallel_start"] == "cloud"
+
+
+@pytest.mark.anyio
+async def test_the_trace_counts_what_the_guard_settled_for_a_parallel_cloud() -> None:
+    local = slow_local([0.15, "local", 0.01, " wins"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=FAST, prices=PRICES) as client:
+        _, tr = await events_of(client)
+        guard = client._guard
+        assert guard is not None and guard.ledger is not None
+        ledger_usd = guard.ledger.spend("day", "fast").settled_usd
+        entries = guard.ledger.entries()
+    # the cloud request was sent, then cancelled when the local engine won: the guard settles
+    # its prompt (the bound it reserved, no usage came back) and no output tokens
+    assert tr.engine == "local" and [s.role for s in tr.spent] == ["parallel"]
+    (spend,) = tr.spent
+    assert spend.estimated and spend.completion_tokens == 0 and spend.prompt_tokens > 0
+    assert spend.usd > 0 and tr.cost_usd == tr.parallel_cost_usd == spend.usd
+    assert [e["state"] for e in entries] == ["settled"]
+    assert ledger_usd == pytest.approx(spend.usd)  # the trace shows what the ledger holds
+
+
+@pytest.mark.anyio
+async def test_a_deadline_fallback_and_a_plain_cloud_request_are_not_parallel() -> None:
+    local = ScriptedEngine("local", script=[0.5, "late"])
+    cloud = ScriptedEngine("cloud", script=[0.01, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=FAST, prices=PRICES) as client:
+        events, tr = await events_of(client)
+        _, forced = await events_of(client, engine="cloud")
+    assert tr.engine == "cloud" and tr.parallel_start is None and tr.parallel_engine is None
+    assert not any(isinstance(e, ParallelStart) for e in events)
+    assert [s.role for s in tr.spent] == ["fallback"] and tr.parallel_cost_usd is None
+    assert [s.role for s in forced.spent] == ["primary"] and (forced.cost_usd or 0) > 0
+
+
+@pytest.mark.anyio
+async def test_parallel_cloud_false_starts_the_cloud_only_at_the_deadline() -> None:
+    pol = FAST.model_copy(update={"parallel_cloud": False})
+    local = slow_local([0.3, "late"])
+    cloud = ScriptedEngine("cloud", script=[0.01, "cloud"])
+    cloud.predicted_ttft_s = 0.2  # misses too; would lead the deadline by 50 ms by default
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        events, tr = await events_of(client)
+    fbs = [e for e in events if isinstance(e, Fallback)]
+    assert [type(e) for e in fbs] == [Fallback] and tr.parallel_start is None
+    assert 95 <= tr.segments_ms["fallback_started"] < 200  # at the deadline, not ahead of it
+    assert "forbids a parallel cloud start (parallel_cloud = false)" in tr.route_reason
+    assert "the cloud starts only at the deadline" in tr.route_reason
+    assert tr.engine == "cloud"
+
+
+@pytest.mark.anyio
+async def test_the_share_cap_holds_over_a_run_of_requests() -> None:
+    pol = FAST.model_copy(update={"parallel_cloud_share": 0.25})
+    local = slow_local([0.12, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.3, "cloud"])
+    latency = EnginesOwnEstimates()
+    async with HybridClient(local=local, cloud=cloud, policy=pol, latency=latency) as client:
+        traces = [(await client.complete("q")).trace for _ in range(12)]
+        started, seen = client.routing.parallel_recent("fast")
+        other = FAST.model_copy(update={"name": "other"})  # no cap
+        await client.complete("q", policy=other)  # another policy: its own window
+        assert client.routing.parallel_recent("fast") == (started, seen)
+        assert client.routing.parallel_recent("other") == (1, 1)
+    parallel = [tr.parallel_engine == "cloud" for tr in traces]
+    assert seen == 12 <= PARALLEL_WINDOW and started == sum(parallel)
+    assert 1 <= started <= 3, [tr.decision for tr in traces]  # at most 25% of 12
+    held = [tr for tr, p in zip(traces, parallel, strict=True) if not p]
+    assert all("caps parallel cloud starts at 25%" in tr.route_reason for tr in held)
+
+
+# ---- the demo ---------------------------------------------------------------------------------
+
+
+def test_the_demo_shows_parallel_cloud_starts() -> None:
+    rows = [
+        Row("voice-assistant", "local", 150.0, 40.0, 20, 900.0, "cloud"),
+        Row("chat", "cloud", 300.0, 30.0, 20, 1000.0),
+    ]
+    table = format_table(rows)
+    assert "parallel" in table.splitlines()[0]
+    assert table.splitlines()[2].split()[-1] == "cloud" and table.splitlines()[3].endswith("-")
+    note = parallel_note(rows)
+    assert note.startswith("1 of 2 requests also started the cloud in parallel")
+    assert "paid for" in note and "parallel_cloud = false" in note
+    assert parallel_note(rows[1:]) == ""
