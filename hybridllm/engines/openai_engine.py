@@ -17,10 +17,11 @@ locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
 from __future__ import annotations
 
 import email.utils
+import math
 import os
 import time
 import warnings
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -77,6 +78,8 @@ class OpenAIEngine:
         self.model = model or os.environ.get("OPENAI_MODEL") or "gpt-4o-mini"
         self.include_usage = include_usage
         self._timeout = timeout
+        # the longest wait for one stream event (keep-alives do not count): the read timeout
+        self._read_timeout_s = timeout.read if isinstance(timeout, httpx2.Timeout) else timeout
         self._headers = dict(default_headers or {})
         self._client: openai.AsyncOpenAI | None = None
         self._active = 0
@@ -185,7 +188,13 @@ class OpenAIEngine:
                 )
                 yield Mark("first_byte", time.perf_counter())
                 stream = cast("openai.AsyncStream[Any]", raw.parse())
-                async for chunk in stream:
+                events = stream.__aiter__()
+                while (chunk := await _next_event(events, self._read_timeout_s)) is not _END:
+                    if chunk is _QUIET:  # keep-alives at most: the read timeout did not fire
+                        raise errors.CloudTimeoutError(
+                            f"no event from the cloud endpoint for {self._read_timeout_s:g} s",
+                            received_content=received,
+                        )
                     usage = getattr(chunk, "usage", None)
                     if usage is not None:
                         prompt_tokens = usage.prompt_tokens
@@ -240,6 +249,22 @@ class OpenAIEngine:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+
+_END = object()  # the stream ended
+_QUIET = object()  # no event within the read timeout
+
+
+async def _next_event(events: AsyncIterator[Any], read_s: float | None) -> Any:
+    """The stream's next event, `_END`, or `_QUIET` if none came within `read_s`. The HTTP read
+    timeout counts bytes, and SSE keep-alives (comments, which the SDK drops) are bytes: a
+    server sending only keep-alives would otherwise hold a request for ever."""
+    with anyio.move_on_after(math.inf if read_s is None else read_s):
+        try:
+            return await events.__anext__()
+        except StopAsyncIteration:
+            return _END
+    return _QUIET
 
 
 def map_error(
