@@ -196,16 +196,22 @@ class OpenAIEngine:
                             received_content=received,
                         )
                     usage = getattr(chunk, "usage", None)
-                    if usage is not None:
-                        prompt_tokens = usage.prompt_tokens
-                        completion_tokens = usage.completion_tokens
+                    if usage is not None:  # (counts that are not counts: estimated instead)
+                        prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
+                        completion_tokens = _count(getattr(usage, "completion_tokens", None))
                     for choice in chunk.choices or ():
                         text = choice.delta.content if choice.delta else None
                         if text:
+                            if not isinstance(text, str):  # the SDK does not validate chunks
+                                raise TypeError(f"delta content is {type(text).__name__}")
                             received = True
                             n_deltas += 1
                             yield Delta(text, time.perf_counter())
                         if choice.finish_reason:
+                            if not isinstance(choice.finish_reason, str):
+                                raise TypeError(
+                                    f"finish_reason is {type(choice.finish_reason).__name__}"
+                                )
                             finish = choice.finish_reason
             except errors.HybridError:
                 raise
@@ -249,6 +255,13 @@ class OpenAIEngine:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+
+def _count(value: object) -> int | None:
+    """A token count from a server's usage, or None if it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 _END = object()  # the stream ended
