@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from hybridllm import (
@@ -469,9 +470,18 @@ async def test_soak(
                 budget_peaks.append(s.settled_usd + s.reserved_usd)
             soak_proxies[w].faults = Faults()
 
-    async with anyio.create_task_group() as tg:
-        for w in range(WORKERS):
-            tg.start_soon(worker, w)
+    async def watch_budget() -> None:  # settled + held, every 50 ms while the soak runs
+        while True:
+            s = await anyio.to_thread.run_sync(ledger.spend, "day")
+            budget_peaks.append(s.settled_usd + s.reserved_usd)
+            await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(watch_budget)
+        async with anyio.create_task_group() as tg:
+            for w in range(WORKERS):
+                tg.start_soon(worker, w)
+        outer.cancel_scope.cancel()
     wall_s = time.perf_counter() - t_start
     leaks = await settled_leaks(before)
     spent = ledger.spend("day")
@@ -574,7 +584,12 @@ def soak_table(
         f"secrets found: {len(secrets)}",
         f"problems: {sum(len(r.problems) for r in results)}",
     ]
+    # llama_cpp.server (interrupt_requests, on by default) ends a streaming answer with [DONE]
+    # and no finish reason when another request waits for the model: the engine's typed
+    # CloudProtocolError, not an injected fault
     unfaulted = [r for r in results if r.spec.fault == "none" and r.error]
-    lines += [f"  error without a fault: #{r.spec.i} {r.spec.policy.name}: {r.error[:300]}"
+    if unfaulted:
+        lines.append("errors without an injected fault (the stand-in's interrupt_requests):")
+    lines += [f"  #{r.spec.i} {r.spec.policy.name}: {r.error[:300]}"
               for r in unfaulted]  # fmt: skip
     return "\n".join(lines)
