@@ -235,7 +235,8 @@ class OpenAIEngine:
             if finish is None:
                 raise errors.CloudProtocolError(
                     "the stream ended without a finish reason (the server dropped the request; "
-                    "llama_cpp.server does this for a prompt longer than its context)",
+                    "llama_cpp.server does this for a prompt longer than its context, and, with "
+                    "its interrupt_requests on, to an answer while another request waits)",
                     received_content=received,
                 )
             estimated = prompt_tokens is None or completion_tokens is None
