@@ -17,10 +17,11 @@ locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
 from __future__ import annotations
 
 import email.utils
+import math
 import os
 import time
 import warnings
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -83,6 +84,8 @@ class OpenAIEngine:
         self.model = model or os.environ.get("OPENAI_MODEL") or "gpt-4o-mini"
         self.include_usage = include_usage
         self._timeout = timeout
+        # the longest wait for one stream event (keep-alives do not count): the read timeout
+        self._read_timeout_s = timeout.read if isinstance(timeout, httpx2.Timeout) else timeout
         self._headers = dict(default_headers or {})
         self._client: openai.AsyncOpenAI | None = None
         self._active = 0
@@ -191,18 +194,30 @@ class OpenAIEngine:
                 )
                 yield Mark("first_byte", time.perf_counter())
                 stream = cast("openai.AsyncStream[Any]", raw.parse())
-                async for chunk in stream:
+                events = stream.__aiter__()
+                while (chunk := await _next_event(events, self._read_timeout_s)) is not _END:
+                    if chunk is _QUIET:  # keep-alives at most: the read timeout did not fire
+                        raise errors.CloudTimeoutError(
+                            f"no event from the cloud endpoint for {self._read_timeout_s:g} s",
+                            received_content=received,
+                        )
                     usage = getattr(chunk, "usage", None)
-                    if usage is not None:
-                        prompt_tokens = usage.prompt_tokens
-                        completion_tokens = usage.completion_tokens
+                    if usage is not None:  # (counts that are not counts: estimated instead)
+                        prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
+                        completion_tokens = _count(getattr(usage, "completion_tokens", None))
                     for choice in chunk.choices or ():
                         text = choice.delta.content if choice.delta else None
                         if text:
+                            if not isinstance(text, str):  # the SDK does not validate chunks
+                                raise TypeError(f"delta content is {type(text).__name__}")
                             received = True
                             n_deltas += 1
                             yield Delta(text, time.perf_counter())
                         if choice.finish_reason:
+                            if not isinstance(choice.finish_reason, str):
+                                raise TypeError(
+                                    f"finish_reason is {type(choice.finish_reason).__name__}"
+                                )
                             finish = choice.finish_reason
             except errors.HybridError:
                 raise
@@ -226,7 +241,8 @@ class OpenAIEngine:
             if finish is None:
                 raise errors.CloudProtocolError(
                     "the stream ended without a finish reason (the server dropped the request; "
-                    "llama_cpp.server does this for a prompt longer than its context)",
+                    "llama_cpp.server does this for a prompt longer than its context, and, with "
+                    "its interrupt_requests on, to an answer while another request waits)",
                     received_content=received,
                 )
             estimated = prompt_tokens is None or completion_tokens is None
@@ -274,6 +290,29 @@ def _check_args(
     ):
         raise errors.InvalidArgumentError("default_headers", headers, "a mapping of str to str")
     validate.one_of("name", name, ("local", "cloud"))
+
+
+def _count(value: object) -> int | None:
+    """A token count from a server's usage, or None if it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+_END = object()  # the stream ended
+_QUIET = object()  # no event within the read timeout
+
+
+async def _next_event(events: AsyncIterator[Any], read_s: float | None) -> Any:
+    """The stream's next event, `_END`, or `_QUIET` if none came within `read_s`. The HTTP read
+    timeout counts bytes, and SSE keep-alives (comments, which the SDK drops) are bytes: a
+    server sending only keep-alives would otherwise hold a request for ever."""
+    with anyio.move_on_after(math.inf if read_s is None else read_s):
+        try:
+            return await events.__anext__()
+        except StopAsyncIteration:
+            return _END
+    return _QUIET
 
 
 def map_error(

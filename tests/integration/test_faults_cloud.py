@@ -12,6 +12,7 @@ The local engine runs on one thread: the loopback server uses the other core.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import threading
@@ -26,6 +27,7 @@ import pytest
 from hybridllm import (
     CloudError,
     CloudProtocolError,
+    CloudTimeoutError,
     Fallback,
     HybridClient,
     LlamaCppEngine,
@@ -327,3 +329,22 @@ async def test_start_and_cancel_cycles_leak_nothing(proxy: FaultProxy, model_pat
     # anyio keeps idle worker threads for a while: allow the pool one or two more than warm
     assert threads <= base[0] + 2, f"threads grew: {base[0]} -> {threads}"
     assert not local.busy
+
+
+async def test_keepalives_without_end_time_out_a_cloud_only_request(proxy: FaultProxy) -> None:
+    """Keep-alives are bytes, so the HTTP read timeout never fires on them; the engine's read
+    timeout counts stream events instead (found by the soak: such a request never ended)."""
+    proxy.faults = Faults(keepalive_only_s=math.inf, keepalive_interval_ms=50)
+    policy = Policy(name="only", prefer="cloud", fallback_order=("cloud",), retries=0, max_tokens=8)
+    engine = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, timeout=1.0)
+    async with HybridClient(cloud=engine, policy=policy) as client:
+        t0 = time.perf_counter()
+        with anyio.fail_after(10), pytest.raises(CloudTimeoutError) as info:
+            await client.complete("Say hi.")
+        elapsed = time.perf_counter() - t0
+        closed = await client_closed_at(proxy)
+    assert 0.9 <= elapsed < 3.0
+    assert not info.value.received_content and "no event" in str(info.value)
+    (rec,) = proxy.connections
+    assert rec.http_fault == "keepalive" and rec.bytes_down > 0  # pings did arrive
+    assert closed is not None, "the cloud connection was left open"
