@@ -319,6 +319,7 @@ class HybridClient:
                 reason=decision.reason,
                 retries=policy.retries,
                 deadline_s=decision.deadline_s,
+                stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
             )
         return partial(
             race,

@@ -4,6 +4,8 @@ tests)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hybridllm import (
@@ -98,3 +100,20 @@ async def test_a_stall_is_a_typed_engine_error_in_the_tree() -> None:
     assert not any(e.retryable for e in stalls if isinstance(e, StallError))
     assert [e.engine for e in stalls if isinstance(e, StallError)] == ["cloud", "local"]
     assert StallError("quiet", engine="local").retryable  # nothing delivered yet
+
+
+async def test_a_single_engine_that_stalls_ends_with_a_stall_error_keeping_its_text() -> None:
+    """No other engine to move to (the single plan): the silence past `stall_ms` is a typed
+    StallError after the text already delivered, not a wait bounded only by HTTP timeouts."""
+    cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
+    policy = Policy(name="s", prefer="cloud", stall_ms=100)
+    got: list[str] = []
+    async with HybridClient(cloud=cloud, policy=policy) as client:
+        t0 = time.perf_counter()
+        with pytest.raises(StallError) as info:
+            async for token in client.stream("q"):
+                got.append(token)
+        waited = time.perf_counter() - t0
+        assert cloud.active == 0  # the stalled stream was closed
+    assert got == ["a"] and info.value.received_content and not info.value.retryable
+    assert 0.09 <= waited < 1.0 and "no token for 100 ms" in str(info.value)

@@ -2,13 +2,22 @@
 
 Failures that say "try again" (`EngineError.retryable`) before the first token are retried, at
 most `retries` times and never past the first-token deadline (`runtime.retry`); anything after
-the first token, or not retryable, reaches the app as it is.
+the first token, or not retryable, reaches the app as it is. Once the engine is streaming, a
+silence longer than the policy's `stall_ms` (`stall_s`) ends the answer with a `StallError`
+(received content, so not retried), as it does in the race, where the other engine would take
+over.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
+import anyio
+
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.events import Chunk, Finish
+from hybridllm.errors import StallError
+from hybridllm.events import Chunk, Delta, Finish
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun
 
@@ -20,6 +29,7 @@ async def single(
     reason: str,
     retries: int = 0,
     deadline_s: float | None = None,
+    stall_s: float | None = None,
 ) -> None:
     """Run `request` on `engine` alone, routed there for `reason`."""
     run.route(engine, reason)
@@ -34,6 +44,47 @@ async def single(
     policy = RetryPolicy(retries, None if deadline_s is None else run.trace.t_start + deadline_s)
     async for attempt in policy.attempts():
         with attempt:
-            await run.relay(engine, request, handle)
+            await _relay_watched(run, engine, request, handle, stall_s)
     run.trace.retries = policy.retried
     run.complete(engine.name, finishes[-1] if finishes else None)
+
+
+async def _relay_watched(
+    run: RequestRun,
+    engine: Engine,
+    request: GenerationRequest,
+    handle: Callable[[Chunk], None],
+    stall_s: float | None,
+) -> None:
+    """`run.relay`, ended by a `StallError` when text stops for longer than `stall_s` once the
+    first text has come (before it, the first-token deadline and the engine's timeouts rule)."""
+    if stall_s is None:
+        await run.relay(engine, request, handle)
+        return
+    last: float | None = None
+    stalled = False
+
+    def watched(chunk: Chunk) -> None:
+        nonlocal last
+        if isinstance(chunk, Delta):
+            last = time.perf_counter()
+        handle(chunk)
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal stalled
+        while True:
+            wait = stall_s if last is None else last + stall_s - time.perf_counter()
+            if last is not None and wait <= 0:
+                stalled = True
+                scope.cancel()
+                return
+            await anyio.sleep(wait)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        await run.relay(engine, request, watched)
+        tg.cancel_scope.cancel()
+    if stalled:
+        limit_ms = stall_s * 1e3
+        raise StallError(f"no token for {limit_ms:.0f} ms", engine=engine.name,
+                         received_content=True)  # fmt: skip
