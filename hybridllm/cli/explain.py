@@ -129,8 +129,8 @@ class _Exhausted:
 
 
 def _scan_with(stated: frozenset[str]) -> PrivacyScan:
-    def privacy(text: str) -> Collection[str]:
-        return {*kinds_of(scan(text)), *stated}  # the client's scan, plus the stated findings
+    def privacy(messages: Sequence[Mapping[str, str]]) -> Collection[str]:
+        return {*kinds_of(scan(messages)), *stated}  # the client's scan, plus the stated findings
 
     return privacy
 

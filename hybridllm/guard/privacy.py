@@ -17,7 +17,7 @@ traces, logs and error messages.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from hybridllm.guard.privacy_rules import (
@@ -129,7 +129,9 @@ Texts = str | Iterable[Mapping[str, object]]
 
 def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Finding, ...]:
     """Scan a text, or chat messages (every string value of each message); `extra` adds
-    (location, text) pairs such as an assistant prefix."""
+    (location, text) pairs such as an assistant prefix. The conversation is also scanned as the
+    cloud reads it, the contents back to back (`across_messages`), so a value split over two
+    messages (an email's user name in one turn, its domain in the next) is found too."""
     items: list[tuple[str, str]] = []
     if isinstance(texts, str):
         items.append(("text", texts))
@@ -142,7 +144,32 @@ def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Findin
     out: list[Finding] = []
     for location, text in items:
         out += scan_text(text, location)
-    return tuple(out)
+    contents = [(loc, text) for loc, text in items if loc == "text" or loc.endswith(".content")]
+    return (*out, *across_messages(contents, out))
+
+
+def across_messages(
+    contents: Sequence[tuple[str, str]], found: Iterable[Finding] = ()
+) -> list[Finding]:
+    """Findings that span the boundary between consecutive texts when they are read back to
+    back (location "conversation", span in the joined text). Those inside one text, and any
+    that overlap what the per-text scan `found` already, are left to that scan."""
+    if len(contents) < 2:
+        return []
+    joined = "".join(text for _, text in contents)
+    offsets, at = {}, 0
+    for location, text in contents:
+        offsets[location] = at
+        at += len(text)
+    bounds = sorted(offsets.values())[1:]
+    known = [(offsets[f.location] + f.start, offsets[f.location] + f.end)
+             for f in found if f.location in offsets]  # fmt: skip
+    return [
+        f
+        for f in scan_text(joined, "conversation")
+        if any(f.start < b < f.end for b in bounds)
+        and not any(f.start < e and s < f.end for s, e in known)
+    ]
 
 
 def kinds(findings: Iterable[Finding]) -> tuple[Kind, ...]:

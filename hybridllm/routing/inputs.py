@@ -42,8 +42,9 @@ class BudgetGate(Protocol):
 
 
 class PrivacyScan(Protocol):
-    def __call__(self, text: str) -> Collection[str]:
-        """The kinds of personal or secret data found in `text` (never the values)."""
+    def __call__(self, messages: Sequence[Mapping[str, str]]) -> Collection[str]:
+        """The kinds of personal or secret data found in the conversation (never the values):
+        each message, and the messages read back to back as the cloud would receive them."""
         ...
 
 

@@ -117,8 +117,7 @@ class Routing:
             if self.privacy is None:
                 kinds = None
             else:
-                text = "\n".join(m.get("content", "") for m in request.messages)
-                kinds = frozenset(self.privacy(text))
+                kinds = frozenset(self.privacy(request.messages))
         return RequestFacts(
             prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
@@ -222,8 +221,8 @@ def policy_caps(policy: Policy) -> tuple[Cap, ...]:
     return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
 
 
-def privacy_kinds(text: str) -> tuple[str, ...]:
-    return kinds(scan(text))
+def privacy_kinds(messages: Sequence[Mapping[str, str]]) -> tuple[str, ...]:
+    return kinds(scan(messages))
 
 
 class GuardBudget:

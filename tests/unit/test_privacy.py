@@ -210,3 +210,32 @@ def test_the_whole_request_is_scanned() -> None:
     guard.check(off, RequestContext(privacy="off"))
     with pytest.raises(PrivacyBlockedError):
         guard.check(off, RequestContext(privacy="keep-local"))
+
+
+SPLIT_EMAIL = [
+    # (messages, what a user met: an email address split over two messages of a conversation)
+    [("user", "Please write to ann.smith"), ("user", "@example.org about the invoice")],
+    [("user", "My address is ann.smith@"), ("assistant", "example.org, right?")],
+    [("user", "mail ann.smith@exam"), ("user", "ple.org now")],  # split inside the domain
+]
+
+
+@pytest.mark.parametrize("turns", SPLIT_EMAIL)
+def test_a_value_split_over_messages_is_found_where_the_cloud_would_read_it(
+    turns: list[tuple[str, str]],
+) -> None:
+    messages = [{"role": role, "content": text} for role, text in turns]
+    assert all(not scan_text(m["content"]) for m in messages)  # no single message holds it
+    found = scan(messages)
+    assert kinds(found) == ("email",) and found[0].location == "conversation"
+    guard = GuardedEngine(ScriptedEngine("cloud", tokens=["x"]), privacy="keep-local")
+    with pytest.raises(PrivacyBlockedError):
+        guard.check(GenerationRequest(messages=messages))
+
+
+def test_splitting_does_not_invent_or_double_findings() -> None:
+    benign = [{"role": "user", "content": text} for text in ("Order 12", "34 apples", "at noon")]
+    assert scan(benign) == ()  # "1234" across a boundary is no identifier
+    whole = [{"role": "user", "content": "write to ann.smith@example.org"}, {"role": "user",
+             "content": "thanks"}]  # fmt: skip
+    assert [f.location for f in scan(whole)] == ["messages[0].content"]  # found once, in place
