@@ -192,6 +192,11 @@ class StallError(EngineError):
     once an engine is streaming, so the race answers it with a continuation on the other engine
     (and raises it only where no continuation is possible)."""
 
+    @classmethod
+    def after(cls, limit_s: float, engine: str) -> StallError:
+        """The stall of a streaming `engine` (text already delivered) past `limit_s`."""
+        return cls(f"no token for {limit_s * 1e3:.0f} ms", engine=engine, received_content=True)
+
     @property
     def retryable(self) -> bool:
         return not self.received_content

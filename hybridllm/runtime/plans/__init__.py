@@ -9,7 +9,6 @@ local start, cloud continues) is a module here beside them, named below.
 
 from __future__ import annotations
 
-from hybridllm.errors import StallError as StallError  # its home is the error tree; old imports
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
 

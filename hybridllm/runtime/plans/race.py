@@ -238,9 +238,7 @@ class _Race:
         """The serving engine sent nothing for longer than the stall limit."""
         assert self.winner is not None and self.stall_s is not None
         name = self.contenders[self.winner].engine.name
-        limit_ms = self.stall_s * 1e3
-        stall = StallError(f"no token for {limit_ms:.0f} ms", engine=name, received_content=True)
-        self._on_error(self.winner, stall)
+        self._on_error(self.winner, StallError.after(self.stall_s, name))
 
     def _on_error(self, cid: int, exc: Exception) -> None:
         self.record_failure(cid, exc)

@@ -85,6 +85,4 @@ async def _relay_watched(
         await run.relay(engine, request, watched)
         tg.cancel_scope.cancel()
     if stalled:
-        limit_ms = stall_s * 1e3
-        raise StallError(f"no token for {limit_ms:.0f} ms", engine=engine.name,
-                         received_content=True)  # fmt: skip
+        raise StallError.after(stall_s, engine.name)
