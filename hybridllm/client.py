@@ -107,6 +107,8 @@ class HybridClient:
         self.cloud = cloud
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
+        if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
+            self._guard.preload_privacy = self.policy.privacy != "off"
         gate = (
             None if self._guard is None or self._guard.ledger is None else GuardBudget(self._guard)
         )

@@ -26,7 +26,8 @@ from pathlib import Path
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.errors import ConfigError
 from hybridllm.events import Chunk, EngineName
-from hybridllm.guard.privacy import kinds as kinds_of, scan
+from hybridllm.guard.privacy import kinds as kinds_of
+from hybridllm.guard.privacy_ner import NER_KINDS, default_scanner
 from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
@@ -35,7 +36,7 @@ from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 
-PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS)
+PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS) | NER_KINDS
 
 
 def _ms(s: float) -> str:
@@ -129,8 +130,9 @@ class _Exhausted:
 
 
 def _scan_with(stated: frozenset[str]) -> PrivacyScan:
-    def privacy(messages: Sequence[Mapping[str, str]]) -> Collection[str]:
-        return {*kinds_of(scan(messages)), *stated}  # the client's scan, plus the stated findings
+    def privacy(messages: Sequence[Mapping[str, str]], *, deep: bool = True) -> Collection[str]:
+        found = default_scanner().scan(messages, deep=deep)
+        return {*kinds_of(found), *stated}  # the client's scan, plus the stated findings
 
     return privacy
 

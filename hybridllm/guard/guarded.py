@@ -52,11 +52,13 @@ from hybridllm.engines.base import (
 from hybridllm.errors import CloudStatusError, ConfigError, PrivacyBlockedError
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
-from hybridllm.guard.privacy import Finding, kinds, scan
+from hybridllm.guard.privacy import Finding, kinds
+from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
 PrivacyMode = Literal["keep-local", "off"]
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
 _SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread (about 3 ms+)
+_NER_IN_THREAD_CHARS = 2_000  # with the NER layer on: about 10 ms and more
 
 
 # told of each settled cloud request: the usage counted and its cost in USD
@@ -130,9 +132,13 @@ class GuardedEngine:
         ledger: Ledger | str | Path | None = None,
         prices: Prices | str | Path | None = None,
         caps: Sequence[Cap] = (),
+        scanner: PrivacyScanner | None = None,
     ) -> None:
         """`ledger`: a `Ledger` or the path of its SQLite file; `prices`: a `Prices` or the path
-        of its TOML file; `caps` without a ledger get an in-memory one (this process only)."""
+        of its TOML file; `caps` without a ledger get an in-memory one (this process only);
+        `scanner`: the privacy scan (None: the process's shared one, patterns + NER when
+        installed). `start()` loads its NER pipelines when privacy is on (`privacy` here, or
+        `preload_privacy` set by a client whose policy turns it on)."""
         if privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
         if isinstance(ledger, str | Path):
@@ -144,6 +150,8 @@ class GuardedEngine:
         self.inner = inner
         self.name: EngineName = inner.name
         self.privacy: PrivacyMode = privacy
+        self.scanner = scanner or default_scanner()
+        self.preload_privacy = False
         self.ledger = ledger
         self.caps = tuple(caps)
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
@@ -159,6 +167,8 @@ class GuardedEngine:
 
     async def start(self) -> None:
         await self.inner.start()
+        if self.privacy != "off" or self.preload_privacy:  # off the first request's path
+            await anyio.to_thread.run_sync(self.scanner.warm)
 
     def info(self) -> EngineInfo:
         return self.inner.info()
@@ -179,8 +189,8 @@ class GuardedEngine:
     # ---- guards -----------------------------------------------------------------------------
 
     def findings(self, request: GenerationRequest) -> tuple[Finding, ...]:
-        """What the detector finds in everything the request would send."""
-        return scan((), extra=request_texts(request))
+        """What the scanner finds in everything the request would send."""
+        return self.scanner.scan((), extra=request_texts(request))
 
     def check(self, request: GenerationRequest, context: RequestContext | None = None) -> None:
         """Raise `PrivacyBlockedError` if the request may not leave the device."""
@@ -243,7 +253,8 @@ class GuardedEngine:
     ) -> AsyncGenerator[Chunk, None]:
         """The guarded stream; `context` None: the default scope and the guard's privacy mode."""
         context = context or RequestContext()
-        if sum(len(text) for _, text in request_texts(request)) > _SCAN_IN_THREAD_CHARS:
+        limit = _NER_IN_THREAD_CHARS if self.scanner.deep else _SCAN_IN_THREAD_CHARS
+        if sum(len(text) for _, text in request_texts(request)) > limit:
             await anyio.to_thread.run_sync(self.check, request, context)  # keep the loop free
         else:
             self.check(request, context)

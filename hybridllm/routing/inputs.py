@@ -42,9 +42,12 @@ class BudgetGate(Protocol):
 
 
 class PrivacyScan(Protocol):
-    def __call__(self, messages: Sequence[Mapping[str, str]]) -> Collection[str]:
+    def __call__(
+        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True
+    ) -> Collection[str]:
         """The kinds of personal or secret data found in the conversation (never the values):
-        each message, and the messages read back to back as the cloud would receive them."""
+        each message, and the messages read back to back as the cloud would receive them.
+        `deep` False: the cheap patterns only (the request cannot reach the cloud)."""
         ...
 
 

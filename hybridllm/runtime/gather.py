@@ -14,7 +14,8 @@ many of the policy's last `PARALLEL_WINDOW` requests started the cloud in parall
 `Policy.parallel_cloud_share`; each decided request, not a preview, is noted here).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
-guard's ledger, `privacy_kinds` its `PrivacyScan`, and `policy_caps` turns a policy's `[budget]`
+guard's ledger, `privacy_kinds` its `PrivacyScan` (the NER layer only for a request that could
+reach the cloud, or under privacy "block"), and `policy_caps` turns a policy's `[budget]`
 into ledger caps. Routing sees only the protocols; this room imports both sides.
 """
 
@@ -34,7 +35,8 @@ from hybridllm.engines.base import (
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
-from hybridllm.guard.privacy import kinds, scan
+from hybridllm.guard.privacy import kinds
+from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
@@ -117,7 +119,8 @@ class Routing:
             if self.privacy is None:
                 kinds = None
             else:
-                kinds = frozenset(self.privacy(request.messages))
+                deep = policy.privacy == "block" or _cloud_bound(policy, forced, engines)
+                kinds = frozenset(self.privacy(request.messages, deep=deep))
         return RequestFacts(
             prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
@@ -195,6 +198,15 @@ class Routing:
         return decision, facts, state
 
 
+def _cloud_bound(
+    policy: Policy, forced: EngineName | None, engines: Mapping[EngineName, Engine] | None
+) -> bool:
+    """Could this request reach the cloud? Only then does the privacy scan read it deeply (the
+    NER layer): a request that stays local pays for the patterns alone."""
+    has_cloud = engines is None or "cloud" in engines
+    return has_cloud and forced != "local" and policy.cloud_allowed
+
+
 def _uses_router(policy: Policy) -> bool:
     """The router decides only where the policy leaves the choice open ("auto", no fixed order,
     the cloud allowed) and says how to read the score (a threshold, a cloud share or a floor)."""
@@ -221,8 +233,9 @@ def policy_caps(policy: Policy) -> tuple[Cap, ...]:
     return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
 
 
-def privacy_kinds(messages: Sequence[Mapping[str, str]]) -> tuple[str, ...]:
-    return kinds(scan(messages))
+def privacy_kinds(messages: Sequence[Mapping[str, str]], *, deep: bool = True) -> tuple[str, ...]:
+    """The kinds the process's privacy scanner finds (`deep`: with its NER layer, if on)."""
+    return kinds(default_scanner().scan(messages, deep=deep))
 
 
 class GuardBudget:

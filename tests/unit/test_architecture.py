@@ -14,7 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hybridllm"
-HEAVY = ("numpy", "openai", "llama_cpp", "sklearn", "scipy", "skops", "httpx2", "pydantic")
+HEAVY = (
+    "numpy", "openai", "llama_cpp", "sklearn", "scipy", "skops", "httpx2", "pydantic", "spacy",
+    "presidio_analyzer",
+)  # fmt: skip
 
 
 def _after(code: str) -> dict[str, object]:

@@ -102,7 +102,7 @@ def test_a_cloud_share_or_quality_floor_gets_the_routers_threshold(
         (["--router-score", "nan"], "must be within 0..1"),
         (["--threshold", "-0.1"], "router threshold (--threshold) must be within 0..1"),
         (["--max-tokens", "-5"], "(--max-tokens) must be at least 1, not -5"),
-        (["--found", "passport"], "unknown privacy finding kind (--found) 'passport'; known: "),
+        (["--found", "visa"], "unknown privacy finding kind (--found) 'visa'; known: "),
         (["--queue-s", "-1"], "(--queue-s) must be >= 0 seconds, not -1.0"),
     ],
 )

