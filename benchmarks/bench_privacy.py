@@ -1,14 +1,21 @@
-"""Privacy detector benchmark: scan() latency for a 2,000-token prompt.
+"""Privacy scan benchmark: what it finds on the labelled corpus, and what it costs per prompt.
 
-    python benchmarks/bench_privacy.py [--n 1000] [--tokens 2000] [--json PATH]
+    python benchmarks/bench_privacy.py [--quick] [--n 200] [--json PATH]
 
-The prompt is built from the benign test corpus (prose, code, numbers, dates, hashes), repeated
-until the test model's tokenizer (SmolLM2, vocabulary only) counts `--tokens` tokens; a second
-variant has a few secrets (email, card, key) spread through it; a third is 8,000 characters
-(about 2,000 tokens of English prose at 4 characters a token; the corpus is number-heavy, and
-the tokenizer splits numbers digit by digit). Baseline, in the same run: one
-pass of a single compiled regex (`\\S+`) over the same text, the least any regex scanner pays.
-Figures: p50 / p99 / max in milliseconds, and the ratio to the baseline.
+Quality, on `data/privacy/corpus.jsonl` (labels: data/privacy/README.md), for the patterns
+alone ("before") and patterns + the NER layer ("after"), per language:
+- recall per kind: the share of (item, expected kind) pairs whose kind was found (a national
+  ID counts when found as `national_id`, `ssn`, `uk_nino` or `es_dni`);
+- kept local: the share of items with personal data on which anything at all was found (what
+  `privacy="keep-local"` acts on: such a request does not go to the cloud);
+- false positives: the share of benign items flagged, and of items naming public figures
+  (labelled benign: see the README) flagged.
+The NER layer runs in both of its language modes: the language detected (the default) and
+every pipeline on every text.
+
+Cost, on cloud-bound prompts of about 50 and 2,000 tokens (benign prose from the corpus, each
+call a new text so that the NER layer's result cache never answers): P50/P99 milliseconds of
+`PrivacyScanner.scan` with patterns only and with the NER layer, plus the one-time load.
 """
 
 from __future__ import annotations
@@ -18,110 +25,140 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-import re  # noqa: E402
+from hybridllm.engines.tokens import estimate_text_tokens  # noqa: E402
+from hybridllm.guard.privacy import kinds  # noqa: E402
+from hybridllm.guard.privacy_ner import PrivacyScanner  # noqa: E402
 
-from hybridllm.engines.base import GenerationRequest  # noqa: E402
-from hybridllm.engines.scripted import ScriptedEngine  # noqa: E402
-from hybridllm.guard.guarded import GuardedEngine  # noqa: E402
-from hybridllm.guard.privacy import scan  # noqa: E402
-from tests.privacy_corpus import BENIGN  # noqa: E402
-
-
-def token_counter() -> tuple[Callable[[str], int], str]:
-    try:
-        import llama_cpp
-
-        from hybridllm.local.resolve import resolve_model
-
-        path = resolve_model("smollm2-135m-instruct")
-        llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-        return (lambda s: len(llm.tokenize(s.encode(), add_bos=False))), "SmolLM2 tokenizer"
-    except Exception:  # no model here: about 4 characters per token
-        return (lambda s: len(s) // 4), "4 characters per token (no tokenizer available)"
+CORPUS = ROOT / "data" / "privacy" / "corpus.jsonl"
+SAME = {"national_id": {"national_id", "ssn", "uk_nino", "es_dni"}}
 
 
-def build_prompt(tokens: int, count: Callable[[str], int]) -> str:
-    parts: list[str] = []
-    i = 0
-    while count("\n".join(parts)) < tokens:
-        parts.append(BENIGN[i % len(BENIGN)])
-        i += 1
-    return "\n".join(parts)
+def load() -> list[dict[str, object]]:
+    return [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line]
 
 
-def timings_ms(fn: Callable[[], object], n: int) -> tuple[list[float], list[float]]:
-    """Wall-clock and thread CPU milliseconds per call (CPU time leaves out the time other
-    processes on a busy machine took the core)."""
-    for _ in range(20):
-        fn()
-    wall, cpu = [], []
-    for _ in range(n):
-        t, c = time.perf_counter(), time.thread_time()
-        fn()
-        cpu.append((time.thread_time() - c) * 1e3)
-        wall.append((time.perf_counter() - t) * 1e3)
-    return wall, cpu
+def hit(expected: str, found: set[str]) -> bool:
+    return bool(SAME.get(expected, {expected}) & found)
 
 
-def summary(runs: tuple[list[float], list[float]]) -> dict[str, float]:
-    wall, cpu = runs
-    q = statistics.quantiles(wall, n=100, method="inclusive")
-    qc = statistics.quantiles(cpu, n=100, method="inclusive")
-    return {"p50": q[49], "p99": q[98], "max": max(wall), "cpu_p50": qc[49], "cpu_p99": qc[98]}
+def evaluate(items: list[dict[str, object]], scanner: PrivacyScanner) -> dict[str, object]:
+    per_kind: dict[str, Counter[str]] = defaultdict(Counter)  # lang -> kind -> hits / total
+    flagged: dict[str, Counter[str]] = defaultdict(Counter)  # lang -> group -> flagged / total
+    missed: list[str] = []
+    for item in items:
+        lang, group = str(item["lang"]), str(item["group"])
+        expected = list(item["kinds"])  # type: ignore[call-overload]
+        found = set(kinds(scanner.scan(item["messages"])))  # type: ignore[arg-type]
+        for bucket in (lang, "all"):
+            flagged[bucket][group + "/n"] += 1
+            flagged[bucket][group] += bool(found)
+            for k in expected:
+                per_kind[bucket][k + "/n"] += 1
+                per_kind[bucket][k] += hit(k, found)
+        missed += [f"{item['id']}: {k}" for k in expected if not hit(k, found)]
+    return {"kinds": per_kind, "flagged": flagged, "missed": missed}
+
+
+def share(c: Counter[str], key: str) -> str:
+    n = c[key + "/n"]
+    return f"{c[key] / n:6.0%} ({c[key]}/{n})" if n else "     -"
+
+
+def report(name: str, result: dict[str, object]) -> None:
+    per_kind: dict[str, Counter[str]] = result["kinds"]  # type: ignore[assignment]
+    flagged: dict[str, Counter[str]] = result["flagged"]  # type: ignore[assignment]
+    print(f"\n== {name}")
+    langs = ["all", "en", "fr", "de", "es"]
+    print(f"{'':22}" + "".join(f"{lang:>16}" for lang in langs))
+    kind_names = sorted({k[:-2] for c in per_kind.values() for k in c if k.endswith("/n")})
+    for k in kind_names:
+        print(f"recall {k:15}" + "".join(f"{share(per_kind[lang], k):>16}" for lang in langs))
+    for label, group in (("kept local", None), ("FP benign", "benign"), ("FP public", "public")):
+        row = []
+        for lang in langs:
+            c = flagged[lang]
+            if group is None:  # items with personal data on which anything was found
+                hits = c["sensitive"] + c["split"]
+                n = c["sensitive/n"] + c["split/n"]
+                row.append(f"{hits / n:6.0%} ({hits}/{n})" if n else "     -")
+            else:
+                row.append(share(c, group))
+        print(f"{label:22}" + "".join(f"{r:>16}" for r in row))
+    total = Counter[str]()
+    for k in kind_names:
+        total["x"] += per_kind["all"][k]
+        total["x/n"] += per_kind["all"][k + "/n"]
+    print(f"{'recall, all kinds':22}{share(total, 'x'):>16}")
+
+
+def prose(tokens: int, items: list[dict[str, object]], salt: int) -> str:
+    benign = [
+        str(m["content"])  # type: ignore[index]
+        for i in items
+        if i["group"] == "benign"
+        for m in i["messages"]  # type: ignore[attr-defined]
+    ]
+    parts, i = [f"Request {salt}."], salt
+    while estimate_text_tokens(" ".join(parts)) < tokens:
+        parts.append(benign[i % len(benign)])
+        i += 7
+    return " ".join(parts)
+
+
+def latency(scanner: PrivacyScanner, tokens: int, n: int, items: list[dict[str, object]]) -> str:
+    texts = [[{"role": "user", "content": prose(tokens, items, s)}] for s in range(n + 5)]
+    for t in texts[:5]:
+        scanner.scan(t)
+    ms = []
+    for t in texts[5:]:
+        t0 = time.perf_counter()
+        scanner.scan(t)
+        ms.append((time.perf_counter() - t0) * 1e3)
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return f"p50 {q[49]:7.2f} ms  p99 {q[98]:7.2f} ms"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--quick", action="store_true", help="fewer latency samples (n=30)")
+    ap.add_argument("--n", type=int, default=200, help="latency samples per figure")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    count, how = token_counter()
-    benign = build_prompt(args.tokens, count)
-    third = len(benign) // 3
-    secret = (
-        benign[:third]
-        + " mail maria.gonzalez84@gmail.com "
-        + benign[third : 2 * third]
-        + " card 4111 1111 1111 1111, key sk-proj-Xk29dLq8Zr7Wm3Np5Tv1Yb6Hc4Js0Fg "
-        + benign[2 * third :]
-    )
-    assert scan(benign) == () and len(scan(secret)) == 3
-    prose = benign
-    while len(prose) < 8000:
-        prose += "\n" + benign
-    prose = prose[:8000]
-    guard = GuardedEngine(ScriptedEngine("cloud"), privacy="off")
-    request = GenerationRequest(messages=[{"role": "user", "content": benign}])
-    word = re.compile(r"\S+")
+    n = 30 if args.quick else args.n
+    items = load()
+    print(f"corpus: {len(items)} items, {dict(Counter(str(i['group']) for i in items))}")
+    patterns = PrivacyScanner(ner="off")
+    ner = PrivacyScanner(ner="on")
+    both = PrivacyScanner(ner="on", detect=False)
+    t0 = time.perf_counter()
+    ner.warm()
+    load_s = time.perf_counter() - t0
+    both.warm()
+    print(f"NER layer: {ner.status().describe()}")
     results = {
-        "baseline one regex pass": summary(timings_ms(lambda: word.findall(benign), args.n)),
-        "scan, benign prompt": summary(timings_ms(lambda: scan(benign), args.n)),
-        "scan, prompt with 3 secrets": summary(timings_ms(lambda: scan(secret), args.n)),
-        "scan, 8,000 characters": summary(timings_ms(lambda: scan(prose), args.n)),
-        "GuardedEngine.findings(request)": summary(
-            timings_ms(lambda: guard.findings(request), args.n)
-        ),
+        "before: patterns only": evaluate(items, patterns),
+        "after: patterns + NER (language detected)": evaluate(items, ner),
+        "after: patterns + NER (both pipelines on every text)": evaluate(items, both),
     }
-    base = results["baseline one regex pass"]
-    print(f"prompt: {count(benign)} tokens ({how}), {len(benign)} characters; n={args.n}")
-    print(
-        f"{'':32} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'cpu p50':>8} {'cpu p99':>8}"
-        f" {'p50 / baseline':>15}"
-    )
-    for name, r in results.items():
-        ratio = r["p50"] / base["p50"]
-        print(
-            f"{name:32} {r['p50']:7.3f} {r['p99']:7.3f} {r['max']:7.3f} {r['cpu_p50']:8.3f}"
-            f" {r['cpu_p99']:8.3f} {ratio:15.1f}"
-        )
+    for name, result in results.items():
+        report(name, result)
+    print("\nmissed with NER (language detected):")
+    for line in results["after: patterns + NER (language detected)"]["missed"]:  # type: ignore[attr-defined]
+        print("  ", line)
+    print(f"\nlatency of one scan, n={n} (NER layer load, once per process: {load_s:.2f} s)")
+    cost = {}
+    for tokens in (50, 2000):
+        for name, s in (("patterns", patterns), ("+NER", ner), ("+NER both", both)):
+            cost[f"{tokens} tokens {name}"] = figure = latency(s, tokens, n, items)
+            print(f"  ~{tokens:4} tokens  {name:10} {figure}")
     if args.json:
-        args.json.write_text(json.dumps({"tokens": count(benign), "results": results}, indent=1))
+        args.json.write_text(json.dumps({"results": results, "latency": cost}, indent=1))
 
 
 if __name__ == "__main__":

