@@ -1,0 +1,120 @@
+"""The privacy scan's NER layer with the real Presidio and spaCy pipelines, against the real
+loopback server through a recording FaultProxy: names with home addresses, dates of birth and
+passport numbers, in English and French, and a name and address split over two turns, never
+reach the cloud under privacy="keep-local"; benign prompts do. What reached the network is read
+back from the proxy's log of request bodies."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, PrivacyBlockedError
+from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
+from hybridllm.testing import FaultProxy
+from tests.integration.servers import ALIAS, API_KEY
+from tests.integration.test_guarded_integration import leaked, on_the_wire
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(p) for p in ("presidio_analyzer", "spacy")),
+        reason="the privacy extra (hybridllm[privacy]) is not installed",
+    ),
+]
+
+# (messages, a kind the scan must name, the values that must never leave the device)
+PRIVATE: list[tuple[list[dict[str, str]], str, tuple[str, ...]]] = [
+    (
+        [{"role": "user", "content": "Write to my landlord. I am Sarah Connolly, 17 Elm Grove, "
+                                     "Bristol BS6 5TR."}],
+        "person", ("Sarah Connolly", "17 Elm Grove"),
+    ),
+    (
+        [{"role": "user", "content": "Je m'appelle Marie Dupont et j'habite au 12 rue de la Paix, "
+                                     "75002 Paris. Écrivez à mon propriétaire."}],
+        "address", ("Marie Dupont", "12 rue de la Paix"),
+    ),
+    ([{"role": "user", "content": "I was born on 14 March 1987 in Leeds. Which star sign am I?"}],
+     "date_of_birth", ("14 March 1987",)),
+    ([{"role": "user", "content": "Je suis née le 14 juillet 1990 à Lyon. Quel est mon signe ?"}],
+     "date_of_birth", ("14 juillet 1990",)),
+    ([{"role": "user", "content": "My passport number is 533380006. Does it need renewing?"}],
+     "passport", ("533380006",)),
+    ([{"role": "user", "content": "Mon numéro de passeport est 12AB34567, est-il valide ?"}],
+     "passport", ("12AB34567",)),
+    (
+        [
+            {"role": "user", "content": "I need a letter to my landlord."},
+            {"role": "assistant", "content": "Sure, what is your name and address?"},
+            {"role": "user", "content": "Oliver Pennington, 58"},
+            {"role": "user", "content": "Wellington Road, Sheffield"},
+        ],
+        "address", ("Oliver Pennington", "58 Wellington Road"),
+    ),
+]  # fmt: skip
+BENIGN = [
+    "How do I format a street address in an HTML form?",
+    "What is a passport number used for?",
+    "Comment formater une adresse postale dans un formulaire web ?",
+    "Summarise the plot of Hamlet in three sentences.",
+]
+
+
+def cloud(proxy: FaultProxy) -> OpenAIEngine:
+    return OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+
+
+async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
+    proxy: FaultProxy, model_path: Path
+) -> None:
+    proxy.record = True
+    assert default_scanner().deep  # the real NER layer, not the patterns alone
+    local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
+    cloud_first = Policy(name="cloud-first", prefer="cloud", max_tokens=2, temperature=0)
+    async with HybridClient(
+        local=local, cloud=cloud(proxy), policy=cloud_first, privacy="keep-local"
+    ) as c:
+        assert default_scanner().status().load_s is not None  # loaded as the client started
+        private = [await c.complete(messages) for messages, _, _ in PRIVATE]
+        benign = [await c.complete(prompt) for prompt in BENIGN]
+        # a forced cloud request with personal data is refused with the documented type
+        with pytest.raises(PrivacyBlockedError) as refused:
+            await c.complete(PRIVATE[0][0], engine="cloud")
+        assert "person" in refused.value.kinds and "Connolly" not in str(refused.value)
+    wire = on_the_wire(proxy)
+    for (_, kind, secrets), done in zip(PRIVATE, private, strict=True):
+        tr = done.trace
+        assert tr.engine == "local" and tr.started == ["local"], tr.route_reason
+        assert "privacy:" in tr.route_reason and kind in tr.route_reason, tr.route_reason
+        for secret in secrets:
+            assert not leaked(secret, wire), secret
+            assert secret not in repr(tr) + str(tr.summary())
+    assert all(done.trace.engine == "cloud" for done in benign)
+    assert all(prompt in wire for prompt in BENIGN)
+    assert len(proxy.requests()) == len(BENIGN)
+
+
+async def test_the_guard_alone_stops_a_split_that_reaches_the_seam(proxy: FaultProxy) -> None:
+    """Even without routing's scan, the guard at the cloud seam reads the conversation with the
+    NER layer: a name in one turn and the street in the next are refused there."""
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.guard.guarded import GuardedEngine
+
+    proxy.record = True
+    guard = GuardedEngine(cloud(proxy), privacy="keep-local", scanner=PrivacyScanner(ner="on"))
+    await guard.start()
+    try:
+        request = GenerationRequest(messages=PRIVATE[-1][0], max_tokens=2)
+        with pytest.raises(PrivacyBlockedError) as refused:
+            async for _ in guard.stream(request):
+                pass
+        assert {"person", "address"} <= set(refused.value.kinds)
+        ok = GenerationRequest(messages=[{"role": "user", "content": BENIGN[0]}], max_tokens=2)
+        assert [c async for c in guard.stream(ok)]
+    finally:
+        await guard.aclose()
+    assert len(proxy.requests()) == 1 and not leaked("Pennington", on_the_wire(proxy))
