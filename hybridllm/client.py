@@ -38,7 +38,13 @@ from hybridllm.policy import Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
-from hybridllm.runtime.gather import GuardBudget, Routing, policy_caps, privacy_kinds
+from hybridllm.runtime.gather import (
+    GuardBudget,
+    Routing,
+    policy_caps,
+    privacy_kinds,
+    refusal_error,
+)
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans import race, single
@@ -285,19 +291,8 @@ class HybridClient:
         decision, facts, state = self.routing.decide(
             request, policy, self.engines, self.breakers, name, preview=preview
         )
-        if decision.primary is None:
-            found = facts.privacy_kinds
-            if (
-                found
-                and policy.privacy != "off"
-                and any(
-                    r.startswith("privacy: ")
-                    and r.endswith(("blocked by the policy", "local only"))
-                    for r in decision.reasons
-                )
-            ):  # a privacy refusal is the documented type, whatever refused it
-                raise errors.PrivacyBlockedError(tuple(sorted(found)), reasons=decision.reasons)
-            raise errors.RequestRefusedError(decision.reasons)
+        if decision.primary is None:  # the documented type: privacy, budget, or else
+            raise refusal_error(decision, facts, policy, request, self._guard)
         return decision, facts, state
 
     def _plan(

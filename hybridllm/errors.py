@@ -28,9 +28,11 @@ HybridError
     │                           wait would pass `max_queue_wait_s`: refused at once, never queued
     ├── RefusedError            a guard kept the request from the engine; nothing was sent
     │   ├── PrivacyBlockedError     the request holds personal or secret data and the privacy
-    │   │                           mode keeps it local (also when routing refuses it up front:
-    │   │                           privacy "block", or engine="cloud" under "keep-local")
+    │   │   │                       mode keeps it local
+    │   │   └── PrivacyRefusedError (also a RequestRefusedError) routing refused it up front:
+    │   │                           privacy "block", or engine="cloud" under "keep-local"
     │   └── BudgetExceededError     the worst-case cost does not fit a budget cap
+    │       └── BudgetRefusedError  (also a RequestRefusedError) routing refused it up front
     └── CloudError              an OpenAI-compatible endpoint failed
         ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
         ├── CloudTimeoutError       the endpoint did not answer in time
@@ -288,6 +290,33 @@ class BudgetExceededError(RefusedError):
             f"needs up to ${needed_usd:.6f}); nothing was sent to the {engine} engine",
             engine=engine,
         )
+
+
+class PrivacyRefusedError(PrivacyBlockedError, RequestRefusedError):
+    """Routing refused the request up front for personal data (privacy "block", or a forced
+    `engine="cloud"` under "keep-local"): a `PrivacyBlockedError`, and a `RequestRefusedError`
+    for code written when routing's refusals were only that."""
+
+    def __init__(self, kinds: tuple[str, ...], *, reasons: tuple[str, ...]) -> None:
+        blocked = PrivacyBlockedError(kinds, reasons=reasons)
+        self.kinds, self.reasons = kinds, reasons
+        self.engine, self.received_content = "cloud", False
+        self.path, self.field = None, None
+        Exception.__init__(self, str(blocked))
+
+
+class BudgetRefusedError(BudgetExceededError, RequestRefusedError):
+    """Routing refused the request up front for its budget (`on_exceeded = "fail"`, or the cloud
+    is the only engine): a `BudgetExceededError` with the cap's figures, and a
+    `RequestRefusedError` (`reasons`: the decision's) for older except clauses."""
+
+    def __init__(self, refusal: BudgetExceededError, *, reasons: tuple[str, ...]) -> None:
+        self.cap, self.limit_usd = refusal.cap, refusal.limit_usd
+        self.spent_usd, self.reserved_usd = refusal.spent_usd, refusal.reserved_usd
+        self.needed_usd = refusal.needed_usd
+        self.engine, self.received_content = refusal.engine, False
+        self.reasons, self.path, self.field = reasons, None, None
+        Exception.__init__(self, f"{refusal} (decision: {'; '.join(reasons)})")
 
 
 class CloudError(EngineError):

@@ -49,7 +49,12 @@ from hybridllm.engines.base import (
     chat_messages,
     prompt_token_bound,
 )
-from hybridllm.errors import CloudStatusError, ConfigError, PrivacyBlockedError
+from hybridllm.errors import (
+    BudgetExceededError,
+    CloudStatusError,
+    ConfigError,
+    PrivacyBlockedError,
+)
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
 from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
 from hybridllm.guard.privacy import Finding, kinds
@@ -214,20 +219,26 @@ class GuardedEngine:
         """Would a request of this size (`prompt_tokens`: its `prompt_token_bound`) fit every
         cap of `scope` now, worst case? With the reason when not. The same check as the
         reservation's (`Ledger.check`), so the two agree; the reservation stays the authority."""
-        if self.ledger is None or self.price is None:
-            return True, ""
-        refusal = self.ledger.check(
-            price=self.price,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            scope=scope,
-            caps=self.caps_for(scope),
-        )
+        refusal = self.refusal(scope, prompt_tokens, max_tokens)
         if refusal is None:
             return True, ""
         return False, (
             f"{refusal.cap} cap {usd(refusal.limit_usd)}: spent {usd(refusal.spent_usd)}, "
             f"in flight {usd(refusal.reserved_usd)}, this request up to {usd(refusal.needed_usd)}"
+        )
+
+    def refusal(
+        self, scope: str, prompt_tokens: int, max_tokens: int
+    ) -> BudgetExceededError | None:
+        """The error a reservation of this size would raise now (None: it fits, or no ledger)."""
+        if self.ledger is None or self.price is None:
+            return None
+        return self.ledger.check(
+            price=self.price,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            scope=scope,
+            caps=self.caps_for(scope),
         )
 
     async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:

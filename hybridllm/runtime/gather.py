@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hybridllm import errors
 from hybridllm.engines.base import (
     Engine,
     GenerationRequest,
@@ -247,3 +248,29 @@ class GuardBudget:
     def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
         fits, detail = self.guard.fits(policy.name, prompt_tokens, max_tokens)
         return BudgetVerdict(fits, detail)
+
+
+def refusal_error(
+    decision: Decision,
+    facts: RequestFacts,
+    policy: Policy,
+    request: GenerationRequest,
+    guard: GuardedEngine | None,
+) -> errors.HybridError:
+    """The documented type for a request no engine may serve: `PrivacyRefusedError` when the
+    privacy scan kept it from the cloud, `BudgetRefusedError` (with the cap's figures) when the
+    budget did, else `RequestRefusedError`. The first two are `RequestRefusedError`s too."""
+    reasons = decision.reasons
+    found = facts.privacy_kinds
+    privacy = any(
+        r.startswith("privacy: ") and r.endswith(("blocked by the policy", "local only"))
+        for r in reasons
+    )
+    if found and policy.privacy != "off" and privacy:
+        return errors.PrivacyRefusedError(tuple(sorted(found)), reasons=reasons)
+    if guard is not None and any(r.startswith("budget: cannot cover") for r in reasons):
+        bound = prompt_token_bound(request.messages)
+        refusal = guard.refusal(policy.name, bound, request.max_tokens)
+        if refusal is not None:
+            return errors.BudgetRefusedError(refusal, reasons=reasons)
+    return errors.RequestRefusedError(reasons)

@@ -281,3 +281,30 @@ async def test_a_cancel_while_reserving_releases_the_reservation() -> None:
         await drain(guard, req)
     assert scope.cancelled_caught
     assert [e["state"] for e in ledger.entries()] == ["released"]
+
+
+async def test_routing_refusals_raise_the_documented_types_scripted() -> None:
+    """A refusal decided at routing is the guard's type too (and still a RequestRefusedError)."""
+    from hybridllm import BudgetExceededError, BudgetRefusedError, PrivacyRefusedError
+
+    caps = [Cap(None, "request", 1e-6)]  # no request fits
+    kw = {"policy": CLOUD_FIRST, "prices": PRICES, "budget_caps": caps}
+    async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["x"]), **kw) as only:  # type: ignore[arg-type]
+        with pytest.raises(BudgetExceededError) as info:
+            await only.complete("hello")
+    refused = info.value
+    assert isinstance(refused, BudgetRefusedError) and isinstance(refused, RequestRefusedError)
+    assert refused.cap == "global per-request" and refused.limit_usd == 1e-6
+    assert refused.needed_usd > refused.limit_usd and refused.engine == "cloud"
+    assert any(r.startswith("budget: cannot cover") for r in refused.reasons)
+    assert not refused.retryable and "decision: " in str(refused)
+    local, cloud = local_and_cloud()
+    async with HybridClient(
+        local=local, cloud=cloud, policy=CLOUD_FIRST, privacy="keep-local"
+    ) as client:
+        with pytest.raises(PrivacyBlockedError) as blocked:
+            await client.complete(f"write to {EMAIL}", engine="cloud")
+        with pytest.raises(RequestRefusedError):  # old except clauses still catch it
+            await client.complete(f"write to {EMAIL}", engine="cloud")
+    assert isinstance(blocked.value, PrivacyRefusedError) and blocked.value.kinds == ("email",)
+    assert EMAIL not in str(blocked.value) and cloud.requests == []
