@@ -24,7 +24,7 @@ from hybridllm import (
     Token,
     Usage,
 )
-from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from hybridllm.testing import FaultProxy, Faults, HybridServer
 from hybridllm.testing.server import free_port
 from tests.integration.servers import ALIAS, API_KEY
 
@@ -178,7 +178,7 @@ async def test_latency_shows_in_ttft(proxy: FaultProxy) -> None:
 
 
 async def test_prompt_longer_than_server_context_is_a_typed_error(
-    proxy: FaultProxy, llama_server: LlamaServer
+    proxy: FaultProxy, cloud_server: HybridServer
 ) -> None:
     async with cloud_client(proxy) as client:
         with pytest.raises(CloudError) as info:

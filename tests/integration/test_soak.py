@@ -61,7 +61,7 @@ from hybridllm.guard.prices import ModelPrice, Prices
 from hybridllm.policy import resolve_policy
 from hybridllm.routing.log import DecisionLog
 from hybridllm.runtime.trace import Trace
-from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from hybridllm.testing import FaultProxy, Faults, HybridServer
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -411,9 +411,9 @@ async def settled_leaks(before: _Resources, limit_s: float = 5.0) -> dict[str, i
 
 
 @pytest.fixture
-def soak_proxies(llama_server: LlamaServer) -> Iterator[list[FaultProxy]]:
+def soak_proxies(cloud_server: HybridServer) -> Iterator[list[FaultProxy]]:
     proxies = [
-        FaultProxy(upstream=("127.0.0.1", llama_server.port), record=True) for _ in range(WORKERS)
+        FaultProxy(upstream=("127.0.0.1", cloud_server.port), record=True) for _ in range(WORKERS)
     ]
     for p in proxies:
         p.start()
