@@ -406,3 +406,5 @@ def pull(name: str, *, progress: Progress | None = None, force: bool = False) ->
         finally:
             partial.unlink(missing_ok=True)
     return dest
+
+
