@@ -6,7 +6,7 @@
     OPENAI_BASE_URL=... OPENAI_API_KEY=... hybridllm demo --model gpt-4o-mini   # a real cloud
 
 Models are pulled (with a progress bar) when missing. Without a configured endpoint the demo
-starts its own OpenAI-compatible "cloud" (`llama_cpp.server` with Qwen2.5-Coder-1.5B on
+starts its own OpenAI-compatible "cloud" (`hybridllm serve` with Qwen2.5-Coder-1.5B on
 127.0.0.1) and always stops it at the end, on errors and on Ctrl-C too.
 """
 
@@ -35,7 +35,8 @@ from hybridllm.errors import ConfigError
 from hybridllm.events import EngineName, ParallelStart, Route, Token
 from hybridllm.guard.guarded import usd
 from hybridllm.local import resolve, waitpolicy
-from hybridllm.testing.server import LlamaServer, free_port
+from hybridllm.testing.hybrid_server import HybridServer
+from hybridllm.testing.server import free_port
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 STANDIN_CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -281,18 +282,14 @@ def run_demo(args: argparse.Namespace) -> int:
         os.environ.setdefault(waitpolicy.ENV, "PASSIVE")
     _pull(local_name, out)
     local = LlamaCppEngine(local_name, n_threads=threads, warm_up=False, pull=True)
-    server: LlamaServer | None = None
+    server: HybridServer | None = None
     port = free_port()
     if standin:
         path = _pull(STANDIN_CLOUD_MODEL, out)
-        # Requests run one after another, so the server may use every core too.
-        server = LlamaServer(
-            path,
-            alias=STANDIN_CLOUD_MODEL,
-            n_ctx=4096,
-            port=port,
-            n_threads=threads,
-            extra_args=["--n_threads_batch", str(threads), "--flash_attn", "true"],
+        # hybridllm's own server (`hybridllm serve`); requests run one after another, so the
+        # server may use every core too
+        server = HybridServer(
+            path, alias=STANDIN_CLOUD_MODEL, n_ctx=4096, port=port, n_threads=threads
         )
     try:
         if server is not None:

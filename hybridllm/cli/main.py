@@ -367,6 +367,21 @@ def _register_doctor(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_doctor)
 
 
+# --- serve ----------------------------------------------------------------------------------
+
+
+def _register_serve(subparsers: Subparsers) -> None:
+    from hybridllm.server.command import add_arguments, run
+
+    p = subparsers.add_parser(
+        "serve",
+        help="serve one model over an OpenAI-compatible HTTP API (chat, and completions with "
+        "vLLM's prompt_logprobs for verifying drafts)",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
@@ -374,6 +389,7 @@ _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_router,
     _register_tune,
     _register_doctor,
+    _register_serve,
 ]
 
 

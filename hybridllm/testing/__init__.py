@@ -4,11 +4,14 @@
   stalls and resets between a client and a real server.
 - :class:`LlamaServer`: a real OpenAI-compatible server (``llama_cpp.server``) on loopback, as a
   subprocess, for integration tests.
+- :class:`HybridServer`: hybridllm's own OpenAI-compatible server (`hybridllm serve`, with vLLM's
+  ``prompt_logprobs``) on loopback, as a subprocess: the stand-in cloud.
 - :class:`ScriptedEngine`: an engine that plays a timed script, for unit tests of orchestration.
 """
 
 from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.testing.faults import StallDist, heavy_tail
+from hybridllm.testing.hybrid_server import HybridServer
 from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
 from hybridllm.testing.server import LlamaServer, ServerStartError
 
@@ -16,6 +19,7 @@ __all__ = [
     "ConnectionRecord",
     "FaultProxy",
     "Faults",
+    "HybridServer",
     "LlamaServer",
     "ScriptedEngine",
     "StallDist",

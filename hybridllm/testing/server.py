@@ -67,11 +67,15 @@ def _kill(proc: subprocess.Popen[bytes], timeout: float) -> None:
 class LlamaServer:
     """Runs ``python -m llama_cpp.server`` for one GGUF model on ``127.0.0.1:<port>``.
 
+    (`HybridServer` runs hybridllm's own server the same way.)
+
     ``alias`` is the model name clients send (``.model``); ``api_key``, when set, makes the
     server demand ``Authorization: Bearer <api_key>``. ``extra_args`` are appended to the
     command line (e.g. ``["--n_batch", "512"]``). ``log_path``: where the server's output goes;
     by default a temporary file that is deleted on :meth:`stop` (kept when the start failed).
     """
+
+    label = "llama_cpp.server"
 
     def __init__(
         self,
@@ -209,7 +213,7 @@ class LlamaServer:
 
     def __repr__(self) -> str:
         state = f"port={self._port}" if self._proc is not None else "stopped"
-        return f"<LlamaServer {self.model!r} {self.model_path.name} {state}>"
+        return f"<{type(self).__name__} {self.model!r} {self.model_path.name} {state}>"
 
     # -- internals --------------------------------------------------------------------------
 
@@ -222,7 +226,7 @@ class LlamaServer:
             code = self._proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"llama_cpp.server exited with code {code} during startup "
+                    f"{self.label} exited with code {code} during startup "
                     f"(log: {self.log_path}); last lines:\n{self.log_tail()}"
                 )
             try:
@@ -234,7 +238,7 @@ class LlamaServer:
                 pass  # not listening yet, or still loading the model
             if time.monotonic() >= deadline:
                 raise ServerStartError(
-                    f"llama_cpp.server did not answer GET {url} within {self.startup_timeout}s "
+                    f"{self.label} did not answer GET {url} within {self.startup_timeout}s "
                     f"(log: {self.log_path}); last lines:\n{self.log_tail()}"
                 )
             time.sleep(0.2)

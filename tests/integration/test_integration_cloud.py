@@ -24,7 +24,7 @@ from hybridllm import (
     Token,
     Usage,
 )
-from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from hybridllm.testing import FaultProxy, Faults, HybridServer
 from hybridllm.testing.server import free_port
 from tests.integration.servers import ALIAS, API_KEY
 
@@ -70,8 +70,9 @@ async def test_stream_tokens_events_and_trace(proxy: FaultProxy) -> None:
     assert seg["request_sent"] <= seg["first_byte"] <= seg["first_token"] <= seg["done"]
     assert tr.completion_tokens and tr.completion_tokens >= tr.n_tokens
     assert usage.completion_tokens == tr.completion_tokens and usage.engine == "cloud"
-    assert tr.prompt_tokens and tr.usage_estimated  # llama_cpp.server sends no stream usage
-    assert usage.estimated and tr.error is None and tr.error_type is None
+    # the stand-in (hybridllm serve) honours include_usage: counted, not estimated
+    assert tr.prompt_tokens and not tr.usage_estimated
+    assert not usage.estimated and tr.error is None and tr.error_type is None
 
 
 async def test_role_only_chunk_is_not_the_first_token(proxy: FaultProxy) -> None:
@@ -178,7 +179,7 @@ async def test_latency_shows_in_ttft(proxy: FaultProxy) -> None:
 
 
 async def test_prompt_longer_than_server_context_is_a_typed_error(
-    proxy: FaultProxy, llama_server: LlamaServer
+    proxy: FaultProxy, cloud_server: HybridServer
 ) -> None:
     async with cloud_client(proxy) as client:
         with pytest.raises(CloudError) as info:

@@ -1,9 +1,10 @@
 """Soak: N mixed requests through `HybridClient` with faults drawn at random per request.
 
 Both engines are real: the local `LlamaCppEngine` on SmolLM2 and the cloud `OpenAIEngine` at
-the loopback `llama_cpp.server` (SmolLM2 too) through a `FaultProxy`. A few workers run at once,
-each with its own client and proxy (the proxy's faults are per proxy, so one worker's fault
-never lands on another's request); they share one budget `Ledger` and one `DecisionLog`.
+the loopback stand-in (`hybridllm serve`, SmolLM2 too) through a `FaultProxy`. A few workers
+run at once, each with its own client and proxy (the proxy's faults are per proxy, so one
+worker's fault never lands on another's request); they share one budget `Ledger` and one
+`DecisionLog`.
 
 Every request draws, from one seeded RNG, a policy, a prompt (some hold a secret under
 `privacy="keep-local"`), a way for the app to read it (typed events, bare tokens) and whether
@@ -61,7 +62,7 @@ from hybridllm.guard.prices import ModelPrice, Prices
 from hybridllm.policy import resolve_policy
 from hybridllm.routing.log import DecisionLog
 from hybridllm.runtime.trace import Trace
-from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from hybridllm.testing import FaultProxy, Faults, HybridServer
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -411,9 +412,9 @@ async def settled_leaks(before: _Resources, limit_s: float = 5.0) -> dict[str, i
 
 
 @pytest.fixture
-def soak_proxies(llama_server: LlamaServer) -> Iterator[list[FaultProxy]]:
+def soak_proxies(cloud_server: HybridServer) -> Iterator[list[FaultProxy]]:
     proxies = [
-        FaultProxy(upstream=("127.0.0.1", llama_server.port), record=True) for _ in range(WORKERS)
+        FaultProxy(upstream=("127.0.0.1", cloud_server.port), record=True) for _ in range(WORKERS)
     ]
     for p in proxies:
         p.start()

@@ -1,0 +1,101 @@
+"""``POST /v1/chat/completions``: OpenAI's shapes, streaming (SSE) and not."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from hybridllm import errors
+from hybridllm.engines.base import GenerationRequest
+from hybridllm.engines.served import Prepared, ServedModel
+from hybridllm.server.schema import ApiError, ChatBody
+
+
+def request_for(body: ChatBody, n_ctx: int) -> GenerationRequest:
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        return GenerationRequest(
+            messages=messages,
+            max_tokens=body.max_completion_tokens or body.max_tokens or n_ctx,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            stop=body.stops(),
+            seed=body.seed,
+        )
+    except errors.InvalidArgumentError as exc:
+        raise ApiError(400, str(exc), param=exc.argument) from exc
+
+
+def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
+    n = len(prepared.tokens)
+    return {
+        "prompt_tokens": n,
+        "completion_tokens": completion_tokens,
+        "total_tokens": n + completion_tokens,
+    }
+
+
+async def complete(model: ServedModel, prepared: Prepared) -> dict[str, Any]:
+    parts: list[str] = []
+    finish, completion_tokens = "stop", 0
+    async with aclosing(model.chat(prepared)) as pieces:
+        async for text, gen in pieces:
+            parts.append(text)
+            finish, completion_tokens = gen.finish_reason or "stop", gen.completion_tokens
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model.alias,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(parts)},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": _usage(prepared, completion_tokens),
+    }
+
+
+async def stream(
+    model: ServedModel, prepared: Prepared, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """SSE events: a role chunk, content chunks, a finish chunk, the usage chunk when asked
+    for, ``[DONE]``. An error after the headers went out is an ``error`` event."""
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model.alias,
+    }
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        if include_usage:
+            extra.setdefault("usage", None)
+        return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode()
+
+    def delta(d: dict[str, str], finish: str | None = None) -> bytes:
+        return event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
+
+    yield delta({"role": "assistant", "content": ""})
+    finish, completion_tokens = "stop", 0
+    try:
+        async with aclosing(model.chat(prepared)) as pieces:
+            async for text, gen in pieces:
+                if text:
+                    yield delta({"content": text})
+                finish, completion_tokens = gen.finish_reason or "stop", gen.completion_tokens
+    except errors.HybridError as exc:
+        body = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+        yield f"data: {json.dumps(body)}\n\n".encode()
+        return
+    yield delta({}, finish)
+    if include_usage:
+        yield event([], usage=_usage(prepared, completion_tokens))
+    yield b"data: [DONE]\n\n"
