@@ -20,6 +20,8 @@ HybridError
 └── EngineError                 an engine failed while serving a request
     ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
     ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
+    ├── PreemptedError          (recorded, not raised) the device paused the answer for a more
+    │                           urgent request; the race moved it to the cloud mid-answer
     ├── StallError              the serving engine sent no token for longer than the policy's
     │                           inter-token limit (`stall_ms`)
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
@@ -183,6 +185,13 @@ class AllEnginesFailedError(EngineError):
 
 class DeadlineMissError(EngineError):
     """An engine produced no token before the deadline and lost the race (health bookkeeping)."""
+
+
+class PreemptedError(EngineError):
+    """The local engine paused this answer to serve a more urgent request (preemption,
+    `engines.queue`). A race whose policy allows the cloud moves the answer there at once, as a
+    continuation of the delivered text (`Trace.switches` says so); elsewhere the engine resumes
+    it itself and nothing is raised."""
 
 
 class StallError(EngineError):

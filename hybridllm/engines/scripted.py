@@ -106,7 +106,7 @@ class ScriptedEngine:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         queue = self.queue
         if queue is not None:
-            await queue.acquire(self.duration_s)  # QueueFullError past a bound
+            await queue.acquire(self.duration_s, request.priority)  # QueueFullError past a bound
             queue.active = (time.perf_counter(), self.duration_s)
         self.requests.append(request)  # the requests that got their turn
         self.active += 1
