@@ -128,6 +128,9 @@ class EngineInfo:
     supports_continuation: bool = False
     queue_depth: int = 0
     expected_wait_s: float = 0.0
+    # the wait for a request of each priority class, where the queue serves by class (an
+    # interactive request skips the waiting background ones and preempts a running one)
+    wait_by_priority: Mapping[Priority, float] | None = None
     n_ctx: int | None = None
     # measured speed (local engines: tuning or warm-up, then refined by real requests)
     prefill_tps: float | None = None

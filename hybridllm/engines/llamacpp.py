@@ -33,7 +33,7 @@ from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
+from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
 from hybridllm.local.models import get_manifest
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
@@ -191,6 +191,7 @@ class LlamaCppEngine:
             supports_continuation=True,  # the assistant prefix goes on in the raw template
             queue_depth=self._queue.depth,
             expected_wait_s=self.expected_wait_s(),
+            wait_by_priority={p: self._queue.expected_wait_s(p) for p in PRIORITIES},
             n_ctx=self.n_ctx,
             prefill_tps=self.prefill_tps,
             decode_tps=1.0 / self.tpot_s if self.tpot_s else None,

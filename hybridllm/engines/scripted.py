@@ -26,7 +26,7 @@ from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
+from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, RequestSent
 
 Step = float | str | BaseException
 
@@ -100,6 +100,9 @@ class ScriptedEngine:
             supports_continuation=self.supports_continuation,
             queue_depth=self.active if self.queue is None else self.queue.depth,
             expected_wait_s=0.0 if self.queue is None else self.queue.expected_wait_s(),
+            wait_by_priority=None
+            if self.queue is None
+            else {p: self.queue.expected_wait_s(p) for p in PRIORITIES},
             unavailable=None if self.queue is None else self.queue.unavailable(),
         )
 
