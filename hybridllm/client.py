@@ -31,7 +31,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hybridllm import errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
-from hybridllm.events import EngineName
+from hybridllm.events import EngineName, Priority
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import Policy, PolicyCache
@@ -208,9 +208,11 @@ class HybridClient:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         options: Sequence[EngineOptions] = (),
+        priority: Priority | None = None,
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
         `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
+        `priority`: the request's class in a busy engine's queue (None: the policy's).
 
         Every argument is checked before anything is sent (`engines.validate`): `messages` a
         non-blank prompt or a list of {"role", "content"} mappings whose last user message is
@@ -234,6 +236,7 @@ class HybridClient:
             stop=pol.stop if stop is None else validate.stop(stop),
             seed=seed,
             options=options,  # type: ignore[arg-type]  # GenerationRequest checks and copies
+            priority=pol.priority if priority is None else priority,  # the queue's class
         )
         privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)

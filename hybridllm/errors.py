@@ -20,12 +20,16 @@ HybridError
 └── EngineError                 an engine failed while serving a request
     ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
     ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
+    ├── PreemptedError          (recorded, not raised) the device paused the answer for a more
+    │                           urgent request; the race moved it to the cloud mid-answer
     ├── StallError              the serving engine sent no token for longer than the policy's
     │                           inter-token limit (`stall_ms`)
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
-    │                           wait would pass `max_queue_wait_s`: refused at once, never queued
+    │   │                       wait would pass `max_queue_wait_s`: refused at once, never queued
+    │   └── CloudQueueTimeoutError  the cloud engine's concurrency limit gave no slot within
+    │                           `queue_timeout_s`: nothing was sent
     ├── RefusedError            a guard kept the request from the engine; nothing was sent
     │   ├── PrivacyBlockedError     the request holds personal or secret data and the privacy
     │   │   │                       mode keeps it local
@@ -187,6 +191,13 @@ class DeadlineMissError(EngineError):
     """An engine produced no token before the deadline and lost the race (health bookkeeping)."""
 
 
+class PreemptedError(EngineError):
+    """The local engine paused this answer to serve a more urgent request (preemption,
+    `engines.queue`). A race whose policy allows the cloud moves the answer there at once, as a
+    continuation of the delivered text (`Trace.switches` says so); elsewhere the engine resumes
+    it itself and nothing is raised."""
+
+
 class StallError(EngineError):
     """The serving engine went quiet for longer than the policy's inter-token limit.
 
@@ -239,6 +250,32 @@ class QueueFullError(EngineError):
         self.max_queue = max_queue
         self.max_queue_wait_s = max_queue_wait_s
         super().__init__(message, engine=engine)
+
+
+class CloudQueueTimeoutError(QueueFullError):
+    """The cloud engine's concurrency limit (`OpenAIEngine(max_concurrency=...)`) gave this
+    request no slot within `queue_timeout_s` (Retry-After of a 429 counts as waiting). Nothing
+    was sent, so the race answers it from the local engine at once; not retried on the same
+    engine, and not held against the endpoint's circuit (the limit is the client's own)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        engine: str = "cloud",
+        waiting: int,
+        max_concurrency: int | None,
+        queue_timeout_s: float | None,
+    ) -> None:
+        self.max_concurrency = max_concurrency
+        self.queue_timeout_s = queue_timeout_s
+        super().__init__(
+            message,
+            engine=engine,
+            waiting=waiting,
+            max_queue=None,
+            max_queue_wait_s=queue_timeout_s,
+        )
 
 
 class RefusedError(EngineError):

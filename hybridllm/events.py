@@ -10,13 +10,16 @@ Event                 what the app sees through `Stream.events()`
 │                     deadline (a cloud started this way is a cloud request paid for)
 ├── CloudUnavailable  the cloud could not be used for a configuration reason (no API key, the
 │                     key refused with 401/403); the request was served without it
+├── Paused            the serving engine paused this answer for a more urgent request
+│                     (preemption); it goes on where it stopped, nothing repeated
 ├── Usage             token counts as reported (or counted) by the engine
 └── Done              the request finished; carries the final trace
 ```
 
 Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as "queued" or
 "first_byte"; `RequestSent`, the typed mark "request_sent", says the request left for a billed
-endpoint), `Finish` (reason and usage).
+endpoint; `Resumed`, the typed mark "resumed", says a preempted answer goes on), `Finish` (reason
+and usage).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
     from hybridllm.runtime.trace import Trace
 
 EngineName = Literal["local", "cloud"]
+# a request's scheduling class on a busy engine (`Policy.priority`, per call `priority=`)
+Priority = Literal["interactive", "normal", "background"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "normal", "background")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,20 @@ class CloudUnavailable(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Paused(Event):
+    """The local engine paused this answer after `delivered_tokens` tokens to serve a more
+    urgent request (`reason`), and resumed it `resumed_after_ms` later from where it stopped,
+    prefilling `prefill_tokens` again (the prompt and the delivered tokens, less any KV prefix
+    still cached). Sent when the answer resumes; `Trace.pauses` keeps the same records."""
+
+    engine: EngineName
+    reason: str
+    delivered_tokens: int
+    resumed_after_ms: float
+    prefill_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Usage(Event):
     engine: EngineName
     prompt_tokens: int
@@ -130,6 +150,28 @@ class RequestSent(Mark):
     def __init__(self, t: float) -> None:
         object.__setattr__(self, "name", "request_sent")
         object.__setattr__(self, "t", t)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Resumed(Mark):
+    """The mark "resumed": the engine paused this answer at `paused_at` (after
+    `delivered_tokens` tokens) for a more urgent request (`reason`) and goes on now, having
+    prefilled `prefill_tokens` again. The stream turns it into a `Paused` event."""
+
+    paused_at: float
+    reason: str
+    delivered_tokens: int
+    prefill_tokens: int
+
+    def __init__(
+        self, t: float, *, paused_at: float, reason: str, delivered_tokens: int, prefill_tokens: int
+    ) -> None:
+        object.__setattr__(self, "name", "resumed")
+        object.__setattr__(self, "t", t)
+        object.__setattr__(self, "paused_at", paused_at)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "delivered_tokens", delivered_tokens)
+        object.__setattr__(self, "prefill_tokens", prefill_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ the second half of this module. Every field is optional:
     ttft_deadline_ms, tpot_target_ms, stall_ms, max_tokens     latency budget and output length
     router_threshold | target_cloud_share | quality_floor      how the router's score is read
     prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
+    priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -39,6 +40,7 @@ from pydantic import (
 )
 
 from hybridllm.errors import PolicyError
+from hybridllm.events import Priority
 
 # only plans that run: "speculative" and "cascade" join when they are built (issues 14, 17)
 PlanName = Literal["single", "hedge"]
@@ -118,6 +120,10 @@ class Policy(BaseModel):
     # choice and still applies.
     parallel_cloud: bool = Field(default=True, strict=True)
     parallel_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    # the request's class in a busy engine's queue: served by class, then by arrival (waiting
+    # ages a request one class up per `BoundedQueue.age_s`); an interactive request preempts a
+    # background one decoding on the device (`engines.queue`). Per call: `stream(priority=)`
+    priority: Priority = "normal"
     # a serving engine silent for longer than this mid-answer counts as failed (failover)
     stall_ms: float | None = Field(default=None, gt=0)
     # retries of retryable failures before the first token (never past the deadline)

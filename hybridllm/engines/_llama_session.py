@@ -9,6 +9,7 @@ per token. `abort()` may be called from any thread and stops a running `llama_de
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import logging
 import random
 import statistics
@@ -178,6 +179,17 @@ class LlamaSession:
             reset=True,
         )
         return gen
+
+    def resume(self, gen: Generation, draft: DraftMode | None = None) -> int:
+        """Go on with a paused generation (`close()`d after some steps, the KV cache since used
+        by other requests): prefill its prompt and the tokens it has generated, less the prefix
+        still cached, then decode on from there. The text state (held-back stop-string tail,
+        a half-decoded UTF-8 character, the counts) is the generation's own, so nothing is
+        repeated or lost. Returns the tokens prefilled again."""
+        tokens = gen.prepared.tokens + gen.tokens_out
+        fresh = self.prefill(dataclasses.replace(gen.prepared, tokens=tokens), draft=draft)
+        gen._gen, gen._drafter = fresh._gen, fresh._drafter
+        return len(tokens) - fresh.reused_tokens
 
     def step(self, gen: Generation) -> str | None:
         """Decode one token; return new text ('' while held back), None when finished."""

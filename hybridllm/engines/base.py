@@ -17,7 +17,7 @@ from hybridllm.engines import validate
 from hybridllm.engines.options import EngineOptions
 from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
 from hybridllm.errors import ConfigError, InvalidArgumentError
-from hybridllm.events import Chunk, EngineName
+from hybridllm.events import PRIORITIES, Chunk, EngineName, Priority
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -52,7 +52,11 @@ class GenerationRequest:
 
     The sampling fields are checked when the request is made (`engines.validate`: max_tokens an
     int >= 1, temperature 0 to 2, top_p in (0, 1], stop strings non-empty, seed 0 to 2**32 - 1):
-    a bad value is an `InvalidArgumentError` and never reaches an engine."""
+    a bad value is an `InvalidArgumentError` and never reaches an engine.
+
+    `priority` is not sent anywhere: it is the request's class in an engine's queue
+    (`engines.queue`: "interactive" before "normal" before "background", and an interactive
+    request preempts a background one decoding on the device)."""
 
     messages: Sequence[Message]
     max_tokens: int = 256
@@ -63,8 +67,10 @@ class GenerationRequest:
     # text the answer must continue from (mid-stream failover): the start of the assistant turn
     assistant_prefix: str = ""
     options: tuple[EngineOptions, ...] = ()
+    priority: Priority = "normal"
 
     def __post_init__(self) -> None:
+        validate.one_of("priority", self.priority, PRIORITIES)
         validate.max_tokens(self.max_tokens)
         validate.temperature(self.temperature)
         validate.top_p(self.top_p)
@@ -122,6 +128,9 @@ class EngineInfo:
     supports_continuation: bool = False
     queue_depth: int = 0
     expected_wait_s: float = 0.0
+    # the wait for a request of each priority class, where the queue serves by class (an
+    # interactive request skips the waiting background ones and preempts a running one)
+    wait_by_priority: Mapping[Priority, float] | None = None
     n_ctx: int | None = None
     # measured speed (local engines: tuning or warm-up, then refined by real requests)
     prefill_tps: float | None = None

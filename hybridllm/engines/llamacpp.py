@@ -1,9 +1,13 @@
 """`LlamaCppEngine`: a local GGUF model through llama-cpp-python, off the event loop.
 
-One generation at a time per model (FIFO queue), each prefill and each decode step in a worker
-thread, so the event loop stays responsive. Leaving the stream stops the work within one decode
-step: the async side stops asking for steps, and a running `llama_decode` (a long prefill) is cut
-by llama.cpp's abort callback. The KV cache is reused for a shared prompt prefix.
+One generation at a time per model (a queue served by priority, then arrival: `engines.queue`),
+each prefill and each decode step on the llama thread, so the event loop stays responsive. An
+interactive request arriving while a background one decodes preempts it: the background answer
+stops before its next step, gives the engine up, and goes on later from the tokens it has
+(prefilled again, reusing the cached prefix), with "paused" and `Resumed` marks in its stream.
+Leaving the stream stops the work within one decode step: the async side stops asking for steps,
+and a running `llama_decode` (a long prefill) is cut by llama.cpp's abort callback.
+The KV cache is reused for a shared prompt prefix.
 """
 
 from __future__ import annotations
@@ -13,10 +17,10 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -28,13 +32,14 @@ from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_lla
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
 from hybridllm.engines.options import LlamaOptions
-from hybridllm.engines.queue import BoundedQueue
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark
+from hybridllm.engines.queue import BoundedQueue, Turn
+from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
 from hybridllm.local.models import get_manifest
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.local.tune import Tuning, load_tuning
 
+T = TypeVar("T")
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
 
@@ -52,7 +57,8 @@ class LlamaCppEngine:
     `LlamaOptions(draft="prompt-lookup")`. Its output is the same as plain greedy decoding,
     faster when the answer copies the prompt.
 
-    The queue: one generation runs at a time, the others wait in the order of their calls.
+    The queue: one generation runs at a time, the others wait by priority, then in the order of
+    their calls (`engines.queue`: aging, preemption).
     `max_queue` bounds how many may wait (the running one not counted; 0: none) and
     `max_queue_wait_s` how long one may wait for its turn; both None (the default): unbounded.
     Past either bound a request is refused at once with `QueueFullError` (before any model work),
@@ -107,7 +113,6 @@ class LlamaCppEngine:
         self._queue = BoundedQueue(
             name, max_queue=max_queue, max_queue_wait_s=max_queue_wait_s
         )  # one generation at a time, FIFO, bounded
-        self._lock = self._queue.lock
         self._prepare_lock = anyio.Lock()
         # Measured at warm-up, then refined from real requests (exponential average).
         self.prefill_tps: float | None = None
@@ -158,11 +163,15 @@ class LlamaCppEngine:
             return 4096
 
     async def aclose(self) -> None:
-        async with self._start_lock, self._lock:
-            session, self._session = self._session, None
-            self._counts.clear()
-            if session is not None:
-                await run_on_llama_thread(session.unload, on_cancel=_noop)
+        async with self._start_lock:
+            await self._queue.acquire(0.0, turn=Turn("interactive"))  # after the running one
+            try:
+                session, self._session = self._session, None
+                self._counts.clear()
+                if session is not None:
+                    await run_on_llama_thread(session.unload, on_cancel=_noop)
+            finally:
+                self._queue.release()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -182,6 +191,7 @@ class LlamaCppEngine:
             supports_continuation=True,  # the assistant prefix goes on in the raw template
             queue_depth=self._queue.depth,
             expected_wait_s=self.expected_wait_s(),
+            wait_by_priority={p: self._queue.expected_wait_s(p) for p in PRIORITIES},
             n_ctx=self.n_ctx,
             prefill_tps=self.prefill_tps,
             decode_tps=1.0 / self.tpot_s if self.tpot_s else None,
@@ -199,7 +209,7 @@ class LlamaCppEngine:
         tokens = self.count_tokens(request.messages)
         if tokens is None:
             tokens = estimate_prompt_tokens(request.messages)
-        return self.expected_wait_s() + tokens / self.prefill_tps
+        return self._queue.expected_wait_s(request.priority) + tokens / self.prefill_tps
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         """The prompt's tokens through the model's chat template and tokenizer, exactly what a
@@ -239,10 +249,14 @@ class LlamaCppEngine:
         # Requests queue in the order of their calls: tokenizing one at a time keeps that order.
         async with self._prepare_lock:
             prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        draft = self._draft_for(request)
         new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
         self._queue.check()  # past a bound: QueueFullError now, before the "queued" mark
         yield Mark("queued", time.perf_counter())
-        await self._queue.acquire(self.estimate_s(new_tokens, prepared.max_tokens))
+        turn = await self._queue.acquire(
+            self.estimate_s(new_tokens, prepared.max_tokens), request.priority
+        )
+        holding = True
         gen: Generation | None = None
         try:
             self.busy = True
@@ -253,20 +267,36 @@ class LlamaCppEngine:
             )
             yield Mark("started", time.perf_counter())
             t0 = time.perf_counter()
-            try:
-                gen = await run_on_llama_thread(
-                    partial(session.prefill, prepared, draft=self._draft_for(request)),
-                    on_cancel=session.abort,
-                )
-            except _Aborted as exc:  # aborted without our cancellation: the engine is closing
-                raise errors.LocalEngineError("prefill aborted", engine="local") from exc
+            gen = await self._on_thread(session, partial(session.prefill, prepared, draft=draft))
             t1 = time.perf_counter()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
-            self._queue.active = (t1, self.estimate_s(0, prepared.max_tokens))
-            async with contextlib.aclosing(self._decode(session, gen)) as deltas:
-                async for delta in deltas:
-                    yield delta
+            while True:
+                self._queue.active = (time.perf_counter(), self._left_s(gen))
+                async with contextlib.aclosing(self._decode(session, gen, turn)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+                if gen.finish_reason is not None or not turn.preempt.is_set():
+                    break
+                # preempted (engines.queue): give the turn back, wait again, go on from here
+                paused_at, done = time.perf_counter(), gen.completion_tokens
+                yield Mark("paused", paused_at)
+                await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
+                self.busy, holding = False, False
+                self._queue.release()
+                turn.pauses += 1
+                await self._queue.acquire(self._left_s(gen), turn=turn)
+                holding, self.busy = True, True
+                t0 = time.perf_counter()
+                prefilled = await self._on_thread(session, partial(session.resume, gen, draft))
+                self._learn_prefill(prefilled, time.perf_counter() - t0)
+                yield Resumed(
+                    time.perf_counter(),
+                    paused_at=paused_at,
+                    reason=turn.preempt_reason,
+                    delivered_tokens=done,
+                    prefill_tokens=prefilled,
+                )
             yield Finish(
                 gen.finish_reason or "stop",
                 len(prepared.tokens),
@@ -276,15 +306,30 @@ class LlamaCppEngine:
             )
         finally:
             with anyio.CancelScope(shield=True):
-                if gen is not None:
+                if gen is not None and holding:
                     await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 else:  # stopped in the queue or during prefill: the llama thread let go now
                     self.stopped_at = time.perf_counter()
                 self.busy = False
-                self._queue.release()
+                if holding:
+                    self._queue.release()
 
-    async def _decode(self, session: LlamaSession, gen: Generation) -> AsyncGenerator[Delta, None]:
-        """Decode on the llama thread without pausing between tokens; stop when told."""
+    async def _on_thread(self, session: LlamaSession, fn: Callable[[], T]) -> T:
+        """A prefill on the llama thread, cut by llama.cpp's abort when the caller leaves."""
+        try:
+            return await run_on_llama_thread(fn, on_cancel=session.abort)
+        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+            raise errors.LocalEngineError("prefill aborted", engine="local") from exc
+
+    def _left_s(self, gen: Generation) -> float:
+        """Estimated seconds a started generation still decodes."""
+        return self.estimate_s(0, gen.prepared.max_tokens - gen.completion_tokens)
+
+    async def _decode(
+        self, session: LlamaSession, gen: Generation, turn: Turn
+    ) -> AsyncGenerator[Delta, None]:
+        """Decode on the llama thread without pausing between tokens; stop when told, or
+        before the next step once a more urgent request preempts this one (`turn.preempt`)."""
         send, recv = anyio.create_memory_object_stream[Delta](math.inf)
         stop = threading.Event()
         finished = anyio.Event()
@@ -296,7 +341,7 @@ class LlamaCppEngine:
 
         def decode() -> None:
             try:
-                while not stop.is_set():
+                while not stop.is_set() and not turn.preempt.is_set():
                     text = session.step(gen)
                     self.steps_total += 1
                     if text:

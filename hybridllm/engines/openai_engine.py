@@ -37,8 +37,9 @@ from hybridllm.engines.base import (
     chat_messages,
     estimate_prompt_tokens,
 )
+from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, RequestSent
+from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, RequestSent
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 NO_KEY = (
@@ -58,7 +59,13 @@ class OpenAIEngine:
 
     Checked when made (`InvalidArgumentError`): `base_url` an http(s) URL, `api_key` a
     string, `model` a non-blank string, `timeout` a number of seconds > 0 or an `httpx2.Timeout`,
-    `include_usage` a bool, `default_headers` a mapping of strings, `name` "local" or "cloud".
+    `include_usage` a bool, `default_headers` a mapping of strings, `name` "local" or "cloud",
+    `max_concurrency` an int >= 1 and `queue_timeout_s` seconds > 0 (or None).
+
+    `max_concurrency`: at most this many requests in flight to the endpoint; the others wait
+    (by priority, then arrival) at most `queue_timeout_s`, then fail with
+    `CloudQueueTimeoutError` (`engines.limit`). A 429's Retry-After holds them too, and both
+    show in `info().expected_wait_s`, which routing adds to the cloud's first-token time.
     """
 
     def __init__(
@@ -71,7 +78,10 @@ class OpenAIEngine:
         include_usage: bool = True,
         default_headers: Mapping[str, str] | None = None,
         name: EngineName = "cloud",
+        max_concurrency: int | None = None,
+        queue_timeout_s: float | None = None,
     ) -> None:
+        self.limit = ConcurrencyLimit(name, max_concurrency, queue_timeout_s)
         _check_args(base_url, api_key, model, timeout, include_usage, default_headers, name)
         self.name: EngineName = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
@@ -137,9 +147,18 @@ class OpenAIEngine:
             name=self.name,
             model=self.model,
             supports_continuation=True,
-            queue_depth=self._active,
-            unavailable=self.unavailable,
+            queue_depth=self._active + self.limit.waiting,
+            expected_wait_s=self.limit.expected_wait_s(),
+            wait_by_priority={p: self.limit.expected_wait_s(p) for p in PRIORITIES},
+            unavailable=self.unavailable or self._queue_unavailable(),
         )
+
+    def _queue_unavailable(self) -> str | None:
+        limit = self.limit
+        wait, timeout = limit.expected_wait_s(), limit.queue_timeout_s
+        if limit.max_concurrency is not None and timeout is not None and wait > timeout:
+            return f"cloud queue wait ~{wait:.1f} s > queue_timeout_s={timeout:g} s"
+        return None
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None  # learned from traces by the latency model (a later issue)
@@ -178,6 +197,13 @@ class OpenAIEngine:
         finish: str | None = None
         prompt_tokens: int | None = None
         completion_tokens: int | None = None
+        limited = self.limit.max_concurrency is not None
+        if limited:
+            yield Mark("queued", time.perf_counter())
+        await self.limit.acquire(request.priority)  # CloudQueueTimeoutError past the timeout
+        held_from = time.perf_counter()
+        if limited:
+            yield Mark("started", held_from)
         self._active += 1
         stream: openai.AsyncStream[Any] | None = None
         try:
@@ -223,6 +249,8 @@ class OpenAIEngine:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
                 error = map_error(exc, received_content=received, url=self.base_url)
+                if isinstance(error, errors.RateLimitError) and error.retry_after is not None:
+                    self.limit.note_retry_after(error.retry_after)  # routing sees the wait
                 if isinstance(error, errors.AuthenticationError) and key == self.api_key:
                     # the key in use was refused (not one replaced while this request ran)
                     code = error.status_code
@@ -259,6 +287,7 @@ class OpenAIEngine:
             )
         finally:
             self._active -= 1
+            self.limit.release(time.perf_counter() - held_from)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()

@@ -26,7 +26,7 @@ from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
+from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, RequestSent
 
 Step = float | str | BaseException
 
@@ -100,13 +100,16 @@ class ScriptedEngine:
             supports_continuation=self.supports_continuation,
             queue_depth=self.active if self.queue is None else self.queue.depth,
             expected_wait_s=0.0 if self.queue is None else self.queue.expected_wait_s(),
+            wait_by_priority=None
+            if self.queue is None
+            else {p: self.queue.expected_wait_s(p) for p in PRIORITIES},
             unavailable=None if self.queue is None else self.queue.unavailable(),
         )
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         queue = self.queue
         if queue is not None:
-            await queue.acquire(self.duration_s)  # QueueFullError past a bound
+            await queue.acquire(self.duration_s, request.priority)  # QueueFullError past a bound
             queue.active = (time.perf_counter(), self.duration_s)
         self.requests.append(request)  # the requests that got their turn
         self.active += 1

@@ -67,6 +67,9 @@ class LiveState:
     available: frozenset[EngineName] = frozenset({"local", "cloud"})
     latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
     local_queue_s: float = 0.0
+    # the wait for a slot under the cloud engine's concurrency limit (or a 429's Retry-After);
+    # already in the cloud's latency prediction, named here for the reason
+    cloud_queue_s: float = 0.0
     cloud_circuit_open: bool = False
     budget_fits: bool = True  # the worst-case cloud cost fits every cap
     budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
@@ -296,6 +299,13 @@ def _load(
             f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)} -> {fallback}"
         )
         return fallback, primary, False, True
+    if primary == "cloud" and _cloud_queue_misses(deadline, state):
+        cloud = state.latency["cloud"]
+        reasons.append(
+            f"cloud queue {_ms(state.cloud_queue_s)} (concurrency limit) puts its TTFT at "
+            f"{_ms(cloud.ttft_s)} > deadline {_ms(deadline)} -> {fallback}"
+        )
+        return fallback, primary, False, True
     # a cloud the policy never starts in parallel waits for the deadline itself
     lead = fallback != "cloud" or policy.parallel_cloud
     mine = state.latency.get(primary)
@@ -322,6 +332,17 @@ def _load(
         now = "the local engine starts in parallel now (the first token wins)"
     reasons.append(f"{missed}: {now}")
     return primary, fallback, True, True
+
+
+def _cloud_queue_misses(deadline: float, state: LiveState) -> bool:
+    """The cloud would meet the deadline but for its queue, and the local engine is expected
+    to answer sooner than the cloud (or has no prediction)."""
+    cloud, local = state.latency.get("cloud"), state.latency.get("local")
+    if state.cloud_queue_s <= 0 or cloud is None or cloud.ttft_s <= deadline:
+        return False
+    return cloud.ttft_s - state.cloud_queue_s <= deadline and (
+        local is None or local.ttft_s < cloud.ttft_s
+    )
 
 
 def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from hybridllm import errors
 from hybridllm.engines.base import (
     Engine,
+    EngineInfo,
     GenerationRequest,
     count_prompt_tokens,
     prompt_token_bound,
@@ -142,13 +143,12 @@ class Routing:
     ) -> LiveState:
         """The live state for `decide()`. A request (`preview=False`) takes a half-open cloud
         circuit's probe when it is let through; a preview only reads the circuit."""
-        queue = 0.0
         infos = {name: engine.info() for name, engine in engines.items()}
-        if "local" in infos:
-            queue = infos["local"].expected_wait_s
+        waits = {name: _wait(info, request) for name, info in infos.items()}
+        queue = waits.get("local", 0.0)
         latency: dict[EngineName, Prediction] = {}
         for name, engine in engines.items():
-            q = queue if name == "local" else 0.0
+            q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
             n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
             if self.latency.knows(name):
                 latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
@@ -171,6 +171,7 @@ class Routing:
             available=frozenset(engines),
             latency=latency,
             local_queue_s=queue,
+            cloud_queue_s=waits.get("cloud", 0.0),
             cloud_circuit_open=circuit_open,
             budget_fits=fits,
             budget_detail=detail,
@@ -206,6 +207,12 @@ def _cloud_bound(
     NER layer): a request that stays local pays for the patterns alone."""
     has_cloud = engines is None or "cloud" in engines
     return has_cloud and forced != "local" and policy.cloud_allowed
+
+
+def _wait(info: EngineInfo, request: GenerationRequest) -> float:
+    """The engine's expected queue wait for this request's priority class."""
+    by_class = info.wait_by_priority
+    return info.expected_wait_s if by_class is None else by_class[request.priority]
 
 
 def _uses_router(policy: Policy) -> bool:

@@ -38,11 +38,13 @@ from hybridllm.events import (
     Event,
     Finish,
     Mark,
+    Paused,
+    Resumed,
     Route,
     Token,
     Usage,
 )
-from hybridllm.runtime.trace import Trace
+from hybridllm.runtime.trace import Pause, Trace
 
 
 class _Failure:
@@ -118,6 +120,14 @@ class RequestRun:
 
     def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
         """Hand one chunk of the serving engine to the trace and the app."""
+        if isinstance(chunk, Resumed):
+            pause = Pause(
+                chunk.paused_at, chunk.t, chunk.reason, chunk.delivered_tokens,
+                chunk.prefill_tokens,
+            )  # fmt: skip
+            self.trace.pauses.append(pause)
+            self.emit(Paused(chunk.t, engine, pause.reason, pause.delivered_tokens, pause.ms,
+                             pause.prefill_tokens))  # fmt: skip
         if isinstance(chunk, Mark):
             self.trace.mark(chunk.name, chunk.t)
         elif chunk.text:

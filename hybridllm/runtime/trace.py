@@ -43,6 +43,23 @@ class Spend:
     estimated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """The local engine paused the answer for a more urgent request (preemption) and went on
+    later: when (perf_counter times), why, the tokens generated before, and the tokens it
+    prefilled again to resume (the prompt and those tokens, less the cached prefix)."""
+
+    paused_at: float
+    resumed_at: float
+    reason: str
+    delivered_tokens: int
+    prefill_tokens: int
+
+    @property
+    def ms(self) -> float:
+        return (self.resumed_at - self.paused_at) * 1000.0
+
+
 @dataclass
 class Trace:
     t_start: float = field(default_factory=time.perf_counter)
@@ -63,6 +80,8 @@ class Trace:
     retries: int = 0  # retried attempts before the first token
     # mid-stream switches: (time, from engine, to engine, why, characters delivered before)
     switches: list[tuple[float, str, str, str, int]] = field(default_factory=list)
+    # preemption on the device: each pause and resume (a move to the cloud is a switch above)
+    pauses: list[Pause] = field(default_factory=list)
     # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
     refusals: list[str] = field(default_factory=list)
     finish_reason: str | None = None

@@ -37,6 +37,7 @@ from hybridllm.errors import (
     AllEnginesFailedError,
     DeadlineMissError,
     EngineError,
+    PreemptedError,
     RefusedError,
     StallError,
 )
@@ -156,6 +157,7 @@ class _Race:
         self.timer = anyio.CancelScope()
         self.over = False  # the winner's stream ended, or the race failed (`fatal`)
         self.fatal: Exception | None = None
+        self.paused = False  # the serving engine paused the answer (preempted on the device)
 
     # ---- the coordinator ---------------------------------------------------------------------
 
@@ -181,7 +183,7 @@ class _Race:
         """Wait for the next item (while an engine is serving, at most the stall limit) and hand
         it to its handler."""
         limit = self.stall_s
-        if limit is None or self.winner is None:
+        if limit is None or self.winner is None or self.paused:
             limit = math.inf  # no stall limit before the crown
         with anyio.move_on_after(limit) as quiet:
             item = await self.recv.receive()
@@ -220,6 +222,12 @@ class _Race:
                     self.contenders[cid].marks.append(chunk)
                 return
             self.crown(cid)
+        if isinstance(chunk, Mark) and chunk.name in ("paused", "resumed"):
+            self.paused = chunk.name == "paused"  # waiting for the device is not a stall
+            name = self.contenders[cid].engine.name
+            if self.paused and name == "local" and self.fail_over(_preempted(name)):
+                self.paused = False  # moved to the other engine (where the policy allows it)
+                return
         self.run.deliver(self.contenders[cid].engine.name, chunk)
 
     def _on_finish(self, cid: int, finish: Finish) -> None:
@@ -388,3 +396,9 @@ class _Race:
             if not hedge_first and deadline_s is not None and at < deadline_s:
                 why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
             self._post(_TimerFired(why, hedge=hedge_first))
+
+
+def _preempted(engine: str) -> PreemptedError:
+    return PreemptedError(
+        "preempted by a more urgent request on the device", engine=engine, received_content=True
+    )

@@ -17,7 +17,7 @@ import anyio
 
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
-from hybridllm.events import Chunk, Delta, Finish
+from hybridllm.events import Chunk, Delta, Finish, Mark, Resumed
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun
 
@@ -66,8 +66,10 @@ async def _relay_watched(
 
     def watched(chunk: Chunk) -> None:
         nonlocal last
-        if isinstance(chunk, Delta):
+        if isinstance(chunk, Delta | Resumed):
             last = time.perf_counter()
+        elif isinstance(chunk, Mark) and chunk.name == "paused":
+            last = None  # preempted on the device: waiting for its turn is not a stall
         handle(chunk)
 
     async def watch(scope: anyio.CancelScope) -> None:

@@ -1,0 +1,137 @@
+"""The cloud concurrency limit (`engines.limit.ConcurrencyLimit`): slots, the queue by class then
+arrival, the queue timeout's typed error, a 429's Retry-After, and the wait forecast that
+routing reads; and the pure decision that sends a request to the local engine when the cloud
+queue would make it miss its deadline. Orchestration timing with the limit's own clock driven by
+hand where it can be; the real endpoint is in tests/integration/test_cloud_limit_real.py."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio.lowlevel import checkpoint
+
+from hybridllm import CloudQueueTimeoutError, InvalidArgumentError, OpenAIEngine, Policy
+from hybridllm.engines.limit import ConcurrencyLimit
+from hybridllm.errors import QueueFullError
+from hybridllm.routing.decide import LiveState, RequestFacts, decide
+from hybridllm.routing.inputs import Prediction
+
+pytestmark = pytest.mark.anyio
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await checkpoint()
+
+
+async def test_at_most_max_concurrency_in_flight_then_by_class_and_arrival() -> None:
+    limit = ConcurrencyLimit("cloud", 2)
+    assert await limit.acquire() == 0.0
+    assert await limit.acquire() == 0.0
+    order: list[str] = []
+
+    async def one(name: str, prio: str) -> None:
+        await limit.acquire(prio)  # type: ignore[arg-type]
+        order.append(name)
+
+    async with anyio.create_task_group() as tg:
+        for name, prio in [("bg", "background"), ("n", "normal"), ("i", "interactive")]:
+            tg.start_soon(one, name, prio)
+            await settle()
+        assert limit.waiting == 3 and limit.in_flight == 2 and order == []
+        limit.release(1.0)
+        await settle()
+        assert order == ["i"]
+        limit.release(1.0)
+        limit.release(1.0)
+    assert order == ["i", "n", "bg"]
+    assert limit.in_flight == 2 and limit.waiting == 0
+
+
+async def test_the_queue_timeout_is_a_typed_error_and_the_queue_moves_on() -> None:
+    limit = ConcurrencyLimit("cloud", 1, queue_timeout_s=0.05)
+    await limit.acquire()
+    with pytest.raises(CloudQueueTimeoutError) as info:
+        await limit.acquire()
+    err = info.value
+    assert isinstance(err, QueueFullError) and err.engine == "cloud"
+    assert err.max_concurrency == 1 and err.queue_timeout_s == 0.05
+    assert "max_concurrency=1" in str(err) and not err.retryable
+    assert limit.waiting == 0  # it left the queue
+    limit.release(0.1)
+    assert await limit.acquire() == 0.0
+
+
+async def test_the_wait_forecast_from_slot_hold_times() -> None:
+    limit = ConcurrencyLimit("cloud", 2)
+    await limit.acquire()
+    assert limit.expected_wait_s() == 0.0  # a free slot
+    await limit.acquire()
+    limit.release(2.0)  # a request held its slot 2 s
+    await limit.acquire()
+    assert limit.hold_s == 2.0
+    # full: the next one waits about half a hold (2 slots free at 1 per second)
+    assert limit.expected_wait_s() == pytest.approx(1.0)
+
+    async def wait() -> None:
+        await limit.acquire()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(wait)
+        await settle()
+        assert limit.expected_wait_s() == pytest.approx(4 / 2 * 2.0)
+        assert limit.expected_wait_s("interactive") == pytest.approx(1.0)  # skips "normal" ones
+        tg.cancel_scope.cancel()
+    assert limit.waiting == 0
+
+
+async def test_retry_after_holds_requests_and_shows_in_the_forecast() -> None:
+    limit = ConcurrencyLimit("cloud", 4)
+    limit.note_retry_after(0.2)
+    assert 0.15 < limit.expected_wait_s() <= 0.2
+    with anyio.fail_after(2):
+        waited = await limit.acquire()  # held by the Retry-After, though every slot is free
+    assert waited >= 0.19 and limit.in_flight == 1
+    assert limit.expected_wait_s() == 0.0
+
+
+def test_retry_after_without_a_limit_informs_only() -> None:
+    limit = ConcurrencyLimit("cloud", None)
+    limit.note_retry_after(2.0)
+    assert 1.9 < limit.expected_wait_s() <= 2.0
+    assert limit._free()  # nothing waits
+
+
+def test_engine_options_are_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match="max_concurrency"):
+        OpenAIEngine(api_key="k", max_concurrency=0)
+    with pytest.raises(InvalidArgumentError, match="queue_timeout_s"):
+        OpenAIEngine(api_key="k", max_concurrency=2, queue_timeout_s=-1)
+    info = OpenAIEngine(api_key="k", max_concurrency=2, queue_timeout_s=1.0).info()
+    assert info.expected_wait_s == 0.0 and info.unavailable is None
+
+
+def _pred(engine: str, ttft: float, queue: float = 0.0) -> Prediction:
+    return Prediction(engine, ttft, ttft * 1.2, ttft + 1, ttft + 2, 0.02, queue)  # type: ignore[arg-type]
+
+
+def test_routing_sends_a_request_local_when_the_cloud_queue_misses_the_deadline() -> None:
+    policy = Policy(name="p", prefer="cloud", ttft_deadline_ms=500)
+    facts = RequestFacts(prompt_tokens=20, max_tokens=64)
+    queued = LiveState(
+        latency={"cloud": _pred("cloud", 1.3, queue=1.0), "local": _pred("local", 0.2)},
+        cloud_queue_s=1.0,
+    )
+    d = decide(facts, policy, queued)
+    assert (d.primary, d.fallback) == ("local", "cloud")
+    assert any("cloud queue 1000 ms" in r and "-> local" in r for r in d.reasons)
+    # no queue: the cloud serves
+    free = LiveState(latency={"cloud": _pred("cloud", 0.3), "local": _pred("local", 0.2)})
+    assert decide(facts, policy, free).primary == "cloud"
+    # the cloud would miss even without its queue: not the queue's doing (the usual rule says)
+    slow = LiveState(
+        latency={"cloud": _pred("cloud", 1.3, queue=0.1), "local": _pred("local", 0.2)},
+        cloud_queue_s=0.1,
+    )
+    assert not any("cloud queue" in r for r in decide(facts, policy, slow).reasons)
