@@ -13,6 +13,10 @@ step time) or a stated guess. Drift: the median residual of the last `short` req
 prediction once it leaves the normal spread (so a cloud getting slower shows within about three
 requests); when all of them lie on the same side, the old regime is dropped.
 
+`Prediction.ttft_samples` is the empirical TTFT distribution for this request (the fit plus
+each residual in the window, sorted): the automatic hedge (`routing.hedging`) needs the shape
+of the tail, not only its p95.
+
 `LatencyModel.predict(engine, prompt_tokens, max_tokens, queue_s=...)` -> `Prediction`.
 """
 
@@ -72,6 +76,7 @@ class EngineLatency:
         self._intercept = prior.overhead_s
         self._slope = 1.0 / prior.prefill_tps
         self._resid_p95 = 0.0
+        self._resid: tuple[float, ...] = ()
         self._spread = 0.0  # robust scale of the residuals (1.4826 * MAD)
 
     # ---- learning -------------------------------------------------------------------------
@@ -118,10 +123,12 @@ class EngineLatency:
         self._slope = slope
         if not obs:
             self._intercept, self._resid_p95, self._spread = self.prior.overhead_s, 0.0, 0.0
+            self._resid = ()
             return
         # unclamped: with the prior's slope the fit must still pass through the observed points
         self._intercept = statistics.median(o.service_s - slope * o.tokens for o in obs)
         resid = [o.service_s - self._fit(o.tokens) for o in obs]
+        self._resid = tuple(sorted(resid))
         self._resid_p95 = max(0.0, _quantile(resid, 0.95))
         self._spread = 1.4826 * statistics.median(abs(r) for r in resid)
 
@@ -180,6 +187,7 @@ class EngineLatency:
         ttft_p95 = ttft + tail
         tpot, tpot_p95 = self.tpot()
         more = max(0, max_tokens - 1)
+        samples = tuple(queue_s + max(0.0, service + r) for r in self._resid)
         return Prediction(
             engine=name,
             ttft_s=ttft,
@@ -190,6 +198,7 @@ class EngineLatency:
             queue_s=queue_s,
             samples=len(self.obs),
             drift_s=drift,
+            ttft_samples=samples,
         )
 
     def components(self) -> dict[str, float | None]:
