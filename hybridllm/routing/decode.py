@@ -3,7 +3,8 @@
 
 A request whose answer is expected to be long (`max_tokens >= LONG_ANSWER_TOKENS`) under a
 policy with a decode-speed target, served first by a local engine the latency model predicts
-slower than the target (its median TPOT), while the cloud decodes faster:
+slower than the target (its median TPOT, past the target by more than `DECODE_MARGIN`), while
+the cloud decodes faster:
 
 - hands off ("handoff" in the policy's plans, and the cloud can continue a started answer): the
   local engine gives the first tokens at its own TTFT, the cloud continues the answer
@@ -25,6 +26,9 @@ from hybridllm.policy import Policy
 from hybridllm.routing.inputs import Prediction
 
 LONG_ANSWER_TOKENS = 64  # an answer allowed this many tokens or more counts as long
+# the local engine counts as too slow only past the target by this factor: a prediction near
+# the target (a prior, a noisy median) does not flip the route
+DECODE_MARGIN = 1.1
 
 
 def _ms(s: float) -> str:
@@ -54,7 +58,11 @@ def decode_rule(
     if target is None or primary != "local" or fallback != "cloud":
         return primary, fallback, False
     mine, theirs = latency.get("local"), latency.get("cloud")
-    if max_tokens < LONG_ANSWER_TOKENS or mine is None or mine.tpot_s * 1e3 <= target:
+    if (
+        max_tokens < LONG_ANSWER_TOKENS
+        or mine is None
+        or mine.tpot_s * 1e3 <= target * DECODE_MARGIN
+    ):
         return primary, fallback, False
     slow = (
         f"local decodes at {_ms(mine.tpot_s)}/token, slower than the {target:g} ms target, "

@@ -277,6 +277,9 @@ class LatencyModel:
         ttft_ms = trace.ttft_ms
         if served is None or ttft_ms is None or trace.error is not None:
             return
+        if trace.handoff is not None:
+            self._observe_handoff(trace, prompt_tokens)
+            return
         marks = trace.marks
         ttft = ttft_ms / 1000.0
         offset = {e: self._start_offset(trace, e) for e in trace.started}
@@ -303,6 +306,21 @@ class LatencyModel:
             est = self.engine(loser)
             if bound > est.predict(loser, prompt_tokens, 1).ttft_s:  # informative: slower
                 est.observe(prompt_tokens, bound)
+
+    def _observe_handoff(self, trace: Trace, prompt_tokens: float) -> None:
+        """A handoff: the first token is the local engine's; the cloud's continuation gives its
+        time to a first token (from the ask) and its decode speed."""
+        rec = trace.handoff
+        assert rec is not None and trace.ttft_ms is not None
+        times = trace.token_times
+        local = [t for t in times if rec.switched_t is None or t < rec.switched_t]
+        tpot = (local[-1] - local[0]) / (len(local) - 1) if len(local) >= 3 else None
+        self.engine("local").observe(prompt_tokens, trace.ttft_ms / 1000.0, tpot_s=tpot)
+        if rec.switched_t is None:
+            return
+        cloud = [t for t in times if t >= rec.switched_t]
+        tpot = (cloud[-1] - cloud[0]) / (len(cloud) - 1) if len(cloud) >= 3 else None
+        self.engine("cloud").observe(prompt_tokens, rec.switched_t - rec.asked_t, tpot_s=tpot)
 
     @staticmethod
     def _start_offset(trace: Trace, engine: EngineName) -> float:
