@@ -14,8 +14,9 @@ requests drawn from the same tail (not counted), so "auto" has a history to pric
 
 Rows: the deadline race without a hedge; fixed hedges of 0, 50, 100 and 200 ms; `auto` (the
 delay minimising the expected p99 TTFT plus the hedge's price: a local hedge costs device time,
-`hedge_device_weight` x its predicted TTFT); LiteLLM-style timeout-then-fallback (the cloud with a
-first-token timeout equal to the deadline, then the local engine). Columns: TTFT P50/P95/P99 in
+`hedge_device_weight` = 1 ms of p99 per ms of local work, and 5 in a second row); LiteLLM-style
+timeout-then-fallback (the cloud with a first-token timeout equal to the deadline, then the
+local engine). Columns: TTFT P50/P95/P99 in
 the app (nearest rank), "local started" (requests that ran the local engine), "cloud lost"
 (cloud requests sent that did not serve the answer) and "extra cloud" (cloud requests beyond the
 one every request sends: what a local hedge must keep at 0).
@@ -29,6 +30,7 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 
 import anyio
 
@@ -126,6 +128,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         ttft_deadline_ms=args.deadline_ms,
     )  # fmt: skip
     rows: list[dict[str, object]] = []
+    detail: dict[str, list[dict[str, object]]] = {}
     strategies: list[tuple[str, Policy | None]] = [
         (f"deadline race {args.deadline_ms:.0f} ms, no hedge", base),
         *(
@@ -133,6 +136,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             for ms in (0, 50, 100, 200)
         ),
         ("auto hedge (priced)", base.model_copy(update={"hedge_after_ms": "auto"})),
+        (
+            "auto hedge, device time 5x dearer",
+            base.model_copy(update={"hedge_after_ms": "auto", "hedge_device_weight": 5.0}),
+        ),
         (f"timeout {args.deadline_ms:.0f} ms -> local (LiteLLM-style)", None),
     ]
     with (
@@ -140,6 +147,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         FaultProxy(upstream=("127.0.0.1", server.port)) as proxy,
     ):
         for label, pol in strategies:
+            if args.only and args.only not in label:
+                continue
             local = LlamaCppEngine(path, n_ctx=1024, n_threads=1)
             async with HybridClient(
                 local=local, cloud=cloud_engine(proxy), policy=pol or base, router=None
@@ -147,7 +156,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 one = strategy(pol, args.deadline_ms / 1000)
                 series = await run_series(label, client, proxy, warm, delays, one)
                 rows.append(row(series))
-    return {"n": n, "deadline_ms": args.deadline_ms, "delays": sorted(delays), "table": rows}
+                detail[label] = [asdict(o) for o in series.outcomes]
+    return {
+        "n": n, "deadline_ms": args.deadline_ms, "delays": sorted(delays), "table": rows,
+        "series": detail,
+    }  # fmt: skip
 
 
 def render(res: dict[str, object]) -> str:
@@ -177,6 +190,7 @@ def cli() -> None:
     ap.add_argument("--quick", action="store_true", help="15 requests per strategy")
     ap.add_argument("--deadline-ms", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", default="", help="run only the strategies whose name has this")
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
     res = anyio.run(main, args)

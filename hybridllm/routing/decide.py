@@ -379,16 +379,17 @@ def _hedge(
     if theirs is None:
         return None
     backup = theirs.ttft_samples or (theirs.ttft_s,)
+    price = weight = 0.0
     if fallback == "local":
-        price = policy.hedge_device_weight * theirs.ttft_s
-        cost = f"device time {_ms(theirs.ttft_s)} x {policy.hedge_device_weight:g}"
+        weight = policy.hedge_device_weight
+        cost = f"device time until the first token x {weight:g}"
     else:
         price = policy.hedge_cloud_price_ms / 1000.0
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
     if deadline is not None:
         cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
-    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, cap_s=cap)
+    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
     if c.delay_s is None:
         reasons.append(
             f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "

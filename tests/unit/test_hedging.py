@@ -38,6 +38,13 @@ def test_a_dearer_hedge_waits_longer_and_fires_less() -> None:
     assert fires == sorted(fires, reverse=True)
 
 
+def test_device_time_priced_dear_makes_a_local_hedge_wait() -> None:
+    cheap = choose_hedge_delay(cloud_tail(), LOCAL, weight=0.5, cap_s=0.55)
+    dear = choose_hedge_delay(cloud_tail(), LOCAL, weight=50.0, cap_s=0.55)
+    assert cheap.delay_s == 0.0
+    assert dear.delay_s is None or dear.delay_s > 0.1
+
+
 def test_no_hedge_pays_against_a_tight_primary() -> None:
     tight = [0.1 + 0.001 * i for i in range(30)]
     c = choose_hedge_delay(tight, [0.2], price_s=1.0, cap_s=0.4)
@@ -54,16 +61,20 @@ def test_without_a_deadline_a_stall_is_hedged() -> None:
     assert c.delay_s is not None and c.tail_s < 1.0 < c.baseline_tail_s
 
 
-def test_the_objective_is_minimal_over_a_fine_grid() -> None:
+@pytest.mark.parametrize(("price", "weight"), [(1.0, 0.0), (0.0, 3.0), (0.5, 1.0)])
+def test_the_objective_is_minimal_over_a_fine_grid(price: float, weight: float) -> None:
     """The chosen delay is within a few ms of the best one on a 5 ms grid."""
-    tail, price, cap = cloud_tail(), 1.0, 0.55
+    tail, cap = cloud_tail(), 0.55
+
+    def work(d: float) -> float:
+        return sum(min(p - d, b) for p in tail if p > d for b in LOCAL) / (len(tail) * len(LOCAL))
 
     def loss(d: float) -> float:
         vals = sorted(min(p, d + b) for p in tail for b in LOCAL)
         fire = sum(p > d for p in tail) / len(tail) - sum(p > cap for p in tail) / len(tail)
-        return quantile(vals, 0.99) + price * fire
+        return quantile(vals, 0.99) + price * fire + weight * (work(d) - work(cap))
 
-    c = choose_hedge_delay(tail, LOCAL, price_s=price, cap_s=cap)
+    c = choose_hedge_delay(tail, LOCAL, price_s=price, weight=weight, cap_s=cap)
     best = min(loss(i * 0.005) for i in range(int(cap / 0.005) + 1))
     got = loss(c.delay_s if c.delay_s is not None else cap)
     assert got <= best + 0.02
