@@ -13,7 +13,8 @@ and a real cloud would not share cores.
 Each round runs, on one client (both engines warm), the same prompt (a count that runs past 256
 tokens) three ways, greedy, max_tokens 256: the local engine only (`engine="local"`), the cloud
 only (`engine="cloud"`), and `plan="handoff"` (the local engine's first `--after` tokens, then the
-cloud continues). TTFT and total time (call to the last token) are measured in the app; the
+cloud continues). The cloud's end-of-text tokens are banned (`FULL_LENGTH`) so that every
+answer has 256 tokens. TTFT and total time (call to the last token) are measured in the app; the
 handoff row also says where the answer moved (tokens from each engine, the pause at the seam).
 Targets (issue 15): TTFT within 20 ms of local-only, total time within 10% of cloud-only.
 """
@@ -28,13 +29,17 @@ import time
 
 import anyio
 
-from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, OpenAIOptions, Policy, Token
 from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import LlamaServer
 
 API_KEY, ALIAS = "sk-bench", "cloud"
 PROMPT = "Count from 1 to 500, separated by commas. Do not stop early."
 MAX_TOKENS = 256
+# SmolLM2 (the stand-in cloud) stops counting early: its end-of-text ids (<|endoftext|> 0,
+# <|im_start|> 1, <|im_end|> 2) are banned so that every answer runs to 256 tokens and the
+# total times compare like with like (the local engine ignores OpenAIOptions)
+FULL_LENGTH = OpenAIOptions(extra_body={"logit_bias": {"0": -100, "1": -100, "2": -100}})
 
 
 def log(msg: str) -> None:
@@ -47,7 +52,7 @@ async def one(client: HybridClient, **kw: object) -> dict[str, object]:
     who: list[str] = []
     text: list[str] = []
     gap = 0.0
-    async with client.stream(PROMPT, **kw) as s:  # type: ignore[arg-type]
+    async with client.stream(PROMPT, options=[FULL_LENGTH], **kw) as s:  # type: ignore[arg-type]
         async for e in s.events():
             if isinstance(e, Token):
                 now = time.perf_counter()
@@ -98,11 +103,15 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                     ("cloud only", {"engine": "cloud"}),
                     ("handoff", {"plan": "handoff"}),
                 ):
+                    if args.only and args.only != name:
+                        continue
                     r = await one(client, **kw)
                     runs[name].append(r)
                     log(f"  round {i + 1} {name}: {r}")
     table = []
     for name, rs in runs.items():
+        if not rs:
+            continue
         table.append(
             {
                 "plan": name,
@@ -125,6 +134,8 @@ def render(res: dict[str, object]) -> str:
             f"{r['plan']:12} {r['n']:>2} {r['ttft_ms']:>8.0f} {r['total_ms']:>9.0f} "
             f"{r['tokens']:>6.0f}"
         )
+    if len(rows) < 3:
+        return "\n".join(lines)
     h, lo, cl = rows["handoff"], rows["local only"], rows["cloud only"]
     lines.append(
         f"handoff TTFT - local-only TTFT: {h['ttft_ms'] - lo['ttft_ms']:+.0f} ms (target <= 20); "
@@ -138,6 +149,7 @@ def cli() -> None:
     ap.add_argument("--n", type=int, default=None, help="rounds (default 2)")
     ap.add_argument("--quick", action="store_true", help="one round")
     ap.add_argument("--after", type=int, default=4, help="handoff_after_tokens")
+    ap.add_argument("--only", default="", help='one plan: "local only", "cloud only", "handoff"')
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
     res = anyio.run(main, args)
