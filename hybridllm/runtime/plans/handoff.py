@@ -6,25 +6,26 @@ continue the answer from exactly T0 (a continuation request: T0 as the start of 
 turn, `engines.base.chat_messages`), through the cloud guard like any cloud request (privacy,
 budget; its cost is tagged "handoff").
 
-The race between the two: the local engine keeps decoding while the cloud request is in flight,
-and whatever it produces after T0 is HELD (buffered, not shown). When the cloud's first content
-token arrives, the answer moves to the cloud: the local engine is stopped, its held tokens are
-dropped, and the cloud's tokens follow T0 directly (a `Handoff` event, `Trace.handoff`). Nothing
-after T0 was shown from the local engine, so the cloud's continuation of T0 joins it with no
-seam: nothing repeated, nothing lost. (The other scheme, showing local tokens past T0 and
-dropping as much of the cloud's text when it matches, needs the two models to agree token for
-token; two different models rarely do, and a mismatch costs a second round trip. Holding costs
-a pause of about the cloud's time to a first token, once.)
+The race between the two, and the scheme chosen: the local engine is STOPPED at T0 (its stream
+closed, so it decodes no further) the moment the cloud is asked. Nothing past T0 exists, so when
+the cloud's first content token arrives its continuation of T0 follows T0 directly: nothing
+repeated, nothing lost, one visible stream (a `Handoff` event, `Trace.handoff`). The app sees
+one pause at the seam, about the cloud's time to a first token for the continuation.
+
+Why not let the local engine run on while the cloud is in flight: shown, its tokens past T0
+would have to be found again at the start of the cloud's text and dropped, which needs the two
+models to agree token for token (they rarely do; a mismatch costs a second round trip); held
+back unshown, they cost device time and, on a device whose cores the cloud shares (this
+machine's stand-in), slowed the cloud's prefill: measured on the 2-core benchmark, the pause at
+the seam was 340-720 ms with the local engine decoding beside the stand-in cloud.
 
 The hold is bounded: if the cloud fails before its first token, or sends none within
 `cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
-cloud request is cancelled, the held local tokens are released in order and the local engine
-simply goes on (they continue T0 in its own stream, so there is no seam either). If the local
-engine finishes the whole answer while the cloud is still in flight, it wins and the cloud
-request is cancelled. If the local engine fails before the handoff, the cloud is asked at once
-to continue from what was delivered. Once the cloud serves, a failure or a stall (`stall_s`)
-moves the answer back to the local engine, which continues from the delivered text (once), as
-the race's mid-stream failover does.
+cloud request is cancelled and the local engine resumes from T0 (a continuation request: its KV
+cache holds T0, so it costs about a decode step), with no seam either. If the local engine fails
+before the handoff, the cloud is asked at once to continue from what was delivered. Once the
+cloud serves, a failure or a stall (`stall_s`) moves the answer back to the local engine, which
+continues from the delivered text (once), as the race's mid-stream failover does.
 
 One coordinator, `_Handoff.serve()`, owns the state; the engine tasks and the timer only post.
 """
@@ -120,10 +121,7 @@ class _Handoff:
         self.local_id = -1
         self.cloud_id: int | None = None
         self.local_tokens = 0
-        self.held: list[Delta | Mark] = []
-        self.held_finish: Finish | None = None
-        self.local_done = False  # the held local stream has ended (finished or failed)
-        self.local_error: Exception | None = None
+        self.local_error: Exception | None = None  # the local engine failed before the handoff
         self.finish: Finish | None = None
         self.attempts: list[tuple[str, BaseException, float]] = []
         self.over = False
@@ -184,8 +182,6 @@ class _Handoff:
                 self.local_tokens += 1
                 if self.local_tokens >= self.after_tokens:
                     self.ask_cloud()
-        elif cid == self.local_id and self.phase == "hold":
-            self.held.append(chunk)
         elif cid == self.cloud_id and self.phase == "hold":
             if isinstance(chunk, Delta) and chunk.text:
                 self.switch()
@@ -194,8 +190,6 @@ class _Handoff:
     def _on_finish(self, cid: int, finish: Finish) -> None:
         if cid == self.serving and self.phase != "hold":
             self.finish = finish
-        elif cid == self.local_id and self.phase == "hold":
-            self.held_finish = finish
         elif cid == self.cloud_id and self.phase == "hold":  # the answer ended exactly at T0
             self.switch()
             self.finish = finish
@@ -204,12 +198,7 @@ class _Handoff:
         if cid == self.cloud_id and self.phase == "hold":
             self.abandon("cloud failed: it stopped without a token")
             return
-        if cid == self.local_id and self.phase == "hold":
-            self.local_done = True
-            if self.held_finish is not None:  # the whole answer is here before the cloud's
-                self.abandon("local finished first")
-            return
-        if cid != self.serving:
+        if cid != self.serving or self.phase == "hold":
             return
         if self.finish is None:
             name = self.engine_of[cid].name
@@ -222,13 +211,11 @@ class _Handoff:
         self.attempts.append((self.engine_of[cid].name, exc, ms))
         if cid == self.cloud_id and self.phase == "hold":
             self.abandon(f"cloud failed: {exc}")
-        elif cid == self.local_id and self.phase == "hold":
-            self.local_done, self.local_error = True, exc  # the cloud may still take over
         elif cid == self.local_id and self.phase == "local":
             self.ask_cloud(failed=exc)  # the cloud continues from what was delivered at once
         elif cid == self.serving and self.phase == "cloud" and not self.failed_back:
             self.fail_back(exc)
-        elif cid == self.serving:
+        elif cid == self.serving and self.phase != "hold":
             self._fail(self.all_failed() if len(self.attempts) > 1 else exc)
 
     # ---- the moves ---------------------------------------------------------------------------
@@ -252,25 +239,24 @@ class _Handoff:
         )
 
     def ask_cloud(self, failed: Exception | None = None) -> None:
-        """Fix T0 (the text delivered now) and ask the cloud to continue from it; hold the
-        local engine's further tokens until the cloud's first one (or the handoff is off)."""
+        """Fix T0 (the text delivered now), stop the local engine there and ask the cloud to
+        continue from T0 (see the module)."""
         trace = self.run.trace
         trace.handoff = HandoffRecord(
             time.perf_counter(), len(self.run.delivered_text), self.local_tokens
         )
         self.phase = "hold"
+        self.scopes[self.local_id].cancel()
         if failed is not None:
-            self.local_done, self.local_error = True, failed
+            self.local_error = failed
             trace.handoff.outcome = f"asked: local failed: {failed}"
         self.cloud_id = self.start(self.cloud, self.continuation(self.local_tokens), "handoff")
         self.tg.start_soon(self._timer_task)
 
     def switch(self) -> None:
-        """The cloud's first token: the answer moves to it; the local engine stops."""
+        """The cloud's first token: the answer moves to it."""
         assert self.cloud_id is not None and self.run.trace.handoff is not None
         self.timer.cancel()
-        self.scopes[self.local_id].cancel()
-        self.held.clear()
         self.phase, self.serving = "cloud", self.cloud_id
         rec = self.run.trace.handoff
         rec.switched_t, rec.outcome = time.perf_counter(), "switched"
@@ -281,23 +267,17 @@ class _Handoff:
         )
 
     def abandon(self, why: str) -> None:
-        """No handoff: stop the cloud, release the held local tokens, the local engine goes on."""
+        """No handoff: stop the cloud; the local engine resumes from T0."""
         assert self.cloud_id is not None and self.run.trace.handoff is not None
         self.timer.cancel()
         self.scopes[self.cloud_id].cancel()
         self.run.trace.handoff.outcome = why
-        self.phase, self.serving = "local-only", self.local_id
-        for chunk in self.held:
-            self.run.deliver("local", chunk)
-        self.held.clear()
-        if self.held_finish is not None:
-            self.finish = self.held_finish
-        if self.local_done:
-            if self.finish is not None:
-                self.over = True
-            else:  # the local engine failed too (or ended unfinished)
-                err = self.local_error or EngineError("the engine stopped", engine="local")
-                self._fail(self.all_failed() if self.attempts else err)
+        if self.local_error is not None:  # the local engine failed first: no engine is left
+            self._fail(self.all_failed())
+            return
+        resumed = self.continuation(self.local_tokens)
+        self.local_id = self.serving = self.start(self.local, resumed, "continuation")
+        self.phase = "local-only"
 
     def fail_back(self, exc: Exception) -> None:
         """The cloud failed mid-answer: the local engine continues from the delivered text."""
