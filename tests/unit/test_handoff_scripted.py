@@ -106,3 +106,15 @@ async def test_scripted_timing_both_failing_is_all_engines_failed() -> None:
         with pytest.raises(AllEnginesFailedError) as err:
             await client.complete("write", plan="handoff")
     assert err.value.received_content
+
+
+async def test_scripted_timing_a_local_engine_past_the_deadline_hands_off_at_once() -> None:
+    local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.5, tpot_s=0.01)
+    cloud = ScriptedEngine("cloud", script=[0.02, "x", "y"])
+    policy = POLICY.model_copy(update={"ttft_deadline_ms": 100.0})
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+        res = await client.complete("write", plan="handoff")
+        assert local.active == 0 and local.emitted == 0
+    assert res.text == "xy" and cloud.requests[0].assistant_prefix == ""
+    assert res.trace.handoff is not None and res.trace.handoff.local_chars == 0
+    assert 100 <= (res.trace.ttft_ms or 0) < 300

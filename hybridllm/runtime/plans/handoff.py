@@ -22,10 +22,11 @@ the seam was 340-720 ms with the local engine decoding beside the stand-in cloud
 The hold is bounded: if the cloud fails before its first token, or sends none within
 `cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
 cloud request is cancelled and the local engine resumes from T0 (a continuation request: its KV
-cache holds T0, so it costs about a decode step), with no seam either. If the local engine fails
-before the handoff, the cloud is asked at once to continue from what was delivered. Once the
-cloud serves, a failure or a stall (`stall_s`) moves the answer back to the local engine, which
-continues from the delivered text (once), as the race's mid-stream failover does.
+cache holds T0, so it costs about a decode step), with no seam either. If the local engine
+fails before the handoff, or has no token by the request's deadline, the cloud is asked at once
+to continue from what was delivered (from nothing: it answers). Once the cloud serves, a failure
+or a stall (`stall_s`) moves the answer back to the local engine, which continues from the
+delivered text (once), as the race's mid-stream failover does.
 
 One coordinator, `_Handoff.serve()`, owns the state; the engine tasks and the timer only post.
 """
@@ -56,6 +57,7 @@ from hybridllm.runtime.trace import HandoffRecord, SpendRole, spend_role
 CLOUD_WAIT_S = 1.0
 
 Phase = Literal["local", "hold", "cloud", "local-only"]
+_DEADLINE = "deadline:"
 _Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
 
 
@@ -76,6 +78,7 @@ def handoff_plan(
         after_tokens=policy.handoff_after_tokens,
         cloud_wait_s=stall_s or CLOUD_WAIT_S,
         stall_s=stall_s,
+        deadline_s=decision.deadline_s,
     )
 
 
@@ -89,11 +92,15 @@ async def handoff(
     after_tokens: int,
     cloud_wait_s: float = CLOUD_WAIT_S,
     stall_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> None:
-    """Run the plan (see the module)."""
+    """Run the plan (see the module). `deadline_s`: a local engine without a token by then hands
+    off at once (the cloud continues from nothing: it answers)."""
     run.route(local, reason)
     async with anyio.create_task_group() as tg:
         h = _Handoff(run, local, cloud, request, tg, after_tokens, cloud_wait_s, stall_s)
+        if deadline_s is not None:
+            tg.start_soon(h.deadline_task, deadline_s)
         await h.serve()
     h.conclude()  # outside the task group: the app gets a typed, unwrapped error
 
@@ -127,6 +134,7 @@ class _Handoff:
         self.over = False
         self.fatal: Exception | None = None
         self.timer = anyio.CancelScope()
+        self.deadline_scope = anyio.CancelScope()
         self.failed_back = False
 
     # ---- the coordinator ---------------------------------------------------------------------
@@ -141,6 +149,7 @@ class _Handoff:
             for scope in self.scopes.values():
                 scope.cancel()
             self.timer.cancel()
+            self.deadline_scope.cancel()
 
     async def _next(self) -> None:
         limit = math.inf
@@ -152,6 +161,11 @@ class _Handoff:
             assert self.stall_s is not None
             name = self.engine_of[self.serving].name
             self._on_error(self.serving, StallError.after(self.stall_s, name))
+        elif isinstance(item, str) and item.startswith(_DEADLINE):
+            if self.phase == "local" and not self.run.delivered_text:
+                self.ask_cloud()  # the local engine missed the deadline: the cloud answers
+                assert self.run.trace.handoff is not None
+                self.run.trace.handoff.outcome = f"asked: {item}"
         elif isinstance(item, str):
             if self.phase == "hold":
                 self.abandon(f"cloud too slow: {item}")
@@ -320,6 +334,11 @@ class _Handoff:
                 self._post((cid, None))
             except Exception as exc:  # judged by the coordinator
                 self._post((cid, exc))
+
+    async def deadline_task(self, deadline_s: float) -> None:
+        with self.deadline_scope:
+            await anyio.sleep(max(0.0, self.run.trace.t_start + deadline_s - time.perf_counter()))
+            self._post(f"{_DEADLINE} no local token within {deadline_s * 1e3:.0f} ms")
 
     async def _timer_task(self) -> None:
         with self.timer:
