@@ -34,7 +34,7 @@ from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Mes
 from hybridllm.events import EngineName, Priority
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
-from hybridllm.policy import Policy, PolicyCache
+from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
@@ -47,7 +47,7 @@ from hybridllm.runtime.gather import (
 )
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.plans import handoff_plan, race, single
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
@@ -209,10 +209,12 @@ class HybridClient:
         seed: int | None = None,
         options: Sequence[EngineOptions] = (),
         priority: Priority | None = None,
+        plan: PlanName | None = None,
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
         `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
         `priority`: the request's class in a busy engine's queue (None: the policy's).
+        `plan`: run this plan where it can ("handoff": local starts, cloud continues).
 
         Every argument is checked before anything is sent (`engines.validate`): `messages` a
         non-blank prompt or a list of {"role", "content"} mappings whose last user message is
@@ -228,6 +230,7 @@ class HybridClient:
         msgs = validate.messages(messages)
         policy = validate.policy_ref(policy)
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
+        pol = pol if plan is None else pol.with_plan(plan)
         request = GenerationRequest(
             messages=msgs,
             max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
@@ -245,7 +248,7 @@ class HybridClient:
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = None if fb is None else fb.ttft_s
-        plan = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
+        how = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         run = RequestRun(trace, send, self._outcome, cloud_off)
@@ -254,7 +257,7 @@ class HybridClient:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
         self._tg.start_soon(
-            self._drive, run, plan, facts.prompt_tokens, request, pol.name, facts.router_score
+            self._drive, run, how, facts.prompt_tokens, request, pol.name, facts.router_score
         )
         return Stream(run, recv)
 
@@ -311,6 +314,8 @@ class HybridClient:
             engines["cloud"] = self._guard.bind(context)
         assert decision.primary is not None
         target = engines[decision.primary]
+        if decision.plan == "handoff":
+            return handoff_plan(decision, engines, request, policy)
         if decision.fallback is None:
             return partial(
                 single,

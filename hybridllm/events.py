@@ -8,6 +8,8 @@ Event                 what the app sees through `Stream.events()`
 │   ├── Hedge         ... started early by a hedge
 │   └── ParallelStart ... started at once beside the primary, which is predicted to miss the
 │                     deadline (a cloud started this way is a cloud request paid for)
+├── Handoff           the answer moved from the local engine's fast start to the cloud, which
+│                     continues it from the text delivered so far (the `handoff` plan)
 ├── CloudUnavailable  the cloud could not be used for a configuration reason (no API key, the
 │                     key refused with 401/403); the request was served without it
 ├── Paused            the serving engine paused this answer for a more urgent request
@@ -82,6 +84,19 @@ class ParallelStart(Fallback):
     def engine(self) -> EngineName:
         """The engine started in parallel."""
         return self.to_engine
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff(Event):
+    """The cloud took the answer over from `from_engine` (the `handoff` plan): everything after
+    the first `chars` characters (`tokens` content tokens of `from_engine`) comes from
+    `to_engine`, which was asked to continue from exactly that text (`Trace.handoff`)."""
+
+    from_engine: EngineName
+    to_engine: EngineName
+    chars: int
+    tokens: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ the second half of this module. Every field is optional:
     router_threshold | target_cloud_share | quality_floor      how the router's score is read
     prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
     priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
+    plan, handoff_after_tokens                                  a plan to run; handoff's local part
+    hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -43,7 +45,8 @@ from hybridllm.errors import PolicyError
 from hybridllm.events import Priority
 
 # only plans that run: "speculative" and "cascade" join when they are built (issues 14, 17)
-PlanName = Literal["single", "hedge"]
+PlanName = Literal["single", "hedge", "handoff"]
+PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff")
 EngineChoice = Literal["local", "cloud"]
 
 
@@ -107,9 +110,19 @@ class Policy(BaseModel):
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     # the decode speed the scenario needs (ms per output token after the first)
     tpot_target_ms: float | None = Field(default=None, gt=0)
-    # start the backup this long after the call even before the deadline; "auto": at the
-    # primary's predicted p95 TTFT (once a few requests have been seen)
+    # start the backup this long after the call even before the deadline; "auto": the delay
+    # that minimises the expected p99 TTFT plus the hedge's price (`routing.hedging`), from the
+    # primary's observed TTFT distribution (once a few requests have been seen)
     hedge_after_ms: float | Literal["auto"] | None = None
+    # the price of an automatic hedge, in ms of p99 TTFT it must buy: a local hedge costs device
+    # time only (this weight times its predicted time to a first token; 0: free); a cloud hedge
+    # costs a cloud request paid for (this many ms)
+    hedge_device_weight: float = Field(default=1.0, ge=0.0)
+    hedge_cloud_price_ms: float = Field(default=1000.0, ge=0.0)
+    # the plan to run when it can (None: the decision picks); `stream(plan=...)` sets it per call
+    plan: PlanName | None = None
+    # handoff: the local engine delivers this many tokens, then the cloud continues
+    handoff_after_tokens: int = Field(default=4, ge=1)
     # When the local engine serves first but is predicted to miss the deadline, the cloud
     # starts in parallel at once (the first token wins): a cloud request paid for even when the
     # local engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the
@@ -141,7 +154,8 @@ class Policy(BaseModel):
 
     @field_validator(
         "ttft_deadline_ms", "tpot_target_ms", "stall_ms", "router_threshold",
-        "target_cloud_share", "quality_floor", "temperature", "top_p", mode="before",
+        "target_cloud_share", "quality_floor", "temperature", "top_p", "hedge_device_weight",
+        "hedge_cloud_price_ms", mode="before",
     )  # fmt: skip
     @classmethod
     def _number(cls, v: object) -> object:
@@ -149,7 +163,7 @@ class Policy(BaseModel):
             raise ValueError("must be a number")
         return v
 
-    @field_validator("retries", "max_tokens", mode="before")
+    @field_validator("retries", "max_tokens", "handoff_after_tokens", mode="before")
     @classmethod
     def _count(cls, v: object) -> object:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -191,6 +205,8 @@ class Policy(BaseModel):
             raise ValueError("plans: each plan at most once")
         if self.hedge_after_ms is not None and "hedge" not in self.plans:
             raise ValueError("hedge_after_ms is set but 'hedge' is not in plans")
+        if self.plan is not None and self.plan not in self.plans:
+            raise ValueError(f"plan is {self.plan!r} but it is not in plans")
         order = self.fallback_order
         if order is not None:
             if not order or len(set(order)) != len(order):
@@ -208,6 +224,21 @@ class Policy(BaseModel):
         if self.prefer == "cloud" and not self.allow_cloud:
             raise ValueError("prefer is 'cloud' but allow_cloud is false")
         return self
+
+    def with_plan(self, plan: str) -> Policy:
+        """This policy, running `plan` where it can (a call's `plan=`): added to `plans`; "hedge"
+        without a delay hedges "auto". A name that is not a plan is a `PolicyError`."""
+        if plan not in PLAN_NAMES:
+            raise PolicyError(
+                f"unknown plan {plan!r}; plans: {', '.join(PLAN_NAMES)}", field="plan"
+            )
+        plans = self.plans if plan in self.plans else (*self.plans, plan)
+        hedge = self.hedge_after_ms
+        if plan == "hedge" and hedge is None:
+            hedge = "auto"
+        return Policy(
+            **{**self.model_dump(), "plan": plan, "plans": plans, "hedge_after_ms": hedge}
+        )
 
     @property
     def cloud_allowed(self) -> bool:

@@ -27,10 +27,16 @@ The rules, in order (each one that applies adds a reason):
    may forbid it (`parallel_cloud = false`) or cap its share of the policy's recent requests
    (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
    the deadline itself (`Decision.fallback_lead` False).
-4. The plan: "hedge" when the policy asks for one (a fixed delay, or "auto": the primary's
-   predicted p95 TTFT once it has a history), else "single" (fallback at the deadline or on
-   failure); "refuse" when nothing may serve. A failure mid-answer moves the answer to the other
-   engine only when both engines can continue a started answer (`LiveState.continues`).
+4. Decode speed (`decode.py`): with a `tpot_target_ms`, a local primary predicted to decode
+   slower than the target on a long answer (max_tokens >= `LONG_ANSWER_TOKENS`) hands the answer
+   to the cloud after its first tokens ("handoff", where the policy allows that plan) or gives
+   the cloud the request (when the cloud meets the deadline); `plan = "handoff"` (policy or call)
+   asks for the handoff outright.
+5. The plan: "handoff" (4.); "hedge" when the policy asks for one (a fixed delay, or "auto": the
+   delay `routing.hedging` prices against the primary's TTFT distribution once it has a
+   history), else "single" (fallback at the deadline or on failure); "refuse" when nothing may
+   serve. A failure mid-answer moves the answer to the other engine only when both engines can
+   continue a started answer (`LiveState.continues`).
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ from typing import Literal
 
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
+from hybridllm.routing.decode import decode_rule
+from hybridllm.routing.hedging import choose_hedge_delay
 from hybridllm.routing.inputs import Prediction
 
-PlanKind = Literal["single", "hedge", "refuse"]
+PlanKind = Literal["single", "hedge", "handoff", "refuse"]
 AUTO_HEDGE_MIN_SAMPLES = 5
 
 
@@ -180,9 +188,19 @@ def _serve(
             "but no other engine is allowed -> local"
         )
 
-    # 4. the plan
-    hedge_s = _hedge(policy, primary, fallback, state, reasons) if not fallback_now else None
-    plan: PlanKind = "hedge" if hedge_s is not None else "single"
+    # 4. decode speed: hand off to the cloud, or give it the request
+    handoff = False
+    if fallback is not None and not fallback_now:
+        primary, fallback, handoff = decode_rule(
+            facts.max_tokens, policy, primary, fallback, state.latency, state.continues,
+            deadline, reasons,
+        )  # fmt: skip
+
+    # 5. the plan
+    hedge_s = None
+    if not fallback_now and not handoff:
+        hedge_s = _hedge(policy, primary, fallback, state, reasons, deadline, lead)
+    plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = fallback is not None
     cannot = [e for e in (primary, fallback) if e is not None and e not in state.continues]
     if failover and cannot:
@@ -367,6 +385,8 @@ def _hedge(
     fallback: EngineName | None,
     state: LiveState,
     reasons: list[str],
+    deadline: float | None = None,
+    lead: bool = True,
 ) -> float | None:
     if fallback is None or policy.hedge_after_ms is None or "hedge" not in policy.plans:
         return None
@@ -374,8 +394,32 @@ def _hedge(
         hedge_s = policy.hedge_after_ms / 1000.0
         reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
         return hedge_s
-    mine = state.latency.get(primary)
-    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES:
+    mine, theirs = state.latency.get(primary), state.latency.get(fallback)
+    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES or not mine.ttft_samples:
         return None  # not enough history yet: the deadline alone applies
-    reasons.append(f"hedge: {fallback} starts at {primary}'s p95 TTFT {_ms(mine.ttft_p95_s)}")
-    return mine.ttft_p95_s
+    if theirs is None:
+        return None
+    backup = theirs.ttft_samples or (theirs.ttft_s,)
+    price = weight = 0.0
+    if fallback == "local":
+        weight = policy.hedge_device_weight
+        cost = f"device time until the first token x {weight:g}"
+    else:
+        price = policy.hedge_cloud_price_ms / 1000.0
+        cost = f"a cloud request priced at {_ms(price)}"
+    cap = None
+    if deadline is not None:
+        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
+    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
+    if c.delay_s is None:
+        reasons.append(
+            f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "
+            f"hedge costs {cost})"
+        )
+        return None
+    reasons.append(
+        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token (expected p99 "
+        f"TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
+        f"requests; a hedge costs {cost})"
+    )
+    return c.delay_s

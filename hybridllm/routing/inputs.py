@@ -65,3 +65,6 @@ class Prediction:
     samples: int = 0  # requests behind the figures (0: the prior only)
     drift_s: float = 0.0  # shift applied for recent requests running slower (+) or faster (-)
     source: str = "model"  # "model" (learned or seeded) or "engine" (the engine's own guess)
+    # the TTFT distribution behind the figures, seconds, sorted: this request's expected TTFT
+    # plus each residual the model has seen (empty: no history); the automatic hedge reads it
+    ttft_samples: tuple[float, ...] = ()

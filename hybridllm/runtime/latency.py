@@ -13,6 +13,10 @@ step time) or a stated guess. Drift: the median residual of the last `short` req
 prediction once it leaves the normal spread (so a cloud getting slower shows within about three
 requests); when all of them lie on the same side, the old regime is dropped.
 
+`Prediction.ttft_samples` is the empirical TTFT distribution for this request (the fit plus
+each residual in the window, sorted): the automatic hedge (`routing.hedging`) needs the shape
+of the tail, not only its p95.
+
 `LatencyModel.predict(engine, prompt_tokens, max_tokens, queue_s=...)` -> `Prediction`.
 """
 
@@ -72,6 +76,7 @@ class EngineLatency:
         self._intercept = prior.overhead_s
         self._slope = 1.0 / prior.prefill_tps
         self._resid_p95 = 0.0
+        self._resid: tuple[float, ...] = ()
         self._spread = 0.0  # robust scale of the residuals (1.4826 * MAD)
 
     # ---- learning -------------------------------------------------------------------------
@@ -118,10 +123,12 @@ class EngineLatency:
         self._slope = slope
         if not obs:
             self._intercept, self._resid_p95, self._spread = self.prior.overhead_s, 0.0, 0.0
+            self._resid = ()
             return
         # unclamped: with the prior's slope the fit must still pass through the observed points
         self._intercept = statistics.median(o.service_s - slope * o.tokens for o in obs)
         resid = [o.service_s - self._fit(o.tokens) for o in obs]
+        self._resid = tuple(sorted(resid))
         self._resid_p95 = max(0.0, _quantile(resid, 0.95))
         self._spread = 1.4826 * statistics.median(abs(r) for r in resid)
 
@@ -180,6 +187,7 @@ class EngineLatency:
         ttft_p95 = ttft + tail
         tpot, tpot_p95 = self.tpot()
         more = max(0, max_tokens - 1)
+        samples = tuple(queue_s + max(0.0, service + r) for r in self._resid)
         return Prediction(
             engine=name,
             ttft_s=ttft,
@@ -190,6 +198,7 @@ class EngineLatency:
             queue_s=queue_s,
             samples=len(self.obs),
             drift_s=drift,
+            ttft_samples=samples,
         )
 
     def components(self) -> dict[str, float | None]:
@@ -268,6 +277,9 @@ class LatencyModel:
         ttft_ms = trace.ttft_ms
         if served is None or ttft_ms is None or trace.error is not None:
             return
+        if trace.handoff is not None:
+            self._observe_handoff(trace, prompt_tokens)
+            return
         marks = trace.marks
         ttft = ttft_ms / 1000.0
         offset = {e: self._start_offset(trace, e) for e in trace.started}
@@ -294,6 +306,21 @@ class LatencyModel:
             est = self.engine(loser)
             if bound > est.predict(loser, prompt_tokens, 1).ttft_s:  # informative: slower
                 est.observe(prompt_tokens, bound)
+
+    def _observe_handoff(self, trace: Trace, prompt_tokens: float) -> None:
+        """A handoff: the first token is the local engine's; the cloud's continuation gives its
+        time to a first token (from the ask) and its decode speed."""
+        rec = trace.handoff
+        assert rec is not None and trace.ttft_ms is not None
+        times = trace.token_times
+        local = [t for t in times if rec.switched_t is None or t < rec.switched_t]
+        tpot = (local[-1] - local[0]) / (len(local) - 1) if len(local) >= 3 else None
+        self.engine("local").observe(prompt_tokens, trace.ttft_ms / 1000.0, tpot_s=tpot)
+        if rec.switched_t is None:
+            return
+        cloud = [t for t in times if t >= rec.switched_t]
+        tpot = (cloud[-1] - cloud[0]) / (len(cloud) - 1) if len(cloud) >= 3 else None
+        self.engine("cloud").observe(prompt_tokens, rec.switched_t - rec.asked_t, tpot_s=tpot)
 
     @staticmethod
     def _start_offset(trace: Trace, engine: EngineName) -> float:

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 # what a cloud request did for its request: served it from the start ("primary"), started at
 # the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary
-# ("parallel"), or continued a started answer ("continuation")
-SpendRole = Literal["primary", "fallback", "hedge", "parallel", "continuation"]
+# ("parallel"), continued a started answer ("continuation"), or took a local start over ("handoff")
+SpendRole = Literal["primary", "fallback", "hedge", "parallel", "continuation", "handoff"]
 spend_role: ContextVar[SpendRole] = ContextVar("hybridllm_spend_role", default="primary")
 
 
@@ -61,6 +61,18 @@ class Pause:
 
 
 @dataclass
+class HandoffRecord:
+    """Where a `handoff` plan moved the answer (times are `time.perf_counter()`)."""
+
+    asked_t: float  # the cloud was asked to continue from the text delivered then
+    local_chars: int  # ... that many characters, all from the local engine: the seam
+    local_tokens: int  # the local engine's content tokens in them
+    switched_t: float | None = None  # the cloud's first token: the answer moved there
+    # "asked", "switched", "local finished first", "cloud failed: ...", "cloud too slow: ..."
+    outcome: str = "asked"
+
+
+@dataclass
 class Trace:
     t_start: float = field(default_factory=time.perf_counter)
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
@@ -82,6 +94,7 @@ class Trace:
     switches: list[tuple[float, str, str, str, int]] = field(default_factory=list)
     # preemption on the device: each pause and resume (a move to the cloud is a switch above)
     pauses: list[Pause] = field(default_factory=list)
+    handoff: HandoffRecord | None = None  # the handoff plan: where the cloud took over
     # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
     refusals: list[str] = field(default_factory=list)
     finish_reason: str | None = None

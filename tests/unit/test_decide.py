@@ -237,13 +237,40 @@ def test_open_circuit_goes_local_at_once() -> None:
     assert d.engines == ("local",) and "cloud circuit open -> local" in d.reasons
 
 
-def test_auto_hedge_waits_for_history_then_uses_the_p95() -> None:
-    pol = Policy(name="t", prefer="local", ttft_deadline_ms=500, hedge_after_ms="auto")
-    young = LiveState(latency={"local": pred("local", 0.1, 0.2, samples=2)})
+def heavy(engine: EngineName, samples: list[float], ttft: float = 0.15) -> Prediction:
+    return Prediction(
+        engine, ttft, ttft * 3, ttft + 1.0, ttft * 3 + 2.0, 0.05, samples=len(samples),
+        ttft_samples=tuple(sorted(samples)),
+    )  # fmt: skip
+
+
+# a heavy-tailed cloud: most first tokens near 150 ms, one in eight at 3 s or a 10 s stall
+CLOUD_TAIL = [0.1, 0.12, 0.13, 0.15, 0.15, 0.16, 0.18, 0.2, 0.22, 0.25, 0.3, 0.35, 0.5, 3.0, 10.0]
+
+
+def test_auto_hedge_waits_for_history() -> None:
+    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    young = LiveState(
+        latency={"cloud": heavy("cloud", CLOUD_TAIL[:3]), "local": pred("local", 0.05)}
+    )
     assert decide(RequestFacts(10, 8), pol, young).plan == "single"
-    old = LiveState(latency={"local": pred("local", 0.1, 0.2, samples=9)})
-    d = decide(RequestFacts(10, 8), pol, old)
-    assert d.plan == "hedge" and d.hedge_s == 0.2 and "p95 TTFT 200 ms" in d.reason
+
+
+def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> None:
+    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
+    d = decide(RequestFacts(10, 8), pol, state)
+    assert d.plan == "hedge" and d.hedge_s is not None and d.hedge_s < 0.1
+    assert "auto hedge: local starts after" in d.reason and "device time" in d.reason
+
+
+def test_auto_hedge_with_a_dear_cloud_backup_waits_or_skips() -> None:
+    local = heavy("local", [0.1 + 0.002 * i for i in range(20)], ttft=0.12)  # a tight local
+    pol = Policy(name="t", prefer="local", ttft_deadline_ms=600, hedge_after_ms="auto")
+    d = decide(
+        RequestFacts(10, 8), pol, LiveState(latency={"local": local, "cloud": pred("cloud", 0.2)})
+    )
+    assert d.plan == "single" and "auto hedge: none pays" in d.reason
 
 
 def test_private_preset_never_leaves_the_device() -> None:
@@ -251,3 +278,57 @@ def test_private_preset_never_leaves_the_device() -> None:
 
     d = decide(RequestFacts(10, 8, privacy_kinds=frozenset()), resolve_policy("private"), BOTH)
     assert d.engines == ("local",) and "never leaves the device" in d.reason
+
+
+# ---- decode speed (tpot_target_ms) and the handoff plan ---------------------------------------
+
+
+def speed(engine: EngineName, ttft: float, tpot: float) -> Prediction:
+    return Prediction(engine, ttft, ttft * 1.5, ttft + 100 * tpot, ttft + 200 * tpot, tpot)
+
+
+SLOW_LOCAL = {"local": speed("local", 0.1, 0.06), "cloud": speed("cloud", 0.3, 0.01)}
+
+
+def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
+    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
+    assert d.plan == "handoff" and d.primary == "local" and d.fallback == "cloud"
+    assert "local decodes at 60 ms/token, slower than the 40 ms target" in d.reason
+    assert "handoff: local starts, cloud continues after 4 tokens" in d.reason
+
+
+def test_slow_local_decode_without_handoff_gives_the_cloud_the_request() -> None:
+    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=500)
+    d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
+    assert d.plan == "single" and d.primary == "cloud" and d.reason.endswith("-> cloud")
+
+
+def test_slow_local_decode_keeps_local_when_the_cloud_misses_the_deadline() -> None:
+    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=200)
+    d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
+    assert d.primary == "local" and "misses the 200 ms deadline -> local" in d.reason
+
+
+def test_short_answers_and_fast_local_decode_stay_local() -> None:
+    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    short = decide(RequestFacts(20, 16), pol, LiveState(latency=SLOW_LOCAL))
+    assert short.plan == "single" and short.primary == "local" and "decodes" not in short.reason
+    fast = {"local": speed("local", 0.1, 0.03), "cloud": speed("cloud", 0.3, 0.01)}
+    d = decide(RequestFacts(20, 256), pol, LiveState(latency=fast))
+    assert d.plan == "single" and d.primary == "local"
+
+
+def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> None:
+    pol = Policy(name="t", prefer="cloud").with_plan("handoff")
+    d = decide(RequestFacts(20, 8), pol, LiveState())
+    assert d.plan == "handoff" and (d.primary, d.fallback) == ("local", "cloud")
+    assert "plan=handoff" in d.reason
+    no_cont = LiveState(continues=frozenset({"local"}))
+    assert decide(RequestFacts(20, 8), pol, no_cont).plan != "handoff"
+
+
+def test_handoff_needs_the_cloud() -> None:
+    pol = Policy(name="t", prefer="local", privacy="keep-local").with_plan("handoff")
+    d = decide(RequestFacts(20, 256, privacy_kinds=frozenset({"email"})), pol, LiveState())
+    assert d.plan == "single" and d.engines == ("local",)

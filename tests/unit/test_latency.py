@@ -155,3 +155,35 @@ def test_quantile_is_numpys_linear_interpolation() -> None:
     # position 0.95 * 4 = 3.8 between the sorted values 4 and 10: 4 + 0.8 * 6
     assert _quantile([10.0, 1.0, 4.0, 2.0, 3.0], 0.95) == pytest.approx(8.8)
     assert _quantile([1.0, 2.0], 0.5) == 1.5 and _quantile([5.0, 1.0], 1.0) == 5.0
+
+
+def test_ttft_samples_are_the_prediction_plus_each_residual() -> None:
+    model = LatencyModel()
+    est = model.engine("cloud")
+    for s in (0.1, 0.12, 0.15, 0.2, 3.0, 0.11):
+        est.observe(40, s)
+    p = model.predict("cloud", 40, 8, queue_s=0.05)
+    assert len(p.ttft_samples) == 6 and list(p.ttft_samples) == sorted(p.ttft_samples)
+    # the same prompt size as observed: the samples are the observations themselves, queued
+    assert p.ttft_samples[-1] == pytest.approx(3.0 + 0.05)
+    assert p.ttft_samples[0] == pytest.approx(0.1 + 0.05)
+
+
+def test_a_handoff_teaches_the_local_ttft_and_the_clouds_continuation() -> None:
+    from hybridllm.runtime.trace import HandoffRecord
+
+    model = LatencyModel()
+    tr = Trace(t_start=100.0)
+    tr.engine, tr.started = "cloud", ["local", "cloud"]
+    for i in range(4):  # local: first token at 50 ms, then 60 ms per token
+        tr.token(100.05 + 0.06 * i)
+    tr.handoff = HandoffRecord(100.23, 8, 4, switched_t=100.53, outcome="switched")
+    for i in range(10):  # cloud: 10 ms per token from 100.53
+        tr.token(100.53 + 0.01 * i)
+    tr.done("stop", 100.7)
+    model.observe_trace(tr, 30)
+    local, cloud = model.engine("local"), model.engine("cloud")
+    assert local.obs[-1].service_s == pytest.approx(0.05)
+    assert local.tpot()[0] == pytest.approx(0.06)
+    assert cloud.obs[-1].service_s == pytest.approx(0.30)  # asked to first token
+    assert cloud.tpot()[0] == pytest.approx(0.01)

@@ -137,12 +137,21 @@ async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
     assert "hedge" in (tr.fallback_reason or "")
 
 
-async def test_auto_hedge_follows_the_primary_p95() -> None:
+async def test_auto_hedge_prices_the_primary_tail() -> None:
+    """Scripted timing: a local primary with a heavy tail (one request in four takes 0.6 s) and
+    a fast cloud hedge priced at 1 s of p99 per request: the automatic hedge starts the cloud
+    early, just past the primary's body; against a tight history it does not pay."""
     local, cloud = engines([0.03, "ok"], [0.0, "cloud"])
+    cloud.predicted_ttft_s = 0.01
     policy = Policy(name="h", prefer="local", hedge_after_ms="auto")
-    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
-        for _ in range(6):  # history: local answers in about 30 ms (a request just past the
-            await client.complete("q")  # p95 of that history may hedge: that is the design)
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+        for _ in range(6):  # a tight history: hedging cannot beat it
+            await client.complete("q")
+        tight = await client.complete("q")
+        assert not tight.trace.hedged and "auto hedge: none pays" in tight.trace.route_reason
+        for _ in range(2):  # now a heavy tail
+            local.script = [0.6, "slow"]
+            await client.complete("q", engine="local")
         local.script = [0.5, "stuck"]
         res = await client.complete("q")
     assert res.text == "cloud" and res.trace.hedged

@@ -1,15 +1,17 @@
 """The plans: the ways one request can run, each an async function of a `RequestRun`.
 
 - `single`: one engine, start to finish, with retries before the first token (`single.py`);
-- `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`).
+- `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`);
+- `handoff`: the local engine starts, the cloud continues the answer (`handoff.py`).
 
-A new plan (speculative: local drafts, cloud verifies; cascade: local confidence decides; handoff:
-local start, cloud continues) is a module here beside them, named below.
+A new plan (speculative: local drafts, cloud verifies; cascade: local confidence decides) is a
+module here beside them, named below.
 """
 
 from __future__ import annotations
 
+from hybridllm.runtime.plans.handoff import handoff, handoff_plan
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
 
-__all__ = ["fallback_lead_s", "race", "single"]
+__all__ = ["fallback_lead_s", "handoff", "handoff_plan", "race", "single"]

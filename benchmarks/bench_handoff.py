@@ -1,0 +1,163 @@
+"""Handoff benchmark: TTFT and total time of 256-token answers, handoff against cloud-only and
+local-only, where the local engine decodes slower than the cloud.
+
+    PYTHONPATH=$PWD python benchmarks/bench_handoff.py [--n 2] [--quick] [--after 4] [--json PATH]
+
+How the cloud is made faster per token: the stand-in cloud is the real `llama_cpp.server`
+serving SmolLM2-135M (one thread) on loopback, the local engine is Qwen2.5-Coder-0.5B through
+llama-cpp-python (one thread): SmolLM2 decodes several times faster per token than Qwen 0.5B on
+the same core. Both engines share this machine's 2 cores (one thread each), so the local
+engine's decoding while the cloud request is in flight slows the cloud a little: a real device
+and a real cloud would not share cores.
+
+Each round runs, on one client (both engines warm), the same prompt (a count that runs past 256
+tokens) three ways, greedy, max_tokens 256: the local engine only (`engine="local"`), the cloud
+only (`engine="cloud"`), and `plan="handoff"` (the local engine's first `--after` tokens, then the
+cloud continues). The cloud's end-of-text tokens are banned (`FULL_LENGTH`) so that every
+answer has 256 tokens. TTFT and total time (call to the last token) are measured in the app; the
+handoff row also says where the answer moved (tokens from each engine, the pause at the seam).
+Targets (issue 15): TTFT within 20 ms of local-only, total time within 10% of cloud-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import anyio
+
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, OpenAIOptions, Policy, Token
+from hybridllm.local.resolve import resolve_model
+from hybridllm.testing import LlamaServer
+
+API_KEY, ALIAS = "sk-bench", "cloud"
+PROMPT = "Count from 1 to 500, separated by commas. Do not stop early."
+MAX_TOKENS = 256
+# SmolLM2 (the stand-in cloud) stops counting early: its end-of-text ids (<|endoftext|> 0,
+# <|im_start|> 1, <|im_end|> 2) are banned so that every answer runs to 256 tokens and the
+# total times compare like with like (the local engine ignores OpenAIOptions)
+FULL_LENGTH = OpenAIOptions(extra_body={"logit_bias": {"0": -100, "1": -100, "2": -100}})
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def one(client: HybridClient, **kw: object) -> dict[str, object]:
+    t0 = time.perf_counter()
+    first = last = None
+    who: list[str] = []
+    text: list[str] = []
+    gap = 0.0
+    async with client.stream(PROMPT, options=[FULL_LENGTH], **kw) as s:  # type: ignore[arg-type]
+        async for e in s.events():
+            if isinstance(e, Token):
+                now = time.perf_counter()
+                if who and who[-1] != e.engine and last is not None:
+                    gap = now - last  # the pause at the seam, as the app felt it
+                first = first or now
+                last = now
+                who.append(e.engine)
+                text.append(e.text)
+    tr = s.trace
+    assert first is not None and last is not None, tr.error
+    return {
+        "ttft_ms": (first - t0) * 1e3,
+        "total_ms": (last - t0) * 1e3,
+        "tokens": len(who),
+        "local_tokens": who.count("local"),
+        "cloud_tokens": who.count("cloud"),
+        "seam_gap_ms": gap * 1e3,
+        "handoff": None if tr.handoff is None else tr.handoff.outcome,
+        # the text around the seam (local part | cloud part), for a person to read
+        "seam": None
+        if tr.handoff is None
+        else "".join(text)[: tr.handoff.local_chars]
+        + " | "
+        + "".join(text)[tr.handoff.local_chars :][:40],
+        "error": tr.error,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    n = args.n or (1 if args.quick else 2)
+    local_path = resolve_model("qwen2.5-coder-0.5b-instruct", pull=True)
+    cloud_path = resolve_model("smollm2-135m-instruct", pull=True)
+    pol = Policy(
+        name="bench", prefer="local", max_tokens=MAX_TOKENS, temperature=0, retries=0,
+        handoff_after_tokens=args.after,
+    )  # fmt: skip
+    runs: dict[str, list[dict[str, object]]] = {"local only": [], "cloud only": [], "handoff": []}
+    with LlamaServer(cloud_path, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as srv:
+        cloud = OpenAIEngine(base_url=srv.url + "/v1", api_key=API_KEY, model=ALIAS)
+        local = LlamaCppEngine(local_path, n_ctx=2048, n_threads=1)
+        async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
+            for engine in ("local", "cloud"):  # warm both (prompt caches, connections)
+                await client.complete(PROMPT, engine=engine, max_tokens=4)
+            for i in range(n):
+                for name, kw in (
+                    ("local only", {"engine": "local"}),
+                    ("cloud only", {"engine": "cloud"}),
+                    ("handoff", {"plan": "handoff"}),
+                ):
+                    if args.only and args.only != name:
+                        continue
+                    r = await one(client, **kw)
+                    runs[name].append(r)
+                    log(f"  round {i + 1} {name}: {r}")
+    table = []
+    for name, rs in runs.items():
+        if not rs:
+            continue
+        table.append(
+            {
+                "plan": name,
+                "n": len(rs),
+                "ttft_ms": statistics.median(float(r["ttft_ms"]) for r in rs),  # type: ignore[arg-type]
+                "total_ms": statistics.median(float(r["total_ms"]) for r in rs),  # type: ignore[arg-type]
+                "tokens": statistics.median(int(r["tokens"]) for r in rs),  # type: ignore[call-overload]
+            }
+        )
+    return {"n": n, "after": args.after, "table": table, "runs": runs}
+
+
+def render(res: dict[str, object]) -> str:
+    table = res["table"]
+    assert isinstance(table, list)
+    rows = {r["plan"]: r for r in table}
+    lines = [f"{'plan':12} {'n':>2} {'TTFT ms':>8} {'total ms':>9} {'tokens':>6}  (medians)"]
+    for r in table:
+        lines.append(
+            f"{r['plan']:12} {r['n']:>2} {r['ttft_ms']:>8.0f} {r['total_ms']:>9.0f} "
+            f"{r['tokens']:>6.0f}"
+        )
+    if len(rows) < 3:
+        return "\n".join(lines)
+    h, lo, cl = rows["handoff"], rows["local only"], rows["cloud only"]
+    lines.append(
+        f"handoff TTFT - local-only TTFT: {h['ttft_ms'] - lo['ttft_ms']:+.0f} ms (target <= 20); "
+        f"handoff total / cloud-only total: {h['total_ms'] / cl['total_ms']:.2f} (target <= 1.10)"
+    )
+    return "\n".join(lines)
+
+
+def cli() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="rounds (default 2)")
+    ap.add_argument("--quick", action="store_true", help="one round")
+    ap.add_argument("--after", type=int, default=4, help="handoff_after_tokens")
+    ap.add_argument("--only", default="", help='one plan: "local only", "cloud only", "handoff"')
+    ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
+    args = ap.parse_args()
+    res = anyio.run(main, args)
+    print(render(res))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    cli()

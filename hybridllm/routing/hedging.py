@@ -1,0 +1,97 @@
+"""The automatic hedge delay: a pure function of the primary's TTFT distribution, the backup's,
+the hedge's price and the deadline.
+
+A hedge started `d` seconds after the call gives the request the first token of
+`min(T_primary, d + T_backup)`. Started early it cuts the tail but runs on most requests; started
+late it is cheap and useless. `choose_hedge_delay` picks the `d` that minimises
+
+    L(d) = Q99(min(T_p, d + T_b)) + price * F(d) + weight * W(d)
+
+over the empirical distributions (the latency model's residuals around this request's
+prediction, `Prediction.ttft_samples`): the expected p99 TTFT, plus `price` (seconds of p99 one
+fired hedge must buy) times F(d), the share of requests that fire the hedge, plus `weight`
+times W(d), the expected seconds of the backup's work until the request's first token
+(`min(T_p - d, T_b)` on a fired hedge: it is cancelled at the primary's first token, or its own
+token serves). `cap` is when the deadline race starts the backup anyway (the deadline less the
+backup's lead): F and W count only what a hedge adds to that, so "no hedge" is the `d = cap`
+candidate, it costs nothing, and a hedge must beat it.
+
+The policy sets the terms: a local hedge costs device time only (`weight` =
+`hedge_device_weight`, `price` 0); a cloud hedge costs a cloud request paid for, whether it wins
+or loses (`price` = `hedge_cloud_price_ms`, `weight` 0). In a heavy tail the p99 falls one ms
+for each ms the hedge moves earlier, so a cheap hedge goes early (a device that is free hedges
+at once) and a dear one waits where the primary's density is low (past its body), or not at
+all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TAIL_QUANTILE = 0.99
+BACKUP_POINTS = 5  # the backup's distribution, reduced to this many quantiles (speed)
+CANDIDATES = 24  # delays tried: 0, the primary's quantiles, the cap
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeChoice:
+    delay_s: float | None  # None: no hedge pays (the deadline, or a failure, starts the backup)
+    tail_s: float  # the expected p99 TTFT with this choice
+    baseline_tail_s: float  # ... without a hedge
+    fire_rate: float  # the share of requests that start the hedge (beyond the deadline's own)
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of sorted `xs` (0.0 for none)."""
+    if not xs:
+        return 0.0
+    return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
+
+
+def _tail(primary: Sequence[float], backup: Sequence[float], start_s: float, q: float) -> float:
+    return quantile(sorted(min(p, start_s + b) for p in primary for b in backup), q)
+
+
+def _survival(primary: Sequence[float], d: float) -> float:
+    return sum(p > d for p in primary) / len(primary)
+
+
+def _work(primary: Sequence[float], backup: Sequence[float], d: float) -> float:
+    """Expected seconds the backup, started at `d`, runs until the request's first token."""
+    total = sum(min(p - d, b) for p in primary if p > d for b in backup)
+    return total / (len(primary) * len(backup))
+
+
+def choose_hedge_delay(
+    primary: Sequence[float],
+    backup: Sequence[float],
+    *,
+    price_s: float = 0.0,
+    weight: float = 0.0,
+    cap_s: float | None = None,
+    q: float = TAIL_QUANTILE,
+) -> HedgeChoice:
+    """The hedge delay minimising the expected `q` TTFT plus `price_s` per hedge fired plus
+    `weight` per second of the backup's work (see the module). `primary`, `backup`: TTFT
+    samples in seconds (not empty); `cap_s`: when the backup starts anyway (None: never)."""
+    if not primary or not backup:
+        raise ValueError("choose_hedge_delay needs TTFT samples of both engines")
+    p = sorted(primary)
+    b = sorted(backup)
+    if len(b) > BACKUP_POINTS:
+        b = [quantile(b, (i + 0.5) / BACKUP_POINTS) for i in range(BACKUP_POINTS)]
+    cap = math.inf if cap_s is None else max(0.0, cap_s)
+    base_fire = _survival(p, cap) if cap_s is not None else 0.0
+    base_work = _work(p, b, cap) if cap_s is not None and weight else 0.0
+    baseline = _tail(p, b, cap, q)
+    best_d, best_loss, best_tail, best_fire = None, baseline, baseline, 0.0
+    levels = {0.0, *(quantile(p, i / CANDIDATES) for i in range(1, CANDIDATES))}
+    for d in sorted((x for x in levels if x < cap), reverse=True):  # later first: ties wait
+        fire = _survival(p, d) - base_fire
+        tail = _tail(p, b, d, q)
+        loss = tail + price_s * fire + (weight * (_work(p, b, d) - base_work) if weight else 0.0)
+        if loss < best_loss - 1e-3:  # at least a ms better than waiting longer
+            best_d, best_loss, best_tail, best_fire = d, loss, tail, fire
+    return HedgeChoice(best_d, best_tail, baseline, best_fire)

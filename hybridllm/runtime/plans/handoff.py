@@ -1,0 +1,346 @@
+"""The handoff plan: the local engine's fast start, the cloud's fast decode, one seamless stream.
+
+`handoff()`: the local engine starts and its first `after_tokens` content tokens reach the app
+at local TTFT. At that point the text delivered so far, T0, is fixed, and the cloud is asked to
+continue the answer from exactly T0 (a continuation request: T0 as the start of the assistant
+turn, `engines.base.chat_messages`), through the cloud guard like any cloud request (privacy,
+budget; its cost is tagged "handoff").
+
+The race between the two, and the scheme chosen: the local engine is STOPPED at T0 (its stream
+closed, so it decodes no further) the moment the cloud is asked. Nothing past T0 exists, so when
+the cloud's first content token arrives its continuation of T0 follows T0 directly: nothing
+repeated, nothing lost, one visible stream (a `Handoff` event, `Trace.handoff`). The app sees
+one pause at the seam, about the cloud's time to a first token for the continuation.
+
+Why not let the local engine run on while the cloud is in flight: shown, its tokens past T0
+would have to be found again at the start of the cloud's text and dropped, which needs the two
+models to agree token for token (they rarely do; a mismatch costs a second round trip); held
+back unshown, they cost device time and, on a device whose cores the cloud shares (this
+machine's stand-in), slowed the cloud's prefill: measured on the 2-core benchmark, the pause at
+the seam was 340-720 ms with the local engine decoding beside the stand-in cloud.
+
+The hold is bounded: if the cloud fails before its first token, or sends none within
+`cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
+cloud request is cancelled and the local engine resumes from T0 (a continuation request: its KV
+cache holds T0, so it costs about a decode step), with no seam either. If the local engine
+fails before the handoff, or has no token by the request's deadline, the cloud is asked at once
+to continue from what was delivered (from nothing: it answers). Once the cloud serves, a failure
+or a stall (`stall_s`) moves the answer back to the local engine, which continues from the
+delivered text (once), as the race's mid-stream failover does.
+
+One coordinator, `_Handoff.serve()`, owns the state; the engine tasks and the timer only post.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.errors import AllEnginesFailedError, EngineError, StallError
+from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish, Handoff, Mark
+from hybridllm.policy import Policy
+from hybridllm.routing.decide import Decision
+from hybridllm.runtime.stream import RequestRun
+from hybridllm.runtime.trace import HandoffRecord, SpendRole, spend_role
+
+# the longest the visible stream waits for the cloud's first token once the local part is done,
+# for a policy without a stall_ms (with one, that is the bound: the hold is a silence)
+CLOUD_WAIT_S = 1.0
+
+Phase = Literal["local", "hold", "cloud", "local-only"]
+_DEADLINE = "deadline:"
+_Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
+
+
+def handoff_plan(
+    decision: Decision,
+    engines: Mapping[EngineName, Engine],
+    request: GenerationRequest,
+    policy: Policy,
+) -> Callable[[RequestRun], Awaitable[None]]:
+    """The handoff plan for a decision whose plan is "handoff" (the client's `_plan`)."""
+    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    return partial(
+        handoff,
+        local=engines["local"],
+        cloud=engines["cloud"],
+        request=request,
+        reason=decision.reason,
+        after_tokens=policy.handoff_after_tokens,
+        cloud_wait_s=stall_s or CLOUD_WAIT_S,
+        stall_s=stall_s,
+        deadline_s=decision.deadline_s,
+    )
+
+
+async def handoff(
+    run: RequestRun,
+    local: Engine,
+    cloud: Engine,
+    request: GenerationRequest,
+    *,
+    reason: str,
+    after_tokens: int,
+    cloud_wait_s: float = CLOUD_WAIT_S,
+    stall_s: float | None = None,
+    deadline_s: float | None = None,
+) -> None:
+    """Run the plan (see the module). `deadline_s`: a local engine without a token by then hands
+    off at once (the cloud continues from nothing: it answers)."""
+    run.route(local, reason)
+    async with anyio.create_task_group() as tg:
+        h = _Handoff(run, local, cloud, request, tg, after_tokens, cloud_wait_s, stall_s)
+        if deadline_s is not None:
+            tg.start_soon(h.deadline_task, deadline_s)
+        await h.serve()
+    h.conclude()  # outside the task group: the app gets a typed, unwrapped error
+
+
+class _Handoff:
+    def __init__(
+        self,
+        run: RequestRun,
+        local: Engine,
+        cloud: Engine,
+        request: GenerationRequest,
+        tg: TaskGroup,
+        after_tokens: int,
+        cloud_wait_s: float,
+        stall_s: float | None,
+    ) -> None:
+        self.run, self.local, self.cloud, self.request, self.tg = run, local, cloud, request, tg
+        self.after_tokens, self.cloud_wait_s, self.stall_s = after_tokens, cloud_wait_s, stall_s
+        self.send, self.recv = anyio.create_memory_object_stream[_Item](math.inf)
+        self.phase: Phase = "local"
+        self.next_id = 0
+        self.scopes: dict[int, anyio.CancelScope] = {}
+        self.engine_of: dict[int, Engine] = {}
+        self.serving = -1  # the task whose chunks reach the app
+        self.local_id = -1
+        self.cloud_id: int | None = None
+        self.local_tokens = 0
+        self.local_error: Exception | None = None  # the local engine failed before the handoff
+        self.finish: Finish | None = None
+        self.attempts: list[tuple[str, BaseException, float]] = []
+        self.over = False
+        self.fatal: Exception | None = None
+        self.timer = anyio.CancelScope()
+        self.deadline_scope = anyio.CancelScope()
+        self.failed_back = False
+
+    # ---- the coordinator ---------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        try:
+            self.local_id = self.serving = self.start(self.local, self.request, "primary")
+            async with self.recv:
+                while not self.over:
+                    await self._next()
+        finally:
+            for scope in self.scopes.values():
+                scope.cancel()
+            self.timer.cancel()
+            self.deadline_scope.cancel()
+
+    async def _next(self) -> None:
+        limit = math.inf
+        if self.stall_s is not None and self.phase != "hold" and self.run.delivered_text:
+            limit = self.stall_s  # while an engine serves, after the first token
+        with anyio.move_on_after(limit) as quiet:
+            item = await self.recv.receive()
+        if quiet.cancelled_caught:
+            assert self.stall_s is not None
+            name = self.engine_of[self.serving].name
+            self._on_error(self.serving, StallError.after(self.stall_s, name))
+        elif isinstance(item, str) and item.startswith(_DEADLINE):
+            if self.phase == "local" and not self.run.delivered_text:
+                self.ask_cloud()  # the local engine missed the deadline: the cloud answers
+                assert self.run.trace.handoff is not None
+                self.run.trace.handoff.outcome = f"asked: {item}"
+        elif isinstance(item, str):
+            if self.phase == "hold":
+                self.abandon(f"cloud too slow: {item}")
+        else:
+            cid, got = item
+            if cid not in self.scopes or self.scopes[cid].cancel_called:
+                return  # what a stopped task sent before it stopped
+            if isinstance(got, Exception):
+                self._on_error(cid, got)
+            elif got is None:
+                self._on_end(cid)
+            elif isinstance(got, Finish):
+                self._on_finish(cid, got)
+            else:
+                self._on_chunk(cid, got)
+
+    def conclude(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+        self.run.complete(self.engine_of[self.serving].name, self.finish)
+
+    # ---- handlers ----------------------------------------------------------------------------
+
+    def _on_chunk(self, cid: int, chunk: Delta | Mark) -> None:
+        if cid == self.serving and self.phase != "hold":
+            self.run.deliver(self.engine_of[cid].name, chunk)
+            if self.phase == "local" and isinstance(chunk, Delta) and chunk.text:
+                self.local_tokens += 1
+                if self.local_tokens >= self.after_tokens:
+                    self.ask_cloud()
+        elif cid == self.cloud_id and self.phase == "hold":
+            if isinstance(chunk, Delta) and chunk.text:
+                self.switch()
+                self.run.deliver("cloud", chunk)
+
+    def _on_finish(self, cid: int, finish: Finish) -> None:
+        if cid == self.serving and self.phase != "hold":
+            self.finish = finish
+        elif cid == self.cloud_id and self.phase == "hold":  # the answer ended exactly at T0
+            self.switch()
+            self.finish = finish
+
+    def _on_end(self, cid: int) -> None:
+        if cid == self.cloud_id and self.phase == "hold":
+            self.abandon("cloud failed: it stopped without a token")
+            return
+        if cid != self.serving or self.phase == "hold":
+            return
+        if self.finish is None:
+            name = self.engine_of[cid].name
+            self._on_error(cid, EngineError("the engine stopped without finishing", engine=name))
+        else:
+            self.over = True
+
+    def _on_error(self, cid: int, exc: Exception) -> None:
+        ms = (time.perf_counter() - self.run.trace.t_start) * 1e3
+        self.attempts.append((self.engine_of[cid].name, exc, ms))
+        if cid == self.cloud_id and self.phase == "hold":
+            self.abandon(f"cloud failed: {exc}")
+        elif cid == self.local_id and self.phase == "local":
+            self.ask_cloud(failed=exc)  # the cloud continues from what was delivered at once
+        elif cid == self.serving and self.phase == "cloud" and not self.failed_back:
+            self.fail_back(exc)
+        elif cid == self.serving and self.phase != "hold":
+            self._fail(self.all_failed() if len(self.attempts) > 1 else exc)
+
+    # ---- the moves ---------------------------------------------------------------------------
+
+    def start(self, engine: Engine, request: GenerationRequest, role: SpendRole) -> int:
+        cid = self.next_id
+        self.next_id += 1
+        self.scopes[cid] = scope = anyio.CancelScope()
+        self.engine_of[cid] = engine
+        if engine.name not in self.run.trace.started:
+            self.run.trace.started.append(engine.name)
+        self.tg.start_soon(self._task, cid, scope, engine, request, role)
+        return cid
+
+    def continuation(self, max_less: int) -> GenerationRequest:
+        delivered = self.run.delivered_text
+        return dataclasses.replace(
+            self.request,
+            assistant_prefix=self.request.assistant_prefix + delivered,
+            max_tokens=max(1, self.request.max_tokens - max_less),
+        )
+
+    def ask_cloud(self, failed: Exception | None = None) -> None:
+        """Fix T0 (the text delivered now), stop the local engine there and ask the cloud to
+        continue from T0 (see the module)."""
+        trace = self.run.trace
+        trace.handoff = HandoffRecord(
+            time.perf_counter(), len(self.run.delivered_text), self.local_tokens
+        )
+        self.phase = "hold"
+        self.scopes[self.local_id].cancel()
+        if failed is not None:
+            self.local_error = failed
+            trace.handoff.outcome = f"asked: local failed: {failed}"
+        self.cloud_id = self.start(self.cloud, self.continuation(self.local_tokens), "handoff")
+        self.tg.start_soon(self._timer_task)
+
+    def switch(self) -> None:
+        """The cloud's first token: the answer moves to it."""
+        assert self.cloud_id is not None and self.run.trace.handoff is not None
+        self.timer.cancel()
+        self.phase, self.serving = "cloud", self.cloud_id
+        rec = self.run.trace.handoff
+        rec.switched_t, rec.outcome = time.perf_counter(), "switched"
+        self.run.trace.engine = "cloud"
+        why = f"cloud continues after {rec.local_tokens} local tokens ({rec.local_chars} chars)"
+        self.run.emit(
+            Handoff(rec.switched_t, "local", "cloud", rec.local_chars, rec.local_tokens, why)
+        )
+
+    def abandon(self, why: str) -> None:
+        """No handoff: stop the cloud; the local engine resumes from T0."""
+        assert self.cloud_id is not None and self.run.trace.handoff is not None
+        self.timer.cancel()
+        self.scopes[self.cloud_id].cancel()
+        self.run.trace.handoff.outcome = why
+        if self.local_error is not None:  # the local engine failed first: no engine is left
+            self._fail(self.all_failed())
+            return
+        resumed = self.continuation(self.local_tokens)
+        self.local_id = self.serving = self.start(self.local, resumed, "continuation")
+        self.phase = "local-only"
+
+    def fail_back(self, exc: Exception) -> None:
+        """The cloud failed mid-answer: the local engine continues from the delivered text."""
+        self.failed_back = True
+        old = self.serving
+        self.scopes[old].cancel()
+        delivered = self.run.delivered_text
+        now = time.perf_counter()
+        self.run.trace.switches.append((now, "cloud", "local", str(exc), len(delivered)))
+        self.run.emit(Fallback(now, "cloud", "local", f"cloud failed mid-stream: {exc}"))
+        n = self.run.trace.n_tokens
+        self.serving = self.start(self.local, self.continuation(n), "continuation")
+        self.local_id, self.phase, self.finish = self.serving, "local-only", None
+        self.run.trace.engine = "local"
+
+    def all_failed(self) -> AllEnginesFailedError:
+        return AllEnginesFailedError(self.attempts, received_content=bool(self.run.delivered_text))
+
+    def _fail(self, exc: Exception) -> None:
+        self.fatal, self.over = exc, True
+
+    # ---- the tasks: they only post -----------------------------------------------------------
+
+    def _post(self, item: _Item) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.send.send_nowait(item)
+
+    async def _task(
+        self,
+        cid: int,
+        scope: anyio.CancelScope,
+        engine: Engine,
+        request: GenerationRequest,
+        role: SpendRole,
+    ) -> None:
+        spend_role.set(role)  # what this task's cloud request costs is tagged with its role
+        with scope:
+            try:
+                await self.run.relay(engine, request, lambda ch: self._post((cid, ch)))
+                self._post((cid, None))
+            except Exception as exc:  # judged by the coordinator
+                self._post((cid, exc))
+
+    async def deadline_task(self, deadline_s: float) -> None:
+        with self.deadline_scope:
+            await anyio.sleep(max(0.0, self.run.trace.t_start + deadline_s - time.perf_counter()))
+            self._post(f"{_DEADLINE} no local token within {deadline_s * 1e3:.0f} ms")
+
+    async def _timer_task(self) -> None:
+        with self.timer:
+            await anyio.sleep(self.cloud_wait_s)
+            self._post(f"no token within {self.cloud_wait_s * 1e3:.0f} ms")

@@ -1,0 +1,78 @@
+"""The handoff plan with the real engines: SmolLM2 through llama-cpp-python as the local engine,
+the real `llama_cpp.server` on loopback behind a `FaultProxy` as the cloud. The local engine
+gives the first tokens; the cloud is asked to continue from exactly that text and the answer
+moves to it; a cloud that fails leaves the local engine to finish. Each test judges one
+generation against its own trace and the bytes the cloud received (never two generations)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridllm import Handoff, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.events import Event
+from hybridllm.runtime.trace import Trace
+from hybridllm.testing import FaultProxy, Faults
+from tests.integration.servers import ALIAS, API_KEY
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+PROMPT = "Write three sentences about the sea."
+POLICY = Policy(
+    name="handoff", prefer="local", max_tokens=40, temperature=0.0, retries=0,
+    handoff_after_tokens=4, stall_ms=20_000,
+)  # fmt: skip
+
+
+async def handoff_run(model_path: Path, proxy: FaultProxy) -> tuple[list[Event], Trace]:
+    local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    async with HybridClient(local=local, cloud=cloud, policy=POLICY, router=None) as client:
+        async with client.stream(PROMPT, plan="handoff") as s:
+            events = [e async for e in s.events()]
+    return events, s.trace
+
+
+def parts(events: list[Event]) -> tuple[str, list[str]]:
+    tokens = [e for e in events if isinstance(e, Token)]
+    return "".join(t.text for t in tokens), [t.engine for t in tokens]
+
+
+async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
+    model_path: Path, proxy: FaultProxy
+) -> None:
+    proxy.record = True
+    events, trace = await handoff_run(model_path, proxy)
+    text, who = parts(events)
+    rec = trace.handoff
+    assert rec is not None and rec.outcome == "switched", rec
+    # one visible stream: the local engine's tokens, then the cloud's, one switch
+    k = rec.local_tokens
+    assert k == POLICY.handoff_after_tokens and who == ["local"] * k + ["cloud"] * (len(who) - k)
+    local_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "local")
+    cloud_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "cloud")
+    assert text == local_text + cloud_text and len(local_text) == rec.local_chars
+    assert [e for e in events if isinstance(e, Handoff)][0].chars == rec.local_chars
+    # the cloud was asked to continue from exactly what the app had been shown: nothing the
+    # local engine produced after it reached the app, so nothing is repeated or lost
+    bodies = [json.loads(body) for head, body in proxy.requests() if b"/chat/completions" in head]
+    assert len(bodies) == 1
+    assistant = [m for m in bodies[0]["messages"] if m["role"] == "assistant"]
+    assert assistant == [{"role": "assistant", "content": local_text}]
+    assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
+    assert trace.started == ["local", "cloud"] and trace.error is None
+
+
+async def test_cloud_failure_during_the_handoff_local_continues(
+    model_path: Path, proxy: FaultProxy
+) -> None:
+    proxy.faults = Faults(http_status=503)
+    events, trace = await handoff_run(model_path, proxy)
+    text, who = parts(events)
+    rec = trace.handoff
+    assert rec is not None and rec.outcome.startswith("cloud failed"), rec
+    assert text and set(who) == {"local"} and len(who) > POLICY.handoff_after_tokens
+    assert not any(isinstance(e, Handoff) for e in events)
+    assert trace.engine == "local" and trace.error is None and trace.finish_reason is not None
