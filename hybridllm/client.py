@@ -34,14 +34,16 @@ from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Mes
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
-from hybridllm.policy import Policy, PolicyCache
+from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
+from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.gather import GuardBudget, Routing, policy_caps, privacy_kinds
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.plans.cascade import cascade_for, score_messages
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
@@ -200,6 +202,7 @@ class HybridClient:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         options: Sequence[EngineOptions] = (),
+        plan: PlanName | None = None,
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
         `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
@@ -209,7 +212,8 @@ class HybridClient:
         not blank; `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop`
         non-empty strings; `seed` 0 to 2**32 - 1; `engine` "local", "cloud" or None; `policy` a
         name, a path or a `Policy` (None: the client's). A bad one raises
-        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request."""
+        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request.
+        `plan="cascade"`: the local model's confidence decides (`runtime/plans/cascade.py`)."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
@@ -233,8 +237,8 @@ class HybridClient:
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        lead = None if fb is None else fb.ttft_s
-        plan = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
+        lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
+        run_plan = self._plan(decision, request, context, pol, lead, plan)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         run = RequestRun(trace, send, self._outcome, cloud_off)
@@ -243,7 +247,7 @@ class HybridClient:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
         self._tg.start_soon(
-            self._drive, run, plan, facts.prompt_tokens, request, pol.name, facts.router_score
+            self._drive, run, run_plan, facts.prompt_tokens, request, pol.name, facts.router_score
         )
         return Stream(run, recv)
 
@@ -305,11 +309,15 @@ class HybridClient:
         context: RequestContext,
         policy: Policy,
         fallback_ttft_s: float | None,
+        plan: PlanName | None = None,
     ) -> Plan:
         engines = self.engines
         if self._guard is not None:  # every path of this plan carries the request's context
             engines["cloud"] = self._guard.bind(context)
         assert decision.primary is not None
+        cascaded = cascade_for(plan, decision, engines, request, policy, self.routing.router)
+        if cascaded is not None:
+            return cascaded
         target = engines[decision.primary]
         if decision.fallback is None:
             return partial(
@@ -375,6 +383,11 @@ class HybridClient:
                 self._early_feedback[rid] = good
                 return
         self.decision_log.feedback(rid, good)
+
+    async def router_score(self, messages: Messages) -> RouterScore:
+        """Stage 1, stage 2 (the local model's own signals) and the combined score."""
+        msgs = validate.messages(messages)
+        return await score_messages(self.routing.router, self.engines.get("local"), msgs)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
@@ -464,6 +477,7 @@ def _log_decision(
         ttft_ms=trace.ttft_ms,
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
+        cascade=trace.cascade,
     )
 
 

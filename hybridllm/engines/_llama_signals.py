@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hybridllm import errors
+
 N_ANSWER = 8  # answer tokens whose log-probabilities are kept
 QUANTILES = (0.1, 0.25, 0.5)
 # The names, in this order, of the figures `summarise` returns (a stage-2 model's inputs).
@@ -181,11 +183,12 @@ def measure(
 
 
 def session_signals(
-    session: Any, messages: Sequence[Any]
+    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER
 ) -> tuple[dict[str, float], int, list[int]]:
     """`measure` on a `LlamaSession` for chat `messages`, formatted exactly as a request is:
     (signals, prompt tokens, greedy answer tokens). The prompt stays in the KV cache, so a
     local request for the same messages that follows reuses the prefill."""
+    session._abort.clear()
     tokens = session.tokenize(session.render(messages))
     reuse = session.cached_prefix(tokens)
     llm = session.llm
@@ -194,11 +197,68 @@ def session_signals(
         llm.reset()
     text = str(messages[-1].get("content", "")) if messages else ""
     vocab, lc = session._vocab, session._lc
-    signals, answer, _ = measure(
-        llm,
-        tokens,
-        reuse=reuse,
-        letters=option_letters(text),
-        is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
-    )
+    try:
+        signals, answer, _ = measure(
+            llm,
+            tokens,
+            reuse=reuse,
+            letters=option_letters(text),
+            n_answer=n_answer,
+            is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
+        )
+    except RuntimeError as exc:
+        session._after_abort()
+        if session._abort.is_set():
+            raise Aborted from exc
+        raise errors.LocalEngineError(f"signals failed: {exc}", engine="local") from exc
     return signals, len(tokens), answer
+
+
+class Aborted(Exception):
+    """Internal: the signals' decoding was aborted on request (the caller was cancelled)."""
+
+
+@dataclass(frozen=True)
+class LocalSignals:
+    """What `LlamaCppEngine.signals()` measured: the figures (`SIGNAL_NAMES`), the prompt's
+    tokens, the greedy answer's first tokens as text (`answer`, `ended`: the answer ended
+    there) and the local work it took (`cost_ms`: queue wait not counted)."""
+
+    values: dict[str, float]
+    prompt_tokens: int
+    answer: str
+    ended: bool
+    cost_ms: float
+
+
+async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) -> LocalSignals:
+    """Run `session_signals` as one queued job of `engine` (a `LlamaCppEngine`)."""
+    import time
+    from functools import partial
+
+    from hybridllm.engines._llama_thread import run_on_llama_thread
+
+    await engine.start()
+    session = engine._session
+    if session is None:
+        raise errors.ClientStateError("the local engine was closed")
+    engine._queue.check()
+    await engine._queue.acquire(engine.estimate_s(0, n_answer))
+    try:
+        engine.busy = True
+        t0 = time.perf_counter()
+        try:
+            values, prompt_tokens, answer = await run_on_llama_thread(
+                partial(session_signals, session, messages, n_answer), on_cancel=session.abort
+            )
+        except Aborted as exc:  # aborted without our cancellation: the engine is closing
+            raise errors.LocalEngineError("signals aborted", engine="local") from exc
+        cost_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        engine.busy = False
+        engine._queue.release()
+    lc, vocab = session._lc, session._vocab
+    ended = bool(answer) and bool(lc.llama_vocab_is_eog(vocab, answer[-1]))
+    text_tokens = answer[:-1] if ended else answer
+    text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
+    return LocalSignals(values, prompt_tokens, text, ended, cost_ms)

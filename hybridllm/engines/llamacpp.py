@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -34,6 +34,9 @@ from hybridllm.local.models import get_manifest
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.local.tune import Tuning, load_tuning
+
+if TYPE_CHECKING:
+    from hybridllm.engines._llama_signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
@@ -226,6 +229,14 @@ class LlamaCppEngine:
     def estimate_s(self, prompt_tokens: int, max_tokens: int) -> float:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
         return prefill + max_tokens * (self.tpot_s or 0.0)
+
+    async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+        """The model's own confidence on `messages` (router stage 2): one queued job that
+        prefills the prompt (left in the KV cache for the request that follows) and decodes up
+        to `n_answer` greedy tokens (`engines/_llama_signals.py`)."""
+        from hybridllm.engines._llama_signals import engine_signals
+
+        return await engine_signals(self, messages, n_answer)
 
     # ---- streaming ------------------------------------------------------------------------
 

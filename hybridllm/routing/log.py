@@ -156,13 +156,18 @@ class DecisionLog:
         ttft_ms: float | None = None,
         error_kind: str | None = None,
         fallback: bool = False,
+        cascade: dict[str, Any] | None = None,
     ) -> None:
-        """Record how the request went: the engine that answered, TTFT, error, fallback."""
+        """Record how the request went: the engine that answered, TTFT, error, fallback, and
+        the cascade plan's decision with the local signals it read (`trace.cascade`)."""
         self._update(
             request_id,
             "engine = COALESCE(?, engine), ttft_ms = ?, error_kind = ?, fallback = ?",
             (engine, ttft_ms, error_kind, int(fallback)),
         )
+        if cascade is not None and cascade.get("signals"):
+            rest = {k: v for k, v in cascade.items() if k != "signals"}
+            self.signals(request_id, cascade["signals"], rest)
 
     def signals(
         self, request_id: str, signals: dict[str, float], cascade: dict[str, Any] | None = None

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from hybridllm.errors import ConfigError
 from hybridllm.routing.heads import Calibration
+from hybridllm.routing.score import RouterScore
 
 HEADS = ("cloud_right", "local_right")
 LOGIT_BOUND = 12.0
@@ -105,6 +106,15 @@ class Stage2:
     def score(self, text_logits: Sequence[float] | FloatArray, signals: Signals) -> float:
         p = self.probabilities(text_logits, signals)
         return p["cloud_right"] * (1.0 - p["local_right"])
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        """The score above which a prompt goes to the cloud, as `Router.threshold`, from this
+        stage's own calibration split."""
+        from hybridllm.routing.heads import threshold_of
+
+        return threshold_of(self.calibration, cloud_share, quality_floor)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's description (the heads' numbers are in the skops file)."""
@@ -220,3 +230,22 @@ def load(directory: Path, manifest: dict[str, Any]) -> dict[str, Stage2]:
             f"router stage 2 does not load ({exc})", path=mpath, reason="malformed"
         ) from exc
     return out
+
+
+def router_score(
+    router: Any, messages: Any, signals: Signals | None, cost_ms: float = 0.0
+) -> RouterScore:
+    """Combine stage 1 of `router` (a `Router`, or any scorer with `score`) with `signals`."""
+    text = float(router.score(messages))
+    models: dict[str, Stage2] = getattr(router, "stage2", {}) or {}
+    if signals is None or not models:
+        sig = {} if signals is None else {k: float("nan") if v is None else float(v)
+                                          for k, v in signals.items()}  # fmt: skip
+        return RouterScore(text, None, text, sig, cost_ms)
+    from hybridllm.routing import features as F
+
+    logits = router.head_logits(F.extract(messages))
+    local = models["signals"].score((), signals)
+    value = models["combined"].score(logits, signals)
+    clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
+    return RouterScore(text, local, value, clean, cost_ms)

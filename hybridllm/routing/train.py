@@ -208,6 +208,22 @@ def _fit_head(
     return head, {"classifier": clf, "calibrator": platt}, best, cv_auc
 
 
+def oof_logits(
+    router: Router, c: dict[str, float], rows: Sequence[Example], label: Label, seed: int
+) -> npt.NDArray[np.float64]:
+    """Each row's stage-1 head log-odds from heads fitted without it (5 folds, chosen C)."""
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    x = feature_matrix([e.prompt for e in rows])
+    cols = []
+    for head in router.heads:
+        y = _head_labels(rows, head, label)
+        folds = StratifiedKFold(5, shuffle=True, random_state=seed)
+        cols.append(cross_val_predict(_model(c[head], seed), x, y, cv=folds,
+                                      method="decision_function"))  # fmt: skip
+    return np.asarray(np.c_[tuple(cols)], dtype=np.float64)
+
+
 def golden(router: Router, prompts: Sequence[F.Messages] = GOLDEN_PROMPTS) -> dict[str, Any]:
     """The manifest's `golden` entry: fixed prompts and this router's scores for them."""
     as_json = [p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
@@ -323,10 +339,10 @@ def train(
 
         info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
         parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
+        oof = oof_logits(r, fitted.c, train_rows, label, seed)
         extra_estimators, manifest["stage2"], _ = train_stage2(
-            r, fitted.c, parts, {**load_signals(signals), **log_signals},
-            label=label, seed=seed, data_info=info,
-        )  # fmt: skip
+            r, oof, parts, {**load_signals(signals), **log_signals}, data_info=info
+        )
     full = save_router(out, fitted.estimators, manifest, extra_estimators)
     write_split_file(examples, out / SPLIT_FILE)
     print(

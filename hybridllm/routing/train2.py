@@ -47,45 +47,28 @@ def _head_y(rows: Sequence[Example]) -> dict[str, npt.NDArray[np.int64]]:
     }
 
 
-def _oof_logits(
-    router: Router, c: dict[str, float], rows: Sequence[Example], label: str, seed: int
-) -> FloatArray:
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-
-    from hybridllm.routing.train import _head_labels, _model, feature_matrix
-
-    x = feature_matrix([e.prompt for e in rows])
-    cols = []
-    for head in router.heads:
-        y = _head_labels(rows, head, label)  # type: ignore[arg-type]
-        folds = StratifiedKFold(5, shuffle=True, random_state=seed)
-        cols.append(cross_val_predict(_model(c[head], seed), x, y, cv=folds,
-                                      method="decision_function"))  # fmt: skip
-    return np.asarray(np.c_[tuple(cols)], dtype=np.float64)
-
-
 def _logits(router: Router, rows: Sequence[Example]) -> FloatArray:
     return np.array([router.head_logits(F.extract(e.prompt)) for e in rows], dtype=np.float64)
 
 
 def train_stage2(
     router: Router,
-    c: dict[str, float],
+    oof_logits: FloatArray,
     splits: dict[str, list[Example]],
     signals: dict[str, dict[str, float]],
     *,
-    label: str,
-    seed: int,
     data_info: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, stage2.Stage2]]:
     """(extra estimators for the skops file, the manifest's "stage2" entry, the models).
+    `oof_logits`: stage 1's out-of-fold log-odds of every train row (`train.oof_logits`);
     `signals`: {"source/id": signals} (the labeller's side file, logged traffic)."""
+    keep = [i for i, e in enumerate(splits["train"]) if e.key in signals]
     part = {k: [e for e in v if e.key in signals] for k, v in splits.items()}
     tr, cal, test = part["train"], part["calibration"], part["test"]
     names = tuple(sorted({k for e in tr for k in signals[e.key]}))
     sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
     z = {
-        "train": _oof_logits(router, c, tr, label, seed),
+        "train": oof_logits[keep],
         "calibration": _logits(router, cal),
         "test": _logits(router, test),
     }
