@@ -21,6 +21,19 @@ from pathlib import Path
 MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
+def round_robin(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """One row of each source in turn, so that a run stopped early covers every source."""
+    by: dict[object, list[dict[str, object]]] = {}
+    for r in rows:
+        by.setdefault(r["source"], []).append(r)
+    out: list[dict[str, object]] = []
+    while any(by.values()):
+        for group in by.values():
+            if group:
+                out.append(group.pop(0))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", type=Path, default=Path("data/router/labels.jsonl"))
@@ -40,7 +53,7 @@ def main() -> None:
             r = json.loads(line)
             done.add((r["source"], r["id"]))
     rows = [json.loads(x) for x in args.src.read_text().splitlines() if x.strip()]
-    todo = [r for r in rows if (r["source"], r["id"]) not in done][: args.limit]
+    todo = round_robin([r for r in rows if (r["source"], r["id"]) not in done])[: args.limit]
     settings = DEFAULT_SETTINGS.replace(n_threads=args.threads, n_threads_batch=args.threads)
     session = LlamaSession(resolve_model(MODEL), n_ctx=2048, settings=settings, extra={})
     t0 = time.time()

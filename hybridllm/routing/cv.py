@@ -10,7 +10,11 @@ Stratified by source, each fold fits on the others and scores the held-out rows:
 - combined: stage 2's heads over [stage-1 log-odds, signals]; the training rows' stage-1
   log-odds are out-of-fold (an inner 5-fold split), so stage 2 learns how far stage 1 holds on
   prompts it did not see;
-- dataset oracle: knows each prompt's source, ranks sources by the cloud's gain there.
+- dataset oracle: knows each prompt's source, ranks sources by the cloud's gain there;
+- local known: a bound, stage 1's P(cloud right) times whether the local answer really was
+  wrong (what a perfect local-confidence signal could reach with stage 1's cloud head).
+The ROC AUC of each method's P(local right) on the held-out rows is printed too: how well it
+tells the local model's right answers from its wrong ones.
 Then each source left out in turn: everything fitted on the other sources, scored on all of its
 rows. APGR and CPT(50/80/95%) per fold are averaged (a CPT never reached counts as 100%).
 """
@@ -29,7 +33,7 @@ from hybridllm.routing.data import Example
 from hybridllm.routing.metrics import CPT_TARGETS, routing_curve, summarize
 
 C_TEXT = {"cloud_right": 3.0, "local_right": 0.1}
-METHODS = ("stage 1", "signals", "combined", "dataset oracle")
+METHODS = ("stage 1", "signals", "combined", "dataset oracle", "local known")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -94,6 +98,8 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
     """Every method's scores for rows `te`, fitted on rows `tr`."""
     zt = text_logits(d, tr, te)
     out = {"stage 1": _product(_sig(zt[:, 0]), _sig(zt[:, 1]))}
+    out["local:stage 1"] = _sig(zt[:, 1])
+    out["local known"] = _product(_sig(zt[:, 0]), d.y["local_right"][te].astype(np.float64))
     sig_tr = [d.signals[i] for i in tr]
     sig_te = [d.signals[i] for i in te]
     y = {h: v[tr] for h, v in d.y.items()}
@@ -106,6 +112,7 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
         xs = (xt - mean) / scale
         p = {h: np.array([heads[h].prob(r) for r in xs]) for h in stage2.HEADS}
         out[name] = _product(p["cloud_right"], p["local_right"])
+        out[f"local:{name}"] = p["local_right"]
     cloud, local = d.y["cloud_right"], d.y["local_right"]
     gain = {s: cloud[tr][d.source[tr] == s].mean() - local[tr][d.source[tr] == s].mean()
             for s in set(d.source[tr].tolist())}  # fmt: skip
@@ -138,16 +145,21 @@ def cross_validate(
     d: Data, *, folds: int = 5, seeds: int = 1, log: Callable[[str], None] = print
 ) -> dict[str, Figures]:
     """Stratified k-fold over all rows; also per source (pooled out-of-fold scores)."""
+    from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import StratifiedKFold
 
     overall = {m: Figures() for m in METHODS}
     per_source: dict[str, dict[str, Figures]] = {}
     local, cloud = d.y["local_right"], d.y["cloud_right"]
+    aucs: dict[str, list[float]] = {m: [] for m in METHODS[:3]}
     for seed in range(seeds):
         pooled = {m: np.zeros(len(d.examples)) for m in METHODS}
         kf = StratifiedKFold(folds, shuffle=True, random_state=seed)
         for tr, te in kf.split(d.source, d.source):
             for m, s in scores(d, tr, te, seed).items():
+                if m.startswith("local:"):
+                    aucs[m[6:]].append(float(roc_auc_score(local[te], s)))
+                    continue
                 overall[m].add(s, local[te], cloud[te])
                 pooled[m][te] = s
         for src in sorted(set(d.source.tolist())):
@@ -159,6 +171,7 @@ def cross_validate(
     log(f"{'method':<16} {'APGR':>5} {'sem':>8} CPT50 CPT80 CPT95")
     for m in METHODS:
         log(overall[m].line(m))
+    log("ROC AUC of P(local right): " + ", ".join(f"{m} {np.mean(v):.3f}" for m, v in aucs.items()))
     log("\nper source (out-of-fold scores pooled over folds):")
     log(f"{'source':<16} " + "  ".join(f"{m[:10]:>10}" for m in METHODS[:3]) + "   (APGR)")
     for src, figs in per_source.items():
@@ -183,7 +196,7 @@ def leave_sources_out(
         tr = np.flatnonzero(d.source != src)
         figs = {m: Figures() for m in METHODS[:3]}
         for m, s in scores(d, tr, te, 0).items():
-            if m in figs:
+            if m in figs and local[te].sum() != cloud[te].sum():
                 figs[m].add(s, local[te], cloud[te])
         out[src] = figs
         cells = "  ".join(
