@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import ConfigError, HybridClient, Policy, ScriptedEngine, Token
+from hybridllm import ConfigError, HybridClient, Policy, QueueFullError, ScriptedEngine, Token
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
 
@@ -155,3 +155,16 @@ async def test_router_score_reports_stage1_stage2_and_the_local_cost_scripted() 
     assert (score.text, score.local, score.value) == (0.7, 0.3, 0.3)
     assert score.signals["first_p"] == 0.9 and math.isnan(score.signals["option_p"])
     assert score.cost_ms == pytest.approx(10.0)
+
+
+async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> None:
+    class Failing(SignalScriptedEngine):
+        async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+            raise QueueFullError("queue full", waiting=4, max_queue=4, max_queue_wait_s=None)
+
+    local = Failing(hold_s=0.0, tokens=["L"])
+    cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.01)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        tokens, trace, _ = await run(client, policy())
+    assert [t.engine for t in tokens] == ["cloud"]
+    assert trace.cascade["decision"] == "cloud" and "local failed" in trace.route_reason

@@ -82,33 +82,47 @@ async def cascade(
             buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
         t0 = time.perf_counter()
         sig = None
+        failed: Exception | None = None
         with anyio.move_on_after(max(budget, 0.0)):
-            sig = await local.signals(request.messages, settings.hold_tokens)  # type: ignore[attr-defined]
+            try:
+                sig = await local.signals(request.messages, settings.hold_tokens)  # type: ignore[attr-defined]
+            except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+                failed = exc
         held_ms = (time.perf_counter() - t0) * 1e3
         info["held_ms"] = round(held_ms, 1)
-        if sig is None:  # no decision inside the hold: today's race
+        if failed is not None:
+            run.outcome(local.name, failed)
+            info["decision"] = "cloud"
+            why = f"{reason}: local failed before deciding ({failed}) -> cloud"
+            if buffer is not None:
+                await _serve_buffered(run, cloud, buffer, why)
+                return
+        elif sig is None:  # no decision inside the hold: today's race
             cloud_scope.cancel()
             info["decision"] = "race"
             why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
             await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
                        stall_s=stall_s)  # fmt: skip
             return
-        from hybridllm.routing.stage2 import router_score  # numpy: only once a cascade runs
+        else:
+            from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
 
-        score = router_score(router, request.messages, sig.values, sig.cost_ms)
-        release = score.value <= settings.cut
-        info.update(_describe(score, release, len(sig.answer)))
-        rel = "<=" if release else ">"
-        why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after "
-               f"holding {held_ms:.0f} ms")  # fmt: skip
-        if release:
-            cloud_scope.cancel()
-            await _release(run, local, request, sig, f"{why} -> local")
-            return
-        if buffer is not None:
-            await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
-            return
-    await single(run, cloud, request, f"{why} -> cloud", deadline_s=None, stall_s=stall_s)
+            score = router_score(router, request.messages, sig.values, sig.cost_ms)
+            release = score.value <= settings.cut
+            info.update(_describe(score, release, len(sig.answer)))
+            rel = "<=" if release else ">"
+            why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
+                   f"after holding {held_ms:.0f} ms")  # fmt: skip
+            if release:
+                cloud_scope.cancel()
+                await _release(run, local, request, sig, f"{why} -> local")
+                return
+            if buffer is not None:
+                await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
+                return
+            why = f"{why} -> cloud"
+        cloud_scope.cancel()
+    await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
 
 
 def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, Any]:
