@@ -33,7 +33,7 @@ from hybridllm.routing.data import Example
 from hybridllm.routing.metrics import CPT_TARGETS, routing_curve, summarize
 
 C_TEXT = {"cloud_right": 3.0, "local_right": 0.1}
-METHODS = ("stage 1", "signals", "combined", "dataset oracle", "local known")
+METHODS = ("stage 1", "signals", "combined", "dataset oracle", "local known", "random")
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -117,6 +117,7 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
     gain = {s: cloud[tr][d.source[tr] == s].mean() - local[tr][d.source[tr] == s].mean()
             for s in set(d.source[tr].tolist())}  # fmt: skip
     out["dataset oracle"] = np.array([gain.get(s, 0.0) for s in d.source[te]])
+    out["random"] = np.zeros(len(te))  # all tied: the expected value of random routing
     return out
 
 
@@ -124,12 +125,15 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
 class Figures:
     apgr: list[float] = field(default_factory=list)
     cpt: dict[float, list[float]] = field(default_factory=lambda: {t: [] for t in CPT_TARGETS})
+    q30: list[float] = field(default_factory=list)  # quality (share right) at 30% to the cloud
 
     def add(self, s: FloatArray, local: IntArray, cloud: IntArray) -> None:
         if local.sum() == cloud.sum():
             return
-        summary = summarize(routing_curve(s, local.astype(bool), cloud.astype(bool)))
+        curve = routing_curve(s, local.astype(bool), cloud.astype(bool))
+        summary = summarize(curve)
         self.apgr.append(summary.apgr)
+        self.q30.append(curve.quality_at(0.3))
         for t, v in summary.cpt.items():
             self.cpt[t].append(1.0 if v is None else v)
 
@@ -138,7 +142,7 @@ class Figures:
             return f"{name:<16}   n/a"
         sem = np.std(self.apgr) / np.sqrt(len(self.apgr)) if len(self.apgr) > 1 else 0.0
         cpts = " ".join(f"{np.mean(self.cpt[t]):5.0%}" for t in CPT_TARGETS)
-        return f"{name:<16} {np.mean(self.apgr):.3f} +- {sem:.3f} {cpts}"
+        return f"{name:<16} {np.mean(self.apgr):.3f} +- {sem:.3f} {cpts}  {np.mean(self.q30):.3f}"
 
 
 def cross_validate(
@@ -168,7 +172,7 @@ def cross_validate(
             for m in METHODS:
                 figs[m].add(pooled[m][rows], local[rows], cloud[rows])
     log(f"{len(d.examples)} rows, {folds} folds x {seeds} seeds, stratified by source")
-    log(f"{'method':<16} {'APGR':>5} {'sem':>8} CPT50 CPT80 CPT95")
+    log(f"{'method':<16} {'APGR':>5} {'sem':>8} CPT50 CPT80 CPT95  quality at 30% cloud")
     for m in METHODS:
         log(overall[m].line(m))
     log("ROC AUC of P(local right): " + ", ".join(f"{m} {np.mean(v):.3f}" for m, v in aucs.items()))
