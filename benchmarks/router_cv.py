@@ -1,7 +1,10 @@
 """Cross-validated APGR of the router's forms against bounds, over all labelled rows.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/router_cv.py [--data data/router/labels.jsonl]
-                                                               [--folds 5] [--seeds 2]
+                                                               [--folds 5] [--seeds 2] [--stage2]
+
+`--stage2`: stage 1, the local model's signals alone and the combination (router stage 2), see
+`hybridllm/routing/cv.py`; needs data/router/local_signals.jsonl (scripts/label_local_signals.py).
 
 Stratified by source, each fold fits on the others and scores the held-out rows:
 - factored: two logistic regressions (P(cloud right), P(local right)) over the router's
@@ -40,8 +43,20 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=ROOT / "data/router/labels.jsonl")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--stage2", action="store_true",
+                    help="stage 1 vs the local signals alone vs combined (hybridllm.routing.cv), "
+                    "per source and with each source left out")  # fmt: skip
+    ap.add_argument("--signals", type=Path, default=ROOT / "data/router/local_signals.jsonl")
     args = ap.parse_args()
     examples = load_examples(args.data)
+    if args.stage2:
+        from hybridllm.routing import cv
+        from hybridllm.routing.stage2 import load_signals
+
+        d = cv.Data.build(examples, load_signals(args.signals))
+        cv.cross_validate(d, folds=args.folds, seeds=args.seeds)
+        cv.leave_sources_out(d)
+        return
     x = feature_matrix([e.prompt for e in examples]).tocsr()
     length = x[:, features.N_HASH].toarray().ravel()  # first dense feature: log token count
     local = np.array([e.local_correct for e in examples])

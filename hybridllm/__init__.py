@@ -22,6 +22,7 @@ _NAMES = {
     "ModelPrice": "hybridllm.guard.prices",
     "Prices": "hybridllm.guard.prices",
     "Completion": "hybridllm.client",
+    "RouterScore": "hybridllm.routing.score",
     "HybridClient": "hybridllm.client",
     "Engine": "hybridllm.engines.base",
     "GenerationRequest": "hybridllm.engines.base",
@@ -152,5 +153,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.guard.guarded import GuardedEngine as GuardedEngine
     from hybridllm.guard.prices import ModelPrice as ModelPrice, Prices as Prices
     from hybridllm.policy import Policy as Policy
+    from hybridllm.routing.score import RouterScore as RouterScore
     from hybridllm.runtime.stream import Stream as Stream
     from hybridllm.runtime.trace import Trace as Trace

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -38,6 +38,7 @@ from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decide import Decision, LiveState, RequestFacts
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
+from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.gather import (
     GuardBudget,
     Routing,
@@ -47,12 +48,12 @@ from hybridllm.runtime.gather import (
 )
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans import handoff_plan, race, single
+from hybridllm.runtime.plans.cascade import score_messages
+from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
-Plan = Callable[[RequestRun], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,8 @@ class HybridClient:
         not blank; `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop`
         non-empty strings; `seed` 0 to 2**32 - 1; `engine` "local", "cloud" or None; `policy` a
         name, a path or a `Policy` (None: the client's). A bad one raises
-        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request."""
+        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request.
+        `plan="cascade"`: the local model's confidence decides (`runtime/plans/cascade.py`)."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
@@ -247,8 +249,8 @@ class HybridClient:
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        lead = None if fb is None else fb.ttft_s
-        how = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
+        lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
+        how = self._plan(decision, request, context, pol, lead, plan)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         run = RequestRun(trace, send, self._outcome, cloud_off)
@@ -308,37 +310,13 @@ class HybridClient:
         context: RequestContext,
         policy: Policy,
         fallback_ttft_s: float | None,
+        plan: PlanName | None = None,
     ) -> Plan:
         engines = self.engines
         if self._guard is not None:  # every path of this plan carries the request's context
             engines["cloud"] = self._guard.bind(context)
-        assert decision.primary is not None
-        target = engines[decision.primary]
-        if decision.plan == "handoff":
-            return handoff_plan(decision, engines, request, policy)
-        if decision.fallback is None:
-            return partial(
-                single,
-                engine=target,
-                request=request,
-                reason=decision.reason,
-                retries=policy.retries,
-                deadline_s=decision.deadline_s,
-                stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
-            )
-        return partial(
-            race,
-            primary=target,
-            fallback=engines[decision.fallback],
-            request=request,
-            deadline_s=decision.deadline_s,
-            reason=decision.reason,
-            hedge_s=decision.hedge_s,
-            stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
-            # with fallback_now the load rule's reason is the last one (no hedge follows it)
-            fallback_now=decision.reasons[-1] if decision.fallback_now else None,
-            fallback_ttft_s=fallback_ttft_s,
-            failover=decision.failover,
+        return choose_plan(
+            decision, engines, request, policy, fallback_ttft_s, plan, self.routing.router
         )
 
     async def _drive(
@@ -380,6 +358,11 @@ class HybridClient:
                 self._early_feedback[rid] = good
                 return
         self.decision_log.feedback(rid, good)
+
+    async def router_score(self, messages: Messages) -> RouterScore:
+        """Stage 1, stage 2 (the local model's own signals) and the combined score."""
+        msgs = validate.messages(messages)
+        return await score_messages(self.routing.router, self.engines.get("local"), msgs)
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
@@ -469,6 +452,7 @@ def _log_decision(
         ttft_ms=trace.ttft_ms,
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
+        cascade=trace.cascade,
     )
 
 

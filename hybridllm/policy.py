@@ -44,9 +44,9 @@ from pydantic import (
 from hybridllm.errors import PolicyError
 from hybridllm.events import Priority
 
-# only plans that run: "speculative" and "cascade" join when they are built (issues 14, 17)
-PlanName = Literal["single", "hedge", "handoff"]
-PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff")
+# only plans that run: "speculative" joins when it is built (issue 17)
+PlanName = Literal["single", "hedge", "handoff", "cascade"]
+PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff", "cascade")
 EngineChoice = Literal["local", "cloud"]
 
 
@@ -146,6 +146,13 @@ class Policy(BaseModel):
     router_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     target_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
     quality_floor: float | None = Field(default=None, ge=0.0, le=1.0)
+    # the cascade plan (runtime/plans/cascade.py): the local engine holds back at most this many
+    # first tokens, for at most this long (counted against ttft_deadline_ms), while the router's
+    # stage 2 reads its confidence; cascade_hedge: the cloud starts at once where stage 1 alone
+    # would send the prompt to the cloud (cancelled if the local model turns out confident)
+    cascade_hold_tokens: int = Field(default=8, ge=1, le=64)
+    cascade_hold_ms: float = Field(default=1500.0, gt=0)
+    cascade_hedge: bool = Field(default=False, strict=True)
     budget: Budget = Budget()
     privacy: Literal["off", "keep-local", "block"] = "off"
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)

@@ -214,6 +214,9 @@ def _register_router(subparsers: Subparsers) -> None:
                    help="two heads, P(cloud right) * (1 - P(local right)), or one head on the "
                    "label (default: factored for cloud-needed)")  # fmt: skip
     p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--signals", metavar="PATH",
+                   help="the local model's signals per row: also train stage 2 "
+                   "(default: data/router/local_signals.jsonl if present; 'none': no)")  # fmt: skip
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("eval", help="PGR / APGR / CPT on the test split, with baselines and a plot")
@@ -224,6 +227,10 @@ def _register_router(subparsers: Subparsers) -> None:
     p.add_argument("--plot", metavar="PNG", help="plot path (default: <router dir>/eval.png)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--no-compare", action="store_true", help="skip the other routers")
+    p.add_argument("--signals", metavar="PATH", help="local signals (default: data/router/)")
+    p.add_argument("--stage2", action="store_true",
+                   help="cross-validate stage 1, the local signals alone and the combination, "
+                   "per source and with sources left out")  # fmt: skip
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser(

@@ -33,7 +33,35 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_dir()
     data = Path(args.data) if args.data else default_data()
     from_log = Path(args.from_log) if args.from_log else None
-    train(data, out, from_log=from_log, label=args.label, form=args.form, seed=args.seed)
+    signals = _signals_path(args, data)
+    train(data, out, from_log=from_log, label=args.label, form=args.form, seed=args.seed,
+          signals=signals)  # fmt: skip
+    return 0
+
+
+def _signals_path(args: argparse.Namespace, data: Path) -> Path | None:
+    """--signals, else `local_signals.jsonl` beside the labels when it exists; 'none': no."""
+    given = getattr(args, "signals", None)
+    if given == "none":
+        return None
+    if given:
+        return Path(given)
+    path = data.parent / "local_signals.jsonl"
+    return path if path.is_file() else None
+
+
+def cmd_eval_stage2(args: argparse.Namespace, data: Path) -> int:
+    from hybridllm.routing import cv
+    from hybridllm.routing.data import load_examples
+    from hybridllm.routing.stage2 import load_signals
+
+    path = _signals_path(args, data)
+    if path is None:
+        print("no local signals (run scripts/label_local_signals.py)", file=sys.stderr)
+        return 2
+    d = cv.Data.build(load_examples(data), load_signals(path))
+    cv.cross_validate(d)
+    cv.leave_sources_out(d)
     return 0
 
 
@@ -51,6 +79,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from hybridllm.routing.router import Router
 
+    if args.stage2:
+        return cmd_eval_stage2(args, Path(args.data) if args.data else default_data())
     router_dir = Path(args.router) if args.router else default_dir()
     router = Router.load(router_dir)
     examples = load_examples(Path(args.data) if args.data else default_data())

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -40,6 +40,10 @@ from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.local.tune import Tuning, load_tuning
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from hybridllm.engines._llama_signals import LocalSignals
+
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
 
@@ -236,6 +240,14 @@ class LlamaCppEngine:
     def estimate_s(self, prompt_tokens: int, max_tokens: int) -> float:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
         return prefill + max_tokens * (self.tpot_s or 0.0)
+
+    async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+        """The model's own confidence on `messages` (router stage 2): one queued job that
+        prefills the prompt (left in the KV cache for the request that follows) and decodes up
+        to `n_answer` greedy tokens (`engines/_llama_signals.py`)."""
+        from hybridllm.engines._llama_signals import engine_signals
+
+        return await engine_signals(self, messages, n_answer)
 
     # ---- streaming ------------------------------------------------------------------------
 

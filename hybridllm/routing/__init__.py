@@ -27,6 +27,7 @@ _NAMES = {
     "DecisionLog": "hybridllm.routing.log",
     "Calibration": "hybridllm.routing.heads",
     "Router": "hybridllm.routing.router",
+    "RouterScore": "hybridllm.routing.score",
 }
 __getattr__, __dir__ = lazy(__name__, _NAMES)
 __all__ = sorted([*_NAMES, "decide"])
@@ -46,3 +47,4 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.routing.log import DecisionLog as DecisionLog
     from hybridllm.routing.router import Router as Router
+    from hybridllm.routing.score import RouterScore as RouterScore

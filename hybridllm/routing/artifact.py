@@ -95,14 +95,19 @@ def head_from(estimators: dict[str, Any]) -> Head:
 
 
 def save_router(
-    directory: Path, estimators: dict[str, Any], manifest: dict[str, Any]
+    directory: Path,
+    estimators: dict[str, Any],
+    manifest: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes)."""
+    """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes).
+
+    `estimators`: {head name: {"classifier", "calibrator"}} in `router.FORMS` order; `extra`:
+    more estimators under other keys in the same file (stage 2, `load_extra`)."""
     import skops.io as sio
 
-    """`estimators`: {head name: {"classifier", "calibrator"}} in `router.FORMS` order."""
     directory.mkdir(parents=True, exist_ok=True)
-    blob = sio.dumps(estimators)
+    blob = sio.dumps({**estimators, **(extra or {})})
     (directory / MODEL_FILE).write_bytes(blob)
     full = {
         "format": FORMAT,
@@ -208,6 +213,17 @@ def load_parts(directory: Path) -> Parts:
             f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
         ) from exc
     return parts
+
+
+def load_extra(directory: Path, manifest: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The estimators stored under `keys` beside the heads (stage 2), checked as the heads are
+    (file hash, trusted types); a missing key is a RouterArtifactError."""
+    fpath = directory / MODEL_FILE
+    blob = fpath.read_bytes()
+    if _sha256(blob) != manifest["artifact"]["sha256"]:
+        raise RouterArtifactError("router file changed since its manifest was checked",
+                                  path=fpath, reason="tampered")  # fmt: skip
+    return _load_estimators(blob, fpath, keys, flat=False, verified=True)
 
 
 def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hybridllm.errors import RouterThresholdError
 from hybridllm.routing import features as F
 
 N_QUANTILES = 101  # score quantiles at 0, 1, ..., 100 percent
@@ -97,3 +98,35 @@ def form_of(heads: Sequence[str]) -> str:
         if tuple(heads) == names:
             return form
     raise ValueError(f"unknown router heads {list(heads)}; known: {list(FORMS.values())}")
+
+
+def threshold_of(
+    calibration: Calibration, cloud_share: float | None = None, quality_floor: float | None = None
+) -> float:
+    """The score above which a prompt goes to the cloud (`score > threshold`).
+
+    Exactly one of: `cloud_share` (0..1, the share of traffic to send to the cloud, from
+    the score quantiles) or `quality_floor` (0..1, the smallest cloud share whose quality,
+    the share answered correctly on the labelled calibration split, reaches the floor).
+    """
+    if (cloud_share is None) == (quality_floor is None):
+        raise RouterThresholdError("give exactly one of cloud_share or quality_floor")
+    if cloud_share is not None:
+        if not 0.0 <= cloud_share <= 1.0:
+            raise RouterThresholdError(f"cloud_share must be within 0..1, got {cloud_share}")
+        if cloud_share == 0.0:
+            return 1.0
+        if cloud_share == 1.0:
+            return 0.0
+        qs = calibration.score_quantiles
+        pos = (1.0 - cloud_share) * (len(qs) - 1)
+        return float(np.interp(pos, np.arange(len(qs)), qs))
+    assert quality_floor is not None
+    for t, _share, q in calibration.curve:
+        if q >= quality_floor - 1e-12:
+            return t
+    best = max(calibration.curve, key=lambda r: r[2])
+    raise RouterThresholdError(
+        f"quality_floor {quality_floor} is above the best quality on the calibration split "
+        f"({best[2]:.3f}, at cloud share {best[1]:.2f})"
+    )

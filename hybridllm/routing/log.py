@@ -60,6 +60,11 @@ MIGRATIONS: Steps = (
     ALTER TABLE decisions ADD COLUMN feedback INTEGER;
     ALTER TABLE decisions ADD COLUMN feedback_time REAL;
     """,
+    # 3: the local model's own signals (router stage 2) and the cascade's decision
+    """
+    ALTER TABLE decisions ADD COLUMN signals TEXT;
+    ALTER TABLE decisions ADD COLUMN cascade TEXT;
+    """,
 )
 
 
@@ -151,13 +156,40 @@ class DecisionLog:
         ttft_ms: float | None = None,
         error_kind: str | None = None,
         fallback: bool = False,
+        cascade: dict[str, Any] | None = None,
     ) -> None:
-        """Record how the request went: the engine that answered, TTFT, error, fallback."""
+        """Record how the request went: the engine that answered, TTFT, error, fallback, and
+        the cascade plan's decision with the local signals it read (`trace.cascade`)."""
         self._update(
             request_id,
             "engine = COALESCE(?, engine), ttft_ms = ?, error_kind = ?, fallback = ?",
             (engine, ttft_ms, error_kind, int(fallback)),
         )
+        if cascade is not None and cascade.get("signals"):
+            rest = {k: v for k, v in cascade.items() if k != "signals"}
+            self.signals(request_id, cascade["signals"], rest)
+
+    def signals(
+        self, request_id: str, signals: dict[str, float], cascade: dict[str, Any] | None = None
+    ) -> None:
+        """The local model's signals on this request's prompt (stage 2 learns from them with
+        the feedback) and, for the cascade plan, its decision and held time."""
+        clean = {k: None if v != v else v for k, v in signals.items()}  # NaN is not JSON
+        plan = None if cascade is None else json.dumps(cascade)
+        self._update(request_id, "signals = ?, cascade = ?", (json.dumps(clean), plan))
+
+    def training_signals(self) -> dict[str, dict[str, float]]:
+        """{"log/<request id>": signals} of the `training_examples` rows that recorded them."""
+        with self._lock:
+            raw = self._conn.execute(
+                "SELECT request_id, signals FROM decisions WHERE prompt IS NOT NULL AND "
+                "feedback IS NOT NULL AND engine = 'local' AND signals IS NOT NULL ORDER BY id"
+            ).fetchall()
+        return {
+            f"log/{rid}": {k: float("nan") if v is None else float(v)
+                           for k, v in json.loads(sig).items()}
+            for rid, sig in raw
+        }  # fmt: skip
 
     def feedback(self, request_id: str, good: bool) -> None:
         """The user's verdict on the answer of this request (the latest verdict wins)."""

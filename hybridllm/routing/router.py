@@ -32,8 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm.errors import RouterArtifactError, RouterThresholdError
-from hybridllm.routing import artifact, features as F
-from hybridllm.routing.heads import Calibration, Head, form_of, score_quantiles_of
+from hybridllm.routing import artifact, features as F, stage2
+from hybridllm.routing.heads import Calibration, Head, form_of, score_quantiles_of, threshold_of
+from hybridllm.routing.stage2 import Stage2
 
 LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12
 
@@ -67,6 +68,8 @@ class Router:
         self.calibration = calibration
         self.manifest: dict[str, Any] = manifest or {}
         self.path = path
+        # stage 2 (the local model's signals), by kind: "combined" and "signals" (stage2.py)
+        self.stage2: dict[str, Stage2] = {}
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Router:
@@ -85,6 +88,7 @@ class Router:
             ) from exc
         # the scores it was trained to give, given here (any scikit-learn that unpickles it)
         artifact.check_golden(parts.manifest, router.score, directory / artifact.MANIFEST_FILE)
+        router.stage2 = stage2.load(directory, parts.manifest)
         return router
 
     # --- scoring -------------------------------------------------------------------------
@@ -147,27 +151,7 @@ class Router:
         the score quantiles) or `quality_floor` (0..1, the smallest cloud share whose quality,
         the share answered correctly on the labelled calibration split, reaches the floor).
         """
-        if (cloud_share is None) == (quality_floor is None):
-            raise RouterThresholdError("give exactly one of cloud_share or quality_floor")
-        if cloud_share is not None:
-            if not 0.0 <= cloud_share <= 1.0:
-                raise RouterThresholdError(f"cloud_share must be within 0..1, got {cloud_share}")
-            if cloud_share == 0.0:
-                return 1.0
-            if cloud_share == 1.0:
-                return 0.0
-            qs = self.calibration.score_quantiles
-            pos = (1.0 - cloud_share) * (len(qs) - 1)
-            return float(np.interp(pos, np.arange(len(qs)), qs))
-        assert quality_floor is not None
-        for t, _share, q in self.calibration.curve:
-            if q >= quality_floor - 1e-12:
-                return t
-        best = max(self.calibration.curve, key=lambda r: r[2])
-        raise RouterThresholdError(
-            f"quality_floor {quality_floor} is above the best quality on the calibration split "
-            f"({best[2]:.3f}, at cloud share {best[1]:.2f})"
-        )
+        return threshold_of(self.calibration, cloud_share, quality_floor)
 
     def recalibrate(self, scores: Sequence[float]) -> Router:
         """A copy whose `cloud_share` thresholds come from these scores (e.g. the user's own

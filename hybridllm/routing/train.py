@@ -208,6 +208,22 @@ def _fit_head(
     return head, {"classifier": clf, "calibrator": platt}, best, cv_auc
 
 
+def oof_logits(
+    router: Router, c: dict[str, float], rows: Sequence[Example], label: Label, seed: int
+) -> npt.NDArray[np.float64]:
+    """Each row's stage-1 head log-odds from heads fitted without it (5 folds, chosen C)."""
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    x = feature_matrix([e.prompt for e in rows])
+    cols = []
+    for head in router.heads:
+        y = _head_labels(rows, head, label)
+        folds = StratifiedKFold(5, shuffle=True, random_state=seed)
+        cols.append(cross_val_predict(_model(c[head], seed), x, y, cv=folds,
+                                      method="decision_function"))  # fmt: skip
+    return np.asarray(np.c_[tuple(cols)], dtype=np.float64)
+
+
 def golden(router: Router, prompts: Sequence[F.Messages] = GOLDEN_PROMPTS) -> dict[str, Any]:
     """The manifest's `golden` entry: fixed prompts and this router's scores for them."""
     as_json = [p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
@@ -244,8 +260,11 @@ def train(
     form: Form | None = None,
     seed: int = SEED,
     log: TextIO | None = None,
+    signals: Path | None = None,
 ) -> dict[str, Any]:
-    """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`."""
+    """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`.
+    `signals`: the local model's signals per row (`scripts/label_local_signals.py`): stage 2
+    is trained too (`train2.py`), on them and on the log's rows that recorded signals."""
     from hybridllm.routing.artifact import save_router, weights_sha256
     from hybridllm.routing.metrics import routing_curve, summarize
 
@@ -253,11 +272,13 @@ def train(
     splits = by_split(examples)
     train_rows = list(splits["train"])
     log_info: dict[str, Any] | None = None
+    log_signals: dict[str, dict[str, float]] = {}
     if from_log is not None:
         from hybridllm.routing.log import DecisionLog
 
         with DecisionLog(from_log) as dlog:
             extra = dlog.training_examples()
+            log_signals = dlog.training_signals()
         train_rows += extra
         log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
     form = form or default_form(label)
@@ -311,7 +332,18 @@ def train(
         "calibration": r.calibration.to_json(),
         "golden": golden(r),
     }
-    full = save_router(out, fitted.estimators, manifest)
+    extra_estimators: dict[str, Any] = {}
+    if signals is not None:
+        from hybridllm.routing.stage2 import load_signals
+        from hybridllm.routing.train2 import train_stage2
+
+        info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
+        parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
+        oof = oof_logits(r, fitted.c, train_rows, label, seed)
+        extra_estimators, manifest["stage2"], _ = train_stage2(
+            r, oof, parts, {**load_signals(signals), **log_signals}, data_info=info
+        )
+    full = save_router(out, fitted.estimators, manifest, extra_estimators)
     write_split_file(examples, out / SPLIT_FILE)
     print(
         f"trained a {form} router on {len(train_rows)} rows (C={fitted.c}), calibrated on "

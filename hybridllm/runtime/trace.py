@@ -17,7 +17,7 @@ import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm.events import EngineName
 
@@ -86,6 +86,8 @@ class Trace:
     # `ParallelStart` event), and which one; None: no parallel start
     parallel_start: str | None = None
     parallel_engine: EngineName | None = None
+    # the cascade plan: its decision, held time and the local signals (plans/cascade.py)
+    cascade: dict[str, Any] | None = None
     spent: list[Spend] = field(default_factory=list)  # settled cloud requests, in order
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge

@@ -68,7 +68,9 @@ MISTAKES = [
     ('privacy = "maybe"', "privacy", ["keep-local"]),
     ('plans = ["single", "teleport"]', "plans.1", ["hedge"]),
     ('plans = ["single", "speculative"]', "plans.1", ["single", "hedge"]),  # not built yet
-    ('plans = ["single", "cascade"]', "plans.1", ["single", "hedge"]),
+    ('plans = ["single", "cascade", "teleport"]', "plans.2", ["hedge", "cascade"]),
+    ("cascade_hold_tokens = 0", "cascade_hold_tokens", ["greater than or equal to 1"]),
+    ("cascade_hedge = 1", "cascade_hedge", ["bool"]),
     ('fallback_order = ["local", "mars"]', "fallback_order.1", ["cloud"]),
     ("hedge_after_ms = -50", "hedge_after_ms", [">= 0", "auto", "-50"]),
     ('hedge_after_ms = "soon"', "hedge_after_ms", ["delay in ms", "auto", "soon"]),

@@ -42,7 +42,7 @@ def test_an_old_log_is_upgraded_in_place(tmp_path: Path) -> None:
     )
     conn.close()
     with DecisionLog(path) as log:
-        assert log.schema_version == 2
+        assert log.schema_version == len(MIGRATIONS)
         log.feedback("r1", good=False)
         (row,) = log.rows()
         assert row["request_id"] == "r1" and row["feedback"] == 0

@@ -168,13 +168,13 @@ def test_a_ledger_written_before_the_helper_opens_with_its_spend(tmp_path: Path)
 
 def test_a_decision_log_written_before_the_helper_is_adopted(tmp_path: Path) -> None:
     path = written(tmp_path / "decisions.db", DECISIONS_V2)
-    with DecisionLog(path) as log:  # no step runs again (CREATE TABLE would fail)
-        assert log.schema_version == len(MIGRATIONS) == 2
+    with DecisionLog(path) as log:  # steps 1-2 do not run again (CREATE TABLE would fail)
+        assert log.schema_version == len(MIGRATIONS) == 3  # 3: the signals columns
         (row,) = log.rows()
         assert row["request_id"] == "r1" and row["feedback"] == 1
         log.record(route="cloud", features={}, request_id="r2")
         log.feedback("r2", good=False)
-    assert schema_version(sqlite3.connect(path)) == 2
+    assert schema_version(sqlite3.connect(path)) == 3
 
 
 def test_a_version_1_decision_log_gets_the_feedback_columns(tmp_path: Path) -> None:
@@ -183,6 +183,6 @@ def test_a_version_1_decision_log_gets_the_feedback_columns(tmp_path: Path) -> N
     v1 = v1.replace('INSERT INTO "schema_version" VALUES(2);', "")
     path = written(tmp_path / "decisions.db", v1)
     with DecisionLog(path) as log:
-        assert log.schema_version == 2
+        assert log.schema_version == len(MIGRATIONS)
         log.feedback("r1", good=True)
         assert log.rows()[0]["feedback"] == 1

@@ -1,0 +1,264 @@
+"""The local model's own confidence on a prompt, read from its logits (router stage 2).
+
+One code path serves the labeller (`scripts/label_router_data.py --signals`) and the SDK
+(`LlamaCppEngine.signals()`, `HybridClient.router_score()`, the cascade plan), so the figures a
+stage-2 model was trained on are the figures it sees at run time.
+
+- After the prompt's prefill, the next-token distribution over the whole vocabulary: top-1
+  probability, entropy (nats, full vocabulary, not a top-k approximation), margin top-1 - top-2.
+- Over the first `N_ANSWER` greedy answer tokens (fewer when the answer ends): their
+  log-probabilities, summarised as mean, minimum and the quantiles 0.1/0.25/0.5 of Gupta et al.
+  2024 ("Language model cascades: token-level uncertainty and beyond", the per-token quantile
+  form they found best for deferral).
+- For a multiple-choice prompt (lines "A. ...", "B. ..."), the probability of the most likely
+  option letter, normalised over the prompt's letters, and that distribution's entropy.
+
+Everything here is synchronous and touches the `llama_cpp.Llama` object: call it on the llama
+thread. The pure summaries (`TokenTracker`, `summarise`) take numpy arrays, no model.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hybridllm import errors
+
+N_ANSWER = 8  # answer tokens whose log-probabilities are kept
+QUANTILES = (0.1, 0.25, 0.5)
+# The names, in this order, of the figures `summarise` returns (a stage-2 model's inputs).
+SIGNAL_NAMES = (
+    "first_p",
+    "first_entropy",
+    "first_margin",
+    "lp_mean",
+    "lp_min",
+    "lp_q10",
+    "lp_q25",
+    "lp_q50",
+    "answer_tokens",
+    "option_p",
+    "option_entropy",
+    "is_choice",
+)
+
+Logits = npt.NDArray[np.float32]
+
+
+def option_letters(prompt: str) -> list[str]:
+    """The option letters of a multiple-choice prompt ("\\nA. ..."), [] for any other prompt."""
+    letters = [x for x in string.ascii_uppercase[:8] if f"\n{x}. " in prompt]
+    return letters if len(letters) >= 2 and letters[0] == "A" else []
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """One next-token distribution, summarised."""
+
+    top_p: float
+    entropy: float
+    margin: float
+    logprob: float  # of the token that was chosen
+
+
+def distribution(logits: Logits, chosen: int) -> Distribution:
+    """Summarise raw logits (one row, the whole vocabulary) and the chosen token."""
+    x = logits.astype(np.float64, copy=False)
+    m = float(x.max())
+    z = x - m
+    e = np.exp(z)
+    s = float(e.sum())
+    logp = z - math.log(s)
+    p = e / s
+    top2 = np.partition(p, -2)[-2:]
+    return Distribution(
+        top_p=float(top2[1]),
+        entropy=float(-(p * logp).sum()),
+        margin=float(top2[1] - top2[0]),
+        logprob=float(logp[chosen]),
+    )
+
+
+@dataclass
+class TokenTracker:
+    """Collects the first `limit` answer tokens' distributions while a generation runs."""
+
+    limit: int = N_ANSWER
+    dists: list[Distribution] = field(default_factory=list)
+    options: list[float] | None = None  # normalised option-letter probabilities, if any
+
+    @property
+    def full(self) -> bool:
+        return len(self.dists) >= self.limit
+
+    def add(self, logits: Logits, chosen: int) -> None:
+        if not self.full:
+            self.dists.append(distribution(logits, chosen))
+
+    def add_options(self, logits: Logits, letter_ids: Sequence[int]) -> None:
+        if letter_ids:
+            x = logits[list(letter_ids)].astype(np.float64)
+            e = np.exp(x - x.max())
+            self.options = [float(v) for v in e / e.sum()]
+
+    def signals(self) -> dict[str, float]:
+        return summarise(self.dists, self.options)
+
+
+def summarise(dists: Sequence[Distribution], options: Sequence[float] | None) -> dict[str, float]:
+    """The figures of `SIGNAL_NAMES` (NaN where a figure does not apply, e.g. no options)."""
+    nan = math.nan
+    out = dict.fromkeys(SIGNAL_NAMES, nan)
+    if dists:
+        first = dists[0]
+        lps = np.array([d.logprob for d in dists])
+        out.update(
+            first_p=first.top_p,
+            first_entropy=first.entropy,
+            first_margin=first.margin,
+            lp_mean=float(lps.mean()),
+            lp_min=float(lps.min()),
+            answer_tokens=float(len(dists)),
+        )
+        for q, name in zip(QUANTILES, ("lp_q10", "lp_q25", "lp_q50"), strict=True):
+            out[name] = float(np.quantile(lps, q))
+    out["is_choice"] = 1.0 if options else 0.0
+    if options:
+        p = np.array(options)
+        out["option_p"] = float(p.max())
+        out["option_entropy"] = float(-(p * np.log(np.clip(p, 1e-12, None))).sum())
+    return out
+
+
+def last_logits(llm: Any) -> Logits:
+    """The logits of the last evaluated position (a copy: the next decode overwrites them)."""
+    ptr = llm._ctx.get_logits_ith(-1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
+def letter_ids(llm: Any, letters: Sequence[str]) -> list[int]:
+    """One token id per option letter (its single-token spelling)."""
+    ids = []
+    for x in letters:
+        toks = llm.tokenize(x.encode(), add_bos=False, special=False)
+        if len(toks) != 1:
+            return []
+        ids.append(int(toks[0]))
+    return ids
+
+
+def measure(
+    llm: Any,
+    tokens: Sequence[int],
+    *,
+    reuse: int = 0,
+    letters: Sequence[str] = (),
+    n_answer: int = N_ANSWER,
+    is_eog: Any = None,
+) -> tuple[dict[str, float], list[int], list[float]]:
+    """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
+    greedy tokens: (signals, answer token ids, their log-probabilities). Leaves the prompt and
+    the answer tokens but the last in the KV cache."""
+    llm.n_tokens = reuse
+    llm.eval(list(tokens[reuse:]))
+    tracker = TokenTracker(limit=n_answer)
+    logits = last_logits(llm)
+    tracker.add_options(logits, letter_ids(llm, letters))
+    out: list[int] = []
+    while True:
+        tok = int(np.argmax(logits))
+        tracker.add(logits, tok)
+        out.append(tok)
+        if tracker.full or (is_eog is not None and is_eog(tok)) or tok == llm.token_eos():
+            break
+        llm.eval([tok])
+        logits = last_logits(llm)
+    return tracker.signals(), out, [d.logprob for d in tracker.dists]
+
+
+def session_signals(
+    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER
+) -> tuple[dict[str, float], int, list[int]]:
+    """`measure` on a `LlamaSession` for chat `messages`, formatted exactly as a request is:
+    (signals, prompt tokens, greedy answer tokens). The prompt stays in the KV cache, so a
+    local request for the same messages that follows reuses the prefill."""
+    session._abort.clear()
+    tokens = session.tokenize(session.render(messages))
+    reuse = session.cached_prefix(tokens)
+    llm = session.llm
+    if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+        reuse = 0
+        llm.reset()
+    text = str(messages[-1].get("content", "")) if messages else ""
+    vocab, lc = session._vocab, session._lc
+    try:
+        signals, answer, _ = measure(
+            llm,
+            tokens,
+            reuse=reuse,
+            letters=option_letters(text),
+            n_answer=n_answer,
+            is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
+        )
+    except RuntimeError as exc:
+        session._after_abort()
+        if session._abort.is_set():
+            raise Aborted from exc
+        raise errors.LocalEngineError(f"signals failed: {exc}", engine="local") from exc
+    return signals, len(tokens), answer
+
+
+class Aborted(Exception):
+    """Internal: the signals' decoding was aborted on request (the caller was cancelled)."""
+
+
+@dataclass(frozen=True)
+class LocalSignals:
+    """What `LlamaCppEngine.signals()` measured: the figures (`SIGNAL_NAMES`), the prompt's
+    tokens, the greedy answer's first tokens as text (`answer`, `ended`: the answer ended
+    there) and the local work it took (`cost_ms`: queue wait not counted)."""
+
+    values: dict[str, float]
+    prompt_tokens: int
+    answer: str
+    ended: bool
+    cost_ms: float
+
+
+async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) -> LocalSignals:
+    """Run `session_signals` as one queued job of `engine` (a `LlamaCppEngine`)."""
+    import time
+    from functools import partial
+
+    from hybridllm.engines._llama_thread import run_on_llama_thread
+
+    await engine.start()
+    session = engine._session
+    if session is None:
+        raise errors.ClientStateError("the local engine was closed")
+    engine._queue.check()
+    await engine._queue.acquire(engine.estimate_s(0, n_answer))
+    try:
+        engine.busy = True
+        t0 = time.perf_counter()
+        try:
+            values, prompt_tokens, answer = await run_on_llama_thread(
+                partial(session_signals, session, messages, n_answer), on_cancel=session.abort
+            )
+        except Aborted as exc:  # aborted without our cancellation: the engine is closing
+            raise errors.LocalEngineError("signals aborted", engine="local") from exc
+        cost_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        engine.busy = False
+        engine._queue.release()
+    lc, vocab = session._lc, session._vocab
+    ended = bool(answer) and bool(lc.llama_vocab_is_eog(vocab, answer[-1]))
+    text_tokens = answer[:-1] if ended else answer
+    text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
+    return LocalSignals(values, prompt_tokens, text, ended, cost_ms)

@@ -1,0 +1,251 @@
+"""Router stage 2: the local model's own confidence on this prompt, combined with stage 1.
+
+Stage 1 (`Router`) sees the prompt's text only: which kind of task it is. Stage 2 adds the local
+model's signals on this very prompt (`LlamaCppEngine.signals()`: the next-token distribution
+after the prefill, the log-probabilities of the first greedy answer tokens, the option-letter
+probability of a multiple-choice prompt; their names are in the manifest). Two calibrated
+logistic heads over [stage-1 head log-odds, signals] give P(cloud right) and P(local right);
+score = P(cloud right) * (1 - P(local right)), on the scale of stage 1's score. A "signals"
+stage 2 (no text inputs) is what the local signals alone can do.
+
+The stage-1 inputs are out-of-fold on the training rows (each row's stage-1 log-odds from heads
+fitted without it), so stage 2 learns how far to trust stage 1 on prompts stage 1 did not see.
+Scoring is plain numpy; scikit-learn only fits (and unpickles, in the artifact) the heads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hybridllm.errors import ConfigError
+from hybridllm.routing.heads import Calibration
+from hybridllm.routing.score import RouterScore
+
+HEADS = ("cloud_right", "local_right")
+LOGIT_BOUND = 12.0
+Signals = Mapping[str, float | None]
+FloatArray = npt.NDArray[np.float64]
+
+
+def load_signals(path: Path) -> dict[str, dict[str, float]]:
+    """The labeller's side file (`scripts/label_local_signals.py`): {"source/id": signals}."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: local signals not found (scripts/label_local_signals.py)")
+    out: dict[str, dict[str, float]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            sig = {str(k): math.nan if v is None else float(v) for k, v in row["signals"].items()}
+            out.setdefault(f"{row['source']}/{row['id']}", sig)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{n}: malformed signals row ({exc!r})") from exc
+    return out
+
+
+def signal_inputs(signals: Signals, names: Sequence[str]) -> FloatArray:
+    """The signals in `names` order; a missing or NaN figure (no options: not multiple choice)
+    is 0, and `is_choice` tells the heads which figures apply."""
+    out = np.zeros(len(names), dtype=np.float64)
+    for i, name in enumerate(names):
+        v = signals.get(name)
+        if v is not None and not math.isnan(float(v)):
+            out[i] = float(v)
+    return out
+
+
+@dataclass(frozen=True)
+class DenseHead:
+    """P = sigmoid(a * (w . ((x - mean) / scale) + c) + b)."""
+
+    weights: FloatArray
+    intercept: float
+    platt: tuple[float, float]
+
+    def logit(self, x: FloatArray) -> float:
+        return float(self.weights @ x + self.intercept)
+
+    def prob(self, x: FloatArray) -> float:
+        z = self.platt[0] * self.logit(x) + self.platt[1]
+        z = min(max(z, -LOGIT_BOUND), LOGIT_BOUND)
+        return 1.0 / (1.0 + math.exp(-z))
+
+
+@dataclass(frozen=True)
+class Stage2:
+    """A fitted stage 2: `score(text_logits, signals)`; `text_logits` are stage 1's head
+    log-odds (`Router.head_logits`), ignored by a signals-only stage 2."""
+
+    signal_names: tuple[str, ...]
+    text_inputs: int  # how many stage-1 log-odds come first (0: signals only)
+    mean: FloatArray
+    scale: FloatArray
+    heads: dict[str, DenseHead]
+    calibration: Calibration
+
+    def inputs(self, text_logits: Sequence[float] | FloatArray, signals: Signals) -> FloatArray:
+        t = np.clip(np.asarray(text_logits, dtype=np.float64)[: self.text_inputs], -20, 20)
+        raw = np.r_[t, interactions(signal_inputs(signals, self.signal_names), self.signal_names)]
+        return np.asarray((raw - self.mean) / self.scale, dtype=np.float64)
+
+    def probabilities(
+        self, text_logits: Sequence[float] | FloatArray, signals: Signals
+    ) -> dict[str, float]:
+        x = self.inputs(text_logits, signals)
+        return {name: head.prob(x) for name, head in self.heads.items()}
+
+    def score(self, text_logits: Sequence[float] | FloatArray, signals: Signals) -> float:
+        p = self.probabilities(text_logits, signals)
+        return p["cloud_right"] * (1.0 - p["local_right"])
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        """The score above which a prompt goes to the cloud, as `Router.threshold`, from this
+        stage's own calibration split."""
+        from hybridllm.routing.heads import threshold_of
+
+        return threshold_of(self.calibration, cloud_share, quality_floor)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's description (the heads' numbers are in the skops file)."""
+        return {
+            "signal_names": list(self.signal_names),
+            "text_inputs": self.text_inputs,
+            "mean": [float(v) for v in self.mean],
+            "scale": [float(v) for v in self.scale],
+            "heads": list(self.heads),
+            "calibration": self.calibration.to_json(),
+        }
+
+
+def interactions(x: FloatArray, names: Sequence[str]) -> FloatArray:
+    """The signals plus each answer-token figure times `is_choice` (a letter answer's
+    log-probabilities mean something else than a free answer's)."""
+    if "is_choice" not in names:
+        return x
+    mc = x[list(names).index("is_choice")]
+    extra = [x[i] * mc for i, n in enumerate(names) if n.startswith(("first_", "lp_"))]
+    return np.asarray(np.r_[x, np.asarray(extra, dtype=np.float64)], dtype=np.float64)
+
+
+def design(
+    text_logits: FloatArray | None, signals: Sequence[Signals], names: Sequence[str]
+) -> FloatArray:
+    """Rows of raw inputs (before scaling) for `fit`."""
+    sig = np.array([interactions(signal_inputs(s, names), names) for s in signals])
+    if text_logits is None:
+        return sig
+    return np.asarray(np.c_[np.clip(text_logits, -20, 20), sig], dtype=np.float64)
+
+
+def fit(
+    x: FloatArray,
+    y: Mapping[str, npt.NDArray[np.int64]],
+    xc: FloatArray,
+    yc: Mapping[str, npt.NDArray[np.int64]],
+    *,
+    c: float = 0.3,
+) -> tuple[FloatArray, FloatArray, dict[str, DenseHead], dict[str, dict[str, Any]]]:
+    """Fit both heads on (x, y), Platt-scale on (xc, yc): (mean, scale, heads, estimators)."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    xs, xcs = (x - mean) / scale, (xc - mean) / scale
+    heads: dict[str, DenseHead] = {}
+    estimators: dict[str, dict[str, Any]] = {}
+    for name in HEADS:
+        clf = LogisticRegression(C=c, max_iter=2000).fit(xs, y[name])
+        z = clf.decision_function(xcs)
+        platt = LogisticRegression(C=1e4).fit(z.reshape(-1, 1), yc[name])
+        heads[name] = head_from(clf, platt)
+        estimators[name] = {"classifier": clf, "calibrator": platt}
+    return mean, scale, heads, estimators
+
+
+def head_from(clf: Any, platt: Any) -> DenseHead:
+    return DenseHead(
+        weights=np.asarray(clf.coef_, dtype=np.float64).ravel(),
+        intercept=float(np.ravel(clf.intercept_)[0]),
+        platt=(float(np.ravel(platt.coef_)[0]), float(np.ravel(platt.intercept_)[0])),
+    )
+
+
+KINDS = ("combined", "signals")  # stage-1 log-odds and signals; the signals alone
+
+
+def extra_key(kind: str, head: str) -> str:
+    """Where a stage-2 head's estimators sit in the router's skops file."""
+    return f"stage2:{kind}:{head}"
+
+
+def load(directory: Path, manifest: dict[str, Any]) -> dict[str, Stage2]:
+    """The stage-2 models a router artifact holds ({} for a stage-1-only artifact), checked
+    against the golden scores the manifest records; any problem is a RouterArtifactError."""
+    from hybridllm.errors import RouterArtifactError
+    from hybridllm.routing import artifact
+
+    entry = manifest.get("stage2")
+    if not entry:
+        return {}
+    mpath = directory / artifact.MANIFEST_FILE
+    keys = [extra_key(k, h) for k in KINDS for h in HEADS]
+    ests = artifact.load_extra(directory, manifest, keys)
+    out: dict[str, Stage2] = {}
+    try:
+        for kind in KINDS:
+            spec = entry[kind]
+            out[kind] = Stage2(
+                signal_names=tuple(spec["signal_names"]),
+                text_inputs=int(spec["text_inputs"]),
+                mean=np.asarray(spec["mean"], dtype=np.float64),
+                scale=np.asarray(spec["scale"], dtype=np.float64),
+                heads={
+                    h: head_from(
+                        ests[extra_key(kind, h)]["classifier"],
+                        ests[extra_key(kind, h)]["calibrator"],
+                    )
+                    for h in HEADS
+                },
+                calibration=Calibration.from_json(spec["calibration"]),
+            )
+        golden = entry["golden"]
+        for kind, model in out.items():
+            got = model.score(golden["text_logits"], golden["signals"])
+            if not abs(got - float(golden["scores"][kind])) <= artifact.GOLDEN_TOLERANCE:
+                raise ValueError(f"stage 2 ({kind}) scores {got!r}, recorded {golden['scores']}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RouterArtifactError(
+            f"router stage 2 does not load ({exc})", path=mpath, reason="malformed"
+        ) from exc
+    return out
+
+
+def router_score(
+    router: Any, messages: Any, signals: Signals | None, cost_ms: float = 0.0
+) -> RouterScore:
+    """Combine stage 1 of `router` (a `Router`, or any scorer with `score`) with `signals`."""
+    text = float(router.score(messages))
+    models: dict[str, Stage2] = getattr(router, "stage2", {}) or {}
+    if signals is None or not models:
+        sig = {} if signals is None else {k: float("nan") if v is None else float(v)
+                                          for k, v in signals.items()}  # fmt: skip
+        return RouterScore(text, None, text, sig, cost_ms)
+    from hybridllm.routing import features as F
+
+    logits = router.head_logits(F.extract(messages))
+    local = models["signals"].score((), signals)
+    value = models["combined"].score(logits, signals)
+    clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
+    return RouterScore(text, local, value, clean, cost_ms)

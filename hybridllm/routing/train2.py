@@ -1,0 +1,116 @@
+"""Training router stage 2 beside stage 1 (`hybridllm router train --signals ...`).
+
+The training rows' stage-1 inputs are out-of-fold log-odds (5 folds, the heads' chosen C), the
+calibration and test rows' are the fitted stage 1's. Both stage-2 models ("combined": stage-1
+log-odds and signals; "signals": the signals alone) are fitted on the train split, Platt-scaled
+and calibrated (score quantiles, quality curve) on the calibration split and scored on the test
+split for the manifest. Rows without signals are left out of stage 2 only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hybridllm.routing import features as F, stage2
+from hybridllm.routing.data import Example
+from hybridllm.routing.heads import Calibration
+from hybridllm.routing.metrics import routing_curve, summarize
+from hybridllm.routing.router import Router
+
+FloatArray = npt.NDArray[np.float64]
+# A fixed input the manifest records stage 2's scores for (loading checks them).
+GOLDEN_SIGNALS = {
+    "first_p": 0.42,
+    "first_entropy": 1.7,
+    "first_margin": 0.12,
+    "lp_mean": -0.9,
+    "lp_min": -2.3,
+    "lp_q10": -2.0,
+    "lp_q25": -1.4,
+    "lp_q50": -0.6,
+    "answer_tokens": 8.0,
+    "option_p": math.nan,
+    "option_entropy": math.nan,
+    "is_choice": 0.0,
+}
+
+
+def _head_y(rows: Sequence[Example]) -> dict[str, npt.NDArray[np.int64]]:
+    return {
+        "cloud_right": np.array([e.cloud_correct for e in rows], dtype=np.int64),
+        "local_right": np.array([e.local_correct for e in rows], dtype=np.int64),
+    }
+
+
+def _logits(router: Router, rows: Sequence[Example]) -> FloatArray:
+    return np.array([router.head_logits(F.extract(e.prompt)) for e in rows], dtype=np.float64)
+
+
+def train_stage2(
+    router: Router,
+    oof_logits: FloatArray,
+    splits: dict[str, list[Example]],
+    signals: dict[str, dict[str, float]],
+    *,
+    data_info: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, stage2.Stage2]]:
+    """(extra estimators for the skops file, the manifest's "stage2" entry, the models).
+    `oof_logits`: stage 1's out-of-fold log-odds of every train row (`train.oof_logits`);
+    `signals`: {"source/id": signals} (the labeller's side file, logged traffic)."""
+    keep = [i for i, e in enumerate(splits["train"]) if e.key in signals]
+    part = {k: [e for e in v if e.key in signals] for k, v in splits.items()}
+    tr, cal, test = part["train"], part["calibration"], part["test"]
+    names = tuple(sorted({k for e in tr for k in signals[e.key]}))
+    sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
+    z = {
+        "train": oof_logits[keep],
+        "calibration": _logits(router, cal),
+        "test": _logits(router, test),
+    }
+    y, yc = _head_y(tr), _head_y(cal)
+    extra: dict[str, Any] = {}
+    models: dict[str, stage2.Stage2] = {}
+    metrics: dict[str, Any] = {}
+    for kind in stage2.KINDS:
+        use = kind == "combined"
+        x = stage2.design(z["train"] if use else None, sig["train"], names)
+        xc = stage2.design(z["calibration"] if use else None, sig["calibration"], names)
+        mean, scale, heads, ests = stage2.fit(x, y, xc, yc)
+        model = stage2.Stage2(names, z["train"].shape[1] if use else 0, mean, scale, heads,
+                              Calibration(score_quantiles=(0.0,), curve=()))  # fmt: skip
+        cal_scores = [model.score(zr, s) for zr, s in zip(z["calibration"], sig["calibration"],
+                                                          strict=True)]  # fmt: skip
+        calib = Calibration.from_labelled(
+            cal_scores, [e.local_correct for e in cal], [e.cloud_correct for e in cal]
+        )
+        model = stage2.Stage2(names, model.text_inputs, mean, scale, heads, calib)
+        models[kind] = model
+        for h, pair in ests.items():
+            extra[stage2.extra_key(kind, h)] = pair
+        if test:
+            ts = [model.score(zr, s) for zr, s in zip(z["test"], sig["test"], strict=True)]
+            s = summarize(routing_curve(ts, [e.local_correct for e in test],
+                                        [e.cloud_correct for e in test]))  # fmt: skip
+            metrics[kind] = {
+                "apgr": round(s.apgr, 4),
+                "cpt": {
+                    f"{int(k * 100)}%": None if v is None else round(v, 4) for k, v in s.cpt.items()
+                },  # fmt: skip
+            }
+    golden_z = [0.3, -0.8][: z["train"].shape[1]]
+    entry = {
+        "data": {**(data_info or {}), "rows": {k: len(v) for k, v in part.items()}},
+        **{kind: m.to_json() for kind, m in models.items()},
+        "metrics": {"test": metrics},
+        "golden": {
+            "text_logits": golden_z,
+            "signals": {k: (None if v != v else v) for k, v in GOLDEN_SIGNALS.items()},
+            "scores": {k: m.score(golden_z, GOLDEN_SIGNALS) for k, m in models.items()},
+        },
+    }
+    return extra, entry, models

@@ -1,0 +1,291 @@
+"""The cascade plan: the local model starts, and its own confidence decides who answers.
+
+1. The local engine prefills the prompt and decodes its first greedy tokens, holding them back
+   (at most the policy's `cascade_hold_tokens`, for at most `cascade_hold_ms`):
+   `LlamaCppEngine.signals()`, the same measurement router stage 2 was trained on.
+2. The router combines stage 1 (the text) with those signals (`RouterScore.value`, stage 2).
+   At or below the threshold (from `target_cloud_share` / `quality_floor` on stage 2's own
+   calibration, or `router_threshold`), the held text is released and the local engine goes on
+   from it (its KV cache holds the prompt and the held tokens: nothing is computed twice).
+   Above it, the request goes to the cloud before anything was shown; the local work has
+   stopped already.
+3. Hedged cascade (`cascade_hedge`): where stage 1 alone would send the prompt to the cloud,
+   the cloud starts at once, in parallel with the hold, its chunks buffered; a confident local
+   model cancels it (a cloud request paid for), otherwise its buffered answer is shown.
+4. The hold counts against the first-token deadline: when the signals cannot come inside it
+   (or `cascade_hold_ms`), the hold stops and the request runs as today's race.
+
+Every cloud request goes through the engine the client gives (the guard: privacy, budget).
+The decision, held time and signals are in `trace.cascade` (and the decision log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from hybridllm import errors
+from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.events import Chunk, Delta, EngineName, Finish
+from hybridllm.policy import Policy
+from hybridllm.routing.decide import Decision
+from hybridllm.runtime.plans.race import race
+from hybridllm.runtime.plans.single import single
+from hybridllm.runtime.stream import RequestRun
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from hybridllm.routing.score import RouterScore
+
+
+@dataclasses.dataclass(frozen=True)
+class CascadeSettings:
+    hold_tokens: int
+    hold_s: float
+    cut: float  # combined score above it: the cloud
+    text_cut: float | None = None  # stage 1 above it: "unsure", the cloud starts at once
+    hedge: bool = False
+
+
+async def cascade(
+    run: RequestRun,
+    local: Engine,
+    cloud: Engine,
+    request: GenerationRequest,
+    *,
+    router: Any,
+    settings: CascadeSettings,
+    deadline_s: float | None,
+    stall_s: float | None = None,
+    reason: str = "cascade",
+) -> None:
+    """Run `request` as a cascade (see the module's text)."""
+    trace = run.trace
+    budget = settings.hold_s
+    if deadline_s is not None:
+        budget = min(budget, deadline_s - (time.perf_counter() - trace.t_start))
+    text = float(router.score(request.messages))
+    hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
+    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut}
+    trace.cascade = info
+    async with anyio.create_task_group() as tg:
+        buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
+        cloud_scope = anyio.CancelScope()
+        if hedged:
+            buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
+        t0 = time.perf_counter()
+        sig = None
+        failed: Exception | None = None
+        with anyio.move_on_after(max(budget, 0.0)):
+            try:
+                sig = await local.signals(request.messages, settings.hold_tokens)  # type: ignore[attr-defined]
+            except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+                failed = exc
+        held_ms = (time.perf_counter() - t0) * 1e3
+        info["held_ms"] = round(held_ms, 1)
+        if failed is not None:
+            run.outcome(local.name, failed)
+            info["decision"] = "cloud"
+            why = f"{reason}: local failed before deciding ({failed}) -> cloud"
+            if buffer is not None:
+                await _serve_buffered(run, cloud, buffer, why)
+                return
+        elif sig is None:  # no decision inside the hold: today's race
+            cloud_scope.cancel()
+            info["decision"] = "race"
+            why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
+            await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
+                       stall_s=stall_s)  # fmt: skip
+            return
+        else:
+            from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
+
+            score = router_score(router, request.messages, sig.values, sig.cost_ms)
+            release = score.value <= settings.cut
+            info.update(_describe(score, release, len(sig.answer)))
+            rel = "<=" if release else ">"
+            why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
+                   f"after holding {held_ms:.0f} ms")  # fmt: skip
+            if release:
+                cloud_scope.cancel()
+                await _release(run, local, request, sig, f"{why} -> local")
+                return
+            if buffer is not None:
+                await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
+                return
+            why = f"{why} -> cloud"
+        cloud_scope.cancel()
+    await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
+
+
+def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, Any]:
+    clean = {k: (None if math.isnan(v) else round(v, 6)) for k, v in score.signals.items()}
+    return {
+        "decision": "local" if release else "cloud",
+        "value": round(score.value, 6),
+        "local": None if score.local is None else round(score.local, 6),
+        "signals": clean,
+        "cost_ms": round(score.cost_ms, 1),
+        "held_chars": held_chars,
+    }
+
+
+async def _release(
+    run: RequestRun, local: Engine, request: GenerationRequest, sig: Any, why: str
+) -> None:
+    """Show the held text, then let the local engine go on from it."""
+    run.route(local, why)
+    held: str = sig.answer
+    if held:
+        run.deliver(local.name, Delta(held, time.perf_counter()))
+    used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
+    if sig.ended or used >= request.max_tokens:
+        finish = Finish("stop" if sig.ended else "length", sig.prompt_tokens, used,
+                        time.perf_counter())  # fmt: skip
+        run.complete(local.name, finish)
+        return
+    rest = dataclasses.replace(
+        request,
+        assistant_prefix=request.assistant_prefix + held,
+        max_tokens=request.max_tokens - used,
+    )
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(local.name, chunk)
+
+    await run.relay(local, rest, handle)
+    last = finishes[-1] if finishes else None
+    if last is not None:  # count the held tokens as the answer's, the prompt as the user's
+        last = dataclasses.replace(
+            last,
+            prompt_tokens=sig.prompt_tokens,
+            completion_tokens=(last.completion_tokens or 0) + used,
+        )
+    run.complete(local.name, last)
+
+
+def _start_buffered(
+    tg: Any, run: RequestRun, cloud: Engine, request: GenerationRequest, scope: anyio.CancelScope
+) -> MemoryObjectReceiveStream[Chunk | Exception | None]:
+    """Start the cloud now; its chunks wait in a buffer until the cascade decides."""
+    send, recv = anyio.create_memory_object_stream[Chunk | Exception | None](math.inf)
+    run.trace.parallel_start = "cascade: stage 1 is unsure, the cloud starts at once"
+    run.trace.parallel_engine = cloud.name
+
+    async def go() -> None:
+        with scope, send:
+            try:
+                await run.relay(cloud, request, send.send_nowait)
+                send.send_nowait(None)
+            except Exception as exc:  # handed to the cascade, which decides what it means
+                send.send_nowait(exc)
+
+    tg.start_soon(go)
+    return recv
+
+
+async def _serve_buffered(
+    run: RequestRun,
+    cloud: Engine,
+    recv: MemoryObjectReceiveStream[Chunk | Exception | None],
+    why: str,
+) -> None:
+    run.route(cloud, why)
+    finish: Finish | None = None
+    async with recv:
+        async for item in recv:
+            if item is None:
+                break
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, Finish):
+                finish = item
+            else:
+                run.deliver(cloud.name, item)
+    run.complete(cloud.name, finish)
+
+
+def cascade_for(
+    plan: str | None,
+    decision: Decision,
+    engines: dict[EngineName, Engine],
+    request: GenerationRequest,
+    policy: Policy,
+    router: Any,
+) -> Callable[[RequestRun], Awaitable[None]] | None:
+    """The cascade for this request, or None: the decision's own plan runs.
+
+    `plan="cascade"` asks for it (the policy must list it in `plans`); a policy that lists it
+    uses it for every request it routes by the router. It runs only where both engines may
+    serve, the local one can read its own signals, there is a router, and the decision left the
+    local engine in play by choice (serving first, or moved to the cloud by the router's score
+    alone, not by load, privacy, budget or circuit)."""
+    if plan is not None and plan not in policy.plans:
+        raise errors.ConfigError(
+            f"plan {plan!r} is not allowed by policy {policy.name!r} (plans: {list(policy.plans)})"
+        )
+    if plan not in ("cascade", None) or "cascade" not in policy.plans or router is None:
+        return None
+    local, cloud = engines.get("local"), engines.get("cloud")
+    if local is None or cloud is None or not hasattr(local, "signals"):
+        return None
+    if set(decision.engines) != {"local", "cloud"}:
+        return None
+    by_router = any(
+        r.startswith("router score") and r.endswith("-> cloud") for r in decision.reasons
+    )
+    if decision.primary != "local" and not by_router:
+        return None
+    if plan is None and policy.prefer != "auto":
+        return None
+    settings = CascadeSettings(
+        hold_tokens=policy.cascade_hold_tokens,
+        hold_s=policy.cascade_hold_ms / 1000.0,
+        cut=_cut(router, policy, "combined"),
+        text_cut=_cut(router, policy, None),
+        hedge=policy.cascade_hedge,
+    )
+    return partial(
+        cascade, local=local, cloud=cloud, request=request, router=router, settings=settings,
+        deadline_s=decision.deadline_s,
+        stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
+    )  # fmt: skip
+
+
+def _cut(router: Any, policy: Policy, kind: str | None) -> float:
+    """The threshold a policy sets: `router_threshold` as it is, else from `target_cloud_share`
+    or `quality_floor` on stage 2's calibration (`kind`) or stage 1's (None); default 30%."""
+    if policy.router_threshold is not None:
+        return policy.router_threshold
+    model = (getattr(router, "stage2", None) or {}).get(kind) if kind else None
+    source = model if model is not None else router
+    if policy.quality_floor is not None:
+        return float(source.threshold(quality_floor=policy.quality_floor))
+    share = 0.3 if policy.target_cloud_share is None else policy.target_cloud_share
+    return float(source.threshold(cloud_share=share))
+
+
+async def score_messages(
+    router: Any, local: Engine | None, messages: Sequence[Message], n_answer: int = 8
+) -> RouterScore:
+    """`HybridClient.router_score`: stage 1, and with a local engine that reads its own
+    signals, stage 2 and the combination."""
+    from hybridllm.routing.stage2 import router_score
+
+    if router is None:
+        raise errors.ConfigError("router_score needs a router (the client has none)")
+    if local is None or not hasattr(local, "signals"):
+        return router_score(router, messages, None)
+    sig = await local.signals(messages, n_answer)
+    return router_score(router, messages, sig.values, sig.cost_ms)

@@ -1,0 +1,90 @@
+"""Labeller, local side only: the local model's own signals on every labelled prompt.
+
+For each row of the labels file (`data/router/labels.jsonl`), runs the LOCAL model
+(qwen2.5-coder-0.5b-instruct, the chat formatting the labels and the engine use) through
+`hybridllm.engines._llama_signals.session_signals`, the same code the SDK runs at request time,
+and appends {"source", "id", "signals", "prompt_tokens", "ms"} to a side file keyed by source and
+id. The correctness labels are not touched. Resumable: ids already in the output are skipped.
+
+    OMP_WAIT_POLICY=PASSIVE nice -n 19 .venv/bin/python scripts/label_local_signals.py \\
+        --threads 1 [--limit 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def round_robin(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """One row of each source in turn, so that a run stopped early covers every source."""
+    by: dict[object, list[dict[str, object]]] = {}
+    for r in rows:
+        by.setdefault(r["source"], []).append(r)
+    out: list[dict[str, object]] = []
+    while any(by.values()):
+        for group in by.values():
+            if group:
+                out.append(group.pop(0))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--src", type=Path, default=Path("data/router/labels.jsonl"))
+    ap.add_argument("--out", type=Path, default=Path("data/router/local_signals.jsonl"))
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+
+    from hybridllm.engines._llama_session import LlamaSession
+    from hybridllm.engines._llama_signals import session_signals
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.local.settings import DEFAULT_SETTINGS
+
+    done = set()
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["source"], r["id"]))
+    rows = [json.loads(x) for x in args.src.read_text().splitlines() if x.strip()]
+    todo = round_robin([r for r in rows if (r["source"], r["id"]) not in done])[: args.limit]
+    settings = DEFAULT_SETTINGS.replace(n_threads=args.threads, n_threads_batch=args.threads)
+    session = LlamaSession(resolve_model(MODEL), n_ctx=2048, settings=settings, extra={})
+    t0 = time.time()
+    cpu0 = time.process_time()
+    with args.out.open("a") as fh:
+        for n, row in enumerate(todo, 1):
+            t = time.perf_counter()
+            signals, prompt_tokens, answer = session_signals(
+                session, [{"role": "user", "content": row["prompt"]}]
+            )
+            ms = (time.perf_counter() - t) * 1000
+            rec = {
+                "source": row["source"],
+                "id": row["id"],
+                "model": MODEL,
+                "signals": {k: (None if v != v else round(v, 6)) for k, v in signals.items()},
+                "prompt_tokens": prompt_tokens,
+                "answer_head": session.llm.detokenize(answer).decode("utf-8", "replace"),
+                "ms": round(ms, 1),
+            }
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            if n % 50 == 0 or n == len(todo):
+                wall = time.time() - t0
+                print(
+                    f"{n}/{len(todo)} rows, {wall:.0f} s wall, "
+                    f"{time.process_time() - cpu0:.0f} s CPU, {n / wall * 60:.0f}/min",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

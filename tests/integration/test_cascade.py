@@ -1,0 +1,100 @@
+"""The cascade plan and `router_score` through the real engines (issue 14).
+
+Local: Qwen2.5-Coder-0.5B through the real llama-cpp-python engine (the model router stage 2 was
+trained on: its signals mean something only for it). Cloud: the stand-in OpenAI-compatible
+server on loopback (`llama_server`, SmolLM2). Router: the shipped artifact with its stage 2.
+Each test judges one generation on its own, never two against each other.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.routing import DecisionLog, Router
+from hybridllm.testing import LlamaServer
+from tests.integration.servers import ALIAS, API_KEY
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+LOCAL = "qwen2.5-coder-0.5b-instruct"
+PROMPT = "What is 2 + 2? Answer with the number only."
+
+
+def engines(server: LlamaServer) -> tuple[LlamaCppEngine, OpenAIEngine]:
+    local = LlamaCppEngine(LOCAL, n_ctx=1024, pull=True)
+    cloud = OpenAIEngine(base_url=server.url + "/v1", api_key=API_KEY, model=ALIAS)
+    return local, cloud
+
+
+def cascade_policy(threshold: float) -> Policy:
+    return Policy(name="cascade-test", plans=("single", "hedge", "cascade"),
+                  router_threshold=threshold, max_tokens=16, temperature=0.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def router() -> Router:
+    r = Router.load()
+    assert set(r.stage2) == {"combined", "signals"}, "the shipped router has a stage 2"
+    return r
+
+
+async def test_router_score_reads_the_local_model(
+    llama_server: LlamaServer, router: Router
+) -> None:
+    local, cloud = engines(llama_server)
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:
+        score = await client.router_score(PROMPT)
+        mc = await client.router_score(
+            "Which gas do plants absorb?\n\nA. oxygen\nB. carbon dioxide\nC. helium\n\n"
+            "Answer with the letter of the correct option only."
+        )
+    assert score.text == pytest.approx(router.score(PROMPT))
+    assert score.local is not None and 0.0 < score.local < 1.0
+    assert 0.0 < score.value < 1.0 and score.cost_ms > 0
+    s = score.signals
+    assert 0.0 < s["first_p"] <= 1.0 and s["first_entropy"] >= 0.0
+    assert s["lp_min"] <= s["lp_mean"] <= 0.0 and s["is_choice"] == 0.0
+    assert math.isnan(s["option_p"])  # not a multiple-choice prompt
+    # a multiple-choice prompt: the option letters' probability, normalised over A-C
+    assert mc.signals["is_choice"] == 1.0 and 1 / 3 <= mc.signals["option_p"] <= 1.0
+
+
+async def test_cascade_releases_the_local_answer(
+    llama_server: LlamaServer, router: Router, tmp_path: Path
+) -> None:
+    local, cloud = engines(llama_server)
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    async with HybridClient(local=local, cloud=cloud, router=router, decision_log=log) as c:
+        s = c.stream(PROMPT, policy=cascade_policy(1.0), plan="cascade")
+        tokens = [e async for e in s.events() if isinstance(e, Token)]
+        c.feedback(s.trace, good=True)
+    trace = s.trace
+    assert tokens and {t.engine for t in tokens} == {"local"}
+    assert "4" in "".join(t.text for t in tokens)
+    assert trace.started == ["local"] and trace.cascade is not None
+    assert trace.cascade["decision"] == "local" and trace.cascade["held_ms"] > 0
+    assert trace.cascade["signals"]["first_p"] > 0.0
+    # the decision log keeps the signals: `router train --from-log` learns stage 2 from them
+    with log:
+        learned = log.training_signals()
+    assert learned[f"log/{trace.request_id}"]["first_p"] == pytest.approx(
+        trace.cascade["signals"]["first_p"]
+    )
+
+
+async def test_cascade_defers_to_the_cloud_before_anything_is_shown(
+    llama_server: LlamaServer, router: Router
+) -> None:
+    local, cloud = engines(llama_server)
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:
+        s = client.stream(PROMPT, policy=cascade_policy(0.0), plan="cascade")
+        tokens = [e async for e in s.events() if isinstance(e, Token)]
+    trace = s.trace
+    assert tokens and {t.engine for t in tokens} == {"cloud"}  # no local token was shown
+    assert trace.engine == "cloud" and trace.cascade is not None
+    assert trace.cascade["decision"] == "cloud"
+    assert not local.busy  # the local work stopped with the hold

@@ -1,0 +1,164 @@
+"""Router stage 2 (issue 14): the local model's signals, their summaries, training into the
+same artifact, loading and its checks, combining with stage 1, and learning from the log.
+
+Real scikit-learn training on the synthetic labels (tests/_router_data.py) plus a synthetic
+signals side file whose first-token probability tells, with noise, whether the local answer
+was right. No model: the signals' extraction from real logits is tested in
+tests/integration/test_cascade.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridllm.engines._llama_signals import (
+    SIGNAL_NAMES,
+    TokenTracker,
+    distribution,
+    option_letters,
+    summarise,
+)
+from hybridllm.errors import RouterArtifactError
+from hybridllm.routing import DecisionLog, Router
+from hybridllm.routing.data import by_split, load_examples
+from hybridllm.routing.stage2 import load_signals, router_score
+from hybridllm.routing.train import train
+from tests._router_data import write_fixture
+
+
+def write_signals(labels: Path, path: Path, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for line in labels.read_text().splitlines():
+            row = json.loads(line)
+            ok = row["local"]["correct"]
+            p = min(0.99, max(0.01, (0.85 if ok else 0.35) + rng.gauss(0, 0.12)))
+            sig = dict.fromkeys(SIGNAL_NAMES, None)
+            sig.update(first_p=p, first_entropy=2.0 * (1 - p), first_margin=p / 2,
+                       lp_mean=math.log(p), lp_min=math.log(p) - 0.3, lp_q10=math.log(p) - 0.2,
+                       lp_q25=math.log(p) - 0.1, lp_q50=math.log(p), answer_tokens=8.0,
+                       is_choice=0.0)  # fmt: skip
+            f.write(json.dumps({"source": row["source"], "id": row["id"], "signals": sig}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("labels")
+    labels = write_fixture(d / "labels.jsonl")
+    return labels, write_signals(labels, d / "local_signals.jsonl")
+
+
+@pytest.fixture(scope="module")
+def trained(data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("router2")
+    train(data[0], out, log=io.StringIO(), signals=data[1])
+    return out
+
+
+def test_distribution_summaries_of_known_logits() -> None:
+    logits = np.log(np.array([0.7, 0.2, 0.1], dtype=np.float32))
+    d = distribution(logits, chosen=1)
+    assert d.top_p == pytest.approx(0.7) and d.margin == pytest.approx(0.5)
+    assert d.logprob == pytest.approx(math.log(0.2), abs=1e-6)
+    entropy = -sum(p * math.log(p) for p in (0.7, 0.2, 0.1))
+    assert d.entropy == pytest.approx(entropy, abs=1e-6)
+
+
+def test_answer_token_quantiles_and_option_probability() -> None:
+    t = TokenTracker(limit=4)
+    for p in (0.9, 0.5, 0.8, 0.6, 0.99):  # the fifth is past the limit
+        t.add(np.log(np.array([p, 1 - p], dtype=np.float32)), chosen=0)
+    t.add_options(np.log(np.array([0.6, 0.3, 0.1, 0.0001], dtype=np.float32)), [0, 1, 2])
+    s = t.signals()
+    lps = np.log([0.9, 0.5, 0.8, 0.6])
+    assert s["answer_tokens"] == 4 and s["first_p"] == pytest.approx(0.9)
+    assert s["lp_min"] == pytest.approx(lps.min()) and s["lp_mean"] == pytest.approx(lps.mean())
+    assert s["lp_q10"] == pytest.approx(np.quantile(lps, 0.1))
+    assert s["option_p"] == pytest.approx(0.6 / 1.0, abs=1e-4) and s["is_choice"] == 1.0
+    empty = summarise([], None)
+    assert math.isnan(empty["first_p"]) and empty["is_choice"] == 0.0
+
+
+def test_option_letters_only_for_multiple_choice() -> None:
+    assert option_letters("Q?\n\nA. one\nB. two\nC. three\n\nAnswer.") == ["A", "B", "C"]
+    assert option_letters("What is 2 + 2?") == []
+    assert option_letters("Plan B. is fine") == []
+
+
+def test_stage2_is_trained_into_the_same_artifact_and_loads(trained: Path) -> None:
+    manifest = json.loads((trained / "manifest.json").read_text())
+    assert manifest["heads"] == ["cloud_right", "local_right"]  # stage 1 unchanged
+    assert set(manifest["stage2"]) >= {"combined", "signals", "golden", "metrics", "data"}
+    r = Router.load(trained)
+    assert set(r.stage2) == {"combined", "signals"}
+    assert r.stage2["combined"].text_inputs == 2 and r.stage2["signals"].text_inputs == 0
+
+
+def test_stage1_is_the_same_with_or_without_stage2(data: tuple[Path, Path], trained: Path,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    train(data[0], tmp_path, log=io.StringIO())  # no signals
+    plain, both = Router.load(tmp_path), Router.load(trained)
+    assert plain.stage2 == {}
+    for p in ("Calculate 123 * 45? Answer with the number only.", "Is a river long?"):
+        assert plain.score(p) == both.score(p)
+
+
+def test_signals_rank_the_local_models_mistakes(data: tuple[Path, Path], trained: Path) -> None:
+    r = Router.load(trained)
+    signals = load_signals(data[1])
+    test = by_split(load_examples(data[0]))["test"]
+    local = [r.stage2["signals"].score((), signals[e.key]) for e in test]
+    wrong = [s for s, e in zip(local, test, strict=True) if not e.local_correct]
+    right = [s for s, e in zip(local, test, strict=True) if e.local_correct]
+    assert np.mean(wrong) > np.mean(right) + 0.1
+
+
+def test_router_score_combines_both_stages(data: tuple[Path, Path], trained: Path) -> None:
+    r = Router.load(trained)
+    sig = load_signals(data[1])
+    ex = load_examples(data[0])[0]
+    s = router_score(r, ex.prompt, sig[ex.key], cost_ms=12.5)
+    assert s.text == r.score(ex.prompt) and s.cost_ms == 12.5
+    assert s.local is not None and 0 < s.local < 1 and 0 < s.value < 1
+    assert s.value == pytest.approx(
+        r.stage2["combined"].score(r.head_logits(r.features(ex.prompt)), sig[ex.key])
+    )
+    alone = router_score(r, ex.prompt, None)  # no local engine: stage 1 decides
+    assert alone.local is None and alone.value == alone.text
+    t = r.stage2["combined"].threshold(cloud_share=0.3)
+    assert 0.0 <= t <= 1.0
+
+
+def test_a_changed_stage2_is_refused(trained: Path, tmp_path: Path) -> None:
+    art = Path(shutil.copytree(trained, tmp_path / "r"))
+    m = json.loads((art / "manifest.json").read_text())
+    m["stage2"]["combined"]["mean"][0] += 1.0
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(RouterArtifactError, match="stage 2"):
+        Router.load(art)
+
+
+def test_stage2_learns_from_the_decision_log(data: tuple[Path, Path], tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    sig = {"first_p": 0.2, "lp_mean": -1.5, "option_p": math.nan, "is_choice": 0.0}
+    rid = log.record(route="local", features={}, messages="Who wrote Hamlet?")
+    log.outcome(rid, engine="local", cascade={"decision": "local", "held_ms": 40.0,
+                                              "signals": sig})  # fmt: skip
+    log.feedback(rid, good=False)
+    learned = log.training_signals()
+    assert learned[f"log/{rid}"]["first_p"] == 0.2
+    assert math.isnan(learned[f"log/{rid}"]["option_p"])
+    log.close()
+    full = train(data[0], tmp_path / "r", from_log=tmp_path / "d.db", signals=data[1],
+                 log=io.StringIO())  # fmt: skip
+    assert full["stage2"]["data"]["log_rows"] == 1
+    assert full["stage2"]["data"]["rows"]["train"] == full["data"]["splits"]["train"] + 1
