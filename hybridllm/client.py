@@ -41,7 +41,7 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.runtime.gather import GuardBudget, Routing, policy_caps, privacy_kinds
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans import race, single
+from hybridllm.runtime.plans import race, single, speculative_plan
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
@@ -185,6 +185,7 @@ class HybridClient:
             with anyio.CancelScope(shield=True):
                 for engine in self.engines.values():
                     await engine.aclose()
+                await self.routing.speculation.aclose()
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -200,9 +201,12 @@ class HybridClient:
         stop: str | Sequence[str] | None = None,
         seed: int | None = None,
         options: Sequence[EngineOptions] = (),
+        plan: Literal["speculative"] | None = None,
+        show_drafts: bool | None = None,
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
         `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
+        `plan="speculative"`: local drafts, cloud verifies (`show_drafts`: Draft/Retract events).
 
         Every argument is checked before anything is sent (`engines.validate`): `messages` a
         non-blank prompt or a list of {"role", "content"} mappings whose last user message is
@@ -218,6 +222,9 @@ class HybridClient:
         msgs = validate.messages(messages)
         policy = validate.policy_ref(policy)
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
+        if show_drafts is not None or plan is not None:
+            validate.one_of("plan", plan, (None, "speculative"))
+            pol = pol.model_copy(update={"show_drafts": bool(show_drafts or pol.show_drafts)})
         request = GenerationRequest(
             messages=msgs,
             max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
@@ -229,12 +236,14 @@ class HybridClient:
         )
         privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
-        decision, facts, state = self.decide(request, pol, engine, preview=False)
+        decision, facts, state = self.decide(request, pol, engine, preview=False, plan=plan)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = None if fb is None else fb.ttft_s
-        plan = self._plan(decision, request, context, pol, lead if decision.fallback_lead else 0.0)
+        run_plan = self._plan(
+            decision, request, context, pol, lead if decision.fallback_lead else 0.0
+        )
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         run = RequestRun(trace, send, self._outcome, cloud_off)
@@ -243,7 +252,7 @@ class HybridClient:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
         self._tg.start_soon(
-            self._drive, run, plan, facts.prompt_tokens, request, pol.name, facts.router_score
+            self._drive, run, run_plan, facts.prompt_tokens, request, pol.name, facts.router_score
         )
         return Stream(run, recv)
 
@@ -271,6 +280,7 @@ class HybridClient:
         forced: str | None = None,
         *,
         preview: bool = True,
+        plan: Literal["speculative"] | None = None,
     ) -> tuple[Decision, RequestFacts, LiveState]:
         """Where `request` would run now under `policy`, and why (nothing is sent). A preview
         leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
@@ -281,7 +291,7 @@ class HybridClient:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
         name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
         decision, facts, state = self.routing.decide(
-            request, policy, self.engines, self.breakers, name, preview=preview
+            request, policy, self.engines, self.breakers, name, preview=preview, plan=plan
         )
         if decision.primary is None:
             found = facts.privacy_kinds
@@ -311,6 +321,8 @@ class HybridClient:
             engines["cloud"] = self._guard.bind(context)
         assert decision.primary is not None
         target = engines[decision.primary]
+        if decision.plan == "speculative":
+            return speculative_plan(self.routing, engines, request, decision, policy)
         if decision.fallback is None:
             return partial(
                 single,

@@ -10,6 +10,8 @@ Event                 what the app sees through `Stream.events()`
 │                     deadline (a cloud started this way is a cloud request paid for)
 ├── CloudUnavailable  the cloud could not be used for a configuration reason (no API key, the
 │                     key refused with 401/403); the request was served without it
+├── Draft             provisional local text of the speculative plan (only with show_drafts)
+├── Retract           the cloud rejected the end of the provisional text (only with show_drafts)
 ├── Usage             token counts as reported (or counted) by the engine
 └── Done              the request finished; carries the final trace
 ```
@@ -86,6 +88,26 @@ class CloudUnavailable(Event):
     cloud refused this very request's key."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Draft(Event):
+    """Provisional text the local model drafted, painted after everything shown so far (the
+    speculative plan, with `show_drafts`). Not committed: the `Token` events that follow carry
+    the committed text, which starts with whatever of the drafts was not retracted."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retract(Event):
+    """The cloud rejected the last `n_chars` characters of the provisional text (`text`)."""
+
+    text: str
+
+    @property
+    def n_chars(self) -> int:
+        return len(self.text)
 
 
 @dataclass(frozen=True, slots=True)

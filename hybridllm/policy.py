@@ -9,6 +9,7 @@ the second half of this module. Every field is optional:
     ttft_deadline_ms, tpot_target_ms, stall_ms, max_tokens     latency budget and output length
     router_threshold | target_cloud_share | quality_floor      how the router's score is read
     prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
+    show_drafts, max_verify_overhead                            the speculative plan
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -40,8 +41,8 @@ from pydantic import (
 
 from hybridllm.errors import PolicyError
 
-# only plans that run: "speculative" and "cascade" join when they are built (issues 14, 17)
-PlanName = Literal["single", "hedge"]
+# only plans that run: "cascade" joins when it is built (issue 14)
+PlanName = Literal["single", "hedge", "speculative"]
 EngineChoice = Literal["local", "cloud"]
 
 
@@ -102,6 +103,10 @@ class Policy(BaseModel):
     # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
     fallback_order: tuple[EngineChoice, ...] | None = None
     plans: tuple[PlanName, ...] = ("single", "hedge")
+    # the speculative plan: `Draft`/`Retract` events on `s.events()`; and a cap on the prompt
+    # tokens its verification rounds bill per committed token (past it: plain cloud streaming)
+    show_drafts: bool = Field(default=False, strict=True)
+    max_verify_overhead: float | None = Field(default=None, gt=0)
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     # the decode speed the scenario needs (ms per output token after the first)
     tpot_target_ms: float | None = Field(default=None, gt=0)

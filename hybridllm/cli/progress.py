@@ -85,9 +85,7 @@ class ProgressBar(_Bar):
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         frac = min(done / total, 1.0) if total > 0 else 0.0
-        line = (
-            f"{self.label} {phase:<8} {done / 1e6:7.1f}/{total / 1e6:.1f} MB {frac * 100:3.0f}%"
-        )
+        line = f"{self.label} {phase:<8} {done / 1e6:7.1f}/{total / 1e6:.1f} MB {frac * 100:3.0f}%"
         self._update(phase, done, total, line)
 
 

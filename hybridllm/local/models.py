@@ -406,5 +406,3 @@ def pull(name: str, *, progress: Progress | None = None, force: bool = False) ->
         finally:
             partial.unlink(missing_ok=True)
     return dest
-
-

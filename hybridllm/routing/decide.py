@@ -43,7 +43,7 @@ from hybridllm.events import EngineName
 from hybridllm.policy import Policy
 from hybridllm.routing.inputs import Prediction
 
-PlanKind = Literal["single", "hedge", "refuse"]
+PlanKind = Literal["single", "hedge", "speculative", "refuse"]
 AUTO_HEDGE_MIN_SAMPLES = 5
 
 
@@ -58,6 +58,7 @@ class RequestFacts:
     # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
     privacy_kinds: frozenset[str] | None = frozenset()
     forced: EngineName | None = None  # the caller named the engine
+    plan: Literal["speculative"] | None = None  # the caller asked for this plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,8 @@ class LiveState:
     # this policy's recent requests in this client: (how many started the cloud in parallel,
     # how many there were), for `Policy.parallel_cloud_share`
     parallel_recent: tuple[int, int] = (0, 0)
+    # would the speculative plan pay now, and why (None: no speculation state)
+    speculation: tuple[bool, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,7 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     left_out = _unavailable(facts, state, allowed, reasons)
     explained = explained or any(e == "cloud" for e, _ in left_out)
     decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline)
+    decision = _speculative(decision, facts, policy, state, reasons)
     if left_out and decision.primary is not None:
         decision = replace(decision, unavailable=left_out)
     return decision
@@ -358,3 +362,31 @@ def _hedge(
         return None  # not enough history yet: the deadline alone applies
     reasons.append(f"hedge: {fallback} starts at {primary}'s p95 TTFT {_ms(mine.ttft_p95_s)}")
     return mine.ttft_p95_s
+
+
+def _speculative(
+    decision: Decision, facts: RequestFacts, policy: Policy, state: LiveState, reasons: list[str]
+) -> Decision:
+    """5. The speculative plan, when asked for or allowed and expected to pay."""
+    asked = facts.plan == "speculative"
+    if not asked and "speculative" not in policy.plans:
+        return decision
+    if decision.primary is None:
+        return decision
+    if facts.forced is not None or set(decision.engines) != {"local", "cloud"}:
+        if asked:
+            reasons.append("plan=speculative needs both engines allowed -> " + decision.plan)
+            return replace(decision, reasons=tuple(reasons))
+        return decision
+    pays, why = state.speculation or (False, "no speculation state")
+    if not asked and not pays:
+        reasons.append(f"no speculative plan: {why}")
+        return replace(decision, reasons=tuple(reasons))
+    reasons.append(
+        f"speculative: {'asked by the caller' if asked else 'expected to pay'} ({why}); "
+        "local drafts, cloud verifies"
+    )
+    return Decision(
+        "speculative", "cloud", "local", decision.deadline_s, None, False, tuple(reasons),
+        failover="local" in state.continues,
+    )  # fmt: skip

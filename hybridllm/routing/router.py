@@ -35,7 +35,7 @@ from hybridllm.errors import RouterArtifactError, RouterThresholdError
 from hybridllm.routing import artifact, features as F
 from hybridllm.routing.heads import Calibration, Head, form_of, score_quantiles_of
 
-LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12  
+LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12
 
 
 class Router:

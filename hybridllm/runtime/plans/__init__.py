@@ -1,7 +1,8 @@
 """The plans: the ways one request can run, each an async function of a `RequestRun`.
 
 - `single`: one engine, start to finish, with retries before the first token (`single.py`);
-- `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`).
+- `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`);
+- `speculative`: the local model drafts, the cloud verifies (`speculative.py`).
 
 A new plan (speculative: local drafts, cloud verifies; cascade: local confidence decides; handoff:
 local start, cloud continues) is a module here beside them, named below.
@@ -11,5 +12,6 @@ from __future__ import annotations
 
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
+from hybridllm.runtime.plans.speculative import plan_for as speculative_plan
 
-__all__ = ["fallback_lead_s", "race", "single"]
+__all__ = ["fallback_lead_s", "race", "single", "speculative_plan"]

@@ -262,9 +262,7 @@ class _Race:
 
     # ---- the moves --------------------------------------------------------------------------
 
-    def start(
-        self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary"
-    ) -> int:
+    def start(self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary") -> int:
         cid = next(self.ids)
         self.contenders[cid] = c = _Contender(engine, anyio.CancelScope(), role)
         if engine.name not in self.run.trace.started:
