@@ -21,7 +21,10 @@ the two holds (`shift` 1 or 0) is read from each answer: the generated token (gr
 argmax of the row that predicted it, and the right reading predicts most echoed tokens. Token
 strings are detokenized with special tokens as "" and broken UTF-8 dropped, so the verdict is
 text-level: the server's own tokenization of the drafted text decides, and the cloud's greedy
-string is committed. A "" greedy token is read as the end of the answer.
+string is committed. Where those strings cannot say what was meant (a greedy token of "",
+which is the end of the answer or a piece of a character split over tokens; echoed text that
+does not end with the draft) the round raises `Unverifiable`, and the plan streams the rest
+plainly from the committed text.
 
 Dialect (b), vLLM: `choices[0].prompt_logprobs` is a list with None first, then per prompt
 position a dict token_id -> {logprob, rank, decoded_token} holding the top `prompt_logprobs`
@@ -52,6 +55,10 @@ from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
 
 Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
 _PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
+
+
+class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
+    """The answer cannot judge this round (see the module); the plan streams the rest."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +193,8 @@ def read_echo(data: Mapping[str, Any], round_: Round, shift: int | None) -> Verd
         starts.append(pos)
         pos += len(t)
     boundary = pos - len(draft)
+    if not "".join(tokens[:n_prompt]).endswith(draft):
+        raise Unverifiable("the echoed text does not end with the draft (split characters)")
     accepted_text, i = "", 0
     while i < n_prompt and starts[i] + len(tokens[i]) <= boundary:
         i += 1
@@ -196,14 +205,20 @@ def read_echo(data: Mapping[str, Any], round_: Round, shift: int | None) -> Verd
             raise errors.CloudProtocolError("verification: no distribution for a draft token")
         want, gap = _best(dist)
         if want != tokens[j]:
-            return _verdict(round_, accepted_text, want, want == "", p_tok, c_tok, gap, reported)
+            if want == "":
+                raise Unverifiable(
+                    "the greedy token reads as nothing (an end or a split character)"
+                )
+            return _verdict(round_, accepted_text, want, False, p_tok, c_tok, gap, reported)
         accepted_text += tokens[j][max(0, boundary - starts[j]) :]
     # every drafted token agreed: the cloud's own token is the generated one
     if n_gen:
         dist = top[n_prompt - shift] if n_prompt - shift >= 0 else None
         gap = _best(dist)[1] if dist else None
         own = tokens[-1]
-        return _verdict(round_, accepted_text, own, own == "", p_tok, c_tok, gap, reported)
+        if own == "":
+            raise Unverifiable("the generated token reads as nothing (a split character)")
+        return _verdict(round_, accepted_text, own, False, p_tok, c_tok, gap, reported)
     return _verdict(round_, accepted_text, "", True, p_tok, c_tok, None, reported)
 
 

@@ -39,7 +39,7 @@ import anyio
 from hybridllm import errors
 from hybridllm.engines._llama_draft import LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
-from hybridllm.engines.verify import Round, Verdict, Verifier
+from hybridllm.engines.verify import Round, Unverifiable, Verdict, Verifier
 from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
@@ -131,6 +131,11 @@ async def _loop(
         round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
         try:
             verdict = await _verify(setup, verifier, round_)
+        except Unverifiable as exc:
+            if setup.show_drafts and draft_text:
+                run.emit(Retract(time.perf_counter(), draft_text))
+            why = f"the verifier cannot judge this round: {exc}"
+            return await _plain(run, setup, request, committed, n_out, why)
         except (errors.EngineError, errors.RefusedError, errors.StallError) as exc:
             if setup.show_drafts and draft_text:
                 run.emit(Retract(time.perf_counter(), draft_text))
@@ -241,7 +246,7 @@ async def _plain(
 ) -> None:
     """Plain cloud streaming from the committed text (all of the answer when nothing is)."""
     spec = run.trace.speculation
-    if spec is not None and spec.rounds:
+    if spec is not None and spec.verifier and not spec.verifier.startswith("none"):
         spec.switched, spec.switched_at = why, len(committed)
     rest = replace(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
