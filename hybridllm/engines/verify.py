@@ -118,7 +118,7 @@ class _Http:
             raise errors.CloudConnectionError(f"verification call failed: {exc}") from exc
         if resp.status_code >= 400:
             cls = errors.ServerError if resp.status_code >= 500 else errors.CloudStatusError
-            raise cls(f"verification: HTTP {resp.status_code}: {resp.text[:200]}",
+            raise cls(f"verification refused: {resp.text[:200]}",
                       status_code=resp.status_code)  # fmt: skip
         try:
             data = resp.json()

@@ -67,7 +67,6 @@ MISTAKES = [
     ('[budget]\non_exceeded = "panic"', "budget.on_exceeded", ["local", "fail"]),
     ('privacy = "maybe"', "privacy", ["keep-local"]),
     ('plans = ["single", "teleport"]', "plans.1", ["hedge"]),
-    ('plans = ["single", "cascade"]', "plans.1", ["single", "hedge", "speculative"]),  # not built yet
     ('plans = ["single", "cascade"]', "plans.1", ["single", "hedge"]),
     ('fallback_order = ["local", "mars"]', "fallback_order.1", ["cloud"]),
     ("hedge_after_ms = -50", "hedge_after_ms", [">= 0", "auto", "-50"]),
