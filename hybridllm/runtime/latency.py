@@ -268,6 +268,8 @@ class LatencyModel:
         ttft_ms = trace.ttft_ms
         if served is None or ttft_ms is None or trace.error is not None:
             return
+        if trace.speculation is not None:  # rounds of drafts and verification, not the cloud's
+            return  # own first token or decode speed (the plan keeps its own figures)
         marks = trace.marks
         ttft = ttft_ms / 1000.0
         offset = {e: self._start_offset(trace, e) for e in trace.started}
