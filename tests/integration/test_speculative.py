@@ -207,3 +207,58 @@ async def test_verification_calls_are_settled_in_the_budget(
     assert [v.prompt_tokens for v in verif] == sorted(v.prompt_tokens for v in verif)
     assert r.trace.cost_usd == pytest.approx(sum(v.usd for v in verif))
     assert r.trace.cost_usd and r.trace.cost_usd > 0
+
+
+async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path: Path) -> None:
+    """Dialect (b)'s bookkeeping with the real local drafter: a MockTransport stands in for a
+    vLLM server (documented `prompt_logprobs` shape, named as such) whose greedy answer is a
+    fixed token sequence; the committed text must be exactly that sequence's text."""
+    import json as _json
+
+    from hybridllm.engines.verify import Probed, PromptLogprobsVerifier, _Http
+
+    local = LlamaCppEngine(model_path, warm_up=False)
+    await local.start()
+    assert local._session is not None
+    sess = local._session
+    prompt_ids = sess.tokenize(sess.render([{"role": "user", "content": "Say a fact."}]))
+    target = sess.tokenize("The sky is blue because air scatters blue light more than red.")
+    calls: list[int] = []
+
+    def piece(tok: int) -> str:
+        return bytes(sess.llm.detokenize([tok])).decode("utf-8", "ignore")
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        ids = _json.loads(request.content)["prompt"]
+        calls.append(len(ids))
+        assert ids[: len(prompt_ids)] == prompt_ids
+        plp: list[object] = [None] * len(ids)
+        for p in range(len(prompt_ids), len(ids)):
+            want = target[p - len(prompt_ids)] if p - len(prompt_ids) < len(target) else 0
+            e = {str(want): {"logprob": -0.1, "rank": 1, "decoded_token": piece(want)}}
+            if ids[p] != want:
+                e[str(ids[p])] = {"logprob": -3.0, "rank": 5, "decoded_token": piece(ids[p])}
+            plp[p] = e
+        nxt = len(ids) - len(prompt_ids)
+        gen = ({"text": piece(target[nxt]), "finish_reason": "length",
+                "logprobs": {"tokens": [f"token_id:{target[nxt]}"], "top_logprobs": [{}]}}
+               if nxt < len(target) else {"text": "", "finish_reason": "stop"})  # fmt: skip
+        body = {"choices": [{"index": 0, "prompt_logprobs": plp, **gen}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}}  # fmt: skip
+        return httpx2.Response(200, json=body)
+
+    want_text = "".join(piece(t) for t in target)
+    mock = httpx2.AsyncClient(transport=httpx2.MockTransport(handler), base_url="http://m/v1/")
+    cloud = OpenAIEngine(base_url="http://m/v1", api_key="x", model="vllm-mock")
+    client = HybridClient(local, cloud, router=None)
+    client.routing.speculation.verifiers[("http://m/v1", "vllm-mock")] = Probed(
+        PromptLogprobsVerifier(_Http(mock, "vllm-mock")), "prompt-logprobs (MockTransport)"
+    )
+    async with client:
+        r = await client.complete("Say a fact.", plan="speculative", max_tokens=64, temperature=0)
+    await mock.aclose()
+    spec = r.trace.speculation
+    assert spec is not None and spec.verifier == "prompt-logprobs (MockTransport)"
+    assert r.text == want_text, (r.text, want_text)
+    assert spec.rounds == len(calls) and spec.switched is None
+    assert r.trace.finish_reason == "stop"
