@@ -113,7 +113,7 @@ async def _loop(
 ) -> None:
     prompt_text = drafter.render(request.messages)
     ctx = drafter.tokenize(prompt_text)
-    committed, n_out, billed_prompt = "", 0, 0
+    committed, n_out, billed_prompt, stuck = "", 0, 0, 0
     spend_role.set("verification")
     while True:
         left = request.max_tokens - n_out
@@ -158,13 +158,17 @@ async def _loop(
             run.deliver("cloud", Delta(text, t2))
         committed += text
         n_out += verdict.accepted + (1 if verdict.text != verdict.accepted_text else 0)
-        if stopped or verdict.finished:
+        eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
+        if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
             return _finish(run, "stop", billed_prompt, n_out)
         if verifier.token_level and verdict.next_id is not None:
             ctx = [*ctx, *ids[: verdict.accepted], verdict.next_id]
         else:
             ctx = drafter.tokenize(prompt_text + committed)
+        stuck = 0 if text else stuck + 1
         switch = _should_switch(outlook, setup, billed_prompt, n_out)
+        if stuck >= 2:  # rounds that commit nothing (a token with no text): stream instead
+            switch = "two verification rounds committed no text"
         if switch is not None:
             return await _plain(run, setup, request, committed, n_out, switch)
 
