@@ -194,6 +194,7 @@ class HybridClient:
             with anyio.CancelScope(shield=True):
                 for engine in self.engines.values():
                     await engine.aclose()
+                await self.routing.speculation.aclose()
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -211,11 +212,13 @@ class HybridClient:
         options: Sequence[EngineOptions] = (),
         priority: Priority | None = None,
         plan: PlanName | None = None,
+        show_drafts: bool | None = None,
     ) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
         `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
         `priority`: the request's class in a busy engine's queue (None: the policy's).
-        `plan`: run this plan where it can ("handoff": local starts, cloud continues).
+        `plan`: run this plan where it can ("handoff": local starts, cloud continues;
+        "speculative": local drafts, cloud verifies, `show_drafts` adds Draft/Retract events).
 
         Every argument is checked before anything is sent (`engines.validate`): `messages` a
         non-blank prompt or a list of {"role", "content"} mappings whose last user message is
@@ -233,6 +236,8 @@ class HybridClient:
         policy = validate.policy_ref(policy)
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
         pol = pol if plan is None else pol.with_plan(plan)
+        if show_drafts is not None:
+            pol = pol.model_copy(update={"show_drafts": validate.flag("show_drafts", show_drafts)})
         request = GenerationRequest(
             messages=msgs,
             max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
@@ -245,7 +250,8 @@ class HybridClient:
         )
         privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
-        decision, facts, state = self.decide(request, pol, engine, preview=False)
+        spec: Literal["speculative"] | None = "speculative" if plan == "speculative" else None
+        decision, facts, state = self.decide(request, pol, engine, preview=False, plan=spec)
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
@@ -287,6 +293,7 @@ class HybridClient:
         forced: str | None = None,
         *,
         preview: bool = True,
+        plan: Literal["speculative"] | None = None,
     ) -> tuple[Decision, RequestFacts, LiveState]:
         """Where `request` would run now under `policy`, and why (nothing is sent). A preview
         leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
@@ -297,7 +304,7 @@ class HybridClient:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
         name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
         decision, facts, state = self.routing.decide(
-            request, policy, self.engines, self.breakers, name, preview=preview
+            request, policy, self.engines, self.breakers, name, preview=preview, plan=plan
         )
         if decision.primary is None:  # the documented type: privacy, budget, or else
             raise refusal_error(decision, facts, policy, request, self._guard)
@@ -315,9 +322,7 @@ class HybridClient:
         engines = self.engines
         if self._guard is not None:  # every path of this plan carries the request's context
             engines["cloud"] = self._guard.bind(context)
-        return choose_plan(
-            decision, engines, request, policy, fallback_ttft_s, plan, self.routing.router
-        )
+        return choose_plan(decision, engines, request, policy, fallback_ttft_s, plan, self.routing)
 
     async def _drive(
         self,

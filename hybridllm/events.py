@@ -14,6 +14,8 @@ Event                 what the app sees through `Stream.events()`
 │                     key refused with 401/403); the request was served without it
 ├── Paused            the serving engine paused this answer for a more urgent request
 │                     (preemption); it goes on where it stopped, nothing repeated
+├── Draft             provisional local text of the speculative plan (only with show_drafts)
+├── Retract           the cloud rejected the end of the provisional text (only with show_drafts)
 ├── Usage             token counts as reported (or counted) by the engine
 └── Done              the request finished; carries the final trace
 ```
@@ -121,6 +123,26 @@ class Paused(Event):
     delivered_tokens: int
     resumed_after_ms: float
     prefill_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Draft(Event):
+    """Provisional text the local model drafted, painted after everything shown so far (the
+    speculative plan, with `show_drafts`). Not committed: the `Token` events that follow carry
+    the committed text, which starts with whatever of the drafts was not retracted."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Retract(Event):
+    """The cloud rejected the last `n_chars` characters of the provisional text (`text`)."""
+
+    text: str
+
+    @property
+    def n_chars(self) -> int:
+        return len(self.text)
 
 
 @dataclass(frozen=True, slots=True)

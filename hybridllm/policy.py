@@ -12,6 +12,7 @@ the second half of this module. Every field is optional:
     priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
     plan, handoff_after_tokens                                  a plan to run; handoff's local part
     hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
+    show_drafts, max_verify_overhead                            the speculative plan
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -44,9 +45,8 @@ from pydantic import (
 from hybridllm.errors import PolicyError
 from hybridllm.events import Priority
 
-# only plans that run: "speculative" joins when it is built (issue 17)
-PlanName = Literal["single", "hedge", "handoff", "cascade"]
-PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff", "cascade")
+PlanName = Literal["single", "hedge", "handoff", "cascade", "speculative"]
+PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff", "cascade", "speculative")
 EngineChoice = Literal["local", "cloud"]
 
 
@@ -107,6 +107,10 @@ class Policy(BaseModel):
     # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
     fallback_order: tuple[EngineChoice, ...] | None = None
     plans: tuple[PlanName, ...] = ("single", "hedge")
+    # the speculative plan: `Draft`/`Retract` events on `s.events()`; and a cap on the prompt
+    # tokens its verification rounds bill per committed token (past it: plain cloud streaming)
+    show_drafts: bool = Field(default=False, strict=True)
+    max_verify_overhead: float | None = Field(default=None, gt=0)
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     # the decode speed the scenario needs (ms per output token after the first)
     tpot_target_ms: float | None = Field(default=None, gt=0)

@@ -128,7 +128,7 @@ class Doctor:
         if key:
             req.add_header("Authorization", f"Bearer {key}")
         facts = [f"{url} (API key {'set' if key else 'NOT set'})",
-                 "verifier dialects: not probed (no speculative plan yet)"]  # fmt: skip
+                 "verifier dialects: probed by the first speculative request"]  # fmt: skip
         no_key = "set OPENAI_API_KEY (any value for a server that needs none)"
         try:
             with urllib.request.urlopen(req, timeout=CLOUD_TIMEOUT_S) as resp:  # noqa: S310

@@ -26,16 +26,25 @@ it, by binding the guard to it for one request (`guard.bind(context)`), so every
 request's plan (retry, hedge, failover) carries the same context.
 
 The wrapper exposes only the `Engine` protocol: a method it does not guard does not exist on it,
-so new cloud paths must go through `stream()` (or call `check()` first), never around the guard.
+so new cloud paths must go through `stream()` or `guarded_call()` (a verification round), never
+around the guard.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -60,6 +69,7 @@ from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation,
 from hybridllm.guard.privacy import Finding, kinds
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
+T = TypeVar("T")
 PrivacyMode = Literal["keep-local", "off"]
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
 _SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread (about 3 ms+)
@@ -242,22 +252,79 @@ class GuardedEngine:
         )
 
     async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:
+        return await self._reserve_tokens(request_token_bound(request), request.max_tokens, scope)
+
+    async def _reserve_tokens(self, prompt: int, max_tokens: int, scope: str) -> Reservation | None:
         if self.ledger is None or self.price is None:
             return None
         ledger, price = self.ledger, self.price
-        prompt = request_token_bound(request)
 
         def reserve() -> Reservation:
             return ledger.reserve(
                 model=self.model,
                 price=price,
                 prompt_tokens=prompt,
-                max_tokens=request.max_tokens,
+                max_tokens=max_tokens,
                 scope=scope,
                 caps=self.caps_for(scope),
             )
 
         return await anyio.to_thread.run_sync(reserve)
+
+    async def guarded_call(
+        self,
+        texts: Iterable[tuple[str, str]],
+        prompt_tokens: int,
+        max_tokens: int,
+        call: Callable[[], Awaitable[tuple[T, TokenUsage | None]]],
+        context: RequestContext | None = None,
+    ) -> T:
+        """A cloud call that is not a chat stream (a speculative plan's verification round):
+        the same privacy scan of every outgoing text, a reservation of `prompt_tokens` (an
+        upper bound of what it sends) and `max_tokens`, and a settlement of the usage `call`
+        returns (None: the bounds, estimated). An error status before content releases it."""
+        context = context or RequestContext()
+        mode = context.privacy or self.privacy
+        if mode == "keep-local":
+            found = self.scanner.scan((), extra=texts)
+            if found:
+                raise PrivacyBlockedError(kinds(found), engine=self.name)
+        with anyio.CancelScope(shield=True):
+            reservation = await self._reserve_tokens(prompt_tokens, max_tokens, context.scope)
+        usage: TokenUsage | None = None
+        sent = billed = False
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            sent = billed = True
+            result, usage = await call()
+            return result
+        except CloudStatusError as exc:
+            billed = exc.received_content
+            raise
+        finally:
+            if reservation is not None:
+                with anyio.CancelScope(shield=True):
+                    settled = await self._settle_call(
+                        reservation, sent and billed, usage, prompt_tokens, max_tokens
+                    )
+                if settled is not None and context.on_settle is not None:
+                    context.on_settle(*settled)
+
+    async def _settle_call(
+        self,
+        reservation: Reservation,
+        billed: bool,
+        usage: TokenUsage | None,
+        prompt_tokens: int,
+        max_tokens: int,
+    ) -> tuple[TokenUsage, float] | None:
+        ledger = self.ledger
+        assert ledger is not None
+        if not billed:
+            await anyio.to_thread.run_sync(ledger.release, reservation)
+            return None
+        usage = usage or TokenUsage(prompt_tokens, max_tokens, estimated=True)
+        return usage, await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
 
     async def stream(
         self, request: GenerationRequest, context: RequestContext | None = None
@@ -355,6 +422,16 @@ class BoundGuard:
 
     def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         return self.guard.stream(request, self.context)
+
+    async def guarded_call(
+        self,
+        texts: Iterable[tuple[str, str]],
+        prompt_tokens: int,
+        max_tokens: int,
+        call: Callable[[], Awaitable[tuple[T, TokenUsage | None]]],
+    ) -> T:
+        """`GuardedEngine.guarded_call` under this request's context."""
+        return await self.guard.guarded_call(texts, prompt_tokens, max_tokens, call, self.context)
 
     async def aclose(self) -> None:
         pass

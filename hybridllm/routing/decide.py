@@ -51,7 +51,7 @@ from hybridllm.routing.decode import decode_rule
 from hybridllm.routing.hedging import choose_hedge_delay
 from hybridllm.routing.inputs import Prediction
 
-PlanKind = Literal["single", "hedge", "handoff", "refuse"]
+PlanKind = Literal["single", "hedge", "handoff", "speculative", "refuse"]
 AUTO_HEDGE_MIN_SAMPLES = 5
 
 
@@ -66,6 +66,7 @@ class RequestFacts:
     # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
     privacy_kinds: frozenset[str] | None = frozenset()
     forced: EngineName | None = None  # the caller named the engine
+    plan: Literal["speculative"] | None = None  # the caller asked for this plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,8 @@ class LiveState:
     # this policy's recent requests in this client: (how many started the cloud in parallel,
     # how many there were), for `Policy.parallel_cloud_share`
     parallel_recent: tuple[int, int] = (0, 0)
+    # would the speculative plan pay now, and why (None: no speculation state)
+    speculation: tuple[bool, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,7 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     left_out = _unavailable(facts, state, allowed, reasons)
     explained = explained or any(e == "cloud" for e, _ in left_out)
     decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline)
+    decision = _speculative(decision, facts, policy, state, reasons)
     if left_out and decision.primary is not None:
         decision = replace(decision, unavailable=left_out)
     return decision
@@ -423,3 +427,31 @@ def _hedge(
         f"requests; a hedge costs {cost})"
     )
     return c.delay_s
+
+
+def _speculative(
+    decision: Decision, facts: RequestFacts, policy: Policy, state: LiveState, reasons: list[str]
+) -> Decision:
+    """5. The speculative plan, when asked for or allowed and expected to pay."""
+    asked = facts.plan == "speculative"
+    if not asked and "speculative" not in policy.plans:
+        return decision
+    if decision.primary is None:
+        return decision
+    if facts.forced is not None or set(decision.engines) != {"local", "cloud"}:
+        if asked:
+            reasons.append("plan=speculative needs both engines allowed -> " + decision.plan)
+            return replace(decision, reasons=tuple(reasons))
+        return decision
+    pays, why = state.speculation or (False, "no speculation state")
+    if not asked and not pays:
+        reasons.append(f"no speculative plan: {why}")
+        return replace(decision, reasons=tuple(reasons))
+    reasons.append(
+        f"speculative: {'asked by the caller' if asked else 'expected to pay'} ({why}); "
+        "local drafts, cloud verifies"
+    )
+    return Decision(
+        "speculative", "cloud", "local", decision.deadline_s, None, False, tuple(reasons),
+        failover="local" in state.continues,
+    )  # fmt: skip

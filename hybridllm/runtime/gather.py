@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from hybridllm import errors
 from hybridllm.engines.base import (
@@ -44,6 +45,7 @@ from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.speculation import SpeculationState
 
 # how many of a policy's recent requests `Policy.parallel_cloud_share` is measured over
 PARALLEL_WINDOW = 20
@@ -71,6 +73,8 @@ class Routing:
     # per policy name, its last PARALLEL_WINDOW decided requests: did each start the cloud in
     # parallel?
     parallel: dict[str, deque[bool]] = field(default_factory=dict)
+    # the speculative plan's verifiers and measured outlook (set by the client)
+    speculation: SpeculationState = field(default_factory=SpeculationState)
 
     def parallel_recent(self, policy: str) -> tuple[int, int]:
         """(parallel cloud starts, requests) among the policy's recent requests."""
@@ -178,7 +182,27 @@ class Routing:
             continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
             unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
             parallel_recent=self.parallel_recent(policy.name),
+            speculation=self.speculation_outlook(request, policy, engines),
         )
+
+    def speculation_outlook(
+        self, request: GenerationRequest, policy: Policy, engines: Mapping[EngineName, Engine]
+    ) -> tuple[bool, str] | None:
+        """Would the speculative plan pay for this request now, and why."""
+        spec = self.speculation
+        if "cloud" not in engines or "local" not in engines:
+            return None
+        if request.temperature > 0:
+            return False, "temperature > 0 (greedy answers only)"
+        inner = getattr(engines["cloud"], "inner", engines["cloud"])
+        key = (str(getattr(inner, "base_url", "")), str(getattr(inner, "model", "")))
+        probed = spec.known(key)
+        if probed is None:
+            return True, "the cloud's verification dialect is probed on this request"
+        if probed.verifier is None:
+            return False, probed.reason
+        cloud_tpot = self.latency.engine("cloud").tpot()[0] if self.latency.knows("cloud") else None
+        return spec.outlook(key).pays(cloud_tpot)
 
     def decide(
         self,
@@ -189,10 +213,13 @@ class Routing:
         forced: EngineName | None = None,
         *,
         preview: bool = False,
+        plan: Literal["speculative"] | None = None,
     ) -> tuple[Decision, RequestFacts, LiveState]:
         """Gather and decide. `preview`: nothing will be sent, so leave the circuit (and the
-        policy's count of parallel cloud starts) as it is."""
+        policy's count of parallel cloud starts) as it is. `plan`: the plan the caller asks."""
         facts = self.facts(request, policy, forced, engines)
+        if plan is not None:
+            facts = replace(facts, plan=plan)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
         if not preview:

@@ -280,6 +280,8 @@ class LatencyModel:
         if trace.handoff is not None:
             self._observe_handoff(trace, prompt_tokens)
             return
+        if trace.speculation is not None:  # rounds of drafts and verification, not the cloud's
+            return  # own first token or decode speed (the plan keeps its own figures)
         marks = trace.marks
         ttft = ttft_ms / 1000.0
         offset = {e: self._start_offset(trace, e) for e in trace.started}

@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 # what a cloud request did for its request: served it from the start ("primary"), started at
 # the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary
-# ("parallel"), continued a started answer ("continuation"), or took a local start over ("handoff")
-SpendRole = Literal["primary", "fallback", "hedge", "parallel", "continuation", "handoff"]
+# ("parallel"), continued a started answer ("continuation"), took a local start over ("handoff")
+# or verified a local draft ("verification", the speculative plan)
+SpendRole = Literal[
+    "primary", "fallback", "hedge", "parallel", "continuation", "handoff", "verification"
+]
 spend_role: ContextVar[SpendRole] = ContextVar("hybridllm_spend_role", default="primary")
 
 
@@ -73,6 +76,28 @@ class HandoffRecord:
 
 
 @dataclass
+class Speculation:
+    """What the speculative plan did: the verifier dialect (or why none), rounds, tokens
+    drafted and accepted, k and the verification time per round, and whether (and after how
+    many committed characters, and why) it switched to plain cloud streaming."""
+
+    verifier: str = ""
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    k: list[int] = field(default_factory=list)
+    verify_ms: list[float] = field(default_factory=list)
+    draft_ms: list[float] = field(default_factory=list)
+    switched: str | None = None  # why it switched to plain streaming (None: it did not)
+    switched_at: int | None = None  # committed characters before the switch
+    near_ties: int = 0  # rounds whose cloud token was chosen at a top-2 gap under 0.05 nats
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
 class Trace:
     t_start: float = field(default_factory=time.perf_counter)
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
@@ -111,6 +136,7 @@ class Trace:
     token_times: list[float] = field(default_factory=list, repr=False)
     marks: dict[str, float] = field(default_factory=dict)
     t_done: float | None = None
+    speculation: Speculation | None = None  # the speculative plan's figures (None: not run)
 
     # ---- recording (used by the orchestrator) -------------------------------------------
 

@@ -67,7 +67,6 @@ MISTAKES = [
     ('[budget]\non_exceeded = "panic"', "budget.on_exceeded", ["local", "fail"]),
     ('privacy = "maybe"', "privacy", ["keep-local"]),
     ('plans = ["single", "teleport"]', "plans.1", ["hedge"]),
-    ('plans = ["single", "speculative"]', "plans.1", ["single", "hedge"]),  # not built yet
     ('plans = ["single", "cascade", "teleport"]', "plans.2", ["hedge", "cascade"]),
     ("cascade_hold_tokens = 0", "cascade_hold_tokens", ["greater than or equal to 1"]),
     ("cascade_hedge = 1", "cascade_hedge", ["bool"]),

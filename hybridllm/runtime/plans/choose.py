@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import EngineName
@@ -15,7 +15,11 @@ from hybridllm.runtime.plans.cascade import cascade_for
 from hybridllm.runtime.plans.handoff import handoff_plan
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import single
+from hybridllm.runtime.plans.speculative import plan_for as speculative_plan
 from hybridllm.runtime.stream import RequestRun
+
+if TYPE_CHECKING:
+    from hybridllm.runtime.gather import Routing
 
 __all__ = ["Plan", "choose_plan"]
 
@@ -29,16 +33,18 @@ def choose_plan(
     policy: Policy,
     fallback_ttft_s: float | None,
     plan: str | None,
-    router: Any,
+    routing: Routing,
 ) -> Plan:
     """The plan for this request. `engines` are the ones this request may use (the cloud one
     already bound to the request's guard context)."""
     assert decision.primary is not None
-    cascaded = cascade_for(plan, decision, engines, request, policy, router)
+    cascaded = cascade_for(plan, decision, engines, request, policy, routing.router)
     if cascaded is not None:
         return cascaded
     target = engines[decision.primary]
     stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    if decision.plan == "speculative":
+        return speculative_plan(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
         return handoff_plan(decision, engines, request, policy)
     if decision.fallback is None:

@@ -1,0 +1,444 @@
+"""Verifier dialects: how a cloud endpoint scores a local draft in one request.
+
+```
+Verifier (one `verify(round) -> Verdict` per dialect)
+├── EchoVerifier             (a) /v1/completions with echo + logprobs (llama-cpp-python's server,
+│                                started with --logits_all true); text-level
+├── PromptLogprobsVerifier   (b) /v1/completions with vLLM's `prompt_logprobs`; token-level
+│                                (the prompt is sent as token ids of a shared tokenizer)
+└── PredictionVerifier       (c) OpenAI Predicted Outputs: chat completions with `prediction`;
+                                 text-level, the cloud's own text comes back
+```
+
+(d) none: `probe()` returns no verifier and the reason; the plan then streams plainly.
+
+Dialect (a). llama-cpp-python 0.3.36 builds echo log-probabilities from its score rows: the
+entry for token i carries row i, which is the distribution AFTER token i (`top_logprobs[i]`
+predicts token i+1), unless the prompt starts with the BOS token (SmolLM2: BOS is
+`<|im_start|>`, so every ChatML prompt does), which the server drops from the list, shifting
+the rows so that entry i predicts token i itself; later BOS entries are left out too. Which of
+the two holds (`shift` 1 or 0) is read from each answer: the generated token (greedy) is the
+argmax of the row that predicted it, and the right reading predicts most echoed tokens. Token
+strings are detokenized with special tokens as "" and broken UTF-8 dropped, so the verdict is
+text-level: the server's own tokenization of the drafted text decides, and the cloud's greedy
+string is committed. Where those strings cannot say what was meant (a greedy token of "",
+which is the end of the answer or a piece of a character split over tokens; echoed text that
+does not end with the draft) the round raises `Unverifiable`, and the plan streams the rest
+plainly from the committed text.
+
+Dialect (b), vLLM: `choices[0].prompt_logprobs` is a list with None first, then per prompt
+position a dict token_id -> {logprob, rank, decoded_token} holding the top `prompt_logprobs`
+tokens and the prompt's own token; a drafted token is the verifier's greedy choice when its
+rank is 1. vLLM computes prompt log-probabilities from a full prefill (no prefix cache for such
+requests): every round pays the whole context again, which the plan's cost counts.
+
+Dialect (c), OpenAI Predicted Outputs: the draft is the prediction; the cloud generates its own
+text (at most k + 1 tokens) and `usage.completion_tokens_details` says how many prediction
+tokens it accepted and rejected; rejected ones are billed as output (they are in
+`completion_tokens`). Closed APIs cannot score given tokens, so this is the only dialect they
+offer, and the round's committed text is simply the cloud's text.
+
+Every call of a verifier goes through the cloud guard (`GuardedEngine.guarded_call`): the
+plan passes the outgoing texts, the prompt-token bound and the output bound with the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import httpx2
+
+from hybridllm import errors
+from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
+
+Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
+_PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
+
+
+class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
+    """The answer cannot judge this round (see the module); the plan streams the rest."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one verification round sends: the rendered prompt, the committed answer, the
+    context as token ids (prompt + committed, local tokenizer), and the draft."""
+
+    prompt_text: str
+    committed_text: str
+    context_ids: Sequence[int]
+    draft_ids: Sequence[int]
+    draft_pieces: Sequence[str]
+    messages: Sequence[Message] = ()
+
+    @property
+    def draft_text(self) -> str:
+        return "".join(self.draft_pieces)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The cloud's answer to one round. `accepted`: drafted tokens it agreed with; `text`: the
+    text to commit (the accepted draft text, then the cloud's own next token or tokens);
+    `next_id`: the cloud's own token id (token-level dialects); `finished`: the answer ended;
+    `gap`: the cloud's top-2 log-probability gap where its own token was chosen (a near-tie
+    when small); billed usage as the server reported it."""
+
+    accepted: int
+    text: str
+    accepted_text: str
+    next_id: int | None
+    finished: bool
+    prompt_tokens: int
+    completion_tokens: int
+    gap: float | None = None
+    usage_reported: bool = True
+
+
+class Verifier(Protocol):
+    dialect: Dialect
+    token_level: bool
+
+    async def verify(self, round_: Round) -> Verdict: ...
+
+
+@dataclass
+class _Http:
+    client: httpx2.AsyncClient
+    model: str
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = await self.client.post(path, json={"model": self.model, **body})
+        except httpx2.TimeoutException as exc:
+            raise errors.CloudTimeoutError(f"verification timed out: {exc}") from exc
+        except httpx2.HTTPError as exc:
+            raise errors.CloudConnectionError(f"verification call failed: {exc}") from exc
+        if resp.status_code >= 400:
+            cls = errors.ServerError if resp.status_code >= 500 else errors.CloudStatusError
+            raise cls(f"verification refused: {resp.text[:200]}",
+                      status_code=resp.status_code)  # fmt: skip
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise errors.CloudProtocolError(f"verification: not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise errors.CloudProtocolError("verification: the answer is not a JSON object")
+        return data
+
+
+def _usage(data: Mapping[str, Any]) -> tuple[int, int, bool]:
+    u = data.get("usage") or {}
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    if isinstance(p, int) and isinstance(c, int):
+        return p, c, True
+    return 0, 0, False
+
+
+def _choice(data: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise errors.CloudProtocolError("verification: no choices in the answer") from exc
+    if not isinstance(choice, dict):
+        raise errors.CloudProtocolError("verification: a choice is not an object")
+    return choice
+
+
+def _best(dist: Mapping[str, float]) -> tuple[str, float | None]:
+    """The greedy key of a top-logprobs dict and its gap to the second."""
+    ranked = sorted(dist.items(), key=lambda kv: kv[1], reverse=True)
+    gap = ranked[0][1] - ranked[1][1] if len(ranked) > 1 else None
+    return ranked[0][0], gap
+
+
+# ---- (a) echo + logprobs -------------------------------------------------------------------
+
+
+@dataclass
+class EchoVerifier:
+    """llama-cpp-python's `/v1/completions` with `echo`, `logprobs` and `max_tokens: 1`."""
+
+    http: _Http
+    shift: int = 1  # the reading when an answer does not tell (see `echo_shift`)
+    dialect: Dialect = "echo-logprobs"
+    token_level: bool = False
+
+    async def verify(self, round_: Round) -> Verdict:
+        body = {
+            "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
+            "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0.0,
+        }  # fmt: skip
+        data = await self.http.post("completions", body)
+        return read_echo(data, round_, echo_shift(data, self.shift))
+
+
+def read_echo(data: Mapping[str, Any], round_: Round, shift: int | None) -> Verdict:
+    """The verdict from an echo answer (see the module for the shift)."""
+    choice = _choice(data)
+    lp = choice.get("logprobs") or {}
+    tokens: list[str] = list(lp.get("tokens") or [])
+    top: list[Mapping[str, float] | None] = list(lp.get("top_logprobs") or [])
+    if not tokens or len(top) != len(tokens) or shift is None:
+        raise errors.CloudProtocolError("verification: echo answer without log-probabilities")
+    p_tok, c_tok, reported = _usage(data)
+    n_gen = 1 if c_tok >= 1 or choice.get("finish_reason") == "length" else 0
+    n_prompt = len(tokens) - n_gen
+    draft = round_.draft_text
+    # where the draft starts in the echoed prompt (entries' texts, concatenated)
+    starts, pos = [], 0
+    for t in tokens[:n_prompt]:
+        starts.append(pos)
+        pos += len(t)
+    boundary = pos - len(draft)
+    if not "".join(tokens[:n_prompt]).endswith(draft):
+        raise Unverifiable("the echoed text does not end with the draft (split characters)")
+    accepted_text, i = "", 0
+    while i < n_prompt and starts[i] + len(tokens[i]) <= boundary:
+        i += 1
+    gap: float | None = None
+    for j in range(i, n_prompt):
+        dist = top[j - shift] if j - shift >= 0 else None
+        if not dist:
+            raise errors.CloudProtocolError("verification: no distribution for a draft token")
+        want, gap = _best(dist)
+        if want != tokens[j]:
+            if want == "":
+                raise Unverifiable(
+                    "the greedy token reads as nothing (an end or a split character)"
+                )
+            return _verdict(round_, accepted_text, want, False, p_tok, c_tok, gap, reported)
+        accepted_text += tokens[j][max(0, boundary - starts[j]) :]
+    # every drafted token agreed: the cloud's own token is the generated one
+    if n_gen:
+        dist = top[n_prompt - shift] if n_prompt - shift >= 0 else None
+        gap = _best(dist)[1] if dist else None
+        own = tokens[-1]
+        if own == "":
+            raise Unverifiable("the generated token reads as nothing (a split character)")
+        return _verdict(round_, accepted_text, own, False, p_tok, c_tok, gap, reported)
+    return _verdict(round_, accepted_text, "", True, p_tok, c_tok, None, reported)
+
+
+def _verdict(
+    round_: Round, accepted_text: str, own: str, finished: bool,
+    p: int, c: int, gap: float | None, reported: bool,
+) -> Verdict:  # fmt: skip
+    n, acc = 0, 0
+    for piece in round_.draft_pieces:  # drafted tokens wholly inside the accepted text
+        if acc + len(piece) > len(accepted_text):
+            break
+        acc += len(piece)
+        n += 1
+    return Verdict(n, accepted_text + own, accepted_text, None, finished, p, c, gap, reported)
+
+
+def echo_shift(data: Mapping[str, Any], default: int | None = None) -> int | None:
+    """Which rows predict which tokens in an echo answer: 0 (entry i's row predicts token i) or
+    1 (it predicts token i+1). Each reading scores the echoed tokens its rows predict, plus a
+    bonus when the row it says predicted the generated (greedy) token does. None (or
+    `default`): neither reading predicts the text (e.g. a server without --logits_all)."""
+    choice = _choice(data)
+    lp = choice.get("logprobs") or {}
+    tokens, top = list(lp.get("tokens") or []), list(lp.get("top_logprobs") or [])
+    if len(tokens) < 4 or len(top) != len(tokens):
+        return default
+    n_gen = 1 if (_usage(data)[1] >= 1 or choice.get("finish_reason") == "length") else 0
+    last = len(tokens) - n_gen  # the echoed prompt's entries
+    scores = {}
+    for shift in (0, 1):
+        pairs = [(top[i - shift], tokens[i]) for i in range(2, last)]
+        hits = sum(1 for d, t in pairs if d and _best(d)[0] == t)
+        gen = top[last - shift] if n_gen else None
+        bonus = 0.5 if gen and _best(gen)[0] == tokens[-1] else 0.0
+        scores[shift] = hits / max(1, len(pairs)) + bonus
+    shift = max(scores, key=lambda s: scores[s])
+    if scores[shift] >= 0.5 and scores[shift] > scores[1 - shift]:
+        return shift
+    return default
+
+
+# ---- (b) vLLM prompt_logprobs --------------------------------------------------------------
+
+
+@dataclass
+class PromptLogprobsVerifier:
+    """vLLM's `/v1/completions` with `prompt_logprobs` on a token-id prompt."""
+
+    http: _Http
+    dialect: Dialect = "prompt-logprobs"
+    token_level: bool = True
+
+    async def verify(self, round_: Round) -> Verdict:
+        body = {
+            "prompt": [*round_.context_ids, *round_.draft_ids], "max_tokens": 1,
+            "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
+            "return_tokens_as_token_ids": True,
+        }  # fmt: skip
+        return read_prompt_logprobs(await self.http.post("completions", body), round_)
+
+
+def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
+    """(rank, token id, logprob, decoded text) of one prompt position, best first."""
+    out = []
+    for key, v in entry.items():
+        if isinstance(v, Mapping):
+            out.append((int(v.get("rank", 10**9)), int(key), float(v["logprob"]),
+                        str(v.get("decoded_token") or "")))  # fmt: skip
+    return sorted(out)
+
+
+def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
+    """The verdict from a vLLM answer with `prompt_logprobs` (token-level)."""
+    choice = _choice(data)
+    plp = choice.get("prompt_logprobs")
+    n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
+    if not isinstance(plp, list) or len(plp) != n_ctx + len(draft):
+        raise errors.CloudProtocolError("verification: prompt_logprobs missing or misaligned")
+    p_tok, c_tok, reported = _usage(data)
+    accepted_text = ""
+    for j, tok in enumerate(draft):
+        entry = plp[n_ctx + j]
+        if not isinstance(entry, Mapping) or not entry:
+            raise errors.CloudProtocolError("verification: an empty prompt_logprobs entry")
+        ranked = _ranked(entry)
+        mine = entry.get(str(tok))
+        if not isinstance(mine, Mapping) or int(mine.get("rank", 0)) != 1:
+            best = ranked[0]
+            gap = best[2] - ranked[1][2] if len(ranked) > 1 else None
+            return Verdict(j, accepted_text + best[3], accepted_text, best[1], False,
+                           p_tok, c_tok, gap, reported)  # fmt: skip
+        accepted_text += round_.draft_pieces[j]
+    text = choice.get("text") or ""
+    finished = choice.get("finish_reason") == "stop" and not text
+    lp = choice.get("logprobs") or {}
+    own: int | None = None
+    gap = None
+    toks = lp.get("tokens") or []
+    if toks and isinstance(toks[0], str) and toks[0].startswith("token_id:"):
+        own = int(toks[0].removeprefix("token_id:"))
+    tops = lp.get("top_logprobs") or []
+    if tops and isinstance(tops[0], Mapping) and len(tops[0]) > 1:
+        gap = _best(tops[0])[1]
+    return Verdict(len(draft), accepted_text + text, accepted_text, own, finished,
+                   p_tok, c_tok, gap, reported)  # fmt: skip
+
+
+# ---- (c) OpenAI Predicted Outputs ----------------------------------------------------------
+
+
+@dataclass
+class PredictionVerifier:
+    """Chat completions with `prediction={"type": "content", "content": draft}`."""
+
+    http: _Http
+    dialect: Dialect = "predicted-outputs"
+    token_level: bool = False
+    counts: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "rejected": 0})
+
+    async def verify(self, round_: Round) -> Verdict:
+        messages = [dict(m) for m in round_.messages]
+        if round_.committed_text:
+            messages += [{"role": "assistant", "content": round_.committed_text},
+                         {"role": "user", "content": CONTINUE_INSTRUCTION}]  # fmt: skip
+        body = {
+            "messages": messages, "temperature": 0.0,
+            "max_tokens": len(round_.draft_ids) + 1,
+            "prediction": {"type": "content", "content": round_.draft_text},
+        }  # fmt: skip
+        return self.read(await self.http.post("chat/completions", body), round_)
+
+    def read(self, data: Mapping[str, Any], round_: Round) -> Verdict:
+        choice = _choice(data)
+        text = str((choice.get("message") or {}).get("content") or "")
+        p_tok, c_tok, reported = _usage(data)
+        details = (data.get("usage") or {}).get("completion_tokens_details") or {}
+        self.counts["accepted"] += int(details.get("accepted_prediction_tokens") or 0)
+        self.counts["rejected"] += int(details.get("rejected_prediction_tokens") or 0)
+        n, acc = 0, 0
+        for piece in round_.draft_pieces:
+            if not text.startswith(piece, acc):
+                break
+            acc += len(piece)
+            n += 1
+        finished = choice.get("finish_reason") == "stop"
+        return Verdict(n, text, text[:acc], None, finished, p_tok, c_tok, None, reported)
+
+
+# ---- probing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What probing an endpoint found: a verifier, or None and why."""
+
+    verifier: Verifier | None
+    reason: str
+
+
+async def probe(
+    client: httpx2.AsyncClient, model: str, local_ids: Sequence[int] | None = None,
+    local_pieces: Sequence[str] = (),
+) -> Probed:  # fmt: skip
+    """Find the endpoint's dialect with small fixed requests (no user data): vLLM's
+    `prompt_logprobs` (token-level when `local_ids`, the local tokenizer's ids of the probe
+    text, come back decoded as `local_pieces`), then echo log-probabilities, then Predicted
+    Outputs; None with the reasons when none answers."""
+    http = _Http(client, model)
+    why: list[str] = []
+    body: dict[str, Any] = {
+        "prompt": _PROBE_TEXT, "echo": True, "logprobs": 2, "max_tokens": 1,
+        "temperature": 0.0, "prompt_logprobs": 1,
+    }  # fmt: skip
+    try:
+        data = await http.post("completions", body)
+        choice = _choice(data)
+        if isinstance(choice.get("prompt_logprobs"), list):
+            return await _probe_vllm(http, local_ids, local_pieces)
+        shift = echo_shift(data)
+        if shift is not None and echo_shift(data, None) is not None:
+            return Probed(EchoVerifier(http, shift), f"echo-logprobs (rows shifted by {shift})")
+        why.append(
+            "completions: no prompt_logprobs, and echo log-probabilities do not predict the "
+            "echoed text (llama_cpp.server needs --logits_all true)"
+        )
+    except errors.HybridError as exc:
+        why.append(f"completions: {exc}")
+    try:
+        pv = PredictionVerifier(http)
+        data = await http.post("chat/completions", {
+            "messages": [{"role": "user", "content": "Reply with the word OK."}],
+            "max_tokens": 2, "temperature": 0.0,
+            "prediction": {"type": "content", "content": "OK"},
+        })  # fmt: skip
+        details = (data.get("usage") or {}).get("completion_tokens_details") or {}
+        if "accepted_prediction_tokens" in details:
+            return Probed(pv, "predicted-outputs")
+        why.append("chat: no prediction token counts in the usage")
+    except errors.HybridError as exc:
+        why.append(f"chat: {exc}")
+    return Probed(None, "no verification dialect: " + "; ".join(why))
+
+
+async def _probe_vllm(
+    http: _Http, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
+) -> Probed:
+    if not local_ids:
+        return Probed(None, "prompt-logprobs, but no local tokenizer to verify token ids with")
+    try:
+        data = await http.post("completions", {
+            "prompt": list(local_ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1,
+        })  # fmt: skip
+        plp = _choice(data).get("prompt_logprobs") or []
+    except errors.HybridError as exc:
+        return Probed(None, f"prompt-logprobs, but token ids are refused ({exc})")
+    seen = []
+    for tok, entry in zip(local_ids[1:], plp[1:], strict=False):
+        mine = entry.get(str(tok)) if isinstance(entry, Mapping) else None
+        seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
+    if len(seen) == len(local_ids) - 1 and seen == list(local_pieces[1:]):
+        return Probed(PromptLogprobsVerifier(http), "prompt-logprobs (shared tokenizer)")
+    return Probed(None, "prompt-logprobs, but the cloud's tokenizer differs from the local "
+                  "one (text-level verification is built for echo-logprobs only)")  # fmt: skip

@@ -1,0 +1,329 @@
+"""The speculative plan: the local model drafts, the cloud verifies, the cloud's text is served.
+
+Each round drafts k tokens locally (greedy) after the committed context, sends them in one
+verification call (a dialect of `engines.verify`, through the cloud guard: privacy scan, budget
+reservation and settlement), commits the accepted prefix plus the cloud's own next token, and goes
+on; the local KV cache keeps the committed context (`engines._llama_draft`). k follows the
+measured acceptance, drafting time and round trip (`runtime.speculation`).
+
+Lossless at temperature 0: every committed token is the verifier's greedy choice at its
+position (a batch and a one-token step round differently, so the cloud's own plain answer can
+part from it where its top two log-probabilities nearly tie; `Trace.speculation.near_ties`
+counts the rounds whose cloud token was chosen at such a tie). Above temperature 0 this version
+does not speculate: keeping the cloud's distribution needs rejection sampling with the full
+distributions (accept x with min(1, p(x)/q(x)), else sample from max(0, p - q)), which the
+dialects' top-k log-probabilities cannot give; the plan streams plainly and says so.
+
+The plan steps aside to plain cloud streaming (a continuation of the committed text, nothing
+repeated) when no dialect is known, when speculation stops paying (`Outlook.pays`) or when the
+billed prompt tokens per committed token pass the cap. A verification call that fails or
+stalls moves the answer to the local engine from the committed text (when the decision allows
+a mid-stream failover); a guard's refusal does the same. Cancelling the stream cancels the
+verification call (its connection is closed) and stops drafting within one decode step.
+
+`show_drafts`: each round's draft is a `Draft` event before the verification, and the
+rejected end of it a `Retract` event after it; the committed text follows as `Token` events.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Protocol
+
+import anyio
+
+from hybridllm import errors
+from hybridllm.engines._llama_draft import LocalDrafter
+from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
+from hybridllm.engines.verify import Round, Unverifiable, Verdict, Verifier
+from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
+from hybridllm.guard.budget import TokenUsage
+from hybridllm.policy import Policy
+from hybridllm.routing.decide import Decision
+from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.speculation import K_MAX, Outlook, SpeculationState
+from hybridllm.runtime.stream import RequestRun
+from hybridllm.runtime.trace import Speculation, spend_role
+
+NEAR_TIE = 0.05  # nats
+
+
+@dataclass(frozen=True)
+class SpeculativeSetup:
+    """What the plan needs beside the request: the engines, the client's speculation state,
+    the cloud's plain speed (seconds per token, for the pay test) and the policy's knobs."""
+
+    local: Engine
+    cloud: Engine  # the guard bound to this request (every call goes through it)
+    state: SpeculationState
+    cloud_tpot_s: float | None = None
+    show_drafts: bool = False
+    failover: bool = True
+    stall_s: float | None = None
+    max_prompt_overhead: float | None = None  # billed prompt tokens per committed token
+
+
+def _endpoint(cloud: Engine) -> tuple[tuple[str, str] | None, str | None, str]:
+    inner = getattr(getattr(cloud, "guard", cloud), "inner", cloud)
+    base_url = getattr(inner, "base_url", None)
+    if not base_url:
+        return None, None, "the cloud engine has no base_url to verify with"
+    return (str(base_url), str(getattr(inner, "model", ""))), getattr(inner, "api_key", None), ""
+
+
+async def speculative(
+    run: RequestRun, setup: SpeculativeSetup, request: GenerationRequest, reason: str
+) -> None:
+    run.route(setup.cloud, reason)
+    spec = run.trace.speculation = Speculation()
+    local = setup.local
+    if request.temperature > 0:
+        spec.verifier = "none: temperature > 0 (this version verifies greedy answers only)"
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    from hybridllm.engines.llamacpp import LlamaCppEngine  # the local engine's own module
+
+    if not isinstance(local, LlamaCppEngine):
+        spec.verifier = "none: the local engine cannot draft (not a LlamaCppEngine)"
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    key, api_key, why = _endpoint(setup.cloud)
+    drafter = LocalDrafter(local)
+    await drafter.start()
+    if key is None:
+        spec.verifier = f"none: {why}"
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    probed = await setup.state.verifier(key, api_key, drafter)
+    spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
+    if probed.verifier is None:
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    await _loop(run, setup, request, drafter, probed.verifier, setup.state.outlook(key), spec)
+
+
+async def _loop(
+    run: RequestRun,
+    setup: SpeculativeSetup,
+    request: GenerationRequest,
+    drafter: LocalDrafter,
+    verifier: Verifier,
+    outlook: Outlook,
+    spec: Speculation,
+) -> None:
+    prompt_text = drafter.render(request.messages)
+    ctx = drafter.tokenize(prompt_text)
+    committed, n_out, billed_prompt, stuck = "", 0, 0, 0
+    spend_role.set("verification")
+    while True:
+        left = request.max_tokens - n_out
+        if left <= 0:
+            return _finish(run, "length", billed_prompt, n_out)
+        k = max(0, min(outlook.best_k(), K_MAX, left - 1))
+        t0 = time.perf_counter()
+        drafted = await drafter.draft(ctx, k)
+        t1 = time.perf_counter()
+        ids = drafted.ids[:-1] if drafted.eos else drafted.ids
+        pieces = _pieces(drafter, ctx, ids)
+        draft_text = "".join(pieces)
+        if setup.show_drafts and draft_text:
+            run.emit(Draft(time.perf_counter(), draft_text))
+        round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
+        try:
+            verdict = await _verify(setup, verifier, round_)
+        except Unverifiable as exc:
+            if setup.show_drafts and draft_text:
+                run.emit(Retract(time.perf_counter(), draft_text))
+            why = f"the verifier cannot judge this round: {exc}"
+            return await _plain(run, setup, request, committed, n_out, why)
+        except (errors.EngineError, errors.RefusedError, errors.StallError) as exc:
+            if setup.show_drafts and draft_text:
+                run.emit(Retract(time.perf_counter(), draft_text))
+            return await _fail_over(run, setup, request, committed, n_out, exc)
+        t2 = time.perf_counter()
+        if setup.show_drafts and len(verdict.accepted_text) < len(draft_text):
+            run.emit(Retract(t2, draft_text[len(verdict.accepted_text) :]))
+        spec.rounds += 1
+        spec.k.append(k)
+        spec.drafted += len(ids)
+        spec.accepted += verdict.accepted
+        spec.draft_ms.append((t1 - t0) * 1e3)
+        spec.verify_ms.append((t2 - t1) * 1e3)
+        if verdict.gap is not None and verdict.gap < NEAR_TIE:
+            spec.near_ties += 1
+        outlook.observe(len(ids), verdict.accepted, t1 - t0, t2 - t1)
+        billed_prompt += verdict.prompt_tokens
+        text, stopped = _apply_stop(committed, verdict.text, request.stop)
+        if text:
+            run.deliver("cloud", Delta(text, t2))
+        committed += text
+        n_out += verdict.accepted + (1 if verdict.text != verdict.accepted_text else 0)
+        eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
+        if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
+            return _finish(run, "stop", billed_prompt, n_out)
+        if verifier.token_level and verdict.next_id is not None:
+            ctx = [*ctx, *ids[: verdict.accepted], verdict.next_id]
+        else:
+            ctx = drafter.tokenize(prompt_text + committed)
+        stuck = 0 if text else stuck + 1
+        switch = _should_switch(outlook, setup, billed_prompt, n_out)
+        if stuck >= 2:  # rounds that commit nothing (a token with no text): stream instead
+            switch = "two verification rounds committed no text"
+        if switch is not None:
+            return await _plain(run, setup, request, committed, n_out, switch)
+
+
+def _should_switch(
+    outlook: Outlook, setup: SpeculativeSetup, billed_prompt: int, n_out: int
+) -> str | None:
+    pays, words = outlook.pays(setup.cloud_tpot_s)
+    if not pays:
+        return f"speculation stopped paying: {words}"
+    cap = setup.max_prompt_overhead
+    if cap is not None and n_out >= 8 and billed_prompt / n_out > cap:
+        return (
+            f"verification overhead {billed_prompt / n_out:.0f} prompt tokens per token > {cap:g}"
+        )
+    return None
+
+
+async def _verify(setup: SpeculativeSetup, verifier: Verifier, round_: Round) -> Verdict:
+    full = round_.prompt_text + round_.committed_text + round_.draft_text
+    texts = [("verification.prompt", full)]
+    bound = max(prompt_token_bound([{"role": "user", "content": full}]),
+                len(round_.context_ids) + len(round_.draft_ids))  # fmt: skip
+    max_out = len(round_.draft_ids) + 1
+
+    async def call() -> tuple[Verdict, TokenUsage | None]:
+        v = await verifier.verify(round_)
+        usage = TokenUsage(v.prompt_tokens, v.completion_tokens) if v.usage_reported else None
+        return v, usage
+
+    guarded = getattr(setup.cloud, "guarded_call", None)
+
+    async def go() -> Verdict:
+        if guarded is None:
+            return (await call())[0]
+        result: Verdict = await guarded(texts, bound, max_out, call)
+        return result
+
+    if setup.stall_s is None:
+        return await go()
+    with anyio.move_on_after(setup.stall_s) as scope:
+        return await go()
+    assert scope.cancelled_caught
+    raise errors.StallError.after(setup.stall_s, "cloud")
+
+
+def _pieces(drafter: LocalDrafter, ctx: list[int], ids: list[int]) -> list[str]:
+    """Each drafted token's text as it follows the context (a character split over tokens
+    goes to the token that completes it)."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+    out, prev = [], list(ctx[-4:])
+    for tok in ids:
+        out.append(dec.decode(drafter.piece([tok], prev)))
+        prev.append(tok)
+    return out
+
+
+def _apply_stop(committed: str, text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    if not stops:
+        return text, False
+    whole = committed + text
+    cut = min((i for s in stops if (i := whole.find(s)) >= 0), default=-1)
+    if cut < 0:
+        return text, False
+    return whole[len(committed) : cut] if cut > len(committed) else "", True
+
+
+def _finish(run: RequestRun, reason: str, prompt_tokens: int, n_out: int) -> None:
+    run.complete("cloud", Finish(reason, prompt_tokens, n_out, time.perf_counter()))
+
+
+async def _plain(
+    run: RequestRun,
+    setup: SpeculativeSetup,
+    request: GenerationRequest,
+    committed: str,
+    n_out: int,
+    why: str,
+) -> None:
+    """Plain cloud streaming from the committed text (all of the answer when nothing is)."""
+    spec = run.trace.speculation
+    if spec is not None and spec.verifier and not spec.verifier.startswith("none"):
+        spec.switched, spec.switched_at = why, len(committed)
+    rest = replace(
+        request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
+    )
+    spend_role.set("continuation" if committed else "primary")
+    await _relay_rest(run, setup.cloud, rest, n_out)
+
+
+async def _fail_over(
+    run: RequestRun,
+    setup: SpeculativeSetup,
+    request: GenerationRequest,
+    committed: str,
+    n_out: int,
+    exc: BaseException,
+) -> None:
+    """A verification call failed: the local engine continues from the committed text."""
+    if not setup.failover:
+        raise exc
+    why = f"verification failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, errors.RefusedError):
+        run.trace.refusals.append(f"cloud: {exc}")
+    spec = run.trace.speculation
+    if spec is not None:
+        spec.switched, spec.switched_at = why, len(committed)
+    now = time.perf_counter()
+    run.trace.fallback_reason = why
+    run.trace.switches.append((now, "cloud", "local", why, len(committed)))
+    run.trace.started.append("local")
+    run.trace.engine = "local"
+    run.emit(Fallback(now, "cloud", "local", why))
+    rest = replace(
+        request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
+    )
+    await _relay_rest(run, setup.local, rest, n_out)
+
+
+async def _relay_rest(
+    run: RequestRun, engine: Engine, request: GenerationRequest, n_out: int
+) -> None:
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(engine.name, chunk)
+
+    await run.relay(engine, request, handle)
+    end = finishes[-1] if finishes else None
+    if end is not None and n_out:
+        end = replace(end, completion_tokens=(end.completion_tokens or 0) + n_out)
+    run.complete(engine.name, end)
+
+
+def plan_for(
+    routing: _Routing,
+    engines: Mapping[EngineName, Engine],
+    request: GenerationRequest,
+    decision: Decision,
+    policy: Policy,
+) -> Callable[[RequestRun], Awaitable[None]]:
+    """The plan for one request, as the client runs plans (a function of the `RequestRun`)."""
+    lat = routing.latency
+    setup = SpeculativeSetup(
+        engines["local"], engines["cloud"], routing.speculation,
+        lat.engine("cloud").tpot()[0] if lat.knows("cloud") else None,
+        policy.show_drafts, decision.failover,
+        None if policy.stall_ms is None else policy.stall_ms / 1000.0, policy.max_verify_overhead,
+    )  # fmt: skip
+    return partial(speculative, setup=setup, request=request, reason=decision.reason)
+
+
+class _Routing(Protocol):
+    latency: LatencyModel
+    speculation: SpeculationState

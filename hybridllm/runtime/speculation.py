@@ -1,0 +1,130 @@
+"""What the speculative plan knows between requests: each endpoint's verifier (probed once and
+remembered), and the measured acceptance, local drafting time and verification round trip that
+choose k and say whether speculation pays.
+
+The expected gain. With a per-token acceptance rate a, a round that drafts k tokens commits
+E(k) = (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and the cloud's own token) and takes
+k * t_draft + t_verify. Plain cloud streaming commits 1 / t_cloud tokens per second. k is the
+one that maximises E(k) / (k * t_draft + t_verify); speculation pays while that rate is at least
+`PAYS_SHARE` of the plain rate. vLLM's prompt log-probabilities recompute the whole prefill on
+every round (no prefix cache for such requests), which the measured t_verify holds; the money
+is counted by the guard (each round bills the whole context as prompt tokens), and
+`max_prompt_overhead` caps the billed prompt tokens per committed token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+import httpx2
+
+from hybridllm.engines._llama_draft import LocalDrafter
+from hybridllm.engines.verify import Probed, probe
+
+K_MIN, K_MAX, K_START = 1, 16, 8
+PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming
+MIN_ROUNDS = 3  # rounds seen before the plan may decide it does not pay
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens a round of k drafts commits at per-token acceptance a (the cloud's own included)."""
+    if a >= 0.999:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class Outlook:
+    """The measured figures (exponential averages over rounds, across requests)."""
+
+    acceptance: float = 0.7  # per drafted token (a prior until rounds are seen)
+    draft_s: float | None = None  # local seconds per drafted token
+    verify_s: float | None = None  # seconds per verification round (round trip included)
+    rounds: int = 0
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        w = 0.3 if self.rounds >= 3 else 0.6
+        if drafted:
+            a = accepted / drafted
+            self.acceptance = (1 - w) * self.acceptance + w * a
+            per = draft_s / drafted
+            self.draft_s = per if self.draft_s is None else (1 - w) * self.draft_s + w * per
+        self.verify_s = (
+            verify_s if self.verify_s is None else (1 - w) * self.verify_s + w * verify_s
+        )
+        self.rounds += 1
+
+    def rate(self, k: int) -> float | None:
+        """Expected committed tokens per second at k (None: not measured yet)."""
+        if self.draft_s is None or self.verify_s is None:
+            return None
+        return expected_tokens(self.acceptance, k) / (k * self.draft_s + self.verify_s)
+
+    def best_k(self) -> int:
+        rates = {k: self.rate(k) for k in range(K_MIN, K_MAX + 1)}
+        if any(r is None for r in rates.values()):
+            return K_START
+        return max(rates, key=lambda k: rates[k] or 0.0)
+
+    def pays(self, cloud_tpot_s: float | None) -> tuple[bool, str]:
+        """Whether speculation is expected to beat plain cloud streaming, and why."""
+        if self.rounds < MIN_ROUNDS or cloud_tpot_s is None:
+            return True, f"acceptance {self.acceptance:.2f} (too few rounds to judge the pay)"
+        k = self.best_k()
+        rate = self.rate(k) or 0.0
+        plain = 1.0 / cloud_tpot_s
+        words = (
+            f"expected {rate:.1f} tok/s at k={k} (acceptance {self.acceptance:.2f}, "
+            f"verify {1e3 * (self.verify_s or 0):.0f} ms) vs plain cloud {plain:.1f} tok/s"
+        )
+        return rate >= PAYS_SHARE * plain, words
+
+
+@dataclass
+class SpeculationState:
+    """Per client: verifiers by endpoint (probed once), and the outlook by endpoint."""
+
+    verifiers: dict[tuple[str, str], Probed] = field(default_factory=dict)
+    outlooks: dict[tuple[str, str], Outlook] = field(default_factory=dict)
+    _locks: dict[tuple[str, str], anyio.Lock] = field(default_factory=dict)
+    clients: dict[tuple[str, str], httpx2.AsyncClient] = field(default_factory=dict)
+
+    def outlook(self, key: tuple[str, str]) -> Outlook:
+        return self.outlooks.setdefault(key, Outlook())
+
+    def known(self, key: tuple[str, str]) -> Probed | None:
+        return self.verifiers.get(key)
+
+    async def verifier(
+        self, key: tuple[str, str], api_key: str | None, drafter: LocalDrafter
+    ) -> Probed:
+        """The endpoint's verifier, probed on first use (one probe at a time per endpoint)."""
+        found = self.verifiers.get(key)
+        if found is not None:
+            return found
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock:
+            found = self.verifiers.get(key)
+            if found is None:
+                base_url, model = key
+                client = self.clients.get(key)
+                if client is None:
+                    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+                    client = httpx2.AsyncClient(
+                        base_url=base_url.rstrip("/") + "/",
+                        headers=headers,
+                        timeout=httpx2.Timeout(120.0, connect=5.0),
+                    )
+                    self.clients[key] = client
+                ids = drafter.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")
+                pieces = [drafter.piece([t], ids[:i]).decode("utf-8", "ignore")
+                          for i, t in enumerate(ids)]  # fmt: skip
+                found = await probe(client, model, ids, pieces)
+                self.verifiers[key] = found
+        return found
+
+    async def aclose(self) -> None:
+        clients, self.clients = self.clients, {}
+        for client in clients.values():
+            await client.aclose()
