@@ -137,14 +137,17 @@ async def test_hedged_cloud_is_cancelled_when_local_turns_out_confident_scripted
     assert took < 0.9  # the cloud's one-second answer was not waited for
 
 
-async def test_cascade_must_be_allowed_by_the_policy_scripted() -> None:
+async def test_a_call_plan_runs_the_cascade_the_policy_does_not_list_scripted() -> None:
+    # plan= per call asks for a plan, as engine= asks for an engine (Policy.with_plan adds it)
     local = SignalScriptedEngine(hold_s=0.0, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
+    pol = Policy(name="p", router_threshold=0.5)
+    assert "cascade" not in pol.plans
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        with pytest.raises(ConfigError, match="not allowed by policy"):
-            await client.complete("hi", policy=Policy(name="p", router_threshold=0.5),
-                                  plan="cascade")  # fmt: skip
-    assert local.signal_calls == 0
+        done = await client.complete("hi", policy=pol, plan="cascade")
+        plain = await client.complete("hi", policy=pol)
+    assert local.signal_calls == 1  # only the call that asked for the cascade read signals
+    assert done.trace.cascade is not None and plain.trace.cascade is None
 
 
 async def test_router_score_reports_stage1_stage2_and_the_local_cost_scripted() -> None:
