@@ -65,6 +65,7 @@ decide between a retry (nothing delivered) and a continuation (some text deliver
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -303,6 +304,14 @@ class PrivacyBlockedError(RefusedError):
         )
 
 
+def _usd_format(*amounts: float) -> str:
+    """A fixed-point format with at least 6 decimals and 3 significant digits of the smallest
+    non-zero amount, so a message never prints two different amounts as the same figure."""
+    small = min((abs(a) for a in amounts if a), default=1.0)
+    digits = 6 if small >= 1e-3 else min(12, 2 - math.floor(math.log10(small)))
+    return f".{digits}f"
+
+
 class BudgetExceededError(RefusedError):
     """The request's worst-case cost does not fit under a cap (USD figures as plain floats)."""
 
@@ -321,10 +330,11 @@ class BudgetExceededError(RefusedError):
         self.spent_usd = spent_usd
         self.reserved_usd = reserved_usd
         self.needed_usd = needed_usd
+        usd = _usd_format(limit_usd, spent_usd, reserved_usd, needed_usd)
         super().__init__(
-            f"budget: {cap} cap of ${limit_usd:.6f} cannot cover this request (spent "
-            f"${spent_usd:.6f}, reserved by requests in flight ${reserved_usd:.6f}, this request "
-            f"needs up to ${needed_usd:.6f}); nothing was sent to the {engine} engine",
+            f"budget: {cap} cap of ${limit_usd:{usd}} cannot cover this request (spent "
+            f"${spent_usd:{usd}}, reserved by requests in flight ${reserved_usd:{usd}}, this "
+            f"request needs up to ${needed_usd:{usd}}); nothing was sent to the {engine} engine",
             engine=engine,
         )
 

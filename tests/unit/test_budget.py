@@ -252,3 +252,10 @@ def test_running_totals_always_match_the_entries(ops: list[tuple[str, int, str]]
                     (key, scope_key),
                 ).fetchone()
                 assert total == (spent, held), (period, scope_key, key)
+
+
+def test_budget_refusal_prints_tiny_amounts_so_they_differ() -> None:
+    err = BudgetExceededError(
+        cap="per-request", limit_usd=2e-8, spent_usd=0.0, reserved_usd=0.0, needed_usd=3.4e-8
+    )
+    assert "cap of $0.0000000200" in str(err) and "needs up to $0.0000000340" in str(err)
