@@ -1,0 +1,80 @@
+"""The speculative plan through dialect (b), vLLM's `prompt_logprobs`, against the project's own
+server (`hybridllm serve`, SmolLM2, the `cloud_server` fixture behind a FaultProxy): the probe
+finds the dialect, rounds verify token by token, and every committed token is the server's own
+greedy choice at its position or a near-tie (asked of the same server afterwards, one answer at
+a time: no two generations are compared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
+from hybridllm.events import Done, Draft, Retract, Token
+from hybridllm.testing import FaultProxy, HybridServer
+from tests.integration.servers import ALIAS, API_KEY
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+NEAR_TIE = 0.05
+
+
+def off_greedy(server: HybridServer, ids: list[int], start: int) -> list[int]:
+    """Positions at or after `start` whose token is neither the server's top choice nor within
+    NEAR_TIE nats of it, by one scoring request over the whole sequence."""
+    body = {"model": ALIAS, "prompt": ids, "prompt_logprobs": 2, "max_tokens": 0,
+            "temperature": 0.0}  # fmt: skip
+    r = httpx2.post(server.base_url + "/completions", json=body, timeout=300,
+                    headers={"Authorization": f"Bearer {API_KEY}"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    rows = r.json()["choices"][0]["prompt_logprobs"]
+    bad = []
+    for p in range(start, len(ids)):
+        row = {int(k): v["logprob"] for k, v in rows[p].items()}
+        best = max(row.values())
+        got = row.get(ids[p])
+        if got is None or best - got > NEAR_TIE:
+            bad.append(p)
+    return bad
+
+
+@pytest.mark.parametrize("prompt", ["Write a Python function that adds two numbers.",
+                                    "List three colors."])  # fmt: skip
+async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_tokens(
+    prompt: str, proxy: FaultProxy, cloud_server: HybridServer, model_path: Path
+) -> None:
+    local = LlamaCppEngine(model_path, warm_up=False)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    async with HybridClient(local, cloud, router=None) as client:
+        async with client.stream(
+            prompt, plan="speculative", show_drafts=True, max_tokens=24, temperature=0
+        ) as s:
+            events = [e async for e in s.events()]
+        spec = s.trace.speculation
+        assert spec is not None and spec.verifier.startswith("prompt-logprobs"), spec
+        assert spec.rounds >= 1 and spec.accepted >= 1 and spec.drafted >= spec.accepted
+        assert len(spec.k) == len(spec.verify_ms) == spec.rounds
+        text = "".join(e.text for e in events if isinstance(e, Token))
+        assert text and isinstance(events[-1], Done)
+        assert any(isinstance(e, Draft) for e in events)
+        pending = ""
+        for e in events:  # drafts less retractions are where each committed piece starts
+            if isinstance(e, Draft):
+                pending += e.text
+            elif isinstance(e, Retract):
+                assert pending.endswith(e.text)
+                pending = pending[: len(pending) - len(e.text)]
+            elif isinstance(e, Token):
+                assert e.text.startswith(pending), (e.text, pending)
+                pending = ""
+        sess = local._session
+        assert sess is not None
+        prompt_ids = sess.tokenize(sess.render([{"role": "user", "content": prompt}]))
+        upto = text if spec.switched_at is None else text[: spec.switched_at]
+        answer_ids = sess.tokenize(upto)
+    ids = prompt_ids + answer_ids
+    bad = off_greedy(cloud_server, ids, len(prompt_ids))
+    # re-tokenising the committed text can split its last token differently: judge all but it
+    assert [p for p in bad if p < len(ids) - 1] == [], (bad, len(prompt_ids), len(ids))
