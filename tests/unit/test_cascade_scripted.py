@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import ConfigError, HybridClient, Policy, QueueFullError, ScriptedEngine, Token
+from hybridllm import HybridClient, Policy, QueueFullError, ScriptedEngine, Token
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
 
