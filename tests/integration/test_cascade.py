@@ -2,7 +2,8 @@
 
 Local: Qwen2.5-Coder-0.5B through the real llama-cpp-python engine (the model router stage 2 was
 trained on: its signals mean something only for it). Cloud: the stand-in OpenAI-compatible
-server on loopback (`llama_server`, SmolLM2). Router: the shipped artifact with its stage 2.
+server on loopback (`cloud_server`: hybridllm serve, SmolLM2). Router: the shipped artifact
+with its stage 2.
 Each test judges one generation on its own, never two against each other.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
 from hybridllm.routing import DecisionLog, Router
-from hybridllm.testing import LlamaServer
+from hybridllm.testing import HybridServer, LlamaServer
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -43,9 +44,9 @@ def router() -> Router:
 
 
 async def test_router_score_reads_the_local_model(
-    llama_server: LlamaServer, router: Router
+    cloud_server: HybridServer, router: Router
 ) -> None:
-    local, cloud = engines(llama_server)
+    local, cloud = engines(cloud_server)
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         score = await client.router_score(PROMPT)
         mc = await client.router_score(
@@ -64,9 +65,9 @@ async def test_router_score_reads_the_local_model(
 
 
 async def test_cascade_releases_the_local_answer(
-    llama_server: LlamaServer, router: Router, tmp_path: Path
+    cloud_server: HybridServer, router: Router, tmp_path: Path
 ) -> None:
-    local, cloud = engines(llama_server)
+    local, cloud = engines(cloud_server)
     log = DecisionLog(tmp_path / "d.db", store_prompts=True)
     async with HybridClient(local=local, cloud=cloud, router=router, decision_log=log) as c:
         s = c.stream(PROMPT, policy=cascade_policy(1.0), plan="cascade")
@@ -87,9 +88,9 @@ async def test_cascade_releases_the_local_answer(
 
 
 async def test_cascade_defers_to_the_cloud_before_anything_is_shown(
-    llama_server: LlamaServer, router: Router
+    cloud_server: HybridServer, router: Router
 ) -> None:
-    local, cloud = engines(llama_server)
+    local, cloud = engines(cloud_server)
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         s = client.stream(PROMPT, policy=cascade_policy(0.0), plan="cascade")
         tokens = [e async for e in s.events() if isinstance(e, Token)]
