@@ -379,23 +379,20 @@ class GuardedEngine:
         deltas: int,
     ) -> tuple[TokenUsage, float] | None:
         """Settle (billed) or release the reservation; the usage and cost settled, if any."""
-        ledger = self.ledger
-        assert ledger is not None
-        if not billed:
-            await anyio.to_thread.run_sync(ledger.release, reservation)
-            return None
+        usage: TokenUsage | None = None
         if (
-            finish is not None
+            billed
+            and finish is not None
             and not finish.usage_estimated
             and finish.prompt_tokens is not None
             and finish.completion_tokens is not None
         ):
             usage = TokenUsage(finish.prompt_tokens, finish.completion_tokens)
-        else:  # no usage reported: the prompt bound and the deltas counted (one token each)
-            usage = TokenUsage(
-                reservation.prompt_tokens, min(deltas, request.max_tokens), estimated=True
-            )
-        return usage, await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
+        # no usage reported: the prompt bound and the deltas counted (one token each)
+        deltas = min(deltas, request.max_tokens)
+        return await self._settle_call(
+            reservation, billed, usage, reservation.prompt_tokens, deltas
+        )
 
 
 class BoundGuard:
