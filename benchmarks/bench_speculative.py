@@ -14,7 +14,10 @@ round trip (0, 20, 50, 100 ms by default).
 Per RTT and prompt kind (code, prose), for the speculative plan: acceptance, accepted tokens per
 round trip, cloud calls and cloud decode steps per 100 output tokens, billed prompt tokens per
 100 output tokens, time to the first draft and to the first committed token, and total time for
-`--tokens` tokens (128); beside it cloud-only and local-only in the same run. Both models share
+`--tokens` tokens (128); beside it the plan at a fixed k = 8 (`speculative_k`, the reference:
+it never steps aside), cloud-only and local-only in the same run. Each client first makes one
+plain cloud request (not timed) so the adaptive plan judges its pay against the cloud's
+measured speed; `--cold` leaves it out (the latency model's prior then stands in). Both models share
 this machine's cores, which a real device and cloud do not.
 """
 
@@ -42,6 +45,7 @@ from hybridllm import (  # noqa: E402
     LlamaCppEngine,
     ModelPrice,
     OpenAIEngine,
+    Policy,
     Prices,
 )
 from hybridllm.events import Done, Draft  # noqa: E402
@@ -73,7 +77,7 @@ def served(model: str) -> Iterator[tuple[str, str]]:
 
 
 async def per_rtt(
-    url: str, model: str, local: str, modes: list[str], tokens: int
+    url: str, model: str, local: str, modes: list[str], tokens: int, warm: bool
 ) -> list[dict[str, Any]]:
     """One client per round trip: a short first request probes the dialect (not timed)."""
     prices = Prices(models={model: ModelPrice(input_per_million=1.0, output_per_million=1.0)})
@@ -83,8 +87,10 @@ async def per_rtt(
         router=None, prices=prices, ledger=Ledger(),
     )  # fmt: skip
     rows = []
-    async with client:
+    async with client:  # warm-up, not timed: probe the dialect; the cloud's plain speed
         await client.complete("Hi.", plan="speculative", max_tokens=2, temperature=0)
+        if warm:
+            await client.complete("Count from 1 to 20.", engine="cloud", max_tokens=24)
         for kind, prompt in PROMPTS.items():
             for mode in modes:
                 r = await one(client, mode, prompt, tokens)
@@ -98,6 +104,9 @@ async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict
     kw: dict[str, Any] = {"max_tokens": tokens, "temperature": 0}
     if mode == "speculative":
         kw.update(plan="speculative", show_drafts=True)
+    elif mode.startswith("spec-k"):  # a fixed k: the reference (no stepping aside)
+        k = int(mode.removeprefix("spec-k"))
+        kw.update(policy=Policy(name=mode, speculative_k=k), plan="speculative", show_drafts=True)
     else:
         kw["engine"] = mode
     t0 = time.perf_counter()
@@ -143,7 +152,13 @@ def main() -> None:
     ap.add_argument("--local", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--rtt", default="0,20,50,100", help="added round trips in ms")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--modes", default="speculative,cloud,local")
+    ap.add_argument("--modes", default="speculative,spec-k8,cloud,local")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="no plain cloud request before timing (the "
+        "adaptive plan then judges its pay against the latency model's prior)",
+    )
     ap.add_argument("--quick", action="store_true", help="SmolLM2 both sides, 0 and 50 ms, 32")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -164,7 +179,10 @@ def main() -> None:
             modes = [m for m in args.modes.split(",") if m != "local" or rtt == rtts[0]]
             print(f"## added round trip {rtt:g} ms")
             with FaultProxy(upstream=(host, int(port)), faults=Faults(latency_ms=rtt)) as proxy:
-                got = anyio.run(per_rtt, proxy.url + "/v1", model, args.local, modes, args.tokens)
+                got = anyio.run(
+                    per_rtt, proxy.url + "/v1", model, args.local, modes, args.tokens,
+                    not args.cold,
+                )  # fmt: skip
             rows += [{**r, "rtt_ms": rtt} for r in got]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -12,7 +12,7 @@ the second half of this module. Every field is optional:
     priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
     plan, handoff_after_tokens                                  a plan to run; handoff's local part
     hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
-    show_drafts, max_verify_overhead                            the speculative plan
+    show_drafts, max_verify_overhead, speculative_k             the speculative plan
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -111,6 +111,9 @@ class Policy(BaseModel):
     # tokens its verification rounds bill per committed token (past it: plain cloud streaming)
     show_drafts: bool = Field(default=False, strict=True)
     max_verify_overhead: float | None = Field(default=None, gt=0)
+    # drafts per round, fixed (1 to 16; None: k adapts to the measured acceptance and round
+    # trip). A fixed k is the caller's choice: the plan does not step aside when it stops paying
+    speculative_k: int | None = Field(default=None, ge=1, le=16)
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     # the decode speed the scenario needs (ms per output token after the first)
     tpot_target_ms: float | None = Field(default=None, gt=0)
@@ -178,6 +181,13 @@ class Policy(BaseModel):
     @classmethod
     def _count(cls, v: object) -> object:
         if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("must be an int")
+        return v
+
+    @field_validator("speculative_k", mode="before")
+    @classmethod
+    def _maybe_count(cls, v: object) -> object:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise ValueError("must be an int")
         return v
 

@@ -201,8 +201,8 @@ class Routing:
             return True, "the cloud's verification dialect is probed on this request"
         if probed.verifier is None:
             return False, probed.reason
-        cloud_tpot = self.latency.engine("cloud").tpot()[0] if self.latency.knows("cloud") else None
-        return spec.outlook(key).pays(cloud_tpot)
+        # the latency model's figure (its prior until the cloud has streamed here)
+        return spec.outlook(key).pays(self.latency.engine("cloud").tpot()[0])
 
     def decide(
         self,

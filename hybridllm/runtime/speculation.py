@@ -6,8 +6,10 @@ The expected gain. With a per-token acceptance rate a, a round that drafts k tok
 E(k) = (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and the cloud's own token) and takes
 k * t_draft + t_verify. Plain cloud streaming commits 1 / t_cloud tokens per second. k is the
 one that maximises E(k) / (k * t_draft + t_verify); speculation pays while that rate is at least
-`PAYS_SHARE` of the plain rate. vLLM's prompt log-probabilities recompute the whole prefill on
-every round (no prefix cache for such requests), which the measured t_verify holds; the money
+`PAYS_SHARE` of the plain rate (the cloud's measured time per token, or the latency model's
+prior before the cloud has streamed; a policy's fixed `speculative_k` skips the pay test).
+vLLM's prompt log-probabilities recompute the whole prefill on every round (no prefix cache for
+such requests), which the measured t_verify holds; the money
 is counted by the guard (each round bills the whole context as prompt tokens), and
 `max_prompt_overhead` caps the billed prompt tokens per committed token.
 """

@@ -42,6 +42,10 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ('temperature = "hot"', "temperature"),
         ("ttft_deadline_ms = -5", "ttft_deadline_ms"),
         ("colour = 3", "colour"),
+        ("speculative_k = 0", "speculative_k"),
+        ("speculative_k = 17", "speculative_k"),
+        ("speculative_k = 2.5", "speculative_k"),
+        ("speculative_k = true", "speculative_k"),
     ],
 )
 def test_malformed_file_names_file_and_field(tmp_path: Path, body: str, field: str) -> None:

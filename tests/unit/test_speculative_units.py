@@ -208,6 +208,24 @@ def test_k_follows_acceptance_and_speculation_steps_aside_when_it_stops_paying()
     assert Outlook().pays(0.04)[0]  # too few rounds to judge: try
 
 
+def test_a_fixed_k_drafts_k_and_never_steps_aside_for_pay_but_adaptive_k_does() -> None:
+    from hybridllm.runtime.plans.speculative import SpeculativeSetup, _should_switch
+    from hybridllm.runtime.speculation import SpeculationState
+
+    bad = Outlook()
+    for _ in range(6):
+        bad.observe(8, 1, 8 * 0.02, 0.60)
+    eng = ScriptedEngine("cloud")
+    adaptive = SpeculativeSetup(eng, eng, SpeculationState(), cloud_tpot_s=0.04)
+    fixed = SpeculativeSetup(eng, eng, SpeculationState(), cloud_tpot_s=0.04, k=8)
+    why = _should_switch(bad, adaptive, billed_prompt=100, n_out=20)
+    assert why is not None and why.startswith("speculation stopped paying")
+    assert _should_switch(bad, fixed, billed_prompt=100, n_out=20) is None
+    capped = SpeculativeSetup(eng, eng, SpeculationState(), 0.04, k=8, max_prompt_overhead=2.0)
+    assert "verification overhead" in (_should_switch(bad, capped, 100, 20) or "")
+    assert Policy(speculative_k=8).speculative_k == 8 and Policy().speculative_k is None
+
+
 def test_decide_chooses_speculative_when_asked_or_when_it_pays_with_the_reason() -> None:
     pol = Policy(plans=("single", "speculative"))
     facts = RequestFacts(prompt_tokens=20, max_tokens=64)

@@ -65,6 +65,7 @@ class SpeculativeSetup:
     failover: bool = True
     stall_s: float | None = None
     max_prompt_overhead: float | None = None  # billed prompt tokens per committed token
+    k: int | None = None  # drafts per round, fixed (None: adaptive)
 
 
 def _endpoint(cloud: Engine) -> tuple[tuple[str, str] | None, str | None, str]:
@@ -119,7 +120,7 @@ async def _loop(
         left = request.max_tokens - n_out
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
-        k = max(0, min(outlook.best_k(), K_MAX, left - 1))
+        k = max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
         t0 = time.perf_counter()
         drafted = await drafter.draft(ctx, k)
         t1 = time.perf_counter()
@@ -177,7 +178,7 @@ def _should_switch(
     outlook: Outlook, setup: SpeculativeSetup, billed_prompt: int, n_out: int
 ) -> str | None:
     pays, words = outlook.pays(setup.cloud_tpot_s)
-    if not pays:
+    if not pays and setup.k is None:
         return f"speculation stopped paying: {words}"
     cap = setup.max_prompt_overhead
     if cap is not None and n_out >= 8 and billed_prompt / n_out > cap:
@@ -317,9 +318,10 @@ def plan_for(
     lat = routing.latency
     setup = SpeculativeSetup(
         engines["local"], engines["cloud"], routing.speculation,
-        lat.engine("cloud").tpot()[0] if lat.knows("cloud") else None,
+        lat.engine("cloud").tpot()[0],  # the prior until the cloud has streamed here
         policy.show_drafts, decision.failover,
         None if policy.stall_ms is None else policy.stall_ms / 1000.0, policy.max_verify_overhead,
+        policy.speculative_k,
     )  # fmt: skip
     return partial(speculative, setup=setup, request=request, reason=decision.reason)
 
