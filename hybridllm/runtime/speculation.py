@@ -27,6 +27,7 @@ from hybridllm.engines.verify import Probed, probe
 K_MIN, K_MAX, K_START = 1, 16, 8
 PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming
 MIN_ROUNDS = 3  # rounds seen before the plan may decide it does not pay
+EXPLORE_EVERY = 10  # a request that would not pay still speculates once in this many (to re-judge)
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -44,12 +45,14 @@ class Outlook:
     draft_s: float | None = None  # local seconds per drafted token
     verify_s: float | None = None  # seconds per verification round (round trip included)
     rounds: int = 0
+    skipped: int = 0  # requests since the last one that speculated
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         w = 0.3 if self.rounds >= 3 else 0.6
         if drafted:
             a = accepted / drafted
-            self.acceptance = (1 - w) * self.acceptance + w * a
+            wa = w * min(1.0, drafted / K_START)  # a round of few drafts says little of a
+            self.acceptance = (1 - wa) * self.acceptance + wa * a
             per = draft_s / drafted
             self.draft_s = per if self.draft_s is None else (1 - w) * self.draft_s + w * per
         self.verify_s = (
@@ -81,6 +84,15 @@ class Outlook:
             f"verify {1e3 * (self.verify_s or 0):.0f} ms) vs plain cloud {plain:.1f} tok/s"
         )
         return rate >= PAYS_SHARE * plain, words
+
+    def explore(self) -> bool:
+        """For a request that is not expected to pay: speculate anyway this time (once in
+        `EXPLORE_EVERY`, so a changed acceptance or round trip is seen), else stream plainly."""
+        self.skipped += 1
+        if self.skipped >= EXPLORE_EVERY:
+            self.skipped = 0
+            return True
+        return False
 
 
 @dataclass

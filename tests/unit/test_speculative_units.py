@@ -206,6 +206,16 @@ def test_k_follows_acceptance_and_speculation_steps_aside_when_it_stops_paying()
     pays, why = bad.pays(0.04)
     assert not pays and "vs plain cloud 25.0 tok/s" in why
     assert Outlook().pays(0.04)[0]  # too few rounds to judge: try
+    # a round of one draft moves the acceptance less than a round of eight
+    one, eight = Outlook(), Outlook()
+    one.observe(1, 0, 0.02, 0.1)
+    eight.observe(8, 0, 0.16, 0.1)
+    assert eight.acceptance < one.acceptance < 0.7
+    # a request that would not pay streams plainly, except once in EXPLORE_EVERY
+    from hybridllm.runtime.speculation import EXPLORE_EVERY
+
+    explored = [bad.explore() for _ in range(3 * EXPLORE_EVERY)]
+    assert explored.count(True) == 3 and explored[EXPLORE_EVERY - 1]
 
 
 def test_a_fixed_k_drafts_k_and_never_steps_aside_for_pay_but_adaptive_k_does() -> None:

@@ -100,7 +100,12 @@ async def speculative(
     spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
     if probed.verifier is None:
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    await _loop(run, setup, request, drafter, probed.verifier, setup.state.outlook(key), spec)
+    outlook = setup.state.outlook(key)
+    if setup.k is None:  # known not to pay here: stream plainly from the start (or explore)
+        pays, words = outlook.pays(setup.cloud_tpot_s)
+        if not pays and not outlook.explore():
+            return await _plain(run, setup, request, "", 0, f"speculation does not pay: {words}")
+    await _loop(run, setup, request, drafter, probed.verifier, outlook, spec)
 
 
 async def _loop(
