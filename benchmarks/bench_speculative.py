@@ -7,18 +7,20 @@
 The cloud is an OpenAI-compatible endpoint answering a verification dialect (vLLM's
 `prompt_logprobs`, or llama-cpp-python's echo + logprobs, which is correct but far too slow to
 time: see DESIGN.md). `--cloud-url` uses a running one; `--serve` starts one: the project's own
-server (`hybridllm serve`, through a `hybridllm.testing` wrapper when one exists), else
-`llama_cpp.server` through `LlamaServer`. A `FaultProxy` between the SDK and the server adds the
-round trip (0, 20, 50, 100 ms by default).
+server (`hybridllm serve`, `HybridServer`), or with `--echo` `llama_cpp.server`. A `FaultProxy`
+between the SDK and the server adds the round trip (0, 20, 50, 100 ms by default).
 
 Per RTT and prompt kind (code, prose), for the speculative plan: acceptance, accepted tokens per
 round trip, cloud calls and cloud decode steps per 100 output tokens, billed prompt tokens per
 100 output tokens, time to the first draft and to the first committed token, and total time for
-`--tokens` tokens (128); beside it the plan at a fixed k = 8 (`speculative_k`, the reference:
-it never steps aside), cloud-only and local-only in the same run. Each client first makes one
-plain cloud request (not timed) so the adaptive plan judges its pay against the cloud's
-measured speed; `--cold` leaves it out (the latency model's prior then stands in). Both models share
-this machine's cores, which a real device and cloud do not.
+`--tokens` tokens (128); beside it the plan at a fixed k = 8 (`speculative_k`, the reference: it
+never steps aside), the same without drafting ahead during verification (`spec-k8-seq`),
+cloud-only and local-only, in the same run. Each client first makes one plain cloud request (not
+timed) so the adaptive plan judges its pay against the cloud's measured speed (`--cold`: the
+latency model's prior stands in), and before each timed request one that evicts the prompt from
+the server's KV prefix, so every mode starts from the same cold prefill. By default both models
+share this machine's cores, which a real device and cloud do not; `--pin` gives each one core
+and one thread.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from hybridllm import (  # noqa: E402
 )
 from hybridllm.events import Done, Draft  # noqa: E402
 from hybridllm.local.resolve import resolve_model  # noqa: E402
-from hybridllm.testing import FaultProxy, Faults, LlamaServer  # noqa: E402
+from hybridllm.testing import FaultProxy, Faults, HybridServer, LlamaServer  # noqa: E402
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a string is a palindrome.",
@@ -59,30 +61,37 @@ PROMPTS = {
 
 
 @contextlib.contextmanager
-def served(model: str) -> Iterator[tuple[str, str]]:
-    """(base_url, model name) of a started stand-in cloud."""
+def served(model: str, pin: bool = False, echo: bool = False) -> Iterator[tuple[str, str]]:
+    """(base_url, model name) of a started stand-in cloud: the project's own fast server
+    (`hybridllm serve`), or with `echo` llama_cpp.server (dialect (a), correct but far too slow
+    to time). `pin`: one thread on CPU 1 (the child inherits this process's affinity at start;
+    this process then moves to CPU 0, where the local engine runs with one thread)."""
     path = resolve_model(model)
-    try:  # the project's own fast server, when this checkout has its wrapper
-        from hybridllm import testing
-
-        wrapper = testing.__dict__.get("HybridServer")
-    except ImportError:  # pragma: no cover
-        wrapper = None
-    if wrapper is not None:
-        with wrapper(path, alias="cloud") as s:
+    if echo:
+        extra = ["--logits_all", "true"]
+        with LlamaServer(path, alias="cloud", n_ctx=2048, extra_args=extra) as s:
             yield s.base_url, "cloud"
         return
-    with LlamaServer(path, alias="cloud", n_ctx=2048, extra_args=["--logits_all", "true"]) as s:
-        yield s.base_url, "cloud"
+    if not pin:
+        with HybridServer(path, alias="cloud") as s:
+            yield s.base_url, "cloud"
+        return
+    os.sched_setaffinity(0, {1})
+    try:
+        with HybridServer(path, alias="cloud", n_threads=1) as s:
+            os.sched_setaffinity(0, {0})
+            yield s.base_url, "cloud"
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
 
 
 async def per_rtt(
-    url: str, model: str, local: str, modes: list[str], tokens: int, warm: bool
+    url: str, model: str, local: str, modes: list[str], tokens: int, warm: bool, threads: int | None
 ) -> list[dict[str, Any]]:
     """One client per round trip: a short first request probes the dialect (not timed)."""
     prices = Prices(models={model: ModelPrice(input_per_million=1.0, output_per_million=1.0)})
     client = HybridClient(
-        LlamaCppEngine(local),
+        LlamaCppEngine(local, n_threads=threads),
         OpenAIEngine(base_url=url, api_key="none", model=model),
         router=None, prices=prices, ledger=Ledger(),
     )  # fmt: skip
@@ -92,7 +101,9 @@ async def per_rtt(
         if warm:
             await client.complete("Count from 1 to 20.", engine="cloud", max_tokens=24)
         for kind, prompt in PROMPTS.items():
-            for mode in modes:
+            for mode in modes:  # evict the prompt from the server's KV prefix first: each
+                # mode starts with the same cold prefill
+                await client.complete("Say OK.", engine="cloud", max_tokens=1, temperature=0)
                 r = await one(client, mode, prompt, tokens)
                 r["kind"] = kind
                 rows.append(r)
@@ -104,9 +115,11 @@ async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict
     kw: dict[str, Any] = {"max_tokens": tokens, "temperature": 0}
     if mode == "speculative":
         kw.update(plan="speculative", show_drafts=True)
-    elif mode.startswith("spec-k"):  # a fixed k: the reference (no stepping aside)
-        k = int(mode.removeprefix("spec-k"))
-        kw.update(policy=Policy(name=mode, speculative_k=k), plan="speculative", show_drafts=True)
+    elif mode.startswith("spec-k"):  # a fixed k: the reference (no stepping aside); "-seq":
+        # no drafting ahead during verification
+        k, _, seq = mode.removeprefix("spec-k").partition("-")
+        pol = Policy(name=mode, speculative_k=int(k), speculative_ahead=seq != "seq")
+        kw.update(policy=pol, plan="speculative", show_drafts=True)
     else:
         kw["engine"] = mode
     t0 = time.perf_counter()
@@ -138,7 +151,7 @@ async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict
             cloud_decode_per_100=round(100 * (sp.rounds + (n - sp.accepted - sp.rounds
                                        if plain_calls else 0)) / n, 1),
             verify_ms_median=round(statistics.median(sp.verify_ms)) if sp.verify_ms else None,
-            switched=sp.switched, switched_at=sp.switched_at,
+            switched=sp.switched, switched_at=sp.switched_at, ahead_used=sp.ahead_used,
         )  # fmt: skip
     return out
 
@@ -152,7 +165,12 @@ def main() -> None:
     ap.add_argument("--local", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--rtt", default="0,20,50,100", help="added round trips in ms")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--modes", default="speculative,spec-k8,cloud,local")
+    ap.add_argument("--modes", default="speculative,spec-k8,spec-k8-seq,cloud,local")
+    ap.add_argument(
+        "--pin", action="store_true",
+        help="device and cloud on a core each, one thread each (as on separate hardware)",
+    )  # fmt: skip
+    ap.add_argument("--echo", action="store_true", help="serve with llama_cpp.server")
     ap.add_argument(
         "--cold",
         action="store_true",
@@ -170,18 +188,19 @@ def main() -> None:
         if args.cloud_url:
             url, model = args.cloud_url, args.cloud_model
         else:
-            url, model = stack.enter_context(served(args.cloud))
+            url, model = stack.enter_context(served(args.cloud, args.pin, args.echo))
         host_port = url.split("//", 1)[1].split("/", 1)[0]
         host, port = host_port.rsplit(":", 1)
         rows = []
-        print(f"# local {args.local}, cloud {model} at {url}; both on this machine's cores")
+        where = "a core and a thread each" if args.pin else "both on this machine's 2 cores"
+        print(f"# local {args.local}, cloud {model} at {url}; {where}")
         for rtt in rtts:
             modes = [m for m in args.modes.split(",") if m != "local" or rtt == rtts[0]]
             print(f"## added round trip {rtt:g} ms")
             with FaultProxy(upstream=(host, int(port)), faults=Faults(latency_ms=rtt)) as proxy:
                 got = anyio.run(
                     per_rtt, proxy.url + "/v1", model, args.local, modes, args.tokens,
-                    not args.cold,
+                    not args.cold, 1 if args.pin else None,
                 )  # fmt: skip
             rows += [{**r, "rtt_ms": rtt} for r in got]
     if args.json:

@@ -12,7 +12,8 @@ the second half of this module. Every field is optional:
     priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
     plan, handoff_after_tokens                                  a plan to run; handoff's local part
     hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
-    show_drafts, max_verify_overhead, speculative_k             the speculative plan
+    show_drafts, max_verify_overhead, speculative_k,            the speculative plan
+    speculative_ahead
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -114,6 +115,9 @@ class Policy(BaseModel):
     # drafts per round, fixed (1 to 16; None: k adapts to the measured acceptance and round
     # trip). A fixed k is the caller's choice: the plan does not step aside when it stops paying
     speculative_k: int | None = Field(default=None, ge=1, le=16)
+    # draft the next round while this one is verified (the device is idle during the round
+    # trip); off where device and cloud share cores, or to save the device's work
+    speculative_ahead: bool = Field(default=True, strict=True)
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     # the decode speed the scenario needs (ms per output token after the first)
     tpot_target_ms: float | None = Field(default=None, gt=0)

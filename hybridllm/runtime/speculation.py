@@ -2,16 +2,17 @@
 remembered), and the measured acceptance, local drafting time and verification round trip that
 choose k and say whether speculation pays.
 
-The expected gain. With a per-token acceptance rate a, a round that drafts k tokens commits
-E(k) = (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and the cloud's own token) and takes
-k * t_draft + t_verify. Plain cloud streaming commits 1 / t_cloud tokens per second. k is the
-one that maximises E(k) / (k * t_draft + t_verify); speculation pays while that rate is at least
-`PAYS_SHARE` of the plain rate (the cloud's measured time per token, or the latency model's
-prior before the cloud has streamed; a policy's fixed `speculative_k` skips the pay test).
-vLLM's prompt log-probabilities recompute the whole prefill on every round (no prefix cache for
-such requests), which the measured t_verify holds; the money
-is counted by the guard (each round bills the whole context as prompt tokens), and
-`max_prompt_overhead` caps the billed prompt tokens per committed token.
+The expected gain. With a per-token acceptance rate a, a round that drafts k tokens commits E(k) =
+(1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and the cloud's own token) and takes k *
+t_draft + t_verify (drafting ahead during verification, `plans._ahead`: a wholly accepted round's
+successor costs only what its drafting outruns the round trip). Plain cloud streaming commits 1 /
+t_cloud tokens per second. k is the one that maximises E(k) / (k * t_draft + t_verify); speculation
+pays while that rate is at least `PAYS_SHARE` of the plain rate (the cloud's measured time per
+token, or the latency model's prior before the cloud has streamed; a policy's fixed `speculative_k`
+skips the pay test). vLLM's prompt log-probabilities recompute the whole prefill on every round (no
+prefix cache for such requests), which the measured t_verify holds; the money is counted by the
+guard (each round bills the whole context as prompt tokens), and `max_prompt_overhead` caps the
+billed prompt tokens per committed token.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ class Outlook:
     rounds: int = 0
     skipped: int = 0  # requests since the last one that speculated
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    pipelined: bool = False  # rounds draft ahead during verification (`plans._ahead`)
+
+    def observe(
+        self, drafted: int, accepted: int, draft_s: float, verify_s: float, *,
+        pipelined: bool = False,
+    ) -> None:  # fmt: skip
+        self.pipelined = pipelined
         w = 0.3 if self.rounds >= 3 else 0.6
         if drafted:
             a = accepted / drafted
@@ -64,7 +71,13 @@ class Outlook:
         """Expected committed tokens per second at k (None: not measured yet)."""
         if self.draft_s is None or self.verify_s is None:
             return None
-        return expected_tokens(self.acceptance, k) / (k * self.draft_s + self.verify_s)
+        a, d, v = self.acceptance, k * self.draft_s, self.verify_s
+        if not self.pipelined:
+            return expected_tokens(a, k) / (d + v)
+        # drafted ahead: after a wholly accepted round (and a matching guess, taken as a)
+        # the next draft is ready when the verdict is, less what outran the round trip
+        whole = a ** (k + 1)
+        return expected_tokens(a, k) / (v + (1 - whole) * d + whole * max(0.0, d - v))
 
     def best_k(self) -> int:
         rates = {k: self.rate(k) for k in range(K_MIN, K_MAX + 1)}

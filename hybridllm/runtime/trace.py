@@ -91,6 +91,7 @@ class Speculation:
     switched: str | None = None  # why it switched to plain streaming (None: it did not)
     switched_at: int | None = None  # committed characters before the switch
     near_ties: int = 0  # rounds whose cloud token was chosen at a top-2 gap under 0.05 nats
+    ahead_used: int = 0  # rounds whose draft was made while the previous one was verified
 
     @property
     def acceptance(self) -> float | None:

@@ -19,7 +19,15 @@ import anyio
 import httpx2
 import pytest
 
-from hybridllm import HybridClient, Ledger, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices
+from hybridllm import (
+    HybridClient,
+    Ledger,
+    LlamaCppEngine,
+    ModelPrice,
+    OpenAIEngine,
+    Policy,
+    Prices,
+)
 from hybridllm.engines.verify import _best, echo_shift
 from hybridllm.events import Done, Draft, Fallback, Retract, Token
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
@@ -257,7 +265,11 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
         PromptLogprobsVerifier(_Http(mock, "vllm-mock")), "prompt-logprobs (MockTransport)"
     )
     async with client:
-        r = await client.complete("Say a fact.", plan="speculative", max_tokens=64, temperature=0)
+        # a fixed k: the plan never steps aside to plain streaming (the mock cannot stream)
+        fixed = Policy(name="fixed-k", speculative_k=4)
+        r = await client.complete(
+            "Say a fact.", policy=fixed, plan="speculative", max_tokens=64, temperature=0
+        )
     await mock.aclose()
     spec = r.trace.speculation
     assert spec is not None and spec.verifier == "prompt-logprobs (MockTransport)"

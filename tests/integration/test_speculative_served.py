@@ -56,6 +56,9 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
         assert spec is not None and spec.verifier.startswith("prompt-logprobs"), spec
         assert spec.rounds >= 1 and spec.accepted >= 1 and spec.drafted >= spec.accepted
         assert len(spec.k) == len(spec.verify_ms) == spec.rounds
+        # the same model on both sides agrees at almost every position: after a wholly
+        # accepted round, the next round's draft was made while it was being verified
+        assert spec.rounds == 1 or spec.ahead_used >= 1, spec
         text = "".join(e.text for e in events if isinstance(e, Token))
         assert text and isinstance(events[-1], Done)
         assert any(isinstance(e, Draft) for e in events)

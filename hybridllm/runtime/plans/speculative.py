@@ -45,6 +45,7 @@ from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.plans._ahead import Ahead, verify_with_ahead
 from hybridllm.runtime.speculation import K_MAX, Outlook, SpeculationState
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import Speculation, spend_role
@@ -66,6 +67,7 @@ class SpeculativeSetup:
     stall_s: float | None = None
     max_prompt_overhead: float | None = None  # billed prompt tokens per committed token
     k: int | None = None  # drafts per round, fixed (None: adaptive)
+    ahead: bool = True  # draft the next round while this one is verified (`_ahead`)
 
 
 def _endpoint(cloud: Engine) -> tuple[tuple[str, str] | None, str | None, str]:
@@ -120,6 +122,7 @@ async def _loop(
     prompt_text = drafter.render(request.messages)
     ctx = drafter.tokenize(prompt_text)
     committed, n_out, billed_prompt, stuck = "", 0, 0, 0
+    ahead: Ahead | None = None  # the next round's draft, made while this one was verified
     spend_role.set("verification")
     while True:
         left = request.max_tokens - n_out
@@ -127,7 +130,12 @@ async def _loop(
             return _finish(run, "length", billed_prompt, n_out)
         k = max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
         t0 = time.perf_counter()
-        drafted = await drafter.draft(ctx, k)
+        made = ahead.next_draft(ctx) if ahead is not None and k > 0 else None
+        if made is not None:
+            spec.ahead_used += 1
+            made.eos = made.eos and len(made.ids) <= k
+            made.ids, made.probs = made.ids[:k], made.probs[:k]
+        drafted = made if made is not None else await drafter.draft(ctx, k)
         t1 = time.perf_counter()
         ids = drafted.ids[:-1] if drafted.eos else drafted.ids
         pieces = _pieces(drafter, ctx, ids)
@@ -136,7 +144,14 @@ async def _loop(
             run.emit(Draft(time.perf_counter(), draft_text))
         round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
         try:
-            verdict = await _verify(setup, verifier, round_)
+            if setup.ahead and verifier.token_level and ids and not drafted.eos:
+                k_next = max(1, min(setup.k or outlook.best_k(), K_MAX))
+                verdict, ahead = await verify_with_ahead(
+                    partial(_verify, setup, verifier, round_), drafter, [*ctx, *ids],
+                    len(ids), k_next,
+                )  # fmt: skip
+            else:
+                verdict, ahead = await _verify(setup, verifier, round_), None
         except Unverifiable as exc:
             if setup.show_drafts and draft_text:
                 run.emit(Retract(time.perf_counter(), draft_text))
@@ -157,7 +172,8 @@ async def _loop(
         spec.verify_ms.append((t2 - t1) * 1e3)
         if verdict.gap is not None and verdict.gap < NEAR_TIE:
             spec.near_ties += 1
-        outlook.observe(len(ids), verdict.accepted, t1 - t0, t2 - t1)
+        draft_s = drafted.seconds if made is not None else t1 - t0  # made ahead: its own time
+        outlook.observe(len(ids), verdict.accepted, draft_s, t2 - t1, pipelined=setup.ahead)
         billed_prompt += verdict.prompt_tokens
         text, stopped = _apply_stop(committed, verdict.text, request.stop)
         if text:
@@ -326,7 +342,7 @@ def plan_for(
         lat.engine("cloud").tpot()[0],  # the prior until the cloud has streamed here
         policy.show_drafts, decision.failover,
         None if policy.stall_ms is None else policy.stall_ms / 1000.0, policy.max_verify_overhead,
-        policy.speculative_k,
+        policy.speculative_k, policy.speculative_ahead,
     )  # fmt: skip
     return partial(speculative, setup=setup, request=request, reason=decision.reason)
 
