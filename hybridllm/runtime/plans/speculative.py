@@ -21,6 +21,12 @@ stalls moves the answer to the local engine from the committed text (when the de
 a mid-stream failover); a guard's refusal does the same. Cancelling the stream cancels the
 verification call (its connection is closed) and stops drafting within one decode step.
 
+Drafting ahead (`plans._ahead`, policy `speculative_ahead`, on by default, token-level
+verifiers): while a round is verified the local model drafts the next one as if the whole draft
+were accepted, so the device works during the round trip instead of waiting. Round 0 verifies
+no draft at all: it asks the cloud for its first token (a prefill, at the cloud's own TTFT)
+while the local model prefills and drafts the first round ahead.
+
 `show_drafts`: each round's draft is a `Draft` event before the verification, and the
 rejected end of it a `Retract` event after it; the committed text follows as `Token` events.
 """
@@ -37,7 +43,7 @@ from typing import Protocol
 import anyio
 
 from hybridllm import errors
-from hybridllm.engines._llama_draft import LocalDrafter
+from hybridllm.engines._llama_draft import Drafted, LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
 from hybridllm.engines.verify import Round, Unverifiable, Verdict, Verifier
 from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
@@ -129,13 +135,15 @@ async def _loop(
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
         k = max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
+        if spec.rounds == 0 and setup.ahead and verifier.token_level:
+            k = 0  # round 0: the cloud's first token at its own TTFT, drafting ahead meanwhile
         t0 = time.perf_counter()
         made = ahead.next_draft(ctx) if ahead is not None and k > 0 else None
         if made is not None:
             spec.ahead_used += 1
             made.eos = made.eos and len(made.ids) <= k
             made.ids, made.probs = made.ids[:k], made.probs[:k]
-        drafted = made if made is not None else await drafter.draft(ctx, k)
+        drafted = made or (await drafter.draft(ctx, k) if k else Drafted())
         t1 = time.perf_counter()
         ids = drafted.ids[:-1] if drafted.eos else drafted.ids
         pieces = _pieces(drafter, ctx, ids)
@@ -144,7 +152,7 @@ async def _loop(
             run.emit(Draft(time.perf_counter(), draft_text))
         round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
         try:
-            if setup.ahead and verifier.token_level and ids and not drafted.eos:
+            if setup.ahead and verifier.token_level and not drafted.eos:
                 k_next = max(1, min(setup.k or outlook.best_k(), K_MAX))
                 verdict, ahead = await verify_with_ahead(
                     partial(_verify, setup, verifier, round_), drafter, [*ctx, *ids],
