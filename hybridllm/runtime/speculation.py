@@ -47,7 +47,6 @@ class Outlook:
     verify_s: float | None = None  # seconds per verification round (round trip included)
     rounds: int = 0
     skipped: int = 0  # requests since the last one that speculated
-
     pipelined: bool = False  # rounds draft ahead during verification (`plans._ahead`)
 
     def observe(
@@ -55,13 +54,13 @@ class Outlook:
         pipelined: bool = False,
     ) -> None:  # fmt: skip
         self.pipelined = pipelined
+        if not drafted:  # a round without drafts (round 0, a cloud step) is a prefill or a
+            return  # plain step: it says nothing of the acceptance or the round trip
         w = 0.3 if self.rounds >= 3 else 0.6
-        if drafted:
-            a = accepted / drafted
-            wa = w * min(1.0, drafted / K_START)  # a round of few drafts says little of a
-            self.acceptance = (1 - wa) * self.acceptance + wa * a
-            per = draft_s / drafted
-            self.draft_s = per if self.draft_s is None else (1 - w) * self.draft_s + w * per
+        wa = w * min(1.0, drafted / K_START)  # a round of few drafts says little of a
+        self.acceptance = (1 - wa) * self.acceptance + wa * accepted / drafted
+        per = draft_s / drafted
+        self.draft_s = per if self.draft_s is None else (1 - w) * self.draft_s + w * per
         self.verify_s = (
             verify_s if self.verify_s is None else (1 - w) * self.verify_s + w * verify_s
         )
@@ -90,7 +89,10 @@ class Outlook:
         if self.rounds < MIN_ROUNDS or cloud_tpot_s is None:
             return True, f"acceptance {self.acceptance:.2f} (too few rounds to judge the pay)"
         k = self.best_k()
-        rate = self.rate(k) or 0.0
+        rate = self.rate(k)
+        if rate is None:
+            return True, f"acceptance {self.acceptance:.2f} (drafting not measured yet)"
+
         plain = 1.0 / cloud_tpot_s
         words = (
             f"expected {rate:.1f} tok/s at k={k} (acceptance {self.acceptance:.2f}, "

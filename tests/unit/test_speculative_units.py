@@ -211,6 +211,12 @@ def test_k_follows_acceptance_and_speculation_steps_aside_when_it_stops_paying()
     one.observe(1, 0, 0.02, 0.1)
     eight.observe(8, 0, 0.16, 0.1)
     assert eight.acceptance < one.acceptance < 0.7
+    # rounds without drafts (round 0, a cloud step) teach nothing; unmeasured drafting: try
+    blank = Outlook()
+    for _ in range(5):
+        blank.observe(0, 0, 0.0, 1.5)
+    assert blank.rounds == 0 and blank.verify_s is None
+    assert blank.pays(0.02) == (True, "acceptance 0.70 (too few rounds to judge the pay)")
     # a request that would not pay streams plainly, except once in EXPLORE_EVERY
     from hybridllm.runtime.speculation import EXPLORE_EVERY
 

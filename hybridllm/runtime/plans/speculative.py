@@ -23,9 +23,10 @@ verification call (its connection is closed) and stops drafting within one decod
 
 Drafting ahead (`plans._ahead`, policy `speculative_ahead`, on by default, token-level
 verifiers): while a round is verified the local model drafts the next one as if the whole draft
-were accepted, so the device works during the round trip instead of waiting. Round 0 verifies
-no draft at all: it asks the cloud for its first token (a prefill, at the cloud's own TTFT)
-while the local model prefills and drafts the first round ahead.
+were accepted, so the device works during the round trip instead of waiting. Unless drafts are
+shown (they would then appear only after it), round 0 verifies no draft at all: it asks the
+cloud for its first token (a prefill, at the cloud's own TTFT) while the local model prefills
+and drafts the first round ahead.
 
 `show_drafts`: each round's draft is a `Draft` event before the verification, and the
 rejected end of it a `Retract` event after it; the committed text follows as `Token` events.
@@ -135,7 +136,7 @@ async def _loop(
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
         k = max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
-        if spec.rounds == 0 and setup.ahead and verifier.token_level:
+        if spec.rounds == 0 and setup.ahead and verifier.token_level and not setup.show_drafts:
             k = 0  # round 0: the cloud's first token at its own TTFT, drafting ahead meanwhile
         t0 = time.perf_counter()
         made = ahead.next_draft(ctx) if ahead is not None and k > 0 else None
