@@ -14,8 +14,9 @@ Per RTT and prompt kind (code, prose), for the speculative plan: acceptance, acc
 round trip, cloud calls and cloud decode steps per 100 output tokens, billed prompt tokens per
 100 output tokens, time to the first draft and to the first committed token, and total time for
 `--tokens` tokens (128); beside it the plan at a fixed k = 8 (`speculative_k`, the reference: it
-never steps aside), the same without drafting ahead during verification (`spec-k8-seq`),
-cloud-only and local-only, in the same run. Each client first makes one plain cloud request (not
+never steps aside), the same without shown drafts (`spec-k8-r0`: round 0 first) and without
+drafting ahead during verification (`spec-k8-seq`), cloud-only and local-only, in the same run.
+The adaptive plan runs without shown drafts. Each client first makes one plain cloud request (not
 timed) so the adaptive plan judges its pay against the cloud's measured speed (`--cold`: the
 latency model's prior stands in), and before each timed request one that evicts the prompt from
 the server's KV prefix, so every mode starts from the same cold prefill. By default both models
@@ -113,13 +114,13 @@ async def per_rtt(
 
 async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict[str, Any]:
     kw: dict[str, Any] = {"max_tokens": tokens, "temperature": 0}
-    if mode == "speculative":
-        kw.update(plan="speculative", show_drafts=True)
+    if mode == "speculative":  # adaptive; drafts not shown, so it starts with round 0
+        kw.update(plan="speculative", show_drafts=False)
     elif mode.startswith("spec-k"):  # a fixed k: the reference (no stepping aside); "-seq":
-        # no drafting ahead during verification
-        k, _, seq = mode.removeprefix("spec-k").partition("-")
-        pol = Policy(name=mode, speculative_k=int(k), speculative_ahead=seq != "seq")
-        kw.update(policy=pol, plan="speculative", show_drafts=True)
+        # no drafting ahead during verification; "-r0": drafts not shown (round 0 first)
+        k, *flags = mode.removeprefix("spec-k").split("-")
+        pol = Policy(name=mode, speculative_k=int(k), speculative_ahead="seq" not in flags)
+        kw.update(policy=pol, plan="speculative", show_drafts="r0" not in flags)
     else:
         kw["engine"] = mode
     t0 = time.perf_counter()
@@ -165,7 +166,7 @@ def main() -> None:
     ap.add_argument("--local", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--rtt", default="0,20,50,100", help="added round trips in ms")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--modes", default="speculative,spec-k8,spec-k8-seq,cloud,local")
+    ap.add_argument("--modes", default="speculative,spec-k8,spec-k8-r0,spec-k8-seq,cloud,local")
     ap.add_argument(
         "--pin", action="store_true",
         help="device and cloud on a core each, one thread each (as on separate hardware)",
