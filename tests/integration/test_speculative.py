@@ -19,17 +19,10 @@ import anyio
 import httpx2
 import pytest
 
-from hybridllm import (
-    HybridClient,
-    Ledger,
-    LlamaCppEngine,
-    ModelPrice,
-    OpenAIEngine,
-    Policy,
-    Prices,
-)
+from hybridllm import HybridClient, Ledger, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices
 from hybridllm.engines.verify import _best, echo_shift
 from hybridllm.events import Done, Draft, Fallback, Retract, Token
+from hybridllm.policy import Policy
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from tests.integration.servers import ALIAS, API_KEY
 
