@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import HybridClient, Policy, QueueFullError, ScriptedEngine, Token
+from hybridllm import HybridClient, Policy, PolicyError, QueueFullError, ScriptedEngine, Token
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
 
@@ -25,18 +25,26 @@ pytestmark = pytest.mark.anyio
 class SignalScriptedEngine(ScriptedEngine):
     """A scripted local engine whose `signals()` takes `hold_s` and holds `answer`."""
 
-    def __init__(self, *, hold_s: float, answer: str = "Hel", **kw: Any) -> None:
+    def __init__(
+        self, *, hold_s: float, answer: str = "Hel", ended: bool = False, **kw: Any
+    ) -> None:
         super().__init__("local", **kw)
         self.hold_s = hold_s
         self.answer = answer
+        self.ended = ended
         self.signal_calls = 0
+        self.n_answers: list[int] = []
         self.continued_from: list[str] = []
 
     async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
         self.signal_calls += 1
+        self.n_answers.append(n_answer)
         await anyio.sleep(self.hold_s)
-        values = {"first_p": 0.9, "answer_tokens": 1.0, "is_choice": 0.0, "option_p": math.nan}
-        return LocalSignals(values, 10, self.answer, False, self.hold_s * 1e3)
+        n = len(self.answer) + self.ended  # one token per character, the end of text its own
+        lps = tuple(-0.1 * (i + 1) for i in range(n))
+        values = {"first_p": 0.9, "answer_tokens": float(n), "lp_mean": sum(lps) / n,
+                  "lp_min": min(lps), "is_choice": 0.0, "option_p": math.nan}  # fmt: skip
+        return LocalSignals(values, 10, self.answer, self.ended, self.hold_s * 1e3, lps)
 
     def stream(self, request: Any) -> Any:
         self.continued_from.append(request.assistant_prefix)
@@ -171,3 +179,64 @@ async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> N
         tokens, trace, _ = await run(client, policy())
     assert [t.engine for t in tokens] == ["cloud"]
     assert trace.cascade["decision"] == "cloud" and "local failed" in trace.route_reason
+
+
+# ---- complete() judging the whole local answer (cascade_judge = "answer") -----------------------
+
+
+def test_cascade_judge_is_validated() -> None:
+    assert Policy().cascade_judge == "prefix"
+    assert Policy(cascade_judge="answer").cascade_judge == "answer"
+    with pytest.raises(PolicyError) as err:
+        Policy(cascade_judge="whole")  # type: ignore[arg-type]
+    assert err.value.field == "cascade_judge" and "answer" in str(err.value)
+
+
+async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() -> None:
+    long = "The answer is 4, because two and two make four."
+    local = SignalScriptedEngine(hold_s=0.01, answer=long, ended=True, tokens=["never"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    pol = policy(cascade_judge="answer", max_tokens=100)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=pol, plan="cascade")
+    assert local.n_answers == [100]  # the whole answer (max_tokens), not the 8-token hold
+    assert done.text == long and local.continued_from == []  # nothing left to continue
+    c = done.trace.cascade
+    assert c["judge"] == "answer" and c["decision"] == "local"
+    assert c["local_tokens"] == len(long) + 1 and c["answer_signals"]["answer_tokens"] == 48
+    # the logged signals are the first 8 tokens' (stage 2's training form)
+    assert c["signals"]["answer_tokens"] == 8 and c["signals"]["lp_min"] == pytest.approx(-0.8)
+    assert c["answer_signals"]["lp_min"] == pytest.approx(-4.8)
+    assert done.trace.finish_reason == "stop" and done.trace.completion_tokens == 48
+    assert "judging the whole local answer (48 tokens" in done.trace.route_reason
+
+
+async def test_complete_defers_a_judged_answer_to_the_cloud_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.01, answer="maybe 5", ended=True, tokens=["L"])
+    cloud = ScriptedEngine("cloud", tokens=["C1", "C2"])
+    pol = policy(cascade_judge="answer", max_tokens=50)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        done = await client.complete("hi", policy=pol, plan="cascade")
+    assert done.text == "C1C2" and done.trace.engine == "cloud"
+    assert done.trace.cascade["judge"] == "answer" and done.trace.cascade["decision"] == "cloud"
+    assert done.trace.cascade["local_tokens"] == 8  # the local work is on the trace
+
+
+async def test_stream_and_a_prefix_policy_judge_the_held_tokens_only_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        _, streamed, _ = await run(client, policy(cascade_judge="answer", max_tokens=50))
+        done = await client.complete("hi", policy=policy(max_tokens=50), plan="cascade")
+    assert local.n_answers == [8, 8]  # stream() shows tokens as they come: never the whole
+    assert streamed.cascade["judge"] == "prefix" and done.trace.cascade["judge"] == "prefix"
+    assert done.text == "Hello" and "answer_signals" not in done.trace.cascade
+
+
+async def test_a_stop_string_in_the_held_text_ends_the_answer_there_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, answer="4\nEND more", tokens=["never"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=policy(stop=("END",)), plan="cascade")
+    assert done.text == "4\n" and done.trace.finish_reason == "stop"
+    assert local.continued_from == []

@@ -14,6 +14,13 @@
    model cancels it (a cloud request paid for), otherwise its buffered answer is shown.
 4. The hold counts against the first-token deadline: when the signals cannot come inside it
    (or `cascade_hold_ms`), the hold stops and the request runs as today's race.
+5. Under `complete()` (nothing is streamed) with `cascade_judge = "answer"`, the hold is the
+   whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
+   deadline does): stage 2 reads its figures over all the answer's tokens (`answer_tokens`
+   capped at 8, its training range), and the cloud is
+   asked only when that says the answer will not do. `trace.cascade["judge"]` says which ran;
+   its `signals` are the first 8 tokens' (what stage 2 learns from, `router train --from-log`),
+   `answer_signals` the whole answer's, `local_tokens` the local work.
 
 Every cloud request goes through the engine the client gives (the guard: privacy, budget).
 The decision, held time and signals are in `trace.cascade` (and the decision log).
@@ -21,11 +28,13 @@ The decision, held time and signals are in `trace.cascade` (and the decision log
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+from contextvars import ContextVar
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -40,7 +49,7 @@ from hybridllm.runtime.plans.single import single
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Iterator, Sequence
 
     from hybridllm.routing.score import RouterScore
 
@@ -52,6 +61,22 @@ class CascadeSettings:
     cut: float  # combined score above it: the cloud
     text_cut: float | None = None  # stage 1 above it: "unsure", the cloud starts at once
     hedge: bool = False
+    judge: Literal["prefix", "answer"] = "prefix"  # "answer": the whole local answer
+
+
+# set around `stream()` by `complete()`: nothing is streamed, so the whole answer may be judged
+_NOTHING_STREAMED: ContextVar[bool] = ContextVar("hybridllm_nothing_streamed", default=False)
+
+
+@contextlib.contextmanager
+def nothing_streamed() -> Iterator[None]:
+    """Around the `stream()` call inside `complete()`: the caller takes the whole answer at once,
+    so a cascade may judge the whole local answer (`cascade_judge = "answer"`)."""
+    token = _NOTHING_STREAMED.set(True)
+    try:
+        yield
+    finally:
+        _NOTHING_STREAMED.reset(token)
 
 
 async def cascade(
@@ -68,12 +93,15 @@ async def cascade(
 ) -> None:
     """Run `request` as a cascade (see the module's text)."""
     trace = run.trace
-    budget = settings.hold_s
+    whole = settings.judge == "answer"
+    budget = math.inf if whole else settings.hold_s
     if deadline_s is not None:
         budget = min(budget, deadline_s - (time.perf_counter() - trace.t_start))
+    n_answer = request.max_tokens if whole else settings.hold_tokens
     text = float(router.score(request.messages))
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
-    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut}
+    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut,
+                            "judge": settings.judge}  # fmt: skip
     trace.cascade = info
     async with anyio.create_task_group() as tg:
         buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
@@ -85,7 +113,7 @@ async def cascade(
         failed: Exception | None = None
         with anyio.move_on_after(max(budget, 0.0)):
             try:
-                sig = await local.signals(request.messages, settings.hold_tokens)  # type: ignore[attr-defined]
+                sig = await local.signals(request.messages, n_answer)  # type: ignore[attr-defined]
             except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
                 failed = exc
         held_ms = (time.perf_counter() - t0) * 1e3
@@ -107,12 +135,18 @@ async def cascade(
         else:
             from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
 
-            score = router_score(router, request.messages, sig.values, sig.cost_ms)
+            values = _whole_answer_inputs(sig.values) if whole else sig.values
+            score = router_score(router, request.messages, values, sig.cost_ms)
             release = score.value <= settings.cut
             info.update(_describe(score, release, len(sig.answer)))
+            if whole:
+                _judged_whole(info, sig)
             rel = "<=" if release else ">"
-            why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
-                   f"after holding {held_ms:.0f} ms")  # fmt: skip
+            held = (f"judging the whole local answer ({len(sig.logprobs)} tokens, {held_ms:.0f} "
+                    "ms)" if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
+            why = (
+                f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after {held}"
+            )
             if release:
                 cloud_scope.cancel()
                 await _release(run, local, request, sig, f"{why} -> local")
@@ -123,6 +157,33 @@ async def cascade(
             why = f"{why} -> cloud"
         cloud_scope.cancel()
     await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
+
+
+def _whole_answer_inputs(values: dict[str, float]) -> dict[str, float]:
+    """Stage 2's inputs for a whole answer: its log-probability figures over all its tokens,
+    `answer_tokens` at most 8 (stage 2's training range: the labels held 8 tokens at most)."""
+    from hybridllm.engines._llama_signals import N_ANSWER
+
+    return dict(values, answer_tokens=min(values.get("answer_tokens", 0.0), float(N_ANSWER)))
+
+
+def _judged_whole(info: dict[str, Any], sig: Any) -> None:
+    """The trace of a whole-answer judgement: the first 8 tokens' figures as `signals` (stage
+    2's training form, what the decision log learns from), the whole answer's beside them."""
+    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
+
+    def clean(values: dict[str, float]) -> dict[str, float | None]:
+        return {k: (None if math.isnan(v) else round(v, 6)) for k, v in values.items()}
+
+    info["answer_signals"] = clean(sig.values)
+    info["signals"] = clean(prefix_signals(sig.values, sig.logprobs, N_ANSWER))
+    info["local_tokens"] = len(sig.logprobs)
+
+
+def _until_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to its first stop string, and whether one was found."""
+    cuts = [i for i in (text.find(x) for x in stop if x) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, Any]:
@@ -142,12 +203,12 @@ async def _release(
 ) -> None:
     """Show the held text, then let the local engine go on from it."""
     run.route(local, why)
-    held: str = sig.answer
+    held, stopped = _until_stop(sig.answer, request.stop)
     if held:
         run.deliver(local.name, Delta(held, time.perf_counter()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
-    if sig.ended or used >= request.max_tokens:
-        finish = Finish("stop" if sig.ended else "length", sig.prompt_tokens, used,
+    if sig.ended or stopped or used >= request.max_tokens:
+        finish = Finish("stop" if sig.ended or stopped else "length", sig.prompt_tokens, used,
                         time.perf_counter())  # fmt: skip
         run.complete(local.name, finish)
         return
@@ -255,6 +316,7 @@ def cascade_for(
         cut=_cut(router, policy, "combined"),
         text_cut=_cut(router, policy, None),
         hedge=policy.cascade_hedge,
+        judge=policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix",
     )
     return partial(
         cascade, local=local, cloud=cloud, request=request, router=router, settings=settings,
