@@ -9,6 +9,7 @@ Each test judges one generation on its own, never two against each other.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
 from hybridllm.routing import DecisionLog, Router
 from hybridllm.testing import HybridServer, LlamaServer
-from tests.integration.servers import ALIAS, API_KEY
+from tests.integration.servers import ALIAS, API_KEY, TEST_MODEL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -99,3 +100,41 @@ async def test_cascade_defers_to_the_cloud_before_anything_is_shown(
     assert trace.engine == "cloud" and trace.cascade is not None
     assert trace.cascade["decision"] == "cloud"
     assert not local.busy  # the local work stopped with the hold
+
+
+async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
+    cloud_server: HybridServer, router: Router, tmp_path: Path
+) -> None:
+    # SmolLM2 as the local model: its quality does not matter, the thresholds force each outcome
+    local = LlamaCppEngine(TEST_MODEL, n_ctx=1024, pull=True)
+    cloud = OpenAIEngine(base_url=cloud_server.url + "/v1", api_key=API_KEY, model=ALIAS)
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    prompt = "Write two sentences about the sea."
+
+    def judged(threshold: float) -> Policy:
+        return cascade_policy(threshold).model_copy(
+            update={"cascade_judge": "answer", "max_tokens": 32}
+        )
+
+    async with HybridClient(local=local, cloud=cloud, router=router, decision_log=log) as c:
+        kept = await c.complete(prompt, policy=judged(1.0), plan="cascade")
+        deferred = await c.complete(prompt, policy=judged(0.0), plan="cascade")
+    k, d = kept.trace.cascade, deferred.trace.cascade
+    assert k is not None and d is not None
+    # kept: the whole local answer, written once (nothing continued after the judgement)
+    assert k["judge"] == "answer" and k["decision"] == "local"
+    assert kept.trace.engine == "local" and kept.trace.started == ["local"] and kept.text.strip()
+    assert k["local_tokens"] > 8 and kept.trace.completion_tokens == k["local_tokens"]
+    assert k["answer_signals"]["answer_tokens"] == k["local_tokens"]
+    assert k["signals"]["answer_tokens"] == 8  # the logged figures: stage 2's training form
+    assert k["answer_signals"]["lp_min"] <= k["signals"]["lp_min"] <= 0.0
+    # deferred: the cloud answers; the local answer it judged is on the trace
+    assert d["judge"] == "answer" and d["decision"] == "cloud"
+    assert deferred.trace.engine == "cloud" and deferred.text.strip()
+    assert d["local_tokens"] > 8 and d["held_ms"] > 0 and d["cost_ms"] > 0
+    assert "judging the whole local answer" in deferred.trace.route_reason
+    assert not local.busy
+    with log:
+        logged = [json.loads(r["cascade"]) for r in log.rows()]
+    assert [x["judge"] for x in logged] == ["answer", "answer"]
+    assert [x["decision"] for x in logged] == ["local", "cloud"]
