@@ -15,9 +15,20 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import HybridClient, Policy, PolicyError, QueueFullError, ScriptedEngine, Token
+from hybridllm import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    HybridClient,
+    LocalEngineError,
+    Policy,
+    PolicyError,
+    QueueFullError,
+    ScriptedEngine,
+    Token,
+)
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
+from hybridllm.events import Fallback
 
 pytestmark = pytest.mark.anyio
 
@@ -240,3 +251,44 @@ async def test_a_stop_string_in_the_held_text_ends_the_answer_there_scripted() -
         done = await client.complete("hi", policy=policy(stop=("END",)), plan="cascade")
     assert done.text == "4\n" and done.trace.finish_reason == "stop"
     assert local.continued_from == []
+
+
+# ---- mid-stream failover after the release ----------------------------------------------------
+
+
+async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted() -> None:
+    boom = LocalEngineError("decode failed", engine="local")
+    local = SignalScriptedEngine(hold_s=0.0, script=[0.0, "lo", 0.0, boom])
+    cloud = ScriptedEngine("cloud", tokens=[" world", "!"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        s = client.stream("hi", policy=policy(), plan="cascade")
+        events = [e async for e in s.events()]
+    tokens = [(e.engine, e.text) for e in events if isinstance(e, Token)]
+    assert tokens == [("local", "Hel"), ("local", "lo"), ("cloud", " world"), ("cloud", "!")]
+    # the cloud continued from everything delivered, as the start of the assistant turn
+    assert cloud.requests[-1].assistant_prefix == "Hello"
+    fallbacks = [e for e in events if isinstance(e, Fallback)]
+    assert [(f.from_engine, f.to_engine) for f in fallbacks] == [("local", "cloud")]
+    trace = s.trace
+    assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
+    assert [(a, b, n) for _, a, b, _, n in trace.switches] == [("local", "cloud", 5)]
+    assert "decode failed" in trace.cascade["failover"] and trace.finish_reason == "stop"
+
+
+async def test_a_failover_that_fails_too_says_no_engine_could_answer_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, script=[LocalEngineError("x", engine="local")])
+    cloud = ScriptedEngine("cloud", script=[CloudConnectionError("reset")])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        with pytest.raises(AllEnginesFailedError) as err:
+            await client.complete("hi", policy=policy(), plan="cascade")
+    assert err.value.received_content  # "Hel" was shown before the failure
+    assert [a[0] for a in err.value.attempts] == ["local", "cloud"]
+
+
+async def test_no_failover_where_the_cloud_cannot_continue_an_answer_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, script=[LocalEngineError("x", engine="local")])
+    cloud = ScriptedEngine("cloud", tokens=["C"], supports_continuation=False)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        with pytest.raises(LocalEngineError):
+            await client.complete("hi", policy=policy(), plan="cascade")
+    assert cloud.requests == []

@@ -13,7 +13,10 @@
    the cloud starts at once, in parallel with the hold, its chunks buffered; a confident local
    model cancels it (a cloud request paid for), otherwise its buffered answer is shown.
 4. The hold counts against the first-token deadline: when the signals cannot come inside it
-   (or `cascade_hold_ms`), the hold stops and the request runs as today's race.
+   (or `cascade_hold_ms`), the hold stops and the request runs as today's race. A local answer
+   that fails (or stalls past `stall_ms`) after its release fails over to the cloud, which
+   continues from the delivered text, as in the race (`Fallback`, `trace.switches`;
+   `trace.cascade["failover"]`), where the decision allows a failover.
 5. Under `complete()` (nothing is streamed) with `cascade_judge = "answer"`, the hold is the
    whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
    deadline does): stage 2 reads its figures over all the answer's tokens (`answer_tokens`
@@ -41,11 +44,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.events import Chunk, Delta, EngineName, Finish
+from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.plans.race import race
-from hybridllm.runtime.plans.single import single
+from hybridllm.runtime.plans.single import relay_watched, single
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class CascadeSettings:
     text_cut: float | None = None  # stage 1 above it: "unsure", the cloud starts at once
     hedge: bool = False
     judge: Literal["prefix", "answer"] = "prefix"  # "answer": the whole local answer
+    failover: bool = True  # a released local answer that fails goes on in the cloud
 
 
 # set around `stream()` by `complete()`: nothing is streamed, so the whole answer may be judged
@@ -103,60 +107,71 @@ async def cascade(
     info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut,
                             "judge": settings.judge}  # fmt: skip
     trace.cascade = info
-    async with anyio.create_task_group() as tg:
-        buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
-        cloud_scope = anyio.CancelScope()
-        if hedged:
-            buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-        t0 = time.perf_counter()
-        sig = None
-        failed: Exception | None = None
-        with anyio.move_on_after(max(budget, 0.0)):
-            try:
-                sig = await local.signals(request.messages, n_answer)  # type: ignore[attr-defined]
-            except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
-                failed = exc
-        held_ms = (time.perf_counter() - t0) * 1e3
-        info["held_ms"] = round(held_ms, 1)
-        if failed is not None:
-            run.outcome(local.name, failed)
-            info["decision"] = "cloud"
-            why = f"{reason}: local failed before deciding ({failed}) -> cloud"
-            if buffer is not None:
-                await _serve_buffered(run, cloud, buffer, why)
-                return
-        elif sig is None:  # no decision inside the hold: today's race
-            cloud_scope.cancel()
-            info["decision"] = "race"
-            why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
-            await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
-                       stall_s=stall_s)  # fmt: skip
-            return
-        else:
-            from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
-
-            values = _whole_answer_inputs(sig.values) if whole else sig.values
-            score = router_score(router, request.messages, values, sig.cost_ms)
-            release = score.value <= settings.cut
-            info.update(_describe(score, release, len(sig.answer)))
-            if whole:
-                _judged_whole(info, sig)
-            rel = "<=" if release else ">"
-            held = (f"judging the whole local answer ({len(sig.logprobs)} tokens, {held_ms:.0f} "
-                    "ms)" if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
-            why = (
-                f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after {held}"
-            )
-            if release:
+    try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`_sole`)
+        async with anyio.create_task_group() as tg:
+            buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
+            cloud_scope = anyio.CancelScope()
+            if hedged:
+                buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
+            t0 = time.perf_counter()
+            sig = None
+            failed: Exception | None = None
+            with anyio.move_on_after(max(budget, 0.0)):
+                try:
+                    sig = await local.signals(request.messages, n_answer)  # type: ignore[attr-defined]
+                except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+                    failed = exc
+            held_ms = (time.perf_counter() - t0) * 1e3
+            info["held_ms"] = round(held_ms, 1)
+            if failed is not None:
+                run.outcome(local.name, failed)
+                info["decision"] = "cloud"
+                why = f"{reason}: local failed before deciding ({failed}) -> cloud"
+                if buffer is not None:
+                    await _serve_buffered(run, cloud, buffer, why)
+                    return
+            elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
-                await _release(run, local, request, sig, f"{why} -> local")
+                info["decision"] = "race"
+                why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
+                await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
+                           stall_s=stall_s)  # fmt: skip
                 return
-            if buffer is not None:
-                await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
-                return
-            why = f"{why} -> cloud"
-        cloud_scope.cancel()
+            else:
+                from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
+
+                values = _whole_answer_inputs(sig.values) if whole else sig.values
+                score = router_score(router, request.messages, values, sig.cost_ms)
+                release = score.value <= settings.cut
+                info.update(_describe(score, release, len(sig.answer)))
+                if whole:
+                    _judged_whole(info, sig)
+                rel = "<=" if release else ">"
+                n_held = len(sig.logprobs)
+                held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
+                        if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
+                why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
+                       f"after {held}")  # fmt: skip
+                if release:
+                    cloud_scope.cancel()
+                    backup = cloud if settings.failover else None
+                    await _release(run, local, request, sig, f"{why} -> local", cloud=backup,
+                                   stall_s=stall_s)  # fmt: skip
+                    return
+                if buffer is not None:
+                    await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
+                    return
+                why = f"{why} -> cloud"
+            cloud_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise _sole(group) from None
     await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error of a task group that failed (the buffered cloud task never raises: it
+    hands its error over), or the group itself."""
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
 
 
 def _whole_answer_inputs(values: dict[str, float]) -> dict[str, float]:
@@ -199,9 +214,17 @@ def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, A
 
 
 async def _release(
-    run: RequestRun, local: Engine, request: GenerationRequest, sig: Any, why: str
+    run: RequestRun,
+    local: Engine,
+    request: GenerationRequest,
+    sig: Any,
+    why: str,
+    *,
+    cloud: Engine | None = None,
+    stall_s: float | None = None,
 ) -> None:
-    """Show the held text, then let the local engine go on from it."""
+    """Show the held text, then let the local engine go on from it; if it fails on the way,
+    the `cloud` (None: no failover) continues from the delivered text."""
     run.route(local, why)
     held, stopped = _until_stop(sig.answer, request.stop)
     if held:
@@ -225,7 +248,13 @@ async def _release(
         else:
             run.deliver(local.name, chunk)
 
-    await run.relay(local, rest, handle)
+    try:
+        await relay_watched(run, local, rest, handle, stall_s)
+    except errors.EngineError as exc:
+        if cloud is None:
+            raise
+        await _fail_over(run, local, cloud, request, exc, stall_s)
+        return
     last = finishes[-1] if finishes else None
     if last is not None:  # count the held tokens as the answer's, the prompt as the user's
         last = dataclasses.replace(
@@ -234,6 +263,45 @@ async def _release(
             completion_tokens=(last.completion_tokens or 0) + used,
         )
     run.complete(local.name, last)
+
+
+async def _fail_over(
+    run: RequestRun,
+    local: Engine,
+    cloud: Engine,
+    request: GenerationRequest,
+    exc: Exception,
+    stall_s: float | None,
+) -> None:
+    """The released local answer failed: the cloud continues from the delivered text (once, as
+    the race plan's mid-stream failover does); if it fails too, no engine could answer."""
+    trace, delivered, now = run.trace, run.delivered_text, time.perf_counter()
+    attempts: list[tuple[str, BaseException, float]] = [
+        (local.name, exc, (now - trace.t_start) * 1e3)
+    ]
+    why = f"{local.name} failed mid-stream: {exc}"
+    trace.switches.append((now, local.name, cloud.name, str(exc), len(delivered)))
+    if trace.cascade is not None:
+        trace.cascade["failover"] = why
+    if cloud.name not in trace.started:
+        trace.started.append(cloud.name)
+    trace.engine = cloud.name
+    run.emit(Fallback(now, local.name, cloud.name, why))
+    cont = dataclasses.replace(request, assistant_prefix=request.assistant_prefix + delivered)
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(cloud.name, chunk)
+
+    try:
+        await relay_watched(run, cloud, cont, handle, stall_s)
+    except errors.EngineError as exc2:
+        attempts.append((cloud.name, exc2, (time.perf_counter() - trace.t_start) * 1e3))
+        raise errors.AllEnginesFailedError(attempts, received_content=True) from exc2
+    run.complete(cloud.name, finishes[-1] if finishes else None)
 
 
 def _start_buffered(
@@ -317,6 +385,7 @@ def cascade_for(
         text_cut=_cut(router, policy, None),
         hedge=policy.cascade_hedge,
         judge=policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix",
+        failover=decision.failover,
     )
     return partial(
         cascade, local=local, cloud=cloud, request=request, router=router, settings=settings,
