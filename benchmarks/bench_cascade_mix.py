@@ -24,6 +24,8 @@ the shipped artifact's own calibration:
    workload's scores lie above it (its text scores; its combined scores from
    `client.router_score`, one extra local pass): quality at a matched share, when the product's
    calibration (on all the labelled sources, gsm8k and code included) misses 30% here.
+6. with `--rows ...,"cascade answer"`: the cascade judging each whole local answer
+   (`cascade_judge = "answer"`, `complete()`), at the product's threshold.
 Reported: the share graded right, the actual cloud share (the engine that served), TTFT p50/p95.
 No timed assertions.
 """
@@ -93,12 +95,32 @@ def cut_at(scores: list[float], share: float) -> float:
     return 0.0 if k >= len(xs) else (xs[len(xs) - k - 1] + xs[len(xs) - k]) / 2
 
 
+async def matched_policies(
+    client: HybridClient, items: list[Any], base: Policy, casc: Policy
+) -> dict[str, Policy]:
+    """Stage 1's and the cascade's policies with `router_threshold` where 30% of this
+    workload's scores (text; combined, from `client.router_score`) lie above it."""
+    text, combined = [], []
+    for it in items:
+        score = await client.router_score(it.prompt)
+        text.append(score.text)
+        combined.append(score.value)
+    here = {"stage 1": cut_at(text, SHARE), "cascade": cut_at(combined, SHARE)}
+    print(f"thresholds putting {SHARE:.0%} of this workload above them: stage 1 "
+          f"{here['stage 1']:.3f}, combined {here['cascade']:.3f}")  # fmt: skip
+    return {k: p.model_copy(update={"target_cloud_share": None, "router_threshold": c})
+            for (k, c), p in zip(here.items(), (base, casc), strict=True)}  # fmt: skip
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-async def main(n: int, seed: int, threads: int | None) -> None:
+ROWS = ("stage 1", "cascade", "random", "stage 1 @30% here", "cascade @30% here")
+
+
+async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
     lab = _labeller()
     rows = workload(n, seed)
     items = [lab.Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], KINDS[r["kind"]])
@@ -107,6 +129,7 @@ async def main(n: int, seed: int, threads: int | None) -> None:
     base = Policy(name="mix", plans=("single",), target_cloud_share=SHARE, temperature=0.0,
                   max_tokens=24)  # fmt: skip
     casc = base.model_copy(update={"plans": ("single", "cascade")})
+    judged = casc.model_copy(update={"cascade_judge": "answer"})
     to_cloud = set(random.Random(seed + 1).sample(range(len(items)), round(SHARE * len(items))))
     t_start = time.perf_counter()
     with HybridServer(resolve_model(CLOUD, pull=True), alias="cloud", api_key="sk-bench",
@@ -115,26 +138,18 @@ async def main(n: int, seed: int, threads: int | None) -> None:
         cloud = OpenAIEngine(base_url=server.base_url, api_key="sk-bench", model="cloud")
         async with HybridClient(local=local, cloud=cloud, router=router) as client:
             for engine in ("local", "cloud"):  # warm-up (not measured)
-                await client.complete("Say hi.", engine=engine, max_tokens=2, temperature=0.0)  # type: ignore[arg-type]
+                await client.complete("Say hi.", engine=engine, max_tokens=2, temperature=0.0)
             print(f"{len(items)} prompts: " + ", ".join(
                 f"{k} {sum(it.kind == k for it in items)}" for k in KINDS))  # fmt: skip
             print(f"thresholds at target_cloud_share {SHARE}: stage 1 "
                   f"{router.threshold(cloud_share=SHARE):.3f}, combined "
                   f"{router.stage2['combined'].threshold(cloud_share=SHARE):.3f}")  # fmt: skip
-            text, combined = [], []
-            for it in items:
-                score = await client.router_score(it.prompt)
-                text.append(score.text)
-                combined.append(score.value)
-            here = {"stage 1": cut_at(text, SHARE), "cascade": cut_at(combined, SHARE)}
-            print(f"thresholds putting {SHARE:.0%} of this workload above them: stage 1 "
-                  f"{here['stage 1']:.3f}, combined {here['cascade']:.3f}")  # fmt: skip
-            matched = {k: p.model_copy(update={"target_cloud_share": None, "router_threshold": c})
-                       for (k, c), p in zip(here.items(), (base, casc), strict=True)}  # fmt: skip
+            matched = {}
+            if any(r.endswith("here") for r in runs):
+                matched = await matched_policies(client, items, base, casc)
             results: dict[str, list[tuple[bool, str, float]]] = {}
-            runs = ("stage 1", "cascade", "random", "stage 1 @30% here", "cascade @30% here")
             for name in runs:
-                got = []
+                got: list[tuple[bool, str, float]] = []
                 for i, it in enumerate(items):
                     kw: dict[str, Any] = {"max_tokens": it.max_tokens}
                     if name == "random":
@@ -146,11 +161,13 @@ async def main(n: int, seed: int, threads: int | None) -> None:
                             kw.update(plan="cascade")
                     elif name == "cascade":
                         kw.update(policy=casc, plan="cascade")
+                    elif name == "cascade answer":
+                        kw.update(policy=judged, plan="cascade")
                     else:
                         kw.update(policy=base)
                     r = await client.complete(it.prompt, **kw)
-                    engine = r.trace.engine or "?"
-                    got.append((bool(lab.score(it, r.text)), engine, r.trace.ttft_ms or 0.0))
+                    served: str = r.trace.engine or "?"
+                    got.append((bool(lab.score(it, r.text)), served, r.trace.ttft_ms or 0.0))
                 results[name] = got
                 print(f"  {name} done at {time.perf_counter() - t_start:.0f} s", flush=True)
     print(f"\n{'router':<18} {'quality':>8} {'cloud share':>12} {'TTFT p50':>9} {'p95':>7}")
@@ -180,5 +197,11 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="12 prompts")
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--threads", type=int, help="llama.cpp threads per engine (default: all)")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help=f"routers to run, of: {', '.join(ROWS)}, cascade answer")  # fmt: skip
     a = ap.parse_args()
-    anyio.run(main, 12 if a.quick else a.n, a.seed, a.threads)
+    rows = [r.strip() for r in a.rows.split(",") if r.strip()]
+    unknown = set(rows) - {*ROWS, "cascade answer"}
+    if unknown:
+        ap.error(f"unknown rows {sorted(unknown)}")
+    anyio.run(main, 12 if a.quick else a.n, a.seed, a.threads, rows)
