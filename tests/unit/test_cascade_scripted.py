@@ -292,3 +292,23 @@ async def test_no_failover_where_the_cloud_cannot_continue_an_answer_scripted() 
         with pytest.raises(LocalEngineError):
             await client.complete("hi", policy=policy(), plan="cascade")
     assert cloud.requests == []
+
+
+async def test_a_hedged_hold_past_the_deadline_keeps_the_cloud_it_started_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=2.0, tokens=["L"])
+    cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.05)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        tokens, trace, took = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+    assert [t.engine for t in tokens] == ["cloud"] and took < 1.0
+    assert len(cloud.requests) == 1  # the hedged request answers: no second cloud request
+    assert trace.cascade["decision"] == "cloud" and "started at once" in trace.route_reason
+
+
+async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=2.0, tokens=["L", "!"])
+    cloud = ScriptedEngine("cloud", script=[0.05, CloudConnectionError("reset")])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        tokens, trace, _ = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+    assert [(t.engine, t.text) for t in tokens] == [("local", "L"), ("local", "!")]
+    assert trace.engine == "local" and "-> local" in trace.route_reason
+    assert trace.started == ["cloud", "local"]

@@ -13,7 +13,9 @@
    the cloud starts at once, in parallel with the hold, its chunks buffered; a confident local
    model cancels it (a cloud request paid for), otherwise its buffered answer is shown.
 4. The hold counts against the first-token deadline: when the signals cannot come inside it
-   (or `cascade_hold_ms`), the hold stops and the request runs as today's race. A local answer
+   (or `cascade_hold_ms`), the hold stops and the request runs as today's race (hedged: the
+   cloud already started answers, no second cloud request; local if it fails before its first
+   token). A local answer
    that fails (or stalls past `stall_ms`) after its release fails over to the cloud, which
    continues from the delivered text, as in the race (`Fallback`, `trace.switches`;
    `trace.cascade["failover"]`), where the decision allows a failover.
@@ -130,6 +132,12 @@ async def cascade(
                 if buffer is not None:
                     await _serve_buffered(run, cloud, buffer, why)
                     return
+            elif sig is None and buffer is not None:  # hedged: the cloud started is not repeated
+                info["decision"] = "cloud"
+                why = (f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
+                       "started at once")  # fmt: skip
+                await _serve_buffered(run, cloud, buffer, why, fallback=(local, request, stall_s))
+                return
             elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
                 info["decision"] = "race"
@@ -329,7 +337,10 @@ async def _serve_buffered(
     cloud: Engine,
     recv: MemoryObjectReceiveStream[Chunk | Exception | None],
     why: str,
+    fallback: tuple[Engine, GenerationRequest, float | None] | None = None,
 ) -> None:
+    """Show the cloud's buffered answer; with `fallback` (the local engine, the request, the
+    stall limit), a cloud that fails before its first token leaves the answer to local."""
     run.route(cloud, why)
     finish: Finish | None = None
     async with recv:
@@ -337,7 +348,19 @@ async def _serve_buffered(
             if item is None:
                 break
             if isinstance(item, Exception):
-                raise item
+                if (
+                    fallback is None
+                    or run.delivered_text
+                    or not isinstance(item, errors.EngineError)
+                ):
+                    raise item
+                local, request, stall_s = fallback
+                if local.name not in run.trace.started:
+                    run.trace.started.append(local.name)
+                run.emit(Fallback(time.perf_counter(), cloud.name, local.name, str(item)))
+                await single(run, local, request, f"{why}; it failed ({item}) -> local",
+                             stall_s=stall_s)  # fmt: skip
+                return
             if isinstance(item, Finish):
                 finish = item
             else:
