@@ -48,7 +48,7 @@ from hybridllm.runtime.gather import (
 )
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans.cascade import score_messages
+from hybridllm.runtime.plans.cascade import nothing_streamed, score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
@@ -371,7 +371,9 @@ class HybridClient:
 
     async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
         """The whole answer at once, with its trace."""
-        async with self.stream(messages, **kwargs) as s:
+        with nothing_streamed():  # a cascade may judge the whole local answer
+            s = self.stream(messages, **kwargs)
+        async with s:
             text = "".join([token async for token in s])
         return Completion(text, s.trace)
 

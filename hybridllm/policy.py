@@ -14,6 +14,7 @@ the second half of this module. Every field is optional:
     hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
     show_drafts, max_verify_overhead, speculative_k,            the speculative plan
     speculative_ahead
+    cascade_hold_tokens, cascade_hold_ms, cascade_hedge, cascade_judge   the cascade plan
     parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
     [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
     privacy = "off" | "keep-local" | "block"
@@ -164,6 +165,10 @@ class Policy(BaseModel):
     cascade_hold_tokens: int = Field(default=8, ge=1, le=64)
     cascade_hold_ms: float = Field(default=1500.0, gt=0)
     cascade_hedge: bool = Field(default=False, strict=True)
+    # what the cascade judges under `complete()` (nothing is streamed): "prefix", the held first
+    # tokens as with `stream()`; "answer", the whole local answer (greedy, up to max_tokens) is
+    # written first and judged by stage 2 over all its tokens, the cloud asked only if it fails
+    cascade_judge: Literal["prefix", "answer"] = "prefix"
     budget: Budget = Budget()
     privacy: Literal["off", "keep-local", "block"] = "off"
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)

@@ -188,6 +188,14 @@ def session_signals(
     """`measure` on a `LlamaSession` for chat `messages`, formatted exactly as a request is:
     (signals, prompt tokens, greedy answer tokens). The prompt stays in the KV cache, so a
     local request for the same messages that follows reuses the prefill."""
+    signals, prompt_tokens, answer, _ = session_measure(session, messages, n_answer)
+    return signals, prompt_tokens, answer
+
+
+def session_measure(
+    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER
+) -> tuple[dict[str, float], int, list[int], list[float]]:
+    """`session_signals`, and the answer tokens' log-probabilities."""
     session._abort.clear()
     tokens = session.tokenize(session.render(messages))
     reuse = session.cached_prefix(tokens)
@@ -198,7 +206,7 @@ def session_signals(
     text = str(messages[-1].get("content", "")) if messages else ""
     vocab, lc = session._vocab, session._lc
     try:
-        signals, answer, _ = measure(
+        signals, answer, logprobs = measure(
             llm,
             tokens,
             reuse=reuse,
@@ -211,7 +219,21 @@ def session_signals(
         if session._abort.is_set():
             raise Aborted from exc
         raise errors.LocalEngineError(f"signals failed: {exc}", engine="local") from exc
-    return signals, len(tokens), answer
+    return signals, len(tokens), answer, logprobs
+
+
+def prefix_signals(values: dict[str, float], logprobs: Sequence[float], n: int) -> dict[str, float]:
+    """`values` measured over a longer answer, as they read over its first `n` tokens only
+    (the figures stage 2 was trained on): the answer-token figures recomputed from `logprobs`."""
+    out = dict(values)
+    lps = np.array(list(logprobs[:n]))
+    if lps.size:
+        out.update(
+            lp_mean=float(lps.mean()), lp_min=float(lps.min()), answer_tokens=float(lps.size)
+        )
+        for q, name in zip(QUANTILES, ("lp_q10", "lp_q25", "lp_q50"), strict=True):
+            out[name] = float(np.quantile(lps, q))
+    return out
 
 
 class Aborted(Exception):
@@ -222,13 +244,15 @@ class Aborted(Exception):
 class LocalSignals:
     """What `LlamaCppEngine.signals()` measured: the figures (`SIGNAL_NAMES`), the prompt's
     tokens, the greedy answer's first tokens as text (`answer`, `ended`: the answer ended
-    there) and the local work it took (`cost_ms`: queue wait not counted)."""
+    there), the local work it took (`cost_ms`: queue wait not counted) and the answer tokens'
+    log-probabilities (`logprobs`, the end-of-generation token's last when it `ended`)."""
 
     values: dict[str, float]
     prompt_tokens: int
     answer: str
     ended: bool
     cost_ms: float
+    logprobs: tuple[float, ...] = ()
 
 
 async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) -> LocalSignals:
@@ -248,8 +272,8 @@ async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) ->
         engine.busy = True
         t0 = time.perf_counter()
         try:
-            values, prompt_tokens, answer = await run_on_llama_thread(
-                partial(session_signals, session, messages, n_answer), on_cancel=session.abort
+            values, prompt_tokens, answer, logprobs = await run_on_llama_thread(
+                partial(session_measure, session, messages, n_answer), on_cancel=session.abort
             )
         except Aborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("signals aborted", engine="local") from exc
@@ -261,4 +285,4 @@ async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) ->
     ended = bool(answer) and bool(lc.llama_vocab_is_eog(vocab, answer[-1]))
     text_tokens = answer[:-1] if ended else answer
     text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
-    return LocalSignals(values, prompt_tokens, text, ended, cost_ms)
+    return LocalSignals(values, prompt_tokens, text, ended, cost_ms, tuple(logprobs))

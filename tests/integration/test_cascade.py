@@ -9,15 +9,28 @@ Each test judges one generation on its own, never two against each other.
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm import (
+    Fallback,
+    HybridClient,
+    LlamaCppEngine,
+    LocalEngineError,
+    OpenAIEngine,
+    Policy,
+    Token,
+)
+from hybridllm.events import Chunk, Delta
 from hybridllm.routing import DecisionLog, Router
-from hybridllm.testing import HybridServer, LlamaServer
-from tests.integration.servers import ALIAS, API_KEY
+from hybridllm.testing import FaultProxy, HybridServer, LlamaServer
+from tests.integration.servers import ALIAS, API_KEY, TEST_MODEL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -99,3 +112,89 @@ async def test_cascade_defers_to_the_cloud_before_anything_is_shown(
     assert trace.engine == "cloud" and trace.cascade is not None
     assert trace.cascade["decision"] == "cloud"
     assert not local.busy  # the local work stopped with the hold
+
+
+async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
+    cloud_server: HybridServer, router: Router, tmp_path: Path
+) -> None:
+    # SmolLM2 as the local model: its quality does not matter, the thresholds force each outcome
+    local = LlamaCppEngine(TEST_MODEL, n_ctx=1024, pull=True)
+    cloud = OpenAIEngine(base_url=cloud_server.url + "/v1", api_key=API_KEY, model=ALIAS)
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    prompt = "Write two sentences about the sea."
+
+    def judged(threshold: float) -> Policy:
+        return cascade_policy(threshold).model_copy(
+            update={"cascade_judge": "answer", "max_tokens": 32}
+        )
+
+    async with HybridClient(local=local, cloud=cloud, router=router, decision_log=log) as c:
+        kept = await c.complete(prompt, policy=judged(1.0), plan="cascade")
+        deferred = await c.complete(prompt, policy=judged(0.0), plan="cascade")
+    k, d = kept.trace.cascade, deferred.trace.cascade
+    assert k is not None and d is not None
+    # kept: the whole local answer, written once (nothing continued after the judgement)
+    assert k["judge"] == "answer" and k["decision"] == "local"
+    assert kept.trace.engine == "local" and kept.trace.started == ["local"] and kept.text.strip()
+    assert k["local_tokens"] > 8 and kept.trace.completion_tokens == k["local_tokens"]
+    assert k["answer_signals"]["answer_tokens"] == k["local_tokens"]
+    assert k["signals"]["answer_tokens"] == 8  # the logged figures: stage 2's training form
+    assert k["answer_signals"]["lp_min"] <= k["signals"]["lp_min"] <= 0.0
+    # deferred: the cloud answers; the local answer it judged is on the trace
+    assert d["judge"] == "answer" and d["decision"] == "cloud"
+    assert deferred.trace.engine == "cloud" and deferred.text.strip()
+    assert d["local_tokens"] > 8 and d["held_ms"] > 0 and d["cost_ms"] > 0
+    assert "judging the whole local answer" in deferred.trace.route_reason
+    assert not local.busy
+    with log:
+        logged = [json.loads(r["cascade"]) for r in log.rows()]
+    assert [x["judge"] for x in logged] == ["answer", "answer"]
+    assert [x["decision"] for x in logged] == ["local", "cloud"]
+
+
+class FailsMidAnswer(LlamaCppEngine):
+    """The real local engine, made to fail after `after` text chunks of an answer it streams
+    (the cascade's continuation after the release): a scripted fault, the model real."""
+
+    def __init__(self, *args: Any, after: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.after = after
+
+    async def stream(self, request: Any) -> AsyncGenerator[Chunk, None]:
+        n = 0
+        async with aclosing(super().stream(request)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+                if isinstance(chunk, Delta) and chunk.text:
+                    n += 1
+                    if n >= self.after:
+                        raise LocalEngineError("injected decode failure", engine="local")
+
+
+async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud(
+    router: Router, proxy: FaultProxy
+) -> None:
+    local = FailsMidAnswer(TEST_MODEL, n_ctx=1024, pull=True, after=3)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    proxy.record = True
+    pol = cascade_policy(1.0).model_copy(update={"max_tokens": 24, "cascade_hold_tokens": 4})
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:
+        s = client.stream("Write two sentences about the sea.", policy=pol, plan="cascade")
+        events = [e async for e in s.events()]
+    tokens = [e for e in events if isinstance(e, Token)]
+    engines = [t.engine for t in tokens]
+    # held tokens, then three continued local chunks, then the cloud from where local stopped
+    assert engines[: engines.index("cloud")] == ["local"] * 4 and set(engines[4:]) == {"cloud"}
+    delivered_by_local = "".join(t.text for t in tokens if t.engine == "local")
+    assert [(f.from_engine, f.to_engine) for f in events if isinstance(f, Fallback)] == [
+        ("local", "cloud")
+    ]
+    trace = s.trace
+    assert trace.cascade is not None and trace.cascade["decision"] == "local"
+    assert "injected decode failure" in trace.cascade["failover"]
+    assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
+    assert [n for *_, n in trace.switches] == [len(delivered_by_local)]
+    # what reached the network: the delivered text as the start of the assistant turn
+    body = json.loads(proxy.requests()[-1][1])
+    assert {"role": "assistant", "content": delivered_by_local} in body["messages"]
+    assert trace.finish_reason in ("stop", "length")

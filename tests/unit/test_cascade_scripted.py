@@ -15,9 +15,20 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import HybridClient, Policy, QueueFullError, ScriptedEngine, Token
+from hybridllm import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    HybridClient,
+    LocalEngineError,
+    Policy,
+    PolicyError,
+    QueueFullError,
+    ScriptedEngine,
+    Token,
+)
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
+from hybridllm.events import Fallback
 
 pytestmark = pytest.mark.anyio
 
@@ -25,18 +36,26 @@ pytestmark = pytest.mark.anyio
 class SignalScriptedEngine(ScriptedEngine):
     """A scripted local engine whose `signals()` takes `hold_s` and holds `answer`."""
 
-    def __init__(self, *, hold_s: float, answer: str = "Hel", **kw: Any) -> None:
+    def __init__(
+        self, *, hold_s: float, answer: str = "Hel", ended: bool = False, **kw: Any
+    ) -> None:
         super().__init__("local", **kw)
         self.hold_s = hold_s
         self.answer = answer
+        self.ended = ended
         self.signal_calls = 0
+        self.n_answers: list[int] = []
         self.continued_from: list[str] = []
 
     async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
         self.signal_calls += 1
+        self.n_answers.append(n_answer)
         await anyio.sleep(self.hold_s)
-        values = {"first_p": 0.9, "answer_tokens": 1.0, "is_choice": 0.0, "option_p": math.nan}
-        return LocalSignals(values, 10, self.answer, False, self.hold_s * 1e3)
+        n = len(self.answer) + self.ended  # one token per character, the end of text its own
+        lps = tuple(-0.1 * (i + 1) for i in range(n))
+        values = {"first_p": 0.9, "answer_tokens": float(n), "lp_mean": sum(lps) / n,
+                  "lp_min": min(lps), "is_choice": 0.0, "option_p": math.nan}  # fmt: skip
+        return LocalSignals(values, 10, self.answer, self.ended, self.hold_s * 1e3, lps)
 
     def stream(self, request: Any) -> Any:
         self.continued_from.append(request.assistant_prefix)
@@ -171,3 +190,125 @@ async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> N
         tokens, trace, _ = await run(client, policy())
     assert [t.engine for t in tokens] == ["cloud"]
     assert trace.cascade["decision"] == "cloud" and "local failed" in trace.route_reason
+
+
+# ---- complete() judging the whole local answer (cascade_judge = "answer") -----------------------
+
+
+def test_cascade_judge_is_validated() -> None:
+    assert Policy().cascade_judge == "prefix"
+    assert Policy(cascade_judge="answer").cascade_judge == "answer"
+    with pytest.raises(PolicyError) as err:
+        Policy(cascade_judge="whole")  # type: ignore[arg-type]
+    assert err.value.field == "cascade_judge" and "answer" in str(err.value)
+
+
+async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() -> None:
+    long = "The answer is 4, because two and two make four."
+    local = SignalScriptedEngine(hold_s=0.01, answer=long, ended=True, tokens=["never"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    pol = policy(cascade_judge="answer", max_tokens=100)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=pol, plan="cascade")
+    assert local.n_answers == [100]  # the whole answer (max_tokens), not the 8-token hold
+    assert done.text == long and local.continued_from == []  # nothing left to continue
+    c = done.trace.cascade
+    assert c["judge"] == "answer" and c["decision"] == "local"
+    assert c["local_tokens"] == len(long) + 1 and c["answer_signals"]["answer_tokens"] == 48
+    # the logged signals are the first 8 tokens' (stage 2's training form)
+    assert c["signals"]["answer_tokens"] == 8 and c["signals"]["lp_min"] == pytest.approx(-0.8)
+    assert c["answer_signals"]["lp_min"] == pytest.approx(-4.8)
+    assert done.trace.finish_reason == "stop" and done.trace.completion_tokens == 48
+    assert "judging the whole local answer (48 tokens" in done.trace.route_reason
+
+
+async def test_complete_defers_a_judged_answer_to_the_cloud_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.01, answer="maybe 5", ended=True, tokens=["L"])
+    cloud = ScriptedEngine("cloud", tokens=["C1", "C2"])
+    pol = policy(cascade_judge="answer", max_tokens=50)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        done = await client.complete("hi", policy=pol, plan="cascade")
+    assert done.text == "C1C2" and done.trace.engine == "cloud"
+    assert done.trace.cascade["judge"] == "answer" and done.trace.cascade["decision"] == "cloud"
+    assert done.trace.cascade["local_tokens"] == 8  # the local work is on the trace
+
+
+async def test_stream_and_a_prefix_policy_judge_the_held_tokens_only_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        _, streamed, _ = await run(client, policy(cascade_judge="answer", max_tokens=50))
+        done = await client.complete("hi", policy=policy(max_tokens=50), plan="cascade")
+    assert local.n_answers == [8, 8]  # stream() shows tokens as they come: never the whole
+    assert streamed.cascade["judge"] == "prefix" and done.trace.cascade["judge"] == "prefix"
+    assert done.text == "Hello" and "answer_signals" not in done.trace.cascade
+
+
+async def test_a_stop_string_in_the_held_text_ends_the_answer_there_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, answer="4\nEND more", tokens=["never"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=policy(stop=("END",)), plan="cascade")
+    assert done.text == "4\n" and done.trace.finish_reason == "stop"
+    assert local.continued_from == []
+
+
+# ---- mid-stream failover after the release ----------------------------------------------------
+
+
+async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted() -> None:
+    boom = LocalEngineError("decode failed", engine="local")
+    local = SignalScriptedEngine(hold_s=0.0, script=[0.0, "lo", 0.0, boom])
+    cloud = ScriptedEngine("cloud", tokens=[" world", "!"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        s = client.stream("hi", policy=policy(), plan="cascade")
+        events = [e async for e in s.events()]
+    tokens = [(e.engine, e.text) for e in events if isinstance(e, Token)]
+    assert tokens == [("local", "Hel"), ("local", "lo"), ("cloud", " world"), ("cloud", "!")]
+    # the cloud continued from everything delivered, as the start of the assistant turn
+    assert cloud.requests[-1].assistant_prefix == "Hello"
+    fallbacks = [e for e in events if isinstance(e, Fallback)]
+    assert [(f.from_engine, f.to_engine) for f in fallbacks] == [("local", "cloud")]
+    trace = s.trace
+    assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
+    assert [(a, b, n) for _, a, b, _, n in trace.switches] == [("local", "cloud", 5)]
+    assert "decode failed" in trace.cascade["failover"] and trace.finish_reason == "stop"
+
+
+async def test_a_failover_that_fails_too_says_no_engine_could_answer_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, script=[LocalEngineError("x", engine="local")])
+    cloud = ScriptedEngine("cloud", script=[CloudConnectionError("reset")])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        with pytest.raises(AllEnginesFailedError) as err:
+            await client.complete("hi", policy=policy(), plan="cascade")
+    assert err.value.received_content  # "Hel" was shown before the failure
+    assert [a[0] for a in err.value.attempts] == ["local", "cloud"]
+
+
+async def test_no_failover_where_the_cloud_cannot_continue_an_answer_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=0.0, script=[LocalEngineError("x", engine="local")])
+    cloud = ScriptedEngine("cloud", tokens=["C"], supports_continuation=False)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        with pytest.raises(LocalEngineError):
+            await client.complete("hi", policy=policy(), plan="cascade")
+    assert cloud.requests == []
+
+
+async def test_a_hedged_hold_past_the_deadline_keeps_the_cloud_it_started_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=2.0, tokens=["L"])
+    cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.05)
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        tokens, trace, took = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+    assert [t.engine for t in tokens] == ["cloud"] and took < 1.0
+    assert len(cloud.requests) == 1  # the hedged request answers: no second cloud request
+    assert trace.cascade["decision"] == "cloud" and "started at once" in trace.route_reason
+
+
+async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_scripted() -> None:
+    local = SignalScriptedEngine(hold_s=2.0, tokens=["L", "!"])
+    cloud = ScriptedEngine("cloud", script=[0.05, CloudConnectionError("reset")])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
+        tokens, trace, _ = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+    assert [(t.engine, t.text) for t in tokens] == [("local", "L"), ("local", "!")]
+    assert trace.engine == "local" and "-> local" in trace.route_reason
+    assert trace.started == ["cloud", "local"]

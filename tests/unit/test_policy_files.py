@@ -70,6 +70,7 @@ MISTAKES = [
     ('plans = ["single", "cascade", "teleport"]', "plans.2", ["hedge", "cascade"]),
     ("cascade_hold_tokens = 0", "cascade_hold_tokens", ["greater than or equal to 1"]),
     ("cascade_hedge = 1", "cascade_hedge", ["bool"]),
+    ('cascade_judge = "whole"', "cascade_judge", ["prefix", "answer"]),
     ('fallback_order = ["local", "mars"]', "fallback_order.1", ["cloud"]),
     ("hedge_after_ms = -50", "hedge_after_ms", [">= 0", "auto", "-50"]),
     ('hedge_after_ms = "soon"', "hedge_after_ms", ["delay in ms", "auto", "soon"]),

@@ -13,7 +13,19 @@
    the cloud starts at once, in parallel with the hold, its chunks buffered; a confident local
    model cancels it (a cloud request paid for), otherwise its buffered answer is shown.
 4. The hold counts against the first-token deadline: when the signals cannot come inside it
-   (or `cascade_hold_ms`), the hold stops and the request runs as today's race.
+   (or `cascade_hold_ms`), the hold stops and the request runs as today's race (hedged: the
+   cloud already started answers, no second cloud request; local if it fails before its first
+   token). A local answer
+   that fails (or stalls past `stall_ms`) after its release fails over to the cloud, which
+   continues from the delivered text, as in the race (`Fallback`, `trace.switches`;
+   `trace.cascade["failover"]`), where the decision allows a failover.
+5. Under `complete()` (nothing is streamed) with `cascade_judge = "answer"`, the hold is the
+   whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
+   deadline does): stage 2 reads its figures over all the answer's tokens (`answer_tokens`
+   capped at 8, its training range), and the cloud is
+   asked only when that says the answer will not do. `trace.cascade["judge"]` says which ran;
+   its `signals` are the first 8 tokens' (what stage 2 learns from, `router train --from-log`),
+   `answer_signals` the whole answer's, `local_tokens` the local work.
 
 Every cloud request goes through the engine the client gives (the guard: privacy, budget).
 The decision, held time and signals are in `trace.cascade` (and the decision log).
@@ -21,26 +33,28 @@ The decision, held time and signals are in `trace.cascade` (and the decision log
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+from contextvars import ContextVar
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.events import Chunk, Delta, EngineName, Finish
+from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.plans.race import race
-from hybridllm.runtime.plans.single import single
+from hybridllm.runtime.plans.single import relay_watched, single
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Iterator, Sequence
 
     from hybridllm.routing.score import RouterScore
 
@@ -52,6 +66,23 @@ class CascadeSettings:
     cut: float  # combined score above it: the cloud
     text_cut: float | None = None  # stage 1 above it: "unsure", the cloud starts at once
     hedge: bool = False
+    judge: Literal["prefix", "answer"] = "prefix"  # "answer": the whole local answer
+    failover: bool = True  # a released local answer that fails goes on in the cloud
+
+
+# set around `stream()` by `complete()`: nothing is streamed, so the whole answer may be judged
+_NOTHING_STREAMED: ContextVar[bool] = ContextVar("hybridllm_nothing_streamed", default=False)
+
+
+@contextlib.contextmanager
+def nothing_streamed() -> Iterator[None]:
+    """Around the `stream()` call inside `complete()`: the caller takes the whole answer at once,
+    so a cascade may judge the whole local answer (`cascade_judge = "answer"`)."""
+    token = _NOTHING_STREAMED.set(True)
+    try:
+        yield
+    finally:
+        _NOTHING_STREAMED.reset(token)
 
 
 async def cascade(
@@ -68,61 +99,114 @@ async def cascade(
 ) -> None:
     """Run `request` as a cascade (see the module's text)."""
     trace = run.trace
-    budget = settings.hold_s
+    whole = settings.judge == "answer"
+    budget = math.inf if whole else settings.hold_s
     if deadline_s is not None:
         budget = min(budget, deadline_s - (time.perf_counter() - trace.t_start))
+    n_answer = request.max_tokens if whole else settings.hold_tokens
     text = float(router.score(request.messages))
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
-    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut}
+    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut,
+                            "judge": settings.judge}  # fmt: skip
     trace.cascade = info
-    async with anyio.create_task_group() as tg:
-        buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
-        cloud_scope = anyio.CancelScope()
-        if hedged:
-            buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-        t0 = time.perf_counter()
-        sig = None
-        failed: Exception | None = None
-        with anyio.move_on_after(max(budget, 0.0)):
-            try:
-                sig = await local.signals(request.messages, settings.hold_tokens)  # type: ignore[attr-defined]
-            except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
-                failed = exc
-        held_ms = (time.perf_counter() - t0) * 1e3
-        info["held_ms"] = round(held_ms, 1)
-        if failed is not None:
-            run.outcome(local.name, failed)
-            info["decision"] = "cloud"
-            why = f"{reason}: local failed before deciding ({failed}) -> cloud"
-            if buffer is not None:
-                await _serve_buffered(run, cloud, buffer, why)
+    try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`_sole`)
+        async with anyio.create_task_group() as tg:
+            buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
+            cloud_scope = anyio.CancelScope()
+            if hedged:
+                buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
+            t0 = time.perf_counter()
+            sig = None
+            failed: Exception | None = None
+            with anyio.move_on_after(max(budget, 0.0)):
+                try:
+                    sig = await local.signals(request.messages, n_answer)  # type: ignore[attr-defined]
+                except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+                    failed = exc
+            held_ms = (time.perf_counter() - t0) * 1e3
+            info["held_ms"] = round(held_ms, 1)
+            if failed is not None:
+                run.outcome(local.name, failed)
+                info["decision"] = "cloud"
+                why = f"{reason}: local failed before deciding ({failed}) -> cloud"
+                if buffer is not None:
+                    await _serve_buffered(run, cloud, buffer, why)
+                    return
+            elif sig is None and buffer is not None:  # hedged: the cloud started is not repeated
+                info["decision"] = "cloud"
+                why = (f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
+                       "started at once")  # fmt: skip
+                await _serve_buffered(run, cloud, buffer, why, fallback=(local, request, stall_s))
                 return
-        elif sig is None:  # no decision inside the hold: today's race
-            cloud_scope.cancel()
-            info["decision"] = "race"
-            why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
-            await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
-                       stall_s=stall_s)  # fmt: skip
-            return
-        else:
-            from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
-
-            score = router_score(router, request.messages, sig.values, sig.cost_ms)
-            release = score.value <= settings.cut
-            info.update(_describe(score, release, len(sig.answer)))
-            rel = "<=" if release else ">"
-            why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
-                   f"after holding {held_ms:.0f} ms")  # fmt: skip
-            if release:
+            elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
-                await _release(run, local, request, sig, f"{why} -> local")
+                info["decision"] = "race"
+                why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
+                await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
+                           stall_s=stall_s)  # fmt: skip
                 return
-            if buffer is not None:
-                await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
-                return
-            why = f"{why} -> cloud"
-        cloud_scope.cancel()
+            else:
+                from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
+
+                values = _whole_answer_inputs(sig.values) if whole else sig.values
+                score = router_score(router, request.messages, values, sig.cost_ms)
+                release = score.value <= settings.cut
+                info.update(_describe(score, release, len(sig.answer)))
+                if whole:
+                    _judged_whole(info, sig)
+                rel = "<=" if release else ">"
+                n_held = len(sig.logprobs)
+                held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
+                        if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
+                why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
+                       f"after {held}")  # fmt: skip
+                if release:
+                    cloud_scope.cancel()
+                    backup = cloud if settings.failover else None
+                    await _release(run, local, request, sig, f"{why} -> local", cloud=backup,
+                                   stall_s=stall_s)  # fmt: skip
+                    return
+                if buffer is not None:
+                    await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
+                    return
+                why = f"{why} -> cloud"
+            cloud_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise _sole(group) from None
     await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error of a task group that failed (the buffered cloud task never raises: it
+    hands its error over), or the group itself."""
+    return group.exceptions[0] if len(group.exceptions) == 1 else group
+
+
+def _whole_answer_inputs(values: dict[str, float]) -> dict[str, float]:
+    """Stage 2's inputs for a whole answer: its log-probability figures over all its tokens,
+    `answer_tokens` at most 8 (stage 2's training range: the labels held 8 tokens at most)."""
+    from hybridllm.engines._llama_signals import N_ANSWER
+
+    return dict(values, answer_tokens=min(values.get("answer_tokens", 0.0), float(N_ANSWER)))
+
+
+def _judged_whole(info: dict[str, Any], sig: Any) -> None:
+    """The trace of a whole-answer judgement: the first 8 tokens' figures as `signals` (stage
+    2's training form, what the decision log learns from), the whole answer's beside them."""
+    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
+
+    def clean(values: dict[str, float]) -> dict[str, float | None]:
+        return {k: (None if math.isnan(v) else round(v, 6)) for k, v in values.items()}
+
+    info["answer_signals"] = clean(sig.values)
+    info["signals"] = clean(prefix_signals(sig.values, sig.logprobs, N_ANSWER))
+    info["local_tokens"] = len(sig.logprobs)
+
+
+def _until_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to its first stop string, and whether one was found."""
+    cuts = [i for i in (text.find(x) for x in stop if x) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, Any]:
@@ -138,16 +222,24 @@ def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, A
 
 
 async def _release(
-    run: RequestRun, local: Engine, request: GenerationRequest, sig: Any, why: str
+    run: RequestRun,
+    local: Engine,
+    request: GenerationRequest,
+    sig: Any,
+    why: str,
+    *,
+    cloud: Engine | None = None,
+    stall_s: float | None = None,
 ) -> None:
-    """Show the held text, then let the local engine go on from it."""
+    """Show the held text, then let the local engine go on from it; if it fails on the way,
+    the `cloud` (None: no failover) continues from the delivered text."""
     run.route(local, why)
-    held: str = sig.answer
+    held, stopped = _until_stop(sig.answer, request.stop)
     if held:
         run.deliver(local.name, Delta(held, time.perf_counter()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
-    if sig.ended or used >= request.max_tokens:
-        finish = Finish("stop" if sig.ended else "length", sig.prompt_tokens, used,
+    if sig.ended or stopped or used >= request.max_tokens:
+        finish = Finish("stop" if sig.ended or stopped else "length", sig.prompt_tokens, used,
                         time.perf_counter())  # fmt: skip
         run.complete(local.name, finish)
         return
@@ -164,7 +256,13 @@ async def _release(
         else:
             run.deliver(local.name, chunk)
 
-    await run.relay(local, rest, handle)
+    try:
+        await relay_watched(run, local, rest, handle, stall_s)
+    except errors.EngineError as exc:
+        if cloud is None:
+            raise
+        await _fail_over(run, local, cloud, request, exc, stall_s)
+        return
     last = finishes[-1] if finishes else None
     if last is not None:  # count the held tokens as the answer's, the prompt as the user's
         last = dataclasses.replace(
@@ -173,6 +271,45 @@ async def _release(
             completion_tokens=(last.completion_tokens or 0) + used,
         )
     run.complete(local.name, last)
+
+
+async def _fail_over(
+    run: RequestRun,
+    local: Engine,
+    cloud: Engine,
+    request: GenerationRequest,
+    exc: Exception,
+    stall_s: float | None,
+) -> None:
+    """The released local answer failed: the cloud continues from the delivered text (once, as
+    the race plan's mid-stream failover does); if it fails too, no engine could answer."""
+    trace, delivered, now = run.trace, run.delivered_text, time.perf_counter()
+    attempts: list[tuple[str, BaseException, float]] = [
+        (local.name, exc, (now - trace.t_start) * 1e3)
+    ]
+    why = f"{local.name} failed mid-stream: {exc}"
+    trace.switches.append((now, local.name, cloud.name, str(exc), len(delivered)))
+    if trace.cascade is not None:
+        trace.cascade["failover"] = why
+    if cloud.name not in trace.started:
+        trace.started.append(cloud.name)
+    trace.engine = cloud.name
+    run.emit(Fallback(now, local.name, cloud.name, why))
+    cont = dataclasses.replace(request, assistant_prefix=request.assistant_prefix + delivered)
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(cloud.name, chunk)
+
+    try:
+        await relay_watched(run, cloud, cont, handle, stall_s)
+    except errors.EngineError as exc2:
+        attempts.append((cloud.name, exc2, (time.perf_counter() - trace.t_start) * 1e3))
+        raise errors.AllEnginesFailedError(attempts, received_content=True) from exc2
+    run.complete(cloud.name, finishes[-1] if finishes else None)
 
 
 def _start_buffered(
@@ -200,7 +337,10 @@ async def _serve_buffered(
     cloud: Engine,
     recv: MemoryObjectReceiveStream[Chunk | Exception | None],
     why: str,
+    fallback: tuple[Engine, GenerationRequest, float | None] | None = None,
 ) -> None:
+    """Show the cloud's buffered answer; with `fallback` (the local engine, the request, the
+    stall limit), a cloud that fails before its first token leaves the answer to local."""
     run.route(cloud, why)
     finish: Finish | None = None
     async with recv:
@@ -208,7 +348,19 @@ async def _serve_buffered(
             if item is None:
                 break
             if isinstance(item, Exception):
-                raise item
+                if (
+                    fallback is None
+                    or run.delivered_text
+                    or not isinstance(item, errors.EngineError)
+                ):
+                    raise item
+                local, request, stall_s = fallback
+                if local.name not in run.trace.started:
+                    run.trace.started.append(local.name)
+                run.emit(Fallback(time.perf_counter(), cloud.name, local.name, str(item)))
+                await single(run, local, request, f"{why}; it failed ({item}) -> local",
+                             stall_s=stall_s)  # fmt: skip
+                return
             if isinstance(item, Finish):
                 finish = item
             else:
@@ -255,6 +407,8 @@ def cascade_for(
         cut=_cut(router, policy, "combined"),
         text_cut=_cut(router, policy, None),
         hedge=policy.cascade_hedge,
+        judge=policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix",
+        failover=decision.failover,
     )
     return partial(
         cascade, local=local, cloud=cloud, request=request, router=router, settings=settings,

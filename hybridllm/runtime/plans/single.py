@@ -44,12 +44,12 @@ async def single(
     policy = RetryPolicy(retries, None if deadline_s is None else run.trace.t_start + deadline_s)
     async for attempt in policy.attempts():
         with attempt:
-            await _relay_watched(run, engine, request, handle, stall_s)
+            await relay_watched(run, engine, request, handle, stall_s)
     run.trace.retries = policy.retried
     run.complete(engine.name, finishes[-1] if finishes else None)
 
 
-async def _relay_watched(
+async def relay_watched(
     run: RequestRun,
     engine: Engine,
     request: GenerationRequest,
