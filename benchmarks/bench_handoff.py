@@ -64,7 +64,20 @@ async def one(client: HybridClient, **kw: object) -> dict[str, object]:
                 text.append(e.text)
     tr = s.trace
     assert first is not None and last is not None, tr.error
+    # where the time goes: the local part (call to the cloud being asked), the seam (asked to
+    # the cloud's first token), and each engine's decode time per token
+    rec = tr.handoff
+    asked = None if rec is None else (rec.asked_t - t0) * 1e3
+    switched = None if rec is None or rec.switched_t is None else (rec.switched_t - t0) * 1e3
+    n_cloud = who.count("cloud")
+    tail_from = switched if switched is not None else (first - t0) * 1e3
+    tail_n = n_cloud if switched is not None else len(who)
     return {
+        "asked_ms": asked,
+        "switched_ms": switched,
+        "seam_ms": None if asked is None or switched is None else switched - asked,
+        # ms per token after the first token of the serving part (decode speed)
+        "tail_tpot_ms": ((last - t0) * 1e3 - tail_from) / max(1, tail_n - 1),
         "ttft_ms": (first - t0) * 1e3,
         "total_ms": (last - t0) * 1e3,
         "tokens": len(who),
@@ -119,20 +132,37 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 "ttft_ms": statistics.median(float(r["ttft_ms"]) for r in rs),  # type: ignore[arg-type]
                 "total_ms": statistics.median(float(r["total_ms"]) for r in rs),  # type: ignore[arg-type]
                 "tokens": statistics.median(int(r["tokens"]) for r in rs),  # type: ignore[call-overload]
+                "asked_ms": _median(rs, "asked_ms"),
+                "seam_ms": _median(rs, "seam_ms"),
+                "tail_tpot_ms": _median(rs, "tail_tpot_ms"),
             }
         )
     return {"n": n, "after": args.after, "table": table, "runs": runs}
+
+
+def _median(rs: list[dict[str, object]], key: str) -> float | None:
+    xs = [float(r[key]) for r in rs if r.get(key) is not None]  # type: ignore[arg-type]
+    return statistics.median(xs) if xs else None
+
+
+def _ms(x: object) -> str:
+    return "-" if x is None else f"{x:.0f}" if isinstance(x, float) else str(x)
 
 
 def render(res: dict[str, object]) -> str:
     table = res["table"]
     assert isinstance(table, list)
     rows = {r["plan"]: r for r in table}
-    lines = [f"{'plan':12} {'n':>2} {'TTFT ms':>8} {'total ms':>9} {'tokens':>6}  (medians)"]
+    lines = [
+        f"{'plan':12} {'n':>2} {'TTFT ms':>8} {'total ms':>9} {'tokens':>6} {'asked':>6} "
+        f"{'seam':>5} {'ms/tok':>6}  (medians; asked: call to the cloud asked; seam: asked to "
+        "its first token; ms/tok: the serving part's decode)"
+    ]
     for r in table:
         lines.append(
             f"{r['plan']:12} {r['n']:>2} {r['ttft_ms']:>8.0f} {r['total_ms']:>9.0f} "
-            f"{r['tokens']:>6.0f}"
+            f"{r['tokens']:>6.0f} {_ms(r['asked_ms']):>6} {_ms(r['seam_ms']):>5} "
+            f"{r['tail_tpot_ms']:>6.1f}"
         )
     if len(rows) < 3:
         return "\n".join(lines)

@@ -88,7 +88,7 @@ async def interactive(client: HybridClient, prompt: str, priority: Priority | No
 
 async def run_alone(path: str, n: int) -> tuple[ModeResult, float]:
     result = ModeResult("alone")
-    engine = LlamaCppEngine(path)
+    engine = LlamaCppEngine(path, n_threads=1)  # one core: the other one is not quiet
     async with HybridClient(local=engine) as client:
         for i in range(2):  # warm-up
             await interactive(client, VOICE[-1 - i], None)
@@ -101,7 +101,7 @@ async def run_alone(path: str, n: int) -> tuple[ModeResult, float]:
 async def run_loaded(path: str, mode: str, n: int, gap_s: float, bg_tokens: int) -> ModeResult:
     result = ModeResult(mode)
     fifo = mode == "fifo"
-    engine = LlamaCppEngine(path)
+    engine = LlamaCppEngine(path, n_threads=1)  # one core: the other one is not quiet
     async with HybridClient(local=engine) as client:
         await interactive(client, VOICE[-1], None)  # warm-up
         first = anyio.Event()

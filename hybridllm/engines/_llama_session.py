@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import logging
+import math
 import random
 import statistics
 import threading
@@ -39,6 +40,7 @@ class Prepared:
     max_tokens: int
     stop: tuple[str, ...]
     request: GenerationRequest
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100: banned)
 
 
 @dataclass
@@ -177,6 +179,7 @@ class LlamaSession:
             min_p=0.05,
             repeat_penalty=1.0,
             reset=True,
+            logits_processor=_biased(prepared.logit_bias) if prepared.logit_bias else None,
         )
         return gen
 
@@ -298,3 +301,14 @@ class LlamaSession:
 
 class _Aborted(Exception):
     """Internal: a decode was aborted on request."""
+
+
+def _biased(bias: dict[int, float]) -> Any:
+    """A llama-cpp-python logits processor adding `bias` (OpenAI's logit_bias: -100 bans)."""
+    ids, values = list(bias), [(-math.inf if v <= -100 else v) for v in bias.values()]
+
+    def add(_input_ids: Any, scores: Any) -> Any:
+        scores[ids] += values
+        return scores
+
+    return [add]

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from hybridllm import Handoff, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.engines.base import CONTINUE_INSTRUCTION
+from hybridllm.engines.openai_engine import Continuation
 from hybridllm.events import Event
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import FaultProxy, Faults
@@ -26,9 +28,13 @@ POLICY = Policy(
 )  # fmt: skip
 
 
-async def handoff_run(model_path: Path, proxy: FaultProxy) -> tuple[list[Event], Trace]:
+async def handoff_run(
+    model_path: Path, proxy: FaultProxy, continuation: Continuation = "instruction"
+) -> tuple[list[Event], Trace]:
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
-    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    cloud = OpenAIEngine(
+        base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, continuation=continuation
+    )
     async with HybridClient(local=local, cloud=cloud, policy=POLICY, router=None) as client:
         async with client.stream(PROMPT, plan="handoff") as s:
             events = [e async for e in s.events()]
@@ -40,11 +46,12 @@ def parts(events: list[Event]) -> tuple[str, list[str]]:
     return "".join(t.text for t in tokens), [t.engine for t in tokens]
 
 
+@pytest.mark.parametrize("continuation", ["instruction", "continue_final_message"])
 async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
-    model_path: Path, proxy: FaultProxy
+    model_path: Path, proxy: FaultProxy, continuation: Continuation
 ) -> None:
     proxy.record = True
-    events, trace = await handoff_run(model_path, proxy)
+    events, trace = await handoff_run(model_path, proxy, continuation)
     text, who = parts(events)
     rec = trace.handoff
     assert rec is not None and rec.outcome == "switched", rec
@@ -59,8 +66,15 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
     # local engine produced after it reached the app, so nothing is repeated or lost
     bodies = [json.loads(body) for head, body in proxy.requests() if b"/chat/completions" in head]
     assert len(bodies) == 1
-    assistant = [m for m in bodies[0]["messages"] if m["role"] == "assistant"]
+    messages = bodies[0]["messages"]
+    assistant = [m for m in messages if m["role"] == "assistant"]
     assert assistant == [{"role": "assistant", "content": local_text}]
+    if continuation == "continue_final_message":  # the open final message, no instruction
+        assert messages[-1] == assistant[0] and len(messages) == 2
+        assert bodies[0]["continue_final_message"] is True
+        assert bodies[0]["add_generation_prompt"] is False
+    else:
+        assert messages[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
     assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
     assert trace.started == ["local", "cloud"] and trace.error is None
 
