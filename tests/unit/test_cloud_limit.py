@@ -63,15 +63,18 @@ async def test_the_queue_timeout_is_a_typed_error_and_the_queue_moves_on() -> No
 
 
 async def test_the_wait_forecast_from_slot_hold_times() -> None:
-    limit = ConcurrencyLimit("cloud", 2)
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 2, clock=lambda: now[0])
     await limit.acquire()
     assert limit.expected_wait_s() == 0.0  # a free slot
     await limit.acquire()
+    now[0] = 2.0
     limit.release(2.0)  # a request held its slot 2 s
-    await limit.acquire()
+    await limit.acquire()  # both slots taken: one since t=0, one since t=2
     assert limit.hold_s == 2.0
-    # full: the next one waits about half a hold (2 slots free at 1 per second)
-    assert limit.expected_wait_s() == pytest.approx(1.0)
+    # full: the next one waits for the older holder, which has 0 s of its 2 s hold left
+    assert limit.expected_wait_s() == pytest.approx(0.0)
+    now[0] = 2.5  # the older one overran (taken to finish now); the newer has 1.5 s left
 
     async def wait() -> None:
         await limit.acquire()
@@ -80,10 +83,29 @@ async def test_the_wait_forecast_from_slot_hold_times() -> None:
         for _ in range(3):
             tg.start_soon(wait)
         await settle()
-        assert limit.expected_wait_s() == pytest.approx(4 / 2 * 2.0)
-        assert limit.expected_wait_s("interactive") == pytest.approx(1.0)  # skips "normal" ones
+        # slots free at 0 and 1.5 s; the 3 ahead take them, the first again at 0 + 2: the
+        # fourth request's slot is the newer one's, one hold later
+        assert limit.expected_wait_s() == pytest.approx(1.5 + 2.0)
+        assert limit.expected_wait_s("interactive") == pytest.approx(0.0)  # skips "normal" ones
         tg.cancel_scope.cancel()
     assert limit.waiting == 0
+
+
+async def test_the_forecast_subtracts_how_long_the_holder_has_run() -> None:
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 1, clock=lambda: now[0])
+    await limit.acquire()
+    now[0] = 4.0
+    limit.release(4.0)  # a request holds the slot 4 s
+    await limit.acquire()  # the holder took the slot at t=4
+    now[0] = 5.0
+    assert limit.expected_wait_s() == pytest.approx(3.0)  # 4 s, 1 s of it run already
+    now[0] = 7.5
+    assert limit.expected_wait_s() == pytest.approx(0.5)
+    now[0] = 9.0
+    assert limit.expected_wait_s() == 0.0  # past the average: taken to finish now
+    limit.release(5.0)  # it held the slot 5 s: the forecast forgets it
+    assert limit.in_flight == 0 and limit.expected_wait_s() == 0.0
 
 
 async def test_retry_after_holds_requests_and_shows_in_the_forecast() -> None:
