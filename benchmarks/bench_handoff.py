@@ -2,7 +2,8 @@
 local-only, where the local engine decodes slower than the cloud.
 
     PYTHONPATH=$PWD python benchmarks/bench_handoff.py [--n 2] [--quick] [--after 4]
-        [--server serve|llama-cpp] [--continuation continue_final_message|instruction] [--json PATH]
+        [--server serve|llama-cpp] [--continuation continue_final_message|instruction]
+        [--warm|--no-warm] [--json PATH]
 
 How the cloud is made faster per token: the stand-in cloud is a real server on loopback serving
 SmolLM2-135M (one thread): `hybridllm serve` by default (`--server llama-cpp`: llama_cpp.server),
@@ -12,10 +13,13 @@ about twice as fast per token as Qwen 0.5B on the same core. Both engines share 
 
 Each round runs three plans, greedy, max_tokens 256: the local engine only (`engine="local"`),
 the cloud only (`engine="cloud"`), and `plan="handoff"` (the local engine's first `--after`
-tokens, then the cloud continues). Every call has its own prompt (a count from a different
-number, running past 256 tokens), so neither engine has it in its KV cache: the cloud reads the
-prompt cold in every plan, as it would a new question. The cloud's end-of-text tokens are banned
-(`FULL_LENGTH`, OpenAI's logit_bias) so that every answer has 256 tokens. `--continuation`: how
+tokens, then the cloud continues). Every call has its own prompt (a count to 500 from a
+different number, which comes first), so neither engine has it in its KV cache past the chat
+template's start: each reads the question cold in every plan, as it would a new one. `--warm`
+(default; `--no-warm`): the policy's `handoff_warm_cloud`, one token of the prompt asked of
+the cloud at once so that only the delivered text is left to read at the seam. The cloud's
+end-of-text tokens are banned (`FULL_LENGTH`, OpenAI's logit_bias) so that every answer has 256
+tokens. `--continuation`: how
 the cloud is asked to continue (`OpenAIEngine(continuation=)`): "continue_final_message" (vLLM's
 parameter; the cloud continues the delivered text) or "instruction" (a new turn asking it to go
 on; SmolLM2 tends to restart the answer). TTFT and total time (call to the last token) are
@@ -39,7 +43,8 @@ from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import HybridServer, LlamaServer
 
 API_KEY, ALIAS = "sk-bench", "cloud"
-PROMPT = "Count from {start} to {end}, separated by commas. Do not stop early."
+# the number that differs comes first: the rest of the prompt is read cold (not a cached prefix)
+PROMPT = "From {start}, count up to 500, separated by commas. Do not stop early."
 MAX_TOKENS = 256
 # SmolLM2 (the stand-in cloud) stops counting early: its end-of-text ids (<|endoftext|> 0,
 # <|im_start|> 1, <|im_end|> 2) are banned so that every answer runs to 256 tokens and the
@@ -52,7 +57,7 @@ def log(msg: str) -> None:
 
 
 async def one(client: HybridClient, start: int, **kw: object) -> dict[str, object]:
-    prompt = PROMPT.format(start=start, end=start + 500)
+    prompt = PROMPT.format(start=start)
     t0 = time.perf_counter()
     first = last = None
     who: list[str] = []
@@ -107,7 +112,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     cloud_path = resolve_model("smollm2-135m-instruct", pull=True)
     pol = Policy(
         name="bench", prefer="local", max_tokens=MAX_TOKENS, temperature=0, retries=0,
-        handoff_after_tokens=args.after,
+        handoff_after_tokens=args.after, handoff_warm_cloud=args.warm,
     )  # fmt: skip
     runs: dict[str, list[dict[str, object]]] = {"local only": [], "cloud only": [], "handoff": []}
     server = HybridServer if args.server == "serve" else LlamaServer
@@ -116,10 +121,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             base_url=srv.url + "/v1", api_key=API_KEY, model=ALIAS, continuation=args.continuation
         )
         local = LlamaCppEngine(local_path, n_ctx=2048, n_threads=1)
-        starts = iter(range(1000, 100_000, 1000))  # a new prompt for every call
+        starts = iter(range(2, 500))  # a new prompt for every call
         async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
             for engine in ("local", "cloud"):  # warm both (connections, the template's start)
-                await client.complete(PROMPT.format(start=1, end=501), engine=engine, max_tokens=4)
+                await client.complete(PROMPT.format(start=1), engine=engine, max_tokens=4)
             for i in range(n):
                 for name, kw in (
                     ("local only", {"engine": "local"}),
@@ -148,7 +153,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             }
         )
     return {
-        "n": n, "after": args.after, "server": args.server, "continuation": args.continuation,
+        "n": n, "after": args.after, "warm": args.warm, "server": args.server,
+        "continuation": args.continuation,
         "table": table, "runs": runs,
     }  # fmt: skip
 
@@ -167,7 +173,8 @@ def render(res: dict[str, object]) -> str:
     assert isinstance(table, list)
     rows = {r["plan"]: r for r in table}
     lines = [
-        f"cloud: {res['server']}, continuation: {res['continuation']}, after {res['after']} tokens",
+        f"cloud: {res['server']}, continuation: {res['continuation']}, after {res['after']} "
+        f"tokens, warm cloud: {res['warm']}",
         f"{'plan':12} {'n':>2} {'TTFT ms':>8} {'total ms':>9} {'tokens':>6} {'asked':>6} "
         f"{'seam':>5} {'ms/tok':>6}  (medians; asked: call to the cloud asked; seam: asked to "
         "its first token; ms/tok: the serving part's decode)",
@@ -193,6 +200,10 @@ def cli() -> None:
     ap.add_argument("--n", type=int, default=None, help="rounds (default 2)")
     ap.add_argument("--quick", action="store_true", help="one round")
     ap.add_argument("--after", type=int, default=4, help="handoff_after_tokens")
+    ap.add_argument(
+        "--warm", action=argparse.BooleanOptionalAction, default=True,
+        help="handoff_warm_cloud: one token of the prompt asked of the cloud at once",
+    )  # fmt: skip
     ap.add_argument("--server", choices=("serve", "llama-cpp"), default="serve")
     ap.add_argument(
         "--continuation",

@@ -29,13 +29,16 @@ POLICY = Policy(
 
 
 async def handoff_run(
-    model_path: Path, proxy: FaultProxy, continuation: Continuation = "instruction"
+    model_path: Path,
+    proxy: FaultProxy,
+    continuation: Continuation = "instruction",
+    policy: Policy = POLICY,
 ) -> tuple[list[Event], Trace]:
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
     cloud = OpenAIEngine(
         base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, continuation=continuation
     )
-    async with HybridClient(local=local, cloud=cloud, policy=POLICY, router=None) as client:
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         async with client.stream(PROMPT, plan="handoff") as s:
             events = [e async for e in s.events()]
     return events, s.trace
@@ -77,6 +80,26 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
         assert messages[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
     assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
     assert trace.started == ["local", "cloud"] and trace.error is None
+
+
+async def test_a_warm_cloud_reads_the_prompt_first_then_continues_the_delivered_text(
+    model_path: Path, proxy: FaultProxy
+) -> None:
+    """handoff_warm_cloud: one token of the prompt is asked at once, then the continuation: the
+    stream is still the local part plus the cloud's continuation of exactly that text."""
+    proxy.record = True
+    policy = Policy(
+        name="handoff", prefer="local", max_tokens=40, temperature=0.0, retries=0,
+        handoff_after_tokens=4, stall_ms=20_000, handoff_warm_cloud=True,
+    )  # fmt: skip
+    events, trace = await handoff_run(model_path, proxy, "continue_final_message", policy)
+    rec = trace.handoff
+    assert rec is not None and rec.outcome == "switched", rec
+    local_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "local")
+    warm, cont = [json.loads(b) for h, b in proxy.requests() if b"/chat/completions" in h]
+    assert warm["max_tokens"] == 1 and warm["messages"] == [{"role": "user", "content": PROMPT}]
+    assert cont["messages"] == [*warm["messages"], {"role": "assistant", "content": local_text}]
+    assert len(local_text) == rec.local_chars and trace.engine == "cloud" and trace.error is None
 
 
 async def test_cloud_failure_during_the_handoff_local_continues(

@@ -118,3 +118,40 @@ async def test_scripted_timing_a_local_engine_past_the_deadline_hands_off_at_onc
     assert res.text == "xy" and cloud.requests[0].assistant_prefix == ""
     assert res.trace.handoff is not None and res.trace.handoff.local_chars == 0
     assert 100 <= (res.trace.ttft_ms or 0) < 300
+
+
+async def test_scripted_timing_a_warm_cloud_is_asked_for_the_prompt_at_once() -> None:
+    """`handoff_warm_cloud`: one token of the prompt is asked of the cloud at t=0 (its prefix
+    cache then holds the prompt); its answer is dropped and the stream is the same."""
+    local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.02, tpot_s=0.03)
+    cloud = ScriptedEngine("cloud", script=[0.01, "x", 0.001, "y", 0.001, "z"])
+    policy = Policy(
+        name="h", prefer="local", handoff_after_tokens=2, stall_ms=300, handoff_warm_cloud=True
+    )
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+        async with client.stream("write", plan="handoff") as s:
+            events = [e async for e in s.events()]
+    text = "".join(e.text for e in events if isinstance(e, Token))
+    warm, cont = cloud.requests
+    assert (
+        warm.max_tokens == 1
+        and warm.assistant_prefix == ""
+        and warm.messages[-1]
+        == {
+            "role": "user",
+            "content": "write",
+        }
+    )
+    assert cont.assistant_prefix == "AB" and text == "ABxyz"
+    assert [e.engine for e in events if isinstance(e, Token)] == ["local"] * 2 + ["cloud"] * 3
+    rec = s.trace.handoff
+    assert s.trace.started == ["local", "cloud"] and rec is not None and rec.outcome == "switched"
+    assert local.emitted == 2 and cloud.active == 0
+
+
+def test_the_warm_cloud_flag_is_a_checked_bool() -> None:
+    from hybridllm import PolicyError
+
+    with pytest.raises(PolicyError) as info:
+        Policy(name="h", handoff_warm_cloud="yes")  # type: ignore[arg-type]
+    assert info.value.field == "handoff_warm_cloud"

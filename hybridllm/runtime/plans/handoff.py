@@ -19,6 +19,12 @@ back unshown, they cost device time and, on a device whose cores the cloud share
 machine's stand-in), slowed the cloud's prefill: measured on the 2-core benchmark, the pause at
 the seam was 340-720 ms with the local engine decoding beside the stand-in cloud.
 
+The pause at the seam is the cloud reading the continuation's prompt: the whole prompt plus T0
+when nothing of it is cached. `warm_cloud` (the policy's `handoff_warm_cloud`) asks the cloud at
+once, beside the local engine, for one token of the same prompt (`warm_task`, cost tagged "handoff";
+its answer is dropped): a cloud that caches prefixes then reads only T0 at the seam, while the
+local part hid the prompt's prefill. Measured (`benchmarks/bench_handoff.py`) with a cold prompt.
+
 The hold is bounded: if the cloud fails before its first token, or sends none within
 `cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
 cloud request is cancelled and the local engine resumes from T0 (a continuation request: its KV
@@ -76,6 +82,7 @@ def handoff_plan(
         request=request,
         reason=decision.reason,
         after_tokens=policy.handoff_after_tokens,
+        warm_cloud=policy.handoff_warm_cloud,
         cloud_wait_s=stall_s or CLOUD_WAIT_S,
         stall_s=stall_s,
         deadline_s=decision.deadline_s,
@@ -93,14 +100,18 @@ async def handoff(
     cloud_wait_s: float = CLOUD_WAIT_S,
     stall_s: float | None = None,
     deadline_s: float | None = None,
+    warm_cloud: bool = False,
 ) -> None:
     """Run the plan (see the module). `deadline_s`: a local engine without a token by then hands
-    off at once (the cloud continues from nothing: it answers)."""
+    off at once (the cloud continues from nothing: it answers). `warm_cloud`: ask the cloud for
+    one token of the prompt at once (its prefix cache then holds the prompt at the seam)."""
     run.route(local, reason)
     async with anyio.create_task_group() as tg:
         h = _Handoff(run, local, cloud, request, tg, after_tokens, cloud_wait_s, stall_s)
         if deadline_s is not None:
             tg.start_soon(h.deadline_task, deadline_s)
+        if warm_cloud:
+            tg.start_soon(h.warm_task)
         await h.serve()
     h.conclude()  # outside the task group: the app gets a typed, unwrapped error
 
@@ -135,6 +146,7 @@ class _Handoff:
         self.fatal: Exception | None = None
         self.timer = anyio.CancelScope()
         self.deadline_scope = anyio.CancelScope()
+        self.warm_scope = anyio.CancelScope()
         self.failed_back = False
 
     # ---- the coordinator ---------------------------------------------------------------------
@@ -150,6 +162,7 @@ class _Handoff:
                 scope.cancel()
             self.timer.cancel()
             self.deadline_scope.cancel()
+            self.warm_scope.cancel()
 
     async def _next(self) -> None:
         limit = math.inf
@@ -334,6 +347,14 @@ class _Handoff:
                 self._post((cid, None))
             except Exception as exc:  # judged by the coordinator
                 self._post((cid, exc))
+
+    async def warm_task(self) -> None:
+        """One token of the prompt from the cloud, dropped: its prefix cache now holds the
+        prompt. Ended with the plan; a failure here only shows in the engine's health."""
+        spend_role.set("handoff")
+        warm = dataclasses.replace(self.request, max_tokens=1)
+        with self.warm_scope, contextlib.suppress(Exception):
+            await self.run.relay(self.cloud, warm, lambda _chunk: None)
 
     async def deadline_task(self, deadline_s: float) -> None:
         with self.deadline_scope:
