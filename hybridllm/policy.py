@@ -131,7 +131,8 @@ class Policy(BaseModel):
     # the prompt when the continuation comes (the seam is then about a decode step); costs a
     # cloud request (the prompt's input tokens and one output token). It pays where the cloud
     # caches prefixes of this prompt's length: a self-hosted vLLM with prefix caching, `hybridllm
-    # serve`; OpenAI caches prompts of 1024 tokens or more only
+    # serve`; OpenAI caches prompts of 1024 tokens or more only. The cloud is then asked at the
+    # first local token after the warm-up answered (handoff_after_tokens at most)
     handoff_warm_cloud: bool = Field(default=False, strict=True)
     # When the local engine serves first but is predicted to miss the deadline, the cloud
     # starts in parallel at once (the first token wins): a cloud request paid for even when the

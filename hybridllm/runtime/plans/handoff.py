@@ -21,9 +21,11 @@ the seam was 340-720 ms with the local engine decoding beside the stand-in cloud
 
 The pause at the seam is the cloud reading the continuation's prompt: the whole prompt plus T0
 when nothing of it is cached. `warm_cloud` (the policy's `handoff_warm_cloud`) asks the cloud at
-once, beside the local engine, for one token of the same prompt (`warm_task`, cost tagged "handoff";
-its answer is dropped): a cloud that caches prefixes then reads only T0 at the seam, while the
-local part hid the prompt's prefill. Measured (`benchmarks/bench_handoff.py`) with a cold prompt.
+once, beside the local engine, for one token of the same prompt (`warm_task`, cost tagged
+"handoff"; its answer is dropped): a cloud that caches prefixes then reads only T0 at the seam,
+the prompt's prefill hidden behind the local part. The local part then ends (T0 is fixed) at the
+first local token at which the warm-up has answered, or at `after_tokens`, whichever comes first:
+the cloud is asked as soon as it can continue at once, and the local engine fills the wait.
 
 The hold is bounded: if the cloud fails before its first token, or sends none within
 `cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
@@ -64,6 +66,7 @@ CLOUD_WAIT_S = 1.0
 
 Phase = Literal["local", "hold", "cloud", "local-only"]
 _DEADLINE = "deadline:"
+_WARM = "warm"  # the cloud answered the warm-up: its prefix cache holds the prompt
 _Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
 
 
@@ -147,6 +150,7 @@ class _Handoff:
         self.timer = anyio.CancelScope()
         self.deadline_scope = anyio.CancelScope()
         self.warm_scope = anyio.CancelScope()
+        self.warm = False  # the cloud answered the warm-up (`warm_task`)
         self.failed_back = False
 
     # ---- the coordinator ---------------------------------------------------------------------
@@ -179,6 +183,10 @@ class _Handoff:
                 self.ask_cloud()  # the local engine missed the deadline: the cloud answers
                 assert self.run.trace.handoff is not None
                 self.run.trace.handoff.outcome = f"asked: {item}"
+        elif item == _WARM:
+            self.warm = True
+            if self.phase == "local" and self.local_tokens >= 1:
+                self.ask_cloud()  # the cloud is ready: no reason to go on locally
         elif isinstance(item, str):
             if self.phase == "hold":
                 self.abandon(f"cloud too slow: {item}")
@@ -207,7 +215,7 @@ class _Handoff:
             self.run.deliver(self.engine_of[cid].name, chunk)
             if self.phase == "local" and isinstance(chunk, Delta) and chunk.text:
                 self.local_tokens += 1
-                if self.local_tokens >= self.after_tokens:
+                if self.local_tokens >= self.after_tokens or self.warm:
                     self.ask_cloud()
         elif cid == self.cloud_id and self.phase == "hold":
             if isinstance(chunk, Delta) and chunk.text:
@@ -355,6 +363,7 @@ class _Handoff:
         warm = dataclasses.replace(self.request, max_tokens=1)
         with self.warm_scope, contextlib.suppress(Exception):
             await self.run.relay(self.cloud, warm, lambda _chunk: None)
+            self._post(_WARM)
 
     async def deadline_task(self, deadline_s: float) -> None:
         with self.deadline_scope:
