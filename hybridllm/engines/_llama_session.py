@@ -16,7 +16,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,11 +143,20 @@ class LlamaSession:
             n += 1
         return min(n, len(tokens) - 1)
 
-    def prefill(self, prepared: Prepared, *, draft: DraftMode | None = None) -> Generation:
+    def prefill(
+        self,
+        prepared: Prepared,
+        *,
+        draft: DraftMode | None = None,
+        yield_if: Callable[[], bool] | None = None,
+    ) -> Generation:
         """Evaluate the uncached part of the prompt (all but its last token).
 
         `draft="prompt-lookup"`: greedy decoding with drafts looked up in the prompt and the
         output so far, verified in one batch (same tokens as plain greedy decoding).
+        `yield_if` (a preemptible request): the prompt is evaluated `YIELD_CHUNK` tokens at a
+        time, and `_Preempted` is raised between two chunks once it returns true; what was
+        evaluated stays in the KV cache (a later prefill reuses what is left of it).
         """
         self._abort.clear()
         gen = Generation(prepared)
@@ -160,7 +169,12 @@ class LlamaSession:
         llm.n_tokens = reuse
         gen.reused_tokens = reuse
         try:
-            llm.eval(tokens[reuse:-1])  # generate() then evaluates just the last token
+            todo = tokens[reuse:-1]  # generate() then evaluates just the last token
+            step = len(todo) if yield_if is None else YIELD_CHUNK
+            for i in range(0, len(todo), max(1, step)):
+                if yield_if is not None and yield_if():
+                    raise _Preempted
+                llm.eval(todo[i : i + step])
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
@@ -183,14 +197,20 @@ class LlamaSession:
         )
         return gen
 
-    def resume(self, gen: Generation, draft: DraftMode | None = None) -> int:
+    def resume(
+        self,
+        gen: Generation,
+        draft: DraftMode | None = None,
+        yield_if: Callable[[], bool] | None = None,
+    ) -> int:
         """Go on with a paused generation (`close()`d after some steps, the KV cache since used
         by other requests): prefill its prompt and the tokens it has generated, less the prefix
         still cached, then decode on from there. The text state (held-back stop-string tail,
         a half-decoded UTF-8 character, the counts) is the generation's own, so nothing is
         repeated or lost. Returns the tokens prefilled again."""
         tokens = gen.prepared.tokens + gen.tokens_out
-        fresh = self.prefill(dataclasses.replace(gen.prepared, tokens=tokens), draft=draft)
+        again = dataclasses.replace(gen.prepared, tokens=tokens)
+        fresh = self.prefill(again, draft=draft, yield_if=yield_if)
         gen._gen, gen._drafter = fresh._gen, fresh._drafter
         return len(tokens) - fresh.reused_tokens
 
@@ -301,6 +321,15 @@ class LlamaSession:
 
 class _Aborted(Exception):
     """Internal: a decode was aborted on request."""
+
+
+class _Preempted(Exception):  # noqa: N818  (a signal, not an error)
+    """Internal: a preemptible prefill stopped between two chunks (`prefill(yield_if=)`)."""
+
+
+# a preemptible prefill's chunk: about one decode step of work for a small model on a CPU, so a
+# more urgent request waits about a step for the device, as it does during decoding
+YIELD_CHUNK = 8
 
 
 def _biased(bias: dict[int, float]) -> Any:
