@@ -11,7 +11,7 @@ import pytest
 from anyio.lowlevel import checkpoint
 
 from hybridllm import CloudQueueTimeoutError, InvalidArgumentError, OpenAIEngine, Policy
-from hybridllm.engines.limit import ConcurrencyLimit
+from hybridllm.engines.limit import EXPECT_S, ConcurrencyLimit
 from hybridllm.errors import QueueFullError
 from hybridllm.routing.decide import LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import Prediction
@@ -157,3 +157,43 @@ def test_routing_sends_a_request_local_when_the_cloud_queue_misses_the_deadline(
         cloud_queue_s=0.1,
     )
     assert not any("cloud queue" in r for r in decide(facts, policy, slow).reasons)
+
+
+async def test_requests_routed_here_count_ahead_until_they_reach_the_queue() -> None:
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 2, clock=lambda: now[0])
+    limit.hold_s = 1.0
+    for _ in range(3):
+        limit.expect("normal")  # routed here, not yet in the queue
+    # the fourth: two take the free slots, the third waits a hold, so the fourth one too
+    assert limit.expected_wait_s() == pytest.approx(1.0)
+    assert limit.expected_wait_s("interactive") == 0.0  # the announced are "normal"
+    await limit.acquire()  # an announced one arrives: a holder now, no longer announced
+    assert limit.in_flight == 1 and len(limit._expected) == 2
+    assert limit.expected_wait_s() == pytest.approx(1.0)
+    now[0] = EXPECT_S  # announced ones that never came are forgotten
+    assert limit.expected_wait_s() == 0.0 and not limit._expected
+    unlimited = ConcurrencyLimit("cloud", None)
+    unlimited.expect("normal")
+    assert unlimited.expected_wait_s() == 0.0 and not unlimited._expected
+
+
+def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
+    """Routing announces each request it sends to a limited cloud: a burst of decisions made
+    before any request reaches the queue goes local once the queue would miss the deadline."""
+    from hybridllm import HybridClient, ScriptedEngine
+    from hybridllm.engines.base import GenerationRequest
+
+    cloud = OpenAIEngine(api_key="k", base_url="http://127.0.0.1:9/v1", max_concurrency=2)
+    cloud.limit.hold_s = 0.4
+    client = HybridClient(local=ScriptedEngine("local"), cloud=cloud, router=None)
+    client.routing.latency.seed("cloud", prefill_tps=1e4, tpot_s=0.01, overhead_s=0.1)
+    client.routing.latency.seed("local", prefill_tps=1e4, tpot_s=0.02, overhead_s=0.2)
+    policy = Policy(name="burst", prefer="cloud", ttft_deadline_ms=600)
+    req = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=8)
+    primaries = [client.decide(req, policy, preview=False)[0].primary for _ in range(8)]
+    # 2 free slots, then 2 more after each 0.4 s hold: with 0.1 s to a first token, the
+    # fifth would start at 0.8 s, past the 0.6 s deadline
+    assert primaries == ["cloud"] * 4 + ["local"] * 4, primaries
+    assert client.decide(req, policy)[0].primary == "local"  # a preview announces nothing
+    assert len(cloud.limit._expected) == 4
