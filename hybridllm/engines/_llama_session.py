@@ -94,7 +94,8 @@ class LlamaSession:
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
-        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort.is_set())
+        self._yield_if: Callable[[], bool] | None = None  # a preemptible prefill's signal
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._cut())
         llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)
         self._eos = self.llm.token_eos()
         self._vocab = self.llm._model.vocab
@@ -155,8 +156,9 @@ class LlamaSession:
         `draft="prompt-lookup"`: greedy decoding with drafts looked up in the prompt and the
         output so far, verified in one batch (same tokens as plain greedy decoding).
         `yield_if` (a preemptible request): the prompt is evaluated `YIELD_CHUNK` tokens at a
-        time, and `_Preempted` is raised between two chunks once it returns true; what was
-        evaluated stays in the KV cache (a later prefill reuses what is left of it).
+        time, and `_Preempted` is raised once it returns true, the chunk under way cut by
+        llama.cpp's abort callback; what the chunks before it evaluated stays in the KV cache
+        (a later prefill reuses what is left of it).
         """
         self._abort.clear()
         gen = Generation(prepared)
@@ -168,6 +170,7 @@ class LlamaSession:
             llm.reset()
         llm.n_tokens = reuse
         gen.reused_tokens = reuse
+        self._yield_if = yield_if  # the abort callback cuts a chunk once it says so
         try:
             todo = tokens[reuse:-1]  # generate() then evaluates just the last token
             step = len(todo) if yield_if is None else YIELD_CHUNK
@@ -179,7 +182,11 @@ class LlamaSession:
             self._after_abort()
             if self._abort.is_set():
                 raise _Aborted from exc
+            if yield_if is not None and yield_if():
+                raise _Preempted from exc  # the chunk under way was cut: only it is lost
             raise errors.LocalEngineError(f"prefill failed: {exc}", engine="local") from exc
+        finally:
+            self._yield_if = None
         req = prepared.request
         if draft == "prompt-lookup":
             gen._drafter = PromptLookup(llm, tokens)
@@ -277,6 +284,11 @@ class LlamaSession:
         """Stop a running llama_decode (from any thread)."""
         self._abort.set()
 
+    def _cut(self) -> bool:
+        """llama.cpp's abort callback: aborted, or a preemptible prefill told to yield."""
+        y = self._yield_if
+        return self._abort.is_set() or (y is not None and y())
+
     def _after_abort(self) -> None:
         # drop whatever a half-finished batch left in the KV cache
         self.llm._ctx.kv_cache_seq_rm(-1, self.llm.n_tokens, -1)
@@ -327,8 +339,9 @@ class _Preempted(Exception):  # noqa: N818  (a signal, not an error)
     """Internal: a preemptible prefill stopped between two chunks (`prefill(yield_if=)`)."""
 
 
-# a preemptible prefill's chunk: about one decode step of work for a small model on a CPU, so a
-# more urgent request waits about a step for the device, as it does during decoding
+# a preemptible prefill's chunk: what a preemption loses at most (the chunk under way is cut);
+# small enough to keep progress during a burst of interactive requests, large enough that the
+# extra passes over the weights cost little
 YIELD_CHUNK = 8
 
 
