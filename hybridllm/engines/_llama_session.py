@@ -221,8 +221,18 @@ class LlamaSession:
         gen._gen, gen._drafter = fresh._gen, fresh._drafter
         return len(tokens) - fresh.reused_tokens
 
-    def step(self, gen: Generation) -> str | None:
-        """Decode one token; return new text ('' while held back), None when finished."""
+    def step(self, gen: Generation, yield_if: Callable[[], bool] | None = None) -> str | None:
+        """Decode one token; return new text ('' while held back), None when finished.
+        `yield_if` (a preemptible request): the step is cut by llama.cpp's abort callback once
+        it returns true, and `_Preempted` is raised (nothing delivered is lost: a resume
+        evaluates the last token again)."""
+        self._yield_if = yield_if
+        try:
+            return self._step(gen)
+        finally:
+            self._yield_if = None
+
+    def _step(self, gen: Generation) -> str | None:
         if gen.finish_reason is not None or (gen._gen is None and gen._drafter is None):
             return None
         if gen.completion_tokens >= gen.prepared.max_tokens:
@@ -239,6 +249,8 @@ class LlamaSession:
             self._after_abort()
             if self._abort.is_set():
                 raise _Aborted from exc
+            if self._yield_if is not None and self._yield_if():
+                raise _Preempted from exc
             raise errors.LocalEngineError(f"decode failed: {exc}", engine="local") from exc
         gen.completion_tokens += 1
         if self._lc.llama_vocab_is_eog(self._vocab, tok):

@@ -3,8 +3,10 @@
 One generation at a time per model (a queue served by priority, then arrival: `engines.queue`),
 each prefill and each decode step on the llama thread, so the event loop stays responsive. An
 interactive request arriving while a background one decodes preempts it: the background answer
-stops before its next step, gives the engine up, and goes on later from the tokens it has
-(prefilled again, reusing the cached prefix), with "paused" and `Resumed` marks in its stream.
+stops at once (the decode step under way is cut by llama.cpp's abort callback; a background
+prefill runs in chunks, and only the chunk under way is lost), gives the engine up, and goes on
+later from the tokens it has (prefilled again, reusing the cached prefix), with "paused" and
+`Resumed` marks in its stream.
 Leaving the stream stops the work within one decode step: the async side stops asking for steps,
 and a running `llama_decode` (a long prefill) is cut by llama.cpp's abort callback.
 The KV cache is reused for a shared prompt prefix.
@@ -369,10 +371,15 @@ class LlamaCppEngine:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait(delta)
 
+        cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
+
         def decode() -> None:
             try:
                 while not stop.is_set() and not turn.preempt.is_set():
-                    text = session.step(gen)
+                    try:
+                        text = session.step(gen, cut)
+                    except _Preempted:
+                        break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
                         post(partial(push, Delta(text, time.perf_counter())))
