@@ -10,7 +10,7 @@ the second half of this module. Every field is optional:
     router_threshold | target_cloud_share | quality_floor      how the router's score is read
     prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
     priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
-    plan, handoff_after_tokens                                  a plan to run; handoff's local part
+    plan, handoff_after_tokens, handoff_warm_cloud              a plan to run; handoff's local part
     hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
     show_drafts, max_verify_overhead, speculative_k,            the speculative plan
     speculative_ahead
@@ -135,6 +135,13 @@ class Policy(BaseModel):
     plan: PlanName | None = None
     # handoff: the local engine delivers this many tokens, then the cloud continues
     handoff_after_tokens: int = Field(default=4, ge=1)
+    # handoff: ask the cloud for one token of the prompt at once, so that its prefix cache holds
+    # the prompt when the continuation comes (the seam is then about a decode step); costs a
+    # cloud request (the prompt's input tokens and one output token). It pays where the cloud
+    # caches prefixes of this prompt's length: a self-hosted vLLM with prefix caching, `hybridllm
+    # serve`; OpenAI caches prompts of 1024 tokens or more only. The cloud is then asked at the
+    # first local token after the warm-up answered (handoff_after_tokens at most)
+    handoff_warm_cloud: bool = Field(default=False, strict=True)
     # When the local engine serves first but is predicted to miss the deadline, the cloud
     # starts in parallel at once (the first token wins): a cloud request paid for even when the
     # local engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the

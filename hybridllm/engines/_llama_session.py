@@ -11,11 +11,12 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import logging
+import math
 import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class Prepared:
     max_tokens: int
     stop: tuple[str, ...]
     request: GenerationRequest
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100: banned)
 
 
 @dataclass
@@ -92,7 +94,8 @@ class LlamaSession:
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
-        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._abort.is_set())
+        self._yield_if: Callable[[], bool] | None = None  # a preemptible prefill's signal
+        self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._cut())
         llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)
         self._eos = self.llm.token_eos()
         self._vocab = self.llm._model.vocab
@@ -141,11 +144,21 @@ class LlamaSession:
             n += 1
         return min(n, len(tokens) - 1)
 
-    def prefill(self, prepared: Prepared, *, draft: DraftMode | None = None) -> Generation:
+    def prefill(
+        self,
+        prepared: Prepared,
+        *,
+        draft: DraftMode | None = None,
+        yield_if: Callable[[], bool] | None = None,
+    ) -> Generation:
         """Evaluate the uncached part of the prompt (all but its last token).
 
         `draft="prompt-lookup"`: greedy decoding with drafts looked up in the prompt and the
         output so far, verified in one batch (same tokens as plain greedy decoding).
+        `yield_if` (a preemptible request): the prompt is evaluated `YIELD_CHUNK` tokens at a
+        time, and `_Preempted` is raised once it returns true, the chunk under way cut by
+        llama.cpp's abort callback; what the chunks before it evaluated stays in the KV cache
+        (a later prefill reuses what is left of it).
         """
         self._abort.clear()
         gen = Generation(prepared)
@@ -157,13 +170,23 @@ class LlamaSession:
             llm.reset()
         llm.n_tokens = reuse
         gen.reused_tokens = reuse
+        self._yield_if = yield_if  # the abort callback cuts a chunk once it says so
         try:
-            llm.eval(tokens[reuse:-1])  # generate() then evaluates just the last token
+            todo = tokens[reuse:-1]  # generate() then evaluates just the last token
+            step = len(todo) if yield_if is None else YIELD_CHUNK
+            for i in range(0, len(todo), max(1, step)):
+                if yield_if is not None and yield_if():
+                    raise _Preempted
+                llm.eval(todo[i : i + step])
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
                 raise _Aborted from exc
+            if yield_if is not None and yield_if():
+                raise _Preempted from exc  # the chunk under way was cut: only it is lost
             raise errors.LocalEngineError(f"prefill failed: {exc}", engine="local") from exc
+        finally:
+            self._yield_if = None
         req = prepared.request
         if draft == "prompt-lookup":
             gen._drafter = PromptLookup(llm, tokens)
@@ -177,22 +200,39 @@ class LlamaSession:
             min_p=0.05,
             repeat_penalty=1.0,
             reset=True,
+            logits_processor=_biased(prepared.logit_bias) if prepared.logit_bias else None,
         )
         return gen
 
-    def resume(self, gen: Generation, draft: DraftMode | None = None) -> int:
+    def resume(
+        self,
+        gen: Generation,
+        draft: DraftMode | None = None,
+        yield_if: Callable[[], bool] | None = None,
+    ) -> int:
         """Go on with a paused generation (`close()`d after some steps, the KV cache since used
         by other requests): prefill its prompt and the tokens it has generated, less the prefix
         still cached, then decode on from there. The text state (held-back stop-string tail,
         a half-decoded UTF-8 character, the counts) is the generation's own, so nothing is
         repeated or lost. Returns the tokens prefilled again."""
         tokens = gen.prepared.tokens + gen.tokens_out
-        fresh = self.prefill(dataclasses.replace(gen.prepared, tokens=tokens), draft=draft)
+        again = dataclasses.replace(gen.prepared, tokens=tokens)
+        fresh = self.prefill(again, draft=draft, yield_if=yield_if)
         gen._gen, gen._drafter = fresh._gen, fresh._drafter
         return len(tokens) - fresh.reused_tokens
 
-    def step(self, gen: Generation) -> str | None:
-        """Decode one token; return new text ('' while held back), None when finished."""
+    def step(self, gen: Generation, yield_if: Callable[[], bool] | None = None) -> str | None:
+        """Decode one token; return new text ('' while held back), None when finished.
+        `yield_if` (a preemptible request): the step is cut by llama.cpp's abort callback once
+        it returns true, and `_Preempted` is raised (nothing delivered is lost: a resume
+        evaluates the last token again)."""
+        self._yield_if = yield_if
+        try:
+            return self._step(gen)
+        finally:
+            self._yield_if = None
+
+    def _step(self, gen: Generation) -> str | None:
         if gen.finish_reason is not None or (gen._gen is None and gen._drafter is None):
             return None
         if gen.completion_tokens >= gen.prepared.max_tokens:
@@ -209,6 +249,8 @@ class LlamaSession:
             self._after_abort()
             if self._abort.is_set():
                 raise _Aborted from exc
+            if self._yield_if is not None and self._yield_if():
+                raise _Preempted from exc
             raise errors.LocalEngineError(f"decode failed: {exc}", engine="local") from exc
         gen.completion_tokens += 1
         if self._lc.llama_vocab_is_eog(self._vocab, tok):
@@ -254,6 +296,11 @@ class LlamaSession:
         """Stop a running llama_decode (from any thread)."""
         self._abort.set()
 
+    def _cut(self) -> bool:
+        """llama.cpp's abort callback: aborted, or a preemptible prefill told to yield."""
+        y = self._yield_if
+        return self._abort.is_set() or (y is not None and y())
+
     def _after_abort(self) -> None:
         # drop whatever a half-finished batch left in the KV cache
         self.llm._ctx.kv_cache_seq_rm(-1, self.llm.n_tokens, -1)
@@ -298,3 +345,24 @@ class LlamaSession:
 
 class _Aborted(Exception):
     """Internal: a decode was aborted on request."""
+
+
+class _Preempted(Exception):  # noqa: N818  (a signal, not an error)
+    """Internal: a preemptible prefill stopped between two chunks (`prefill(yield_if=)`)."""
+
+
+# a preemptible prefill's chunk: what a preemption loses at most (the chunk under way is cut);
+# small enough to keep progress during a burst of interactive requests, large enough that the
+# extra passes over the weights cost little
+YIELD_CHUNK = 8
+
+
+def _biased(bias: dict[int, float]) -> Any:
+    """A llama-cpp-python logits processor adding `bias` (OpenAI's logit_bias: -100 bans)."""
+    ids, values = list(bias), [(-math.inf if v <= -100 else v) for v in bias.values()]
+
+    def add(_input_ids: Any, scores: Any) -> Any:
+        scores[ids] += values
+        return scores
+
+    return [add]

@@ -11,10 +11,15 @@ for it in the queue rather than hammering the endpoint. Without a limit (`max_co
 nothing waits, but the Retry-After still shows in `expected_wait_s()`, so routing sees it.
 
 `expected_wait_s()` is the queue's forecast for a request made now: the Retry-After left, or,
-with every slot taken, the requests ahead of it divided by the slots times how long a request
-holds a slot (an exponential average of the requests seen). Routing reads it from
-`EngineInfo.expected_wait_s` and adds it to the cloud's predicted first-token time; a request
-that would miss its deadline in the queue goes to the local engine with the reason.
+with every slot taken, when its slot frees. A request holds a slot `hold_s` (an exponential
+average of the requests seen), so a holder that has run `e` seconds frees its slot in
+`hold_s - e` (0 once it has run longer than the average: it is taken to finish now); the
+requests ahead take the slots in the order they free, each for `hold_s`. The requests ahead
+include those routed here a moment ago that have not reached the queue yet (`expect()`, called
+by routing when it sends a request here): a burst decided at once sees itself, not an empty
+queue. Routing reads the forecast from `EngineInfo.expected_wait_s` and adds it to the cloud's
+predicted first-token time; a request that would miss its deadline in the queue goes to the
+local engine with the reason.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from hybridllm.engines import validate
 from hybridllm.engines.queue import RANK
 from hybridllm.errors import CloudQueueTimeoutError
 from hybridllm.events import Priority
+
+# a request announced by `expect()` reaches the queue within this, or is no longer counted
+EXPECT_S = 1.0
 
 
 class ConcurrencyLimit:
@@ -51,6 +59,8 @@ class ConcurrencyLimit:
         self.in_flight = 0
         self.blocked_until = 0.0  # a 429's Retry-After: no request leaves before this
         self.hold_s: float | None = None  # how long a request holds a slot (average)
+        self._since: list[float] = []  # when each request in flight took its slot
+        self._expected: list[tuple[float, int]] = []  # (when, class rank) routed, not yet here
         self._waiters: dict[int, tuple[int, anyio.Event]] = {}  # seq -> (rank, wake-up)
         self._seq = 0
 
@@ -73,10 +83,30 @@ class ConcurrencyLimit:
             return backoff
         rank = None if priority is None else RANK[priority]
         ahead = sum(1 for r, _ in self._waiters.values() if rank is None or r <= rank)
+        self._expected = [(t, r) for t, r in self._expected if now - t < EXPECT_S]
+        ahead += sum(1 for _, r in self._expected if rank is None or r <= rank)
         free = cap - self.in_flight
         if ahead < free:
             return backoff
-        return max(backoff, (ahead - free + 1) / cap * (self.hold_s or 0.0))
+        hold = self.hold_s or 0.0
+        # when each slot frees: the free ones now, a held one after what is left of its hold
+        frees = sorted(max(0.0, hold - (now - t)) for t in self._since)
+        frees = ([0.0] * cap + frees)[-cap:]
+        rounds, slot = divmod(ahead, cap)  # the requests ahead go first, slot by slot
+        return max(backoff, frees[slot] + rounds * hold)
+
+    def expect(self, priority: Priority) -> None:
+        """A request was just routed here: count it ahead of later ones until it reaches the
+        queue (`acquire`), at most `EXPECT_S`."""
+        if self.max_concurrency is not None:
+            self._expected.append((self.clock(), RANK[priority]))
+
+    def _arrived(self, priority: Priority) -> None:
+        """An announced request reached the queue: it counts as a waiter or a holder now."""
+        rank = RANK[priority]
+        mine = [e for e in self._expected if e[1] == rank] or self._expected
+        if mine:
+            self._expected.remove(mine[0])
 
     def note_retry_after(self, seconds: float) -> None:
         """The endpoint answered 429 with Retry-After: hold every request until then."""
@@ -87,8 +117,9 @@ class ConcurrencyLimit:
         """Wait for a slot (by class, then arrival); return the seconds waited. Raises
         `CloudQueueTimeoutError` after `queue_timeout_s` without one."""
         t0 = self.clock()
+        self._arrived(priority)
         if self._free() and not self._waiters:
-            self.in_flight += 1
+            self._take()
             return 0.0
         self._seq += 1
         seq, wake = self._seq, anyio.Event()
@@ -104,7 +135,7 @@ class ConcurrencyLimit:
                         continue
                     if self._next() == seq and self._free():
                         del self._waiters[seq]
-                        self.in_flight += 1
+                        self._take()
                         self._wake_next()  # more slots may be free
                         return self.clock() - t0
                     await wake.wait()
@@ -123,9 +154,16 @@ class ConcurrencyLimit:
             queue_timeout_s=limit,
         )
 
+    def _take(self) -> None:
+        self.in_flight += 1
+        self._since.append(self.clock())
+
     def release(self, held_s: float) -> None:
         """A request let go of its slot after holding it `held_s` seconds."""
         self.in_flight -= 1
+        if self._since:  # forget the holder that took its slot `held_s` ago (the nearest)
+            took = self.clock() - held_s
+            self._since.remove(min(self._since, key=lambda t: abs(t - took)))
         if held_s >= 0:
             self.hold_s = held_s if self.hold_s is None else 0.7 * self.hold_s + 0.3 * held_s
         self._wake_next()

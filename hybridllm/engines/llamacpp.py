@@ -3,8 +3,10 @@
 One generation at a time per model (a queue served by priority, then arrival: `engines.queue`),
 each prefill and each decode step on the llama thread, so the event loop stays responsive. An
 interactive request arriving while a background one decodes preempts it: the background answer
-stops before its next step, gives the engine up, and goes on later from the tokens it has
-(prefilled again, reusing the cached prefix), with "paused" and `Resumed` marks in its stream.
+stops at once (the decode step under way is cut by llama.cpp's abort callback; a background
+prefill runs in chunks, and only the chunk under way is lost), gives the engine up, and goes on
+later from the tokens it has (prefilled again, reusing the cached prefix), with "paused" and
+`Resumed` marks in its stream.
 Leaving the stream stops the work within one decode step: the async side stops asking for steps,
 and a running `llama_decode` (a long prefill) is cut by llama.cpp's abort callback.
 The KV cache is reused for a shared prompt prefix.
@@ -27,7 +29,7 @@ import anyio.to_thread
 
 from hybridllm import errors
 from hybridllm.engines import validate
-from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted
+from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted, _Preempted
 from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
@@ -278,8 +280,17 @@ class LlamaCppEngine:
                 self.estimate_s(new_tokens, prepared.max_tokens),
             )
             yield Mark("started", time.perf_counter())
-            t0 = time.perf_counter()
-            gen = await self._on_thread(session, partial(session.prefill, prepared, draft=draft))
+            while True:  # a preemptible prefill gives the device up between chunks
+                t0 = time.perf_counter()
+                try:
+                    fill = partial(session.prefill, prepared, draft=draft, yield_if=_yields(turn))
+                    gen = await self._on_thread(session, fill)
+                    break
+                except _Preempted:
+                    self.busy, holding = False, False
+                    self._queue.release()
+                    await self._queue.acquire(turn.estimate_s, turn=turn)
+                    holding, self.busy = True, True
             t1 = time.perf_counter()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
@@ -299,8 +310,17 @@ class LlamaCppEngine:
                 turn.pauses += 1
                 await self._queue.acquire(self._left_s(gen), turn=turn)
                 holding, self.busy = True, True
-                t0 = time.perf_counter()
-                prefilled = await self._on_thread(session, partial(session.resume, gen, draft))
+                while True:  # preempted again during the prefill: wait again (same pause)
+                    t0 = time.perf_counter()
+                    try:
+                        again = partial(session.resume, gen, draft, _yields(turn))
+                        prefilled = await self._on_thread(session, again)
+                        break
+                    except _Preempted:
+                        self.busy, holding = False, False
+                        self._queue.release()
+                        await self._queue.acquire(self._left_s(gen), turn=turn)
+                        holding, self.busy = True, True
                 self._learn_prefill(prefilled, time.perf_counter() - t0)
                 yield Resumed(
                     time.perf_counter(),
@@ -351,10 +371,15 @@ class LlamaCppEngine:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait(delta)
 
+        cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
+
         def decode() -> None:
             try:
                 while not stop.is_set() and not turn.preempt.is_set():
-                    text = session.step(gen)
+                    try:
+                        text = session.step(gen, cut)
+                    except _Preempted:
+                        break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
                         post(partial(push, Delta(text, time.perf_counter())))
@@ -437,3 +462,9 @@ def _check_args(
     if llama_kwargs is not None and not isinstance(llama_kwargs, dict):
         raise errors.InvalidArgumentError("llama_kwargs", llama_kwargs, "a dict")
     validate.one_of("name", name, ("local", "cloud"))
+
+
+def _yields(turn: Turn) -> Callable[[], bool] | None:
+    """A background request's prefill gives the device up to a preempting one between chunks
+    (`LlamaSession.prefill(yield_if=)`); others run theirs in one go."""
+    return turn.preempt.is_set if turn.priority == "background" else None

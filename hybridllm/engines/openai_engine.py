@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import anyio
 import httpx2
@@ -42,6 +42,9 @@ from hybridllm.engines.options import OpenAIOptions
 from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, RequestSent
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
+Continuation = Literal["instruction", "continue_final_message"]
+CONTINUATIONS: tuple[Continuation, ...] = ("instruction", "continue_final_message")
+CONTINUE_FINAL = {"continue_final_message": True, "add_generation_prompt": False}
 NO_KEY = (
     "no API key: set OPENAI_API_KEY or pass api_key= (any non-empty value for a server that "
     "needs none)"
@@ -66,6 +69,14 @@ class OpenAIEngine:
     (by priority, then arrival) at most `queue_timeout_s`, then fail with
     `CloudQueueTimeoutError` (`engines.limit`). A 429's Retry-After holds them too, and both
     show in `info().expected_wait_s`, which routing adds to the cloud's first-token time.
+
+    `continuation`: how a continuation (a request with `assistant_prefix`: failover, handoff)
+    is asked for. "instruction" (any endpoint): the delivered text as an assistant turn, then a
+    user turn asking to go on (`engines.base.chat_messages`); the model starts a new turn and
+    may restart the answer. "continue_final_message" (vLLM's extra chat parameters, and
+    `hybridllm serve`): the delivered text is the final assistant message, left open, and the
+    model continues the text itself; its prompt is the original prompt plus the delivered text,
+    so a server's prefix cache covers all but the new tokens.
     """
 
     def __init__(
@@ -80,8 +91,14 @@ class OpenAIEngine:
         name: EngineName = "cloud",
         max_concurrency: int | None = None,
         queue_timeout_s: float | None = None,
+        continuation: Continuation = "instruction",
     ) -> None:
         self.limit = ConcurrencyLimit(name, max_concurrency, queue_timeout_s)
+        if continuation not in CONTINUATIONS:
+            raise errors.InvalidArgumentError(
+                "continuation", continuation, " or ".join(map(repr, CONTINUATIONS))
+            )
+        self.continuation: Continuation = continuation
         _check_args(base_url, api_key, model, timeout, include_usage, default_headers, name)
         self.name: EngineName = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
@@ -167,7 +184,11 @@ class OpenAIEngine:
         return None  # the endpoint's tokenizer is not at hand
 
     def _messages(self, request: GenerationRequest) -> list[dict[str, str]]:
-        """The chat messages (a continuation's included: `engines.base.chat_messages`)."""
+        """The chat messages (a continuation's included: `engines.base.chat_messages`, or the
+        delivered text as the open final message: `continuation`)."""
+        if request.assistant_prefix and self.continuation == "continue_final_message":
+            final = {"role": "assistant", "content": request.assistant_prefix}
+            return [*(dict(m) for m in request.messages), final]
         return [dict(m) for m in chat_messages(request)]
 
     async def aclose(self) -> None:
@@ -192,6 +213,9 @@ class OpenAIEngine:
             kwargs["stop"] = list(request.stop)
         if self.include_usage:
             kwargs["stream_options"] = {"include_usage": True}
+        if request.assistant_prefix and self.continuation == "continue_final_message":
+            extra = dict(kwargs.get("extra_body") or {})
+            kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
         received = False
         n_deltas = 0
         finish: str | None = None

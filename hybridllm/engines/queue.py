@@ -9,8 +9,9 @@ it), so nothing waits without end behind a stream of more urgent requests. The r
 queue's clock (`clock=`, `time.perf_counter` by default), so tests can drive it.
 
 Preemption: when an interactive request arrives while a background request holds the engine,
-the holder's `Turn.preempt` is set. The local engine checks it between decode steps, so the
-background request yields within one step: it gives its turn back, waits again (keeping its
+the holder's `Turn.preempt` is set. The local engine cuts the decode step or prefill chunk under
+way (llama.cpp's abort callback; only that step's or chunk's work is lost), so the background
+request yields at once: it gives its turn back, waits again (keeping its
 arrival and the time it has waited, so it ages on), and goes on from where it stopped. A
 background request that has aged into a higher class is not preempted any more: every pause
 adds to its waiting time, so it is paused a bounded number of times.
@@ -131,7 +132,7 @@ class BoundedQueue:
     def expected_wait_s(self, priority: Priority | None = None) -> float:
         """Seconds a request queued now would wait before its turn (estimate). With its
         `priority`: only the waiting requests of its class or above count, and a holder it would
-        preempt counts as nothing (it yields within one decode step)."""
+        preempt counts as nothing (it yields at once)."""
         rank = None if priority is None else RANK[priority]
         wait = sum(
             t.estimate_s for t in self.pending.values() if rank is None or RANK[t.priority] <= rank

@@ -141,9 +141,17 @@ class ServedModel:
 
     # ---- requests --------------------------------------------------------------------------
 
-    async def prepare(self, request: GenerationRequest) -> Prepared:
-        """Template and tokenize a chat request; `ContextOverflowError` before any model work."""
-        return await anyio.to_thread.run_sync(self.session.prepare, request)
+    async def prepare(
+        self, request: GenerationRequest, logit_bias: dict[int, float] | None = None
+    ) -> Prepared:
+        """Template and tokenize a chat request; `ContextOverflowError` before any model work.
+        `logit_bias`: token id -> added to its logit while sampling (-100 bans it)."""
+        prepared = await anyio.to_thread.run_sync(self.session.prepare, request)
+        vocab = self.n_vocab()
+        if logit_bias and any(t >= vocab for t in logit_bias):
+            raise errors.ConfigError(f"logit_bias: token ids must be below {vocab}")
+        prepared.logit_bias = logit_bias or None
+        return prepared
 
     async def chat(self, prepared: Prepared) -> AsyncGenerator[tuple[str, Generation], None]:
         """Yield (text, generation) per decoded piece, then ("", generation) at the end; the

@@ -35,6 +35,7 @@ from hybridllm.engines.base import (
     count_prompt_tokens,
     prompt_token_bound,
 )
+from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
@@ -224,6 +225,8 @@ class Routing:
         decision = decide(facts, policy, state)
         if not preview:
             self.note_decision(policy.name, decision)
+            if decision.primary is not None and decision.primary in engines:
+                _announce(engines[decision.primary], request)
         return decision, facts, state
 
 
@@ -234,6 +237,15 @@ def _cloud_bound(
     NER layer): a request that stays local pays for the patterns alone."""
     has_cloud = engines is None or "cloud" in engines
     return has_cloud and forced != "local" and policy.cloud_allowed
+
+
+def _announce(engine: Engine, request: GenerationRequest) -> None:
+    """The request goes to `engine` first: an engine with a concurrency limit counts it in its
+    queue's forecast from now on (`ConcurrencyLimit.expect`), so the next decisions of a burst
+    made at once see it before it reaches the queue."""
+    limit = getattr(getattr(engine, "inner", engine), "limit", None)
+    if isinstance(limit, ConcurrencyLimit):
+        limit.expect(request.priority)
 
 
 def _wait(info: EngineInfo, request: GenerationRequest) -> float:

@@ -51,7 +51,8 @@ def create_app(model: ServedModel, *, api_key: str | None = None) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         data = await body_of(request)
         body = parse(ChatBody, data)
-        prepared = await _mapped(model.prepare(chat.request_for(body, model.n_ctx)))
+        request_ = chat.request_for(body, model.n_ctx)
+        prepared = await _mapped(model.prepare(request_, body.bias()))
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(

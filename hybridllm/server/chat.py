@@ -16,10 +16,35 @@ from hybridllm.server.schema import ApiError, ChatBody
 
 
 def request_for(body: ChatBody, n_ctx: int) -> GenerationRequest:
+    """The request; with vLLM's `continue_final_message` the final message must be the
+    assistant's, and it is continued (the template's assistant turn left open: its text is the
+    answer's start, `assistant_prefix`), as vLLM does."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    prefix = ""
+    if body.continue_final_message:
+        if body.add_generation_prompt:
+            raise ApiError(
+                400,
+                "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message",
+            )
+        if messages[-1]["role"] != "assistant" or len(messages) < 2:
+            raise ApiError(
+                400,
+                "continue_final_message needs a final assistant message after another message",
+                param="messages",
+            )
+        prefix = messages.pop()["content"]
+    elif not body.add_generation_prompt:
+        raise ApiError(
+            400,
+            "add_generation_prompt false is only supported with continue_final_message",
+            param="add_generation_prompt",
+        )
     try:
         return GenerationRequest(
             messages=messages,
+            assistant_prefix=prefix,
             max_tokens=body.max_completion_tokens or body.max_tokens or n_ctx,
             temperature=body.temperature,
             top_p=body.top_p,

@@ -88,6 +88,26 @@ class ChatBody(_Body):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stream_options: StreamOptions | None = None
+    # vLLM's extra chat parameters: the final (assistant) message left open and continued
+    # ("prefill" the answer), which needs add_generation_prompt false
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # OpenAI's logit_bias: token id (a string) -> a bias from -100 (banned) to 100
+    logit_bias: dict[str, float] | None = None
+
+    def bias(self) -> dict[int, float]:
+        """`logit_bias` as token ids; a key that is not a token id or a bias out of range is a
+        400."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or not -100.0 <= value <= 100.0:
+                raise ApiError(
+                    400,
+                    f"logit_bias: {key!r}: {value!r} must be a token id and a bias in [-100, 100]",
+                    param="logit_bias",
+                )
+            out[int(key)] = value
+        return out
 
 
 class CompletionBody(_Body):

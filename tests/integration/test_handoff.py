@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from hybridllm import Handoff, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.engines.base import CONTINUE_INSTRUCTION
+from hybridllm.engines.openai_engine import Continuation
 from hybridllm.events import Event
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import FaultProxy, Faults
@@ -26,10 +28,17 @@ POLICY = Policy(
 )  # fmt: skip
 
 
-async def handoff_run(model_path: Path, proxy: FaultProxy) -> tuple[list[Event], Trace]:
+async def handoff_run(
+    model_path: Path,
+    proxy: FaultProxy,
+    continuation: Continuation = "instruction",
+    policy: Policy = POLICY,
+) -> tuple[list[Event], Trace]:
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
-    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
-    async with HybridClient(local=local, cloud=cloud, policy=POLICY, router=None) as client:
+    cloud = OpenAIEngine(
+        base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, continuation=continuation
+    )
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         async with client.stream(PROMPT, plan="handoff") as s:
             events = [e async for e in s.events()]
     return events, s.trace
@@ -40,11 +49,12 @@ def parts(events: list[Event]) -> tuple[str, list[str]]:
     return "".join(t.text for t in tokens), [t.engine for t in tokens]
 
 
+@pytest.mark.parametrize("continuation", ["instruction", "continue_final_message"])
 async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
-    model_path: Path, proxy: FaultProxy
+    model_path: Path, proxy: FaultProxy, continuation: Continuation
 ) -> None:
     proxy.record = True
-    events, trace = await handoff_run(model_path, proxy)
+    events, trace = await handoff_run(model_path, proxy, continuation)
     text, who = parts(events)
     rec = trace.handoff
     assert rec is not None and rec.outcome == "switched", rec
@@ -59,10 +69,37 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
     # local engine produced after it reached the app, so nothing is repeated or lost
     bodies = [json.loads(body) for head, body in proxy.requests() if b"/chat/completions" in head]
     assert len(bodies) == 1
-    assistant = [m for m in bodies[0]["messages"] if m["role"] == "assistant"]
+    messages = bodies[0]["messages"]
+    assistant = [m for m in messages if m["role"] == "assistant"]
     assert assistant == [{"role": "assistant", "content": local_text}]
+    if continuation == "continue_final_message":  # the open final message, no instruction
+        assert messages[-1] == assistant[0] and len(messages) == 2
+        assert bodies[0]["continue_final_message"] is True
+        assert bodies[0]["add_generation_prompt"] is False
+    else:
+        assert messages[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
     assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
     assert trace.started == ["local", "cloud"] and trace.error is None
+
+
+async def test_a_warm_cloud_reads_the_prompt_first_then_continues_the_delivered_text(
+    model_path: Path, proxy: FaultProxy
+) -> None:
+    """handoff_warm_cloud: one token of the prompt is asked at once, then the continuation: the
+    stream is still the local part plus the cloud's continuation of exactly that text."""
+    proxy.record = True
+    policy = Policy(
+        name="handoff", prefer="local", max_tokens=40, temperature=0.0, retries=0,
+        handoff_after_tokens=4, stall_ms=20_000, handoff_warm_cloud=True,
+    )  # fmt: skip
+    events, trace = await handoff_run(model_path, proxy, "continue_final_message", policy)
+    rec = trace.handoff
+    assert rec is not None and rec.outcome == "switched", rec
+    local_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "local")
+    warm, cont = [json.loads(b) for h, b in proxy.requests() if b"/chat/completions" in h]
+    assert warm["max_tokens"] == 1 and warm["messages"] == [{"role": "user", "content": PROMPT}]
+    assert cont["messages"] == [*warm["messages"], {"role": "assistant", "content": local_text}]
+    assert len(local_text) == rec.local_chars and trace.engine == "cloud" and trace.error is None
 
 
 async def test_cloud_failure_during_the_handoff_local_continues(

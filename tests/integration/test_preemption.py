@@ -120,3 +120,41 @@ async def test_a_preempted_answer_moves_to_the_cloud_where_the_policy_allows(
     assert {t.engine for t in tokens} == {"local", "cloud"}
     assert bg.trace.engine == "cloud" and bg.trace.finish_reason is not None
     assert not bg.trace.pauses  # it moved instead of pausing
+
+
+async def test_an_interactive_request_waits_about_a_chunk_for_a_background_prefill(
+    model_path: Path,
+) -> None:
+    """A background request with a long prompt is preempted during its prefill: the prefill
+    gives the device up between chunks (`LlamaSession.prefill(yield_if=)`), the interactive
+    request starts within a few chunks rather than after the whole prompt, and the background
+    request then finishes its prefill from what was kept and answers from the start."""
+    engine = LlamaCppEngine(model_path, n_ctx=2048, n_threads=1)
+    filler = "The quick brown fox jumps over the lazy dog near the river bank. " * 60
+    prompt = f"Read this, then ignore it: {filler}\n{COUNT}"
+    async with HybridClient(local=engine) as client:
+        await client.complete("Hi.", engine="local", max_tokens=2)  # loaded, warm
+        bg_stream: list[Stream] = []
+
+        async def background() -> None:
+            async with client.stream(
+                prompt, engine="local", priority="background", temperature=0.0, max_tokens=8
+            ) as s:
+                async for _ in s:
+                    pass
+            bg_stream.append(s)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(background)
+            await anyio.sleep(0.15)  # the background prefill (~700 tokens) is under way
+            async with client.stream(
+                "Say hi.", engine="local", priority="interactive", max_tokens=4
+            ) as fg:
+                answer = "".join([t async for t in fg])
+    (bg,) = bg_stream
+    assert answer and bg.trace.error is None and bg.trace.completion_tokens
+    fm, bm = fg.trace.marks, bg.trace.marks
+    assert bm["started"] < fm["queued"] < bm["prefill_done"]  # it came during the prefill
+    assert fm["done"] < bm["prefill_done"]  # and was served before the prefill went on
+    # waited about a chunk (8 tokens), not the rest of a prefill of some 700 tokens
+    assert fm["started"] - fm["queued"] < 0.25 < bm["prefill_done"] - bm["started"]

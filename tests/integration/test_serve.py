@@ -227,6 +227,36 @@ def test_streaming_chat_counts_usage(cloud_server: HybridServer) -> None:
     assert chunks[-2].choices[0].finish_reason in ("stop", "length")
 
 
+def test_continue_final_message_continues_the_open_assistant_text(
+    cloud_server: HybridServer,
+) -> None:
+    """vLLM's continue_final_message: the prompt is the template up to the open assistant turn
+    plus its text (no end-of-turn, no new turn): a few tokens more than the plain prompt, and
+    the KV prefix of the plain prompt is reused. logit_bias -100 on the end-of-text ids makes
+    the answer run to max_tokens."""
+    user = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+    base = {"model": ALIAS, "max_tokens": 1, "temperature": 0}
+    status, plain, _ = post(cloud_server, "/v1/chat/completions", {**base, "messages": user})
+    assert status == 200, plain
+    prefix = {"role": "assistant", "content": "1, 2, 3,"}
+    cont = {"messages": [*user, prefix], "continue_final_message": True}
+    body = {**base, **cont, "add_generation_prompt": False, "max_tokens": 24}
+    ban = {"logit_bias": {"0": -100, "1": -100, "2": -100}}
+    status, out, _ = post(cloud_server, "/v1/chat/completions", {**body, **ban})
+    assert status == 200, out
+    n_plain, n_cont = plain["usage"]["prompt_tokens"], out["usage"]["prompt_tokens"]
+    assert n_plain < n_cont <= n_plain + len(prefix["content"])  # the open turn: its text only
+    assert out["choices"][0]["finish_reason"] == "length"  # the end-of-text ids were banned
+    assert out["usage"]["completion_tokens"] == 24
+    # the instruction form of the same continuation is a longer prompt: a closed turn, a new one
+    status, restart, _ = post(
+        cloud_server, "/v1/chat/completions", {**base, "messages": [*user, prefix, *user]}
+    )
+    assert status == 200 and restart["usage"]["prompt_tokens"] > n_cont + 5
+    status, err, _ = post(cloud_server, "/v1/chat/completions", {**base, **cont})
+    assert status == 400 and err["error"]["param"] == "continue_final_message"
+
+
 def test_a_client_that_disconnects_stops_its_generation(cloud_server: HybridServer) -> None:
     body = json.dumps(
         {

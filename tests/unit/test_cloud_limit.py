@@ -11,7 +11,7 @@ import pytest
 from anyio.lowlevel import checkpoint
 
 from hybridllm import CloudQueueTimeoutError, InvalidArgumentError, OpenAIEngine, Policy
-from hybridllm.engines.limit import ConcurrencyLimit
+from hybridllm.engines.limit import EXPECT_S, ConcurrencyLimit
 from hybridllm.errors import QueueFullError
 from hybridllm.routing.decide import LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import Prediction
@@ -63,15 +63,18 @@ async def test_the_queue_timeout_is_a_typed_error_and_the_queue_moves_on() -> No
 
 
 async def test_the_wait_forecast_from_slot_hold_times() -> None:
-    limit = ConcurrencyLimit("cloud", 2)
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 2, clock=lambda: now[0])
     await limit.acquire()
     assert limit.expected_wait_s() == 0.0  # a free slot
     await limit.acquire()
+    now[0] = 2.0
     limit.release(2.0)  # a request held its slot 2 s
-    await limit.acquire()
+    await limit.acquire()  # both slots taken: one since t=0, one since t=2
     assert limit.hold_s == 2.0
-    # full: the next one waits about half a hold (2 slots free at 1 per second)
-    assert limit.expected_wait_s() == pytest.approx(1.0)
+    # full: the next one waits for the older holder, which has 0 s of its 2 s hold left
+    assert limit.expected_wait_s() == pytest.approx(0.0)
+    now[0] = 2.5  # the older one overran (taken to finish now); the newer has 1.5 s left
 
     async def wait() -> None:
         await limit.acquire()
@@ -80,10 +83,29 @@ async def test_the_wait_forecast_from_slot_hold_times() -> None:
         for _ in range(3):
             tg.start_soon(wait)
         await settle()
-        assert limit.expected_wait_s() == pytest.approx(4 / 2 * 2.0)
-        assert limit.expected_wait_s("interactive") == pytest.approx(1.0)  # skips "normal" ones
+        # slots free at 0 and 1.5 s; the 3 ahead take them, the first again at 0 + 2: the
+        # fourth request's slot is the newer one's, one hold later
+        assert limit.expected_wait_s() == pytest.approx(1.5 + 2.0)
+        assert limit.expected_wait_s("interactive") == pytest.approx(0.0)  # skips "normal" ones
         tg.cancel_scope.cancel()
     assert limit.waiting == 0
+
+
+async def test_the_forecast_subtracts_how_long_the_holder_has_run() -> None:
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 1, clock=lambda: now[0])
+    await limit.acquire()
+    now[0] = 4.0
+    limit.release(4.0)  # a request holds the slot 4 s
+    await limit.acquire()  # the holder took the slot at t=4
+    now[0] = 5.0
+    assert limit.expected_wait_s() == pytest.approx(3.0)  # 4 s, 1 s of it run already
+    now[0] = 7.5
+    assert limit.expected_wait_s() == pytest.approx(0.5)
+    now[0] = 9.0
+    assert limit.expected_wait_s() == 0.0  # past the average: taken to finish now
+    limit.release(5.0)  # it held the slot 5 s: the forecast forgets it
+    assert limit.in_flight == 0 and limit.expected_wait_s() == 0.0
 
 
 async def test_retry_after_holds_requests_and_shows_in_the_forecast() -> None:
@@ -135,3 +157,43 @@ def test_routing_sends_a_request_local_when_the_cloud_queue_misses_the_deadline(
         cloud_queue_s=0.1,
     )
     assert not any("cloud queue" in r for r in decide(facts, policy, slow).reasons)
+
+
+async def test_requests_routed_here_count_ahead_until_they_reach_the_queue() -> None:
+    now = [0.0]
+    limit = ConcurrencyLimit("cloud", 2, clock=lambda: now[0])
+    limit.hold_s = 1.0
+    for _ in range(3):
+        limit.expect("normal")  # routed here, not yet in the queue
+    # the fourth: two take the free slots, the third waits a hold, so the fourth one too
+    assert limit.expected_wait_s() == pytest.approx(1.0)
+    assert limit.expected_wait_s("interactive") == 0.0  # the announced are "normal"
+    await limit.acquire()  # an announced one arrives: a holder now, no longer announced
+    assert limit.in_flight == 1 and len(limit._expected) == 2
+    assert limit.expected_wait_s() == pytest.approx(1.0)
+    now[0] = EXPECT_S  # announced ones that never came are forgotten
+    assert limit.expected_wait_s() == 0.0 and not limit._expected
+    unlimited = ConcurrencyLimit("cloud", None)
+    unlimited.expect("normal")
+    assert unlimited.expected_wait_s() == 0.0 and not unlimited._expected
+
+
+def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
+    """Routing announces each request it sends to a limited cloud: a burst of decisions made
+    before any request reaches the queue goes local once the queue would miss the deadline."""
+    from hybridllm import HybridClient, ScriptedEngine
+    from hybridllm.engines.base import GenerationRequest
+
+    cloud = OpenAIEngine(api_key="k", base_url="http://127.0.0.1:9/v1", max_concurrency=2)
+    cloud.limit.hold_s = 0.4
+    client = HybridClient(local=ScriptedEngine("local"), cloud=cloud, router=None)
+    client.routing.latency.seed("cloud", prefill_tps=1e4, tpot_s=0.01, overhead_s=0.1)
+    client.routing.latency.seed("local", prefill_tps=1e4, tpot_s=0.02, overhead_s=0.2)
+    policy = Policy(name="burst", prefer="cloud", ttft_deadline_ms=600)
+    req = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=8)
+    primaries = [client.decide(req, policy, preview=False)[0].primary for _ in range(8)]
+    # 2 free slots, then 2 more after each 0.4 s hold: with 0.1 s to a first token, the
+    # fifth would start at 0.8 s, past the 0.6 s deadline
+    assert primaries == ["cloud"] * 4 + ["local"] * 4, primaries
+    assert client.decide(req, policy)[0].primary == "local"  # a preview announces nothing
+    assert len(cloud.limit._expected) == 4

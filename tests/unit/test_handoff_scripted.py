@@ -118,3 +118,48 @@ async def test_scripted_timing_a_local_engine_past_the_deadline_hands_off_at_onc
     assert res.text == "xy" and cloud.requests[0].assistant_prefix == ""
     assert res.trace.handoff is not None and res.trace.handoff.local_chars == 0
     assert 100 <= (res.trace.ttft_ms or 0) < 300
+
+
+async def warm_run(warm_s: float) -> tuple[ScriptedEngine, ScriptedEngine, list[Event], str]:
+    local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.05, tpot_s=0.1)
+    cloud = ScriptedEngine("cloud", script=[warm_s, "x", 0.001, "y", 0.001, "z"])
+    policy = Policy(
+        name="h", prefer="local", handoff_after_tokens=4, stall_ms=900, handoff_warm_cloud=True
+    )
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+        async with client.stream("write", plan="handoff") as s:
+            events = [e async for e in s.events()]
+        assert local.active == 0 and cloud.active == 0
+    rec = s.trace.handoff
+    assert s.trace.started == ["local", "cloud"] and rec is not None and rec.outcome == "switched"
+    return local, cloud, events, "".join(e.text for e in events if isinstance(e, Token))
+
+
+async def test_scripted_timing_a_warm_cloud_is_asked_for_the_prompt_at_once() -> None:
+    """`handoff_warm_cloud`: one token of the prompt is asked of the cloud at t=0 (its prefix
+    cache then holds the prompt; its answer is dropped). It answers before the first local
+    token, so the cloud continues from that token (not after `handoff_after_tokens`)."""
+    local, cloud, events, text = await warm_run(warm_s=0.01)
+    warm, cont = cloud.requests
+    assert warm.max_tokens == 1 and warm.assistant_prefix == ""
+    assert warm.messages[-1] == {"role": "user", "content": "write"}
+    assert cont.assistant_prefix == "A" and text == "Axyz" and local.emitted == 1
+    assert [e.engine for e in events if isinstance(e, Token)] == ["local"] + ["cloud"] * 3
+
+
+async def test_scripted_timing_the_local_part_lasts_until_the_cloud_is_warm() -> None:
+    """The warm-up answers between the second and the third local token: the cloud is asked at
+    once, to continue from the two tokens out; one that never answers in time leaves the local
+    part at `handoff_after_tokens`."""
+    local, cloud, events, text = await warm_run(warm_s=0.2)
+    assert cloud.requests[1].assistant_prefix == "AB" and text == "ABxyz" and local.emitted == 2
+    _, slow_cloud, _, slow_text = await warm_run(warm_s=0.6)  # never ready in time
+    assert slow_cloud.requests[1].assistant_prefix == "ABCD" and slow_text == "ABCDxyz"
+
+
+def test_the_warm_cloud_flag_is_a_checked_bool() -> None:
+    from hybridllm import PolicyError
+
+    with pytest.raises(PolicyError) as info:
+        Policy(name="h", handoff_warm_cloud="yes")  # type: ignore[arg-type]
+    assert info.value.field == "handoff_warm_cloud"

@@ -102,3 +102,62 @@ def test_stream_on_completions_is_refused() -> None:
     body = parse(CompletionBody, {"model": "m", "prompt": [1], "stream": True})
     with pytest.raises(ApiError, match="stream"):
         completions.job_for(body, [1])
+
+
+# ---- chat: vLLM's continue_final_message and OpenAI's logit_bias -----------------------------
+
+
+def chat_body(**extra: Any) -> ChatBody:
+    msgs = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "1, 2,"}]
+    return parse(ChatBody, {"model": "m", "messages": msgs, **extra})
+
+
+def test_continue_final_message_continues_the_assistant_text() -> None:
+    from hybridllm.server.chat import request_for
+
+    req = request_for(chat_body(continue_final_message=True, add_generation_prompt=False), 512)
+    assert list(req.messages) == [{"role": "user", "content": "Count."}]
+    assert req.assistant_prefix == "1, 2,"
+    plain = request_for(chat_body(), 512)  # without it: a new turn after the assistant's
+    assert plain.assistant_prefix == "" and len(plain.messages) == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"continue_final_message": True}, "continue_final_message"),  # generation prompt on
+        ({"add_generation_prompt": False}, "add_generation_prompt"),
+    ],
+)
+def test_continue_final_message_misuse_is_400(extra: dict[str, Any], param: str) -> None:
+    from hybridllm.server.chat import request_for
+
+    with pytest.raises(ApiError) as err:
+        request_for(chat_body(**extra), 512)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_continue_final_message_needs_a_final_assistant_message() -> None:
+    from hybridllm.server.chat import request_for
+
+    body = parse(
+        ChatBody,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Count."}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    )
+    with pytest.raises(ApiError) as err:
+        request_for(body, 512)
+    assert err.value.status == 400 and err.value.param == "messages"
+
+
+def test_logit_bias_keys_are_token_ids_and_biases_in_range() -> None:
+    assert chat_body(logit_bias={"0": -100, "17": 2.5}).bias() == {0: -100.0, 17: 2.5}
+    assert chat_body().bias() == {}
+    for bad in ({"x": 1}, {"3": -101}, {"3": 100.5}):
+        with pytest.raises(ApiError) as err:
+            chat_body(logit_bias=bad).bias()
+        assert err.value.status == 400 and err.value.param == "logit_bias"

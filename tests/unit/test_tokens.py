@@ -93,6 +93,20 @@ def test_a_continuation_is_bounded_with_what_it_sends() -> None:
     assert prompt_token_bound(sent) == 2 + 3 + len(CONTINUE_INSTRUCTION) + 3 * 8 + 64
 
 
+def test_a_continue_final_message_continuation_sends_the_open_assistant_text() -> None:
+    from hybridllm import OpenAIEngine
+
+    req = GenerationRequest(messages=[{"role": "user", "content": "hi"}], assistant_prefix="Hel")
+    engine = OpenAIEngine(api_key="k", continuation="continue_final_message")
+    assert engine._messages(req) == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hel"},
+    ]  # no instruction: the server continues "Hel" itself (vLLM's continue_final_message)
+    plain = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+    assert engine._messages(plain) == [{"role": "user", "content": "hi"}]
+    assert OpenAIEngine(api_key="k")._messages(req) == [dict(m) for m in chat_messages(req)]
+
+
 def test_an_engine_tokenizer_wins_over_the_estimate() -> None:
     msgs = [{"role": "user", "content": "hi"}]
     none, counted = ScriptedEngine("cloud"), ScriptedEngine("local", token_count=42)

@@ -185,6 +185,7 @@ def test_a_policy_file_keeps_its_path_in_the_error(tmp_path: Path) -> None:
         (lambda: OpenAIEngine(timeout=NAN), "timeout"),
         (lambda: OpenAIEngine(include_usage="yes"), "include_usage"),
         (lambda: OpenAIEngine(default_headers={"x": 1}), "default_headers"),
+        (lambda: OpenAIEngine(continuation="prefill"), "continuation"),  # type: ignore[arg-type]
         (lambda: LlamaCppEngine(n_threads=0), "n_threads"),
         (lambda: LlamaCppEngine(n_ctx=-512), "n_ctx"),
         (lambda: LlamaCppEngine(n_batch=True), "n_batch"),

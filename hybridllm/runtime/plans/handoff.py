@@ -19,6 +19,14 @@ back unshown, they cost device time and, on a device whose cores the cloud share
 machine's stand-in), slowed the cloud's prefill: measured on the 2-core benchmark, the pause at
 the seam was 340-720 ms with the local engine decoding beside the stand-in cloud.
 
+The pause at the seam is the cloud reading the continuation's prompt: the whole prompt plus T0
+when nothing of it is cached. `warm_cloud` (the policy's `handoff_warm_cloud`) asks the cloud at
+once, beside the local engine, for one token of the same prompt (`warm_task`, cost tagged
+"handoff"; its answer is dropped): a cloud that caches prefixes then reads only T0 at the seam,
+the prompt's prefill hidden behind the local part. The local part then ends (T0 is fixed) at the
+first local token at which the warm-up has answered, or at `after_tokens`, whichever comes first:
+the cloud is asked as soon as it can continue at once, and the local engine fills the wait.
+
 The hold is bounded: if the cloud fails before its first token, or sends none within
 `cloud_wait_s` (the policy's `stall_ms`, else `CLOUD_WAIT_S`), the handoff is abandoned: the
 cloud request is cancelled and the local engine resumes from T0 (a continuation request: its KV
@@ -58,6 +66,7 @@ CLOUD_WAIT_S = 1.0
 
 Phase = Literal["local", "hold", "cloud", "local-only"]
 _DEADLINE = "deadline:"
+_WARM = "warm"  # the cloud answered the warm-up: its prefix cache holds the prompt
 _Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
 
 
@@ -76,6 +85,7 @@ def handoff_plan(
         request=request,
         reason=decision.reason,
         after_tokens=policy.handoff_after_tokens,
+        warm_cloud=policy.handoff_warm_cloud,
         cloud_wait_s=stall_s or CLOUD_WAIT_S,
         stall_s=stall_s,
         deadline_s=decision.deadline_s,
@@ -93,14 +103,18 @@ async def handoff(
     cloud_wait_s: float = CLOUD_WAIT_S,
     stall_s: float | None = None,
     deadline_s: float | None = None,
+    warm_cloud: bool = False,
 ) -> None:
     """Run the plan (see the module). `deadline_s`: a local engine without a token by then hands
-    off at once (the cloud continues from nothing: it answers)."""
+    off at once (the cloud continues from nothing: it answers). `warm_cloud`: ask the cloud for
+    one token of the prompt at once (its prefix cache then holds the prompt at the seam)."""
     run.route(local, reason)
     async with anyio.create_task_group() as tg:
         h = _Handoff(run, local, cloud, request, tg, after_tokens, cloud_wait_s, stall_s)
         if deadline_s is not None:
             tg.start_soon(h.deadline_task, deadline_s)
+        if warm_cloud:
+            tg.start_soon(h.warm_task)
         await h.serve()
     h.conclude()  # outside the task group: the app gets a typed, unwrapped error
 
@@ -135,6 +149,8 @@ class _Handoff:
         self.fatal: Exception | None = None
         self.timer = anyio.CancelScope()
         self.deadline_scope = anyio.CancelScope()
+        self.warm_scope = anyio.CancelScope()
+        self.warm = False  # the cloud answered the warm-up (`warm_task`)
         self.failed_back = False
 
     # ---- the coordinator ---------------------------------------------------------------------
@@ -150,6 +166,7 @@ class _Handoff:
                 scope.cancel()
             self.timer.cancel()
             self.deadline_scope.cancel()
+            self.warm_scope.cancel()
 
     async def _next(self) -> None:
         limit = math.inf
@@ -166,6 +183,10 @@ class _Handoff:
                 self.ask_cloud()  # the local engine missed the deadline: the cloud answers
                 assert self.run.trace.handoff is not None
                 self.run.trace.handoff.outcome = f"asked: {item}"
+        elif item == _WARM:
+            self.warm = True
+            if self.phase == "local" and self.local_tokens >= 1:
+                self.ask_cloud()  # the cloud is ready: no reason to go on locally
         elif isinstance(item, str):
             if self.phase == "hold":
                 self.abandon(f"cloud too slow: {item}")
@@ -194,7 +215,7 @@ class _Handoff:
             self.run.deliver(self.engine_of[cid].name, chunk)
             if self.phase == "local" and isinstance(chunk, Delta) and chunk.text:
                 self.local_tokens += 1
-                if self.local_tokens >= self.after_tokens:
+                if self.local_tokens >= self.after_tokens or self.warm:
                     self.ask_cloud()
         elif cid == self.cloud_id and self.phase == "hold":
             if isinstance(chunk, Delta) and chunk.text:
@@ -334,6 +355,15 @@ class _Handoff:
                 self._post((cid, None))
             except Exception as exc:  # judged by the coordinator
                 self._post((cid, exc))
+
+    async def warm_task(self) -> None:
+        """One token of the prompt from the cloud, dropped: its prefix cache now holds the
+        prompt. Ended with the plan; a failure here only shows in the engine's health."""
+        spend_role.set("handoff")
+        warm = dataclasses.replace(self.request, max_tokens=1)
+        with self.warm_scope, contextlib.suppress(Exception):
+            await self.run.relay(self.cloud, warm, lambda _chunk: None)
+            self._post(_WARM)
 
     async def deadline_task(self, deadline_s: float) -> None:
         with self.deadline_scope:
