@@ -20,7 +20,8 @@ import anyio
 import httpx2
 
 from hybridllm.engines._llama_draft import LocalDrafter
-from hybridllm.engines.verify import Probed, probe
+from hybridllm.engines.verify import Probed
+from hybridllm.engines.verify_probe import probe
 
 K_MIN, K_MAX, K_START = 1, 16, 8
 PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming

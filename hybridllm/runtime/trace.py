@@ -82,6 +82,7 @@ class Speculation:
     many committed characters, and why) it switched to plain cloud streaming."""
 
     verifier: str = ""
+    rule: str = ""  # the acceptance rule that ran (greedy top-1, or speculative sampling)
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0

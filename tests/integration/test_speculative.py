@@ -215,7 +215,8 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
     fixed token sequence; the committed text must be exactly that sequence's text."""
     import json as _json
 
-    from hybridllm.engines.verify import Probed, PromptLogprobsVerifier, _Http
+    from hybridllm.engines.verify import Probed, _Http
+    from hybridllm.engines.verify_vllm import PromptLogprobsVerifier
 
     local = LlamaCppEngine(model_path, warm_up=False)
     await local.start()

@@ -29,12 +29,15 @@ from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.engines.verify import (
     EchoVerifier,
     PredictionVerifier,
-    PromptLogprobsVerifier,
     Round,
     Unverifiable,
     echo_shift,
-    probe,
     read_echo,
+)
+from hybridllm.engines.verify_probe import probe
+from hybridllm.engines.verify_vllm import (
+    PromptLogprobsVerifier,
+    TextLogprobsVerifier,
     read_prompt_logprobs,
 )
 from hybridllm.errors import ServerError
@@ -167,8 +170,10 @@ async def test_probe_finds_each_dialect_or_says_why_none() -> None:
     async with replay({"/completions": vllm_probe}) as c:
         found = await probe(c, "m", [5, 6, 7], ["<5>", "<6>", "<7>"])
         assert isinstance(found.verifier, PromptLogprobsVerifier), found.reason
+        assert found.verifier.raw and "raw log-probabilities" in found.reason
         other = await probe(c, "m", [5, 6, 7], ["a", "b", "c"])  # another tokenizer
-        assert other.verifier is None and "tokenizer differs" in other.reason
+        assert isinstance(other.verifier, TextLogprobsVerifier), other.reason
+        assert "text-level" in other.reason
     openai_like = {
         "/chat/completions": {
             "choices": [{"index": 0, "finish_reason": "stop",

@@ -9,10 +9,20 @@ measured acceptance, drafting time and round trip (`runtime.speculation`).
 Lossless at temperature 0: every committed token is the verifier's greedy choice at its
 position (a batch and a one-token step round differently, so the cloud's own plain answer can
 part from it where its top two log-probabilities nearly tie; `Trace.speculation.near_ties`
-counts the rounds whose cloud token was chosen at such a tie). Above temperature 0 this version
-does not speculate: keeping the cloud's distribution needs rejection sampling with the full
-distributions (accept x with min(1, p(x)/q(x)), else sample from max(0, p - q)), which the
-dialects' top-k log-probabilities cannot give; the plan streams plainly and says so.
+counts the rounds whose cloud token was chosen at such a tie).
+
+Lossless above temperature 0 by speculative sampling (`engines.spec_sampling`): the draft is
+sampled from q, the local distribution after the request's temperature and top_p (seeded from
+the request's seed when it has one); at each drafted position the cloud's p (the same
+processing) keeps x with probability min(1, p(x)/q(x)); the first rejected position draws from
+norm(max(0, p - q)); when all k are kept, the bonus token is drawn from p after the draft. Every
+committed token is then distributed as the cloud's p. Only a verifier that returns raw
+log-probabilities per position of a shared tokenizer can do it (vLLM's `prompt_logprobs`,
+hybridllm serve), and only where p is known exactly: its top_p nucleus must lie inside the 20
+returned tokens (checked per position; never with top_p = 1, whose support is the whole
+vocabulary). At a position where it does not, what was decided before it is committed and the
+plan streams the rest plainly, with the reason in the trace. `Trace.speculation.rule` says
+which rule ran.
 
 The plan steps aside to plain cloud streaming (a continuation of the committed text, nothing
 repeated) when no dialect is known, when speculation stops paying (`Outlook.pays`) or when the
@@ -28,8 +38,9 @@ rejected end of it a `Retract` event after it; the committed text follows as `To
 from __future__ import annotations
 
 import codecs
+import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -39,7 +50,7 @@ import anyio
 from hybridllm import errors
 from hybridllm.engines._llama_draft import LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
-from hybridllm.engines.verify import Round, Unverifiable, Verdict, Verifier
+from hybridllm.engines.verify import Round, Sampling, Unverifiable, Verdict, Verifier
 from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
@@ -81,8 +92,11 @@ async def speculative(
     run.route(setup.cloud, reason)
     spec = run.trace.speculation = Speculation()
     local = setup.local
-    if request.temperature > 0:
-        spec.verifier = "none: temperature > 0 (this version verifies greedy answers only)"
+    if request.temperature > 0 and request.top_p >= 1.0:
+        spec.verifier = (
+            "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
+            "vocabulary, which top-N log-probabilities cannot give exactly"
+        )
         return await _plain(run, setup, request, "", 0, spec.verifier)
     from hybridllm.engines.llamacpp import LlamaCppEngine  # the local engine's own module
 
@@ -98,6 +112,12 @@ async def speculative(
     probed = await setup.state.verifier(key, api_key, drafter)
     spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
     if probed.verifier is None:
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    if request.temperature > 0 and not (probed.verifier.samples and probed.verifier.token_level):
+        spec.verifier = (
+            f"none: temperature > 0 needs raw token-level log-probabilities for speculative "
+            f"sampling; the cloud offers {probed.reason}"
+        )
         return await _plain(run, setup, request, "", 0, spec.verifier)
     await _loop(run, setup, request, drafter, probed.verifier, setup.state.outlook(key), spec)
 
@@ -115,20 +135,33 @@ async def _loop(
     ctx = drafter.tokenize(prompt_text)
     committed, n_out, billed_prompt, stuck = "", 0, 0, 0
     spend_role.set("verification")
+    sampled = request.temperature > 0
+    rng = random.Random(request.seed)  # seeded: the same drafts and decisions for a seed
+    vocab = drafter.session.llm.n_vocab()
+    spec.rule = (
+        f"speculative sampling (temperature {request.temperature:g}, top_p "
+        f"{request.top_p:g}): keep x with min(1, p/q), else draw from norm(max(0, p - q))"
+        if sampled else "greedy: each committed token is the verifier's top-1"
+    )  # fmt: skip
     while True:
         left = request.max_tokens - n_out
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
         k = max(0, min(outlook.best_k(), K_MAX, left - 1))
         t0 = time.perf_counter()
-        drafted = await drafter.draft(ctx, k)
+        drafted = await drafter.draft(ctx, k, request.temperature, request.top_p, rng)
         t1 = time.perf_counter()
         ids = drafted.ids[:-1] if drafted.eos else drafted.ids
         pieces = _pieces(drafter, ctx, ids)
         draft_text = "".join(pieces)
         if setup.show_drafts and draft_text:
             run.emit(Draft(time.perf_counter(), draft_text))
-        round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
+        sampling = (
+            Sampling(request.temperature, request.top_p, rng, drafted.dists, vocab)
+            if sampled else None
+        )  # fmt: skip
+        round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages,
+                       partial(_text_of, drafter, list(ctx)), sampling)  # fmt: skip
         try:
             verdict = await _verify(setup, verifier, round_)
         except Unverifiable as exc:
@@ -161,6 +194,9 @@ async def _loop(
         eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
         if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
             return _finish(run, "stop", billed_prompt, n_out)
+        if verdict.switch is not None:  # the rest of this round could not be decided
+            why = f"speculative sampling cannot decide {verdict.switch}"
+            return await _plain(run, setup, request, committed, n_out, why)
         if verifier.token_level and verdict.next_id is not None:
             ctx = [*ctx, *ids[: verdict.accepted], verdict.next_id]
         else:
@@ -224,6 +260,10 @@ def _pieces(drafter: LocalDrafter, ctx: list[int], ids: list[int]) -> list[str]:
         out.append(dec.decode(drafter.piece([tok], prev)))
         prev.append(tok)
     return out
+
+
+def _text_of(drafter: LocalDrafter, ctx: list[int], ids: Sequence[int]) -> str:
+    return "".join(_pieces(drafter, ctx, list(ids)))
 
 
 def _apply_stop(committed: str, text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
