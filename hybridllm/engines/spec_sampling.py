@@ -28,8 +28,10 @@ llama.cpp and vLLM rule). `Dist` is such a distribution over its support.
 
 The rule (`accept`). A drafted token x ~ q is kept with probability min(1, p(x) / q(x));
 otherwise the token is drawn from norm(max(0, p - q)). Either way the position's token is
-distributed as p. When every drafted token is kept, the next token is drawn from p at the
-position after the draft (the bonus token), so every round commits at least one token.
+distributed as p. When every drafted token is kept, the next token (the bonus token) is the
+cloud's own draw at the position after the draft, so every round commits at least one token;
+its sampler must be p's processing (temperature and top_p only: vLLM's defaults, and
+hybridllm serve's `/v1/completions`).
 """
 
 from __future__ import annotations

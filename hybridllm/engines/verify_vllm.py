@@ -14,9 +14,11 @@ default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
 - Token-level, sampled (temperature > 0): speculative sampling (`spec_sampling`). The cloud's
   p at each drafted position is the top 20 raw log-probabilities tempered and cut to the top_p
   nucleus by the client, exact only when the nucleus is inside them (checked per position);
-  the bonus token is drawn from p after the draft (the generated token's top log-probabilities).
-  A position whose p is not determined ends the round there: what was decided before it is
-  committed and the plan streams the rest plainly (`Verdict.switch`). The probe checks that
+  the bonus token is the cloud's own draw after the draft (the generated token, sampled with
+  the request's temperature, top_p and a seed from the round's random source). A position
+  whose p is not determined ends the round there: what was decided before it is committed
+  (`Verdict.switch`), and the plan's next round drafts nothing, so that the cloud's own draw
+  fills that position. The probe checks that
   the server's log-probabilities are raw (the same at two temperatures); a server that
   processes them is used for greedy rounds only.
 - Text-level (`TextLogprobsVerifier`, the tokenizers differ): the prompt goes as text
@@ -32,7 +34,7 @@ default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hybridllm import errors
@@ -74,9 +76,9 @@ class PromptLogprobsVerifier:
             "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
             "return_tokens_as_token_ids": True,
         }  # fmt: skip
-        if s is not None:
+        if s is not None:  # the cloud draws the bonus token itself (seeded from ours)
             body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=TOP,
-                        logprobs=TOP)  # fmt: skip
+                        logprobs=1, seed=s.rng.randrange(2**31))  # fmt: skip
             return read_sampled(await self.http.post("completions", body), round_)
         return read_prompt_logprobs(await self.http.post("completions", body), round_)
 
@@ -167,15 +169,13 @@ def read_sampled(data: Mapping[str, Any], round_: Round) -> Verdict:
         y = ss.accept(p, s.q[j], x, s.rng)
         if y is not None:
             return verdict(j, y)
-    lp = choice.get("logprobs") or {}
-    tops = lp.get("top_logprobs") or []
-    row = tops[0] if tops and isinstance(tops[0], Mapping) else {}
-    top = [(int(k.removeprefix("token_id:")), float(v)) for k, v in row.items()
-           if isinstance(k, str) and k.startswith("token_id:")]  # fmt: skip
-    p = ss.nucleus_of_top(top, s.temperature, s.top_p, s.vocab)
-    if isinstance(p, str):
-        return verdict(len(draft), None, f"the position after the draft: {p}")
-    return verdict(len(draft), ss.sample(p, s.rng))
+    toks = (choice.get("logprobs") or {}).get("tokens") or []
+    if toks and isinstance(toks[0], str) and toks[0].startswith("token_id:"):
+        return verdict(len(draft), int(toks[0].removeprefix("token_id:")))
+    if choice.get("finish_reason") == "stop" and not choice.get("text"):
+        v = verdict(len(draft), None)  # the cloud's own draw ends the answer
+        return replace(v, finished=True)
+    raise errors.CloudProtocolError("verification: no generated token id in the answer")
 
 
 # ---- text-level ----------------------------------------------------------------------------

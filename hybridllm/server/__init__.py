@@ -22,7 +22,9 @@ Endpoints:
   first; the prompt's token is not repeated). ``return_tokens_as_token_ids: true`` writes every
   token name as ``"token_id:<id>"``; ``return_token_ids: true`` adds ``prompt_token_ids`` and
   ``token_ids`` to the choice. At temperature 0 with ``prompt_logprobs``, the generated token is
-  the top-1 of the last scored position.
+  the top-1 of the last scored position. Above temperature 0, tokens are drawn as vLLM draws
+  them: softmax(logits / temperature) cut to the ``top_p`` nucleus (no top_k, no min_p), with
+  ``seed`` honoured.
 - ``GET /debug/stats``: requests, tokens evaluated and reused by scoring; each completions
   response also carries ``x-hybridllm-evaluated-tokens`` / ``x-hybridllm-reused-tokens``.
 

@@ -6,6 +6,7 @@ a time: no two generations are compared)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx2
@@ -78,3 +79,45 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
     bad = off_greedy(cloud_server, ids, len(prompt_ids))
     # re-tokenising the committed text can split its last token differently: judge all but it
     assert [p for p in bad if p < len(ids) - 1] == [], (bad, len(prompt_ids), len(ids))
+
+
+def drafts_add_up(events: list[object]) -> None:
+    """Drafts less retractions are where each committed piece starts."""
+    pending = ""
+    for e in events:
+        if isinstance(e, Draft):
+            pending += e.text
+        elif isinstance(e, Retract):
+            assert pending.endswith(e.text)
+            pending = pending[: len(pending) - len(e.text)]
+        elif isinstance(e, Token):
+            assert e.text.startswith(pending), (e.text, pending)
+            pending = ""
+
+
+async def test_sampled_speculation_against_hybridllm_serve_speculates_and_answers(
+    proxy: FaultProxy, model_path: Path
+) -> None:
+    """Temperature 0.8, top_p 0.9: the rounds run speculative sampling (the trace says so),
+    accept drafted tokens, and the answer is the asked length of coherent text."""
+    local = LlamaCppEngine(model_path, warm_up=False)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    async with HybridClient(local, cloud, router=None) as client:
+        async with client.stream(
+            "Count from 1 to 40, separated by commas.", plan="speculative", show_drafts=True,
+            max_tokens=48, temperature=0.8, top_p=0.9, seed=7,
+        ) as s:  # fmt: skip
+            events = [e async for e in s.events()]
+        sess = local._session
+        assert sess is not None
+        spec = s.trace.speculation
+        assert spec is not None and spec.verifier.startswith("prompt-logprobs"), spec
+        assert spec.rule.startswith("speculative sampling (temperature 0.8, top_p 0.9)")
+        assert spec.rounds > 0 and spec.accepted > 0 and spec.drafted >= spec.accepted
+        text = "".join(e.text for e in events if isinstance(e, Token))
+        drafts_add_up(events)
+        assert isinstance(events[-1], Done)
+        n = len(sess.tokenize(text))
+    assert s.trace.finish_reason == "length" and abs(n - 48) <= 3, (n, text, spec)
+    numbers = [int(t) for t in re.findall(r"\d+", text)]
+    assert numbers[:5] == [1, 2, 3, 4, 5], text

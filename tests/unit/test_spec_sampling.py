@@ -98,9 +98,9 @@ def test_a_nucleus_inside_the_returned_top_is_p_exactly_and_a_wide_one_is_refuse
     )
 
 
-def answer(ctx: int, draft: list[int], rows: list[np.ndarray], bonus: np.ndarray) -> dict[str, Any]:
+def answer(ctx: int, draft: list[int], rows: list[np.ndarray], own: int) -> dict[str, Any]:
     """A vLLM-shaped answer: raw top-20 per drafted position (plus the drafted token with its
-    rank), and the generated token's top-20 (token ids as names)."""
+    rank), and the generated token `own` (the cloud's draw after the draft, as a token id)."""
     plp: list[Any] = [None] + [{"1": {"logprob": -0.1, "rank": 1}}] * (ctx - 1)
     for x, z in zip(draft, rows, strict=True):
         lp = raw_logprobs(z)
@@ -110,19 +110,18 @@ def answer(ctx: int, draft: list[int], rows: list[np.ndarray], bonus: np.ndarray
         e.setdefault(str(x), {"logprob": float(lp[x]),
                               "rank": int(np.flatnonzero(order == x)[0]) + 1})  # fmt: skip
         plp.append(e)
-    lp = raw_logprobs(bonus)
-    top = {f"token_id:{int(i)}": float(lp[i]) for i in np.argsort(-lp)[:TOP]}
     return {
         "choices": [{"index": 0, "text": "?", "finish_reason": "length", "prompt_logprobs": plp,
-                     "logprobs": {"tokens": ["token_id:0"], "top_logprobs": [top]}}],
+                     "logprobs": {"tokens": [f"token_id:{own}"]}}],
         "usage": {"prompt_tokens": ctx + len(draft), "completion_tokens": 1},
     }  # fmt: skip
 
 
 def test_rounds_of_sampled_drafts_commit_sequences_distributed_as_the_clouds() -> None:
     """Positions 0 and 1 have fixed cloud and draft logits; rounds of k = 2 (and the next
-    round, where one commits a single token) produce the first two tokens; their joint
-    distribution must be p0 x p1 after temperature 0.8 and top_p 0.9."""
+    round, where one commits a single token) produce the first two tokens, the cloud drawing
+    the bonus token from its own p; their joint distribution must be p0 x p1 after
+    temperature 0.8 and top_p 0.9."""
     t, top_p = 0.8, 0.9
     cloud = [peaked(1), peaked(2), peaked(3), peaked(4)]
     local = [c + np.random.default_rng(10 + i).normal(0, 1.2, V) for i, c in enumerate(cloud)]
@@ -135,7 +134,9 @@ def test_rounds_of_sampled_drafts_commit_sequences_distributed_as_the_clouds() -
             pos = len(out)
             k = 2
             draft = [sample(qs[pos + j], rng) for j in range(k)]
-            data = answer(3, draft, cloud[pos : pos + k], cloud[pos + k])
+            p_after = direct_p(cloud[pos + k], t, top_p)  # the cloud's own draw after it
+            own = rng.choices(list(p_after), weights=list(p_after.values()))[0]
+            data = answer(3, draft, cloud[pos : pos + k], own)
             rd = Round("P", "", [1, 2, 3], draft, ["a"] * k, (), lambda ids: "a" * len(ids),
                        Sampling(t, top_p, rng, qs[pos : pos + k], V))  # fmt: skip
             v = read_sampled(data, rd)
@@ -157,9 +158,20 @@ def test_a_position_whose_nucleus_is_not_returned_ends_the_round_there() -> None
                Sampling(t, top_p, rng, qs, V))  # fmt: skip
     seen = set()
     for _ in range(50):
-        v = read_sampled(answer(2, [x0, 7], cloud, peaked(3)), rd)
+        v = read_sampled(answer(2, [x0, 7], cloud, 3), rd)
         seen.add(v.switch is not None)
         if v.switch is not None:  # x0 kept, position 1 undecidable: commit x0 only
             assert (v.accepted, v.next_id, v.text) == (1, None, "a")
             assert "drafted position 1" in v.switch and "not inside" in v.switch
     assert True in seen
+
+
+def test_hybridllm_serve_draws_from_the_same_processing_as_the_rule_assumes() -> None:
+    """The server's logits processor: its softmax is softmax(z / T) cut to the nucleus."""
+    from hybridllm.engines.served import _processed
+
+    z = peaked(7).astype(np.float32)
+    out = _processed(0.8, 0.9, None, z)
+    w = np.exp(out - out.max())
+    got = {int(i): float(w[i] / w.sum()) for i in np.flatnonzero(w > 0)}
+    assert got == pytest.approx(direct_p(z.astype(np.float64), 0.8, 0.9), rel=1e-5)

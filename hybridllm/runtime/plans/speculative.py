@@ -21,8 +21,9 @@ log-probabilities per position of a shared tokenizer can do it (vLLM's `prompt_l
 hybridllm serve), and only where p is known exactly: its top_p nucleus must lie inside the 20
 returned tokens (checked per position; never with top_p = 1, whose support is the whole
 vocabulary). At a position where it does not, what was decided before it is committed and the
-plan streams the rest plainly, with the reason in the trace. `Trace.speculation.rule` says
-which rule ran.
+next round drafts nothing: the cloud draws that token itself (its sampler is p's processing).
+When most rounds need such a step, the plan streams the rest plainly, with the reason in the
+trace. `Trace.speculation.rule` says which rule ran.
 
 The plan steps aside to plain cloud streaming (a continuation of the committed text, nothing
 repeated) when no dialect is known, when speculation stops paying (`Outlook.pays`) or when the
@@ -134,6 +135,7 @@ async def _loop(
     prompt_text = drafter.render(request.messages)
     ctx = drafter.tokenize(prompt_text)
     committed, n_out, billed_prompt, stuck = "", 0, 0, 0
+    cloud_step, steps = False, 0  # a round that drafts nothing: the cloud draws the token
     spend_role.set("verification")
     sampled = request.temperature > 0
     rng = random.Random(request.seed)  # seeded: the same drafts and decisions for a seed
@@ -147,7 +149,7 @@ async def _loop(
         left = request.max_tokens - n_out
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
-        k = max(0, min(outlook.best_k(), K_MAX, left - 1))
+        k = 0 if cloud_step else max(0, min(outlook.best_k(), K_MAX, left - 1))
         t0 = time.perf_counter()
         drafted = await drafter.draft(ctx, k, request.temperature, request.top_p, rng)
         t1 = time.perf_counter()
@@ -194,14 +196,18 @@ async def _loop(
         eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
         if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
             return _finish(run, "stop", billed_prompt, n_out)
-        if verdict.switch is not None:  # the rest of this round could not be decided
-            why = f"speculative sampling cannot decide {verdict.switch}"
-            return await _plain(run, setup, request, committed, n_out, why)
-        if verifier.token_level and verdict.next_id is not None:
-            ctx = [*ctx, *ids[: verdict.accepted], verdict.next_id]
+        cloud_step = verdict.switch is not None  # p unknown there: the cloud draws it next
+        if cloud_step:
+            steps += 1
+            if steps >= 3 and steps * 2 > spec.rounds:
+                why = f"speculative sampling cannot decide most rounds ({verdict.switch})"
+                return await _plain(run, setup, request, committed, n_out, why)
+        if verifier.token_level and (verdict.next_id is not None or verdict.switch):
+            own = [] if verdict.next_id is None else [verdict.next_id]
+            ctx = [*ctx, *ids[: verdict.accepted], *own]
         else:
             ctx = drafter.tokenize(prompt_text + committed)
-        stuck = 0 if text else stuck + 1
+        stuck = 0 if text or cloud_step else stuck + 1
         switch = _should_switch(outlook, setup, billed_prompt, n_out)
         if stuck >= 2:  # rounds that commit nothing (a token with no text): stream instead
             switch = "two verification rounds committed no text"
