@@ -26,9 +26,12 @@ default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
   decides. Its tokens' texts (``decoded_token`` of each prompt token, read with
   ``return_token_ids``) are laid over the text; the accepted text is the longest prefix of the
   draft whose server tokens are each the server's top-1, then the server's own next token's
-  text (its top-1 where it disagrees, else its generated greedy token). Where the token
-  texts do not spell the draft (a character split over tokens), or the server's top-1 would
-  rewrite committed text, the round is `Unverifiable`. Greedy only.
+  text (its top-1 where it disagrees, else its generated greedy token). Where the top-1 adds
+  no text (it ends at the draft's start, or is a special token or a piece of a character),
+  the accepted text is committed and the next round drafts nothing, so that the generated
+  token decides (`Verdict.switch`). Where the token texts do not spell the draft (a character
+  split over tokens), or the top-1 would rewrite committed text, the round is
+  `Unverifiable`. Greedy only.
 """
 
 from __future__ import annotations
@@ -219,8 +222,6 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
         ranks.append(int(mine.get("rank", 0)))
         tops.append(_ranked(entry))
     draft, joined = round_.draft_text, "".join(names)
-    if not draft:
-        raise Unverifiable("nothing drafted to verify")
     if not joined.endswith(draft):
         raise Unverifiable("the server's token texts do not spell the draft (split characters)")
     boundary = len(joined) - len(draft)
@@ -243,9 +244,13 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
             if not own.startswith(lead):
                 raise Unverifiable("the server's choice would rewrite committed text")
             own = own[len(lead) :]
-        if not own:
-            raise Unverifiable("the server's top choice reads as nothing (an end or a split)")
-        return _verdict(round_, accepted, own, False, p_tok, c_tok, gap, reported)
+        v = _verdict(round_, accepted, own, False, p_tok, c_tok, gap, reported)
+        if not own:  # its choice ends where the draft starts, or reads as nothing (a special
+            # token, a piece of a character): a round without draft lets its generated token
+            # decide the next text
+            why = "the server's choice at the draft's start ends there or reads as nothing"
+            return replace(v, switch=why)
+        return v
     text = str(choice.get("text") or "")
     lp = choice.get("logprobs") or {}
     top_lp = lp.get("top_logprobs") or []

@@ -196,11 +196,11 @@ async def _loop(
         eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
         if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
             return _finish(run, "stop", billed_prompt, n_out)
-        cloud_step = verdict.switch is not None  # p unknown there: the cloud draws it next
+        cloud_step = verdict.switch is not None  # undecided there: the cloud picks it next
         if cloud_step:
             steps += 1
             if steps >= 3 and steps * 2 > spec.rounds:
-                why = f"speculative sampling cannot decide most rounds ({verdict.switch})"
+                why = f"the verifier cannot decide most rounds ({verdict.switch})"
                 return await _plain(run, setup, request, committed, n_out, why)
         if verifier.token_level and (verdict.next_id is not None or verdict.switch):
             own = [] if verdict.next_id is None else [verdict.next_id]
