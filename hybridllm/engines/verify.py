@@ -44,7 +44,7 @@ plan passes the outgoing texts, the prompt-token bound and the output bound with
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -55,6 +55,10 @@ from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
 from hybridllm.engines.spec_sampling import Dist
 
 Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
+
+
+Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Around = Callable[[str, dict[str, Any], Post], Awaitable[dict[str, Any]]]
 
 
 class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
@@ -129,10 +133,19 @@ class Verifier(Protocol):
 
 @dataclass
 class _Http:
+    """POSTs to the endpoint. `around`, while set (the probe), wraps every call: the cloud
+    guard's reservation and settlement of what it bills."""
+
     client: httpx2.AsyncClient
     model: str
+    around: Around | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.around is not None:
+            return await self.around(path, body, self._post)
+        return await self._post(path, body)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             resp = await self.client.post(path, json={"model": self.model, **body})
         except httpx2.TimeoutException as exc:

@@ -11,6 +11,7 @@ import httpx2
 
 from hybridllm import errors
 from hybridllm.engines.verify import (
+    Around,
     EchoVerifier,
     PredictionVerifier,
     Probed,
@@ -25,13 +26,22 @@ _PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
 
 async def probe(
     client: httpx2.AsyncClient, model: str, local_ids: Sequence[int] | None = None,
-    local_pieces: Sequence[str] = (),
+    local_pieces: Sequence[str] = (), around: Around | None = None,
 ) -> Probed:  # fmt: skip
     """Find the endpoint's dialect with small fixed requests (no user data): vLLM's
     `prompt_logprobs` (token-level when `local_ids`, the local tokenizer's ids of the probe
     text, come back decoded as `local_pieces`), then echo log-probabilities, then Predicted
     Outputs; None with the reasons when none answers."""
-    http = _Http(client, model)
+    http = _Http(client, model, around)
+    try:
+        return await _probe(http, local_ids, local_pieces)
+    finally:
+        http.around = None  # the verifier found keeps this http: its rounds are guarded apart
+
+
+async def _probe(
+    http: _Http, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
+) -> Probed:
     why: list[str] = []
     body: dict[str, Any] = {
         "prompt": _PROBE_TEXT, "echo": True, "logprobs": 2, "max_tokens": 1,
@@ -49,6 +59,8 @@ async def probe(
             "completions: no prompt_logprobs, and echo log-probabilities do not predict the "
             "echoed text (llama_cpp.server needs --logits_all true)"
         )
+    except errors.RefusedError:  # the guard said no: not an answer about the dialect
+        raise
     except errors.HybridError as exc:
         why.append(f"completions: {exc}")
     try:
@@ -62,6 +74,8 @@ async def probe(
         if "accepted_prediction_tokens" in details:
             return Probed(pv, "predicted-outputs")
         why.append("chat: no prediction token counts in the usage")
+    except errors.RefusedError:  # the guard said no: not an answer about the dialect
+        raise
     except errors.HybridError as exc:
         why.append(f"chat: {exc}")
     return Probed(None, "no verification dialect: " + "; ".join(why))

@@ -276,6 +276,8 @@ async def probe_vllm(
     try:
         data = await http.post("completions", {**base, "temperature": 1.0})
         plp = _choice(data).get("prompt_logprobs") or []
+    except errors.RefusedError:  # the guard said no: not an answer about the dialect
+        raise
     except errors.HybridError:
         return text_level
     seen = []
@@ -294,6 +296,8 @@ async def _raw(http: _Http, base: dict[str, Any], at_one: list[Any]) -> bool:
     """Whether the server's prompt log-probabilities ignore the temperature (raw ones)."""
     try:
         other = _choice(await http.post("completions", {**base, "temperature": 0.5}))
+    except errors.RefusedError:  # the guard said no: not an answer about the dialect
+        raise
     except errors.HybridError:
         return False
     plp = other.get("prompt_logprobs") or []

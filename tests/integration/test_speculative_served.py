@@ -95,29 +95,34 @@ def drafts_add_up(events: list[object]) -> None:
             pending = ""
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_sampled_speculation_against_hybridllm_serve_speculates_and_answers(
-    proxy: FaultProxy, model_path: Path
+    seed: int, proxy: FaultProxy, model_path: Path
 ) -> None:
-    """Temperature 0.8, top_p 0.9: the rounds run speculative sampling (the trace says so),
-    accept drafted tokens, and the answer is the asked length of coherent text."""
+    """Temperature 0.8, top_p 0.8: the rounds run speculative sampling (the trace says so),
+    accept drafted tokens, and the answer is the asked length of coherent text. (At top_p 0.9
+    the first answer position of this 135M model often has a nucleus wider than the 20
+    returned log-probabilities; such positions become cloud steps, and rounds mostly made
+    of them end in plain streaming.)"""
     local = LlamaCppEngine(model_path, warm_up=False)
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     async with HybridClient(local, cloud, router=None) as client:
         async with client.stream(
-            "Count from 1 to 40, separated by commas.", plan="speculative", show_drafts=True,
-            max_tokens=48, temperature=0.8, top_p=0.9, seed=7,
+            "Write the numbers from 1 to 40, separated by commas.", plan="speculative",
+            show_drafts=True, max_tokens=48, temperature=0.8, top_p=0.8, seed=seed,
         ) as s:  # fmt: skip
             events = [e async for e in s.events()]
         sess = local._session
         assert sess is not None
         spec = s.trace.speculation
         assert spec is not None and spec.verifier.startswith("prompt-logprobs"), spec
-        assert spec.rule.startswith("speculative sampling (temperature 0.8, top_p 0.9)")
-        assert spec.rounds > 0 and spec.accepted > 0 and spec.drafted >= spec.accepted
         text = "".join(e.text for e in events if isinstance(e, Token))
+        assert spec.rule.startswith("speculative sampling (temperature 0.8, top_p 0.8)")
+        assert spec.rounds > 0 and spec.accepted > 0, (spec, text, s.trace.fallback_reason)
+        assert spec.drafted >= spec.accepted
         drafts_add_up(events)
         assert isinstance(events[-1], Done)
         n = len(sess.tokenize(text))
     assert s.trace.finish_reason == "length" and abs(n - 48) <= 3, (n, text, spec)
-    numbers = [int(t) for t in re.findall(r"\d+", text)]
-    assert numbers[:5] == [1, 2, 3, 4, 5], text
+    # coherent: a comma-separated run of numbers (a sampled answer need not start at 1)
+    assert len(re.findall(r"(?<=\d), (?=\d)", text)) >= 8, text

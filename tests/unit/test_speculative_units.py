@@ -274,3 +274,35 @@ def test_a_speculative_trace_does_not_teach_the_latency_model_the_clouds_speed()
     before = model.engine("cloud").tpot()
     model.observe_trace(trace, 20)
     assert model.engine("cloud").tpot() == before and model.engine("cloud").samples == 0
+
+
+class _FakeDrafter:
+    """Tokenizes the probe text one character per token (enough for the probe's checks)."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def piece(self, ids: list[int], prev: object = ()) -> bytes:
+        return "".join(chr(i) for i in ids).encode()
+
+
+async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> None:
+    from hybridllm.runtime.speculation import SpeculationState
+
+    prices = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+    ledger = Ledger()
+    guard = GuardedEngine(ScriptedEngine("cloud"), ledger=ledger, prices=prices)  # keep-local
+    state = SpeculationState()
+    key = ("http://x/v1", "m")
+    async with replay({"/completions": vllm_probe}) as c:
+        state.clients[key] = c
+        found = await state.verifier(key, None, _FakeDrafter(), guard.guarded_call)  # type: ignore[arg-type]
+        state.clients.clear()
+    assert found.verifier is not None, found.reason
+    usd = ledger.spend("day").settled_usd
+    # two requests (the dialect; the local token ids, which read as another tokenizer here),
+    # each billed as the server reported it: 3 + 37 prompt tokens, 1 + 1 completion tokens
+    assert len(_FakeDrafter().tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")) == 37
+    assert usd == pytest.approx((3 + 37) * 1e-6 + 2 * 2e-6), ledger.entries()
+    assert [e["state"] for e in ledger.entries()] == ["settled", "settled"]
+    assert ledger.spend("day").reserved_usd == 0

@@ -110,7 +110,14 @@ async def speculative(
     if key is None:
         spec.verifier = f"none: {why}"
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    probed = await setup.state.verifier(key, api_key, drafter)
+    spend_role.set("verification")
+    try:
+        guarded = getattr(setup.cloud, "guarded_call", None)
+        probed = await setup.state.verifier(key, api_key, drafter, guarded)
+    except errors.RefusedError as exc:  # the probe itself was refused by the guard
+        run.trace.refusals.append(f"cloud: {exc}")
+        spec.verifier = f"none: probing refused by the guard: {exc}"
+        return await _plain(run, setup, request, "", 0, spec.verifier)
     spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
     if probed.verifier is None:
         return await _plain(run, setup, request, "", 0, spec.verifier)
