@@ -79,6 +79,7 @@ class ServedModel:
         alias: str | None = None,
         n_ctx: int | None = None,
         n_threads: int | None = None,
+        max_logprobs: int = TOP_K,
     ) -> None:
         self.model = str(model)
         self.alias = alias or (
@@ -86,6 +87,7 @@ class ServedModel:
         )
         self._n_ctx = n_ctx
         self._n_threads = n_threads
+        self.max_logprobs = max_logprobs  # top entries a request may ask for (vLLM's name)
         self._session: LlamaSession | None = None
         self._scorer: Scorer | None = None
         self._lock = anyio.Lock()
@@ -114,7 +116,7 @@ class ServedModel:
             lambda: LlamaSession(path, n_ctx=n_ctx, settings=settings, extra={}), None
         )
         await self._run(session.warm_up, None)
-        self._session, self._scorer = session, Scorer(session.llm)
+        self._session, self._scorer = session, Scorer(session.llm, self.max_logprobs)
 
     def _default_n_ctx(self) -> int:
         try:

@@ -14,7 +14,10 @@ default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
 - Token-level, sampled (temperature > 0): speculative sampling (`spec_sampling`). The cloud's
   p at each drafted position is the top 20 raw log-probabilities tempered and cut to the top_p
   nucleus by the client, exact only when the nucleus is inside them (checked per position);
-  the bonus token is the cloud's own draw after the draft (the generated token, sampled with
+  20 is vLLM's default cap; where the server allows more (vLLM's ``--max-logprobs``, hybridllm
+  serve's option of that name) the probe finds it and rounds ask for 64, which covers wider
+  nuclei (each round's answer then carries 64 entries for every prompt position: more bytes).
+  The bonus token is the cloud's own draw after the draft (the generated token, sampled with
   the request's temperature, top_p and a seed from the round's random source). A position
   whose p is not determined ends the round there: what was decided before it is committed
   (`Verdict.switch`), and the plan's next round drafts nothing, so that the cloud's own draw
@@ -56,6 +59,7 @@ from hybridllm.engines.verify import (
 )
 
 TOP = 20  # log-probabilities asked per position for sampled rounds (vLLM's default maximum)
+WIDE = 64  # asked for instead where the server allows it (vLLM's --max-logprobs)
 
 
 @dataclass
@@ -65,6 +69,7 @@ class PromptLogprobsVerifier:
 
     http: _Http
     raw: bool = True
+    top: int = TOP  # log-probabilities asked per position in sampled rounds
     dialect: Dialect = "prompt-logprobs"
     token_level: bool = True
 
@@ -80,9 +85,9 @@ class PromptLogprobsVerifier:
             "return_tokens_as_token_ids": True,
         }  # fmt: skip
         if s is not None:  # the cloud draws the bonus token itself (seeded from ours)
-            body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=TOP,
+            body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=self.top,
                         logprobs=1, seed=s.rng.randrange(2**31))  # fmt: skip
-            return read_sampled(await self.http.post("completions", body), round_)
+            return read_sampled(await self.http.post("completions", body), round_, self.top)
         return read_prompt_logprobs(await self.http.post("completions", body), round_)
 
 
@@ -148,7 +153,7 @@ def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
                    p_tok, c_tok, gap, reported)  # fmt: skip
 
 
-def read_sampled(data: Mapping[str, Any], round_: Round) -> Verdict:
+def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Verdict:
     """The verdict of speculative sampling over a `prompt_logprobs` answer (see the module)."""
     s = round_.sampling
     assert s is not None
@@ -165,7 +170,7 @@ def read_sampled(data: Mapping[str, Any], round_: Round) -> Verdict:
                        None, reported, switch=switch)  # fmt: skip
 
     for j, x in enumerate(draft):
-        top = [(t, lp) for rank, t, lp, _ in _ranked(_entry(plp, n_ctx + j)) if rank <= TOP]
+        top = [(t, lp) for rank, t, lp, _ in _ranked(_entry(plp, n_ctx + j)) if rank <= n_top]
         p = ss.nucleus_of_top(top, s.temperature, s.top_p, s.vocab)
         if isinstance(p, str):
             return verdict(j, None, f"drafted position {j}: {p}")
@@ -286,28 +291,36 @@ async def probe_vllm(
         seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
     if len(seen) != len(local_ids) - 1 or seen != list(local_pieces[1:]):
         return text_level
-    raw = await _raw(http, base, plp)
+    raw, top = await _raw(http, base, plp)
     words = "raw log-probabilities" if raw else "processed log-probabilities: greedy rounds only"
-    return Probed(PromptLogprobsVerifier(http, raw=raw),
-                  f"prompt-logprobs (shared tokenizer, {words})")  # fmt: skip
+    return Probed(PromptLogprobsVerifier(http, raw=raw, top=top),
+                  f"prompt-logprobs (shared tokenizer, {words}, top {top})")  # fmt: skip
 
 
-async def _raw(http: _Http, base: dict[str, Any], at_one: list[Any]) -> bool:
-    """Whether the server's prompt log-probabilities ignore the temperature (raw ones)."""
-    try:
-        other = _choice(await http.post("completions", {**base, "temperature": 0.5}))
-    except errors.RefusedError:  # the guard said no: not an answer about the dialect
-        raise
-    except errors.HybridError:
-        return False
+async def _raw(http: _Http, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
+    """Whether the server's prompt log-probabilities ignore the temperature (raw ones), and
+    how many per position it gives (`WIDE` where it allows that many, else `TOP`)."""
+    other: dict[str, Any] | None = None
+    top = WIDE
+    for asked in (WIDE, 1):
+        try:
+            other = _choice(await http.post("completions", {
+                **base, "temperature": 0.5, "prompt_logprobs": asked}))  # fmt: skip
+            break
+        except errors.RefusedError:  # the guard said no: not an answer about the dialect
+            raise
+        except errors.HybridError:
+            top = TOP
+    if other is None:
+        return False, TOP
     plp = other.get("prompt_logprobs") or []
     if len(plp) != len(at_one) or len(plp) < 2:
-        return False
+        return False, top
     for a, b in zip(at_one[1:], plp[1:], strict=True):
         if not isinstance(a, Mapping) or not isinstance(b, Mapping):
-            return False
+            return False, top
         for key, v in a.items():
             w = b.get(key)
             if not isinstance(w, Mapping) or abs(float(v["logprob"]) - float(w["logprob"])) > 1e-3:
-                return False
-    return True
+                return False, top
+    return True, top
