@@ -110,7 +110,7 @@ async def speculative(
     if key is None:
         spec.verifier = f"none: {why}"
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    spend_role.set("verification")
+    spend_role.set("probe")
     try:
         guarded = getattr(setup.cloud, "guarded_call", None)
         probed = await setup.state.verifier(key, api_key, drafter, guarded)
