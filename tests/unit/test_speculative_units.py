@@ -312,3 +312,25 @@ async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> N
     assert usd == pytest.approx((3 + 37) * 1e-6 + 2 * 2e-6), ledger.entries()
     assert [e["state"] for e in ledger.entries()] == ["settled", "settled"]
     assert ledger.spend("day").reserved_usd == 0
+
+
+def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.engines.verify import Probed
+    from hybridllm.runtime.gather import Routing
+
+    routing = Routing()
+    engines: Any = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
+    msgs = [{"role": "user", "content": "hi"}]
+    wide = GenerationRequest(msgs, temperature=0.8, top_p=1.0)  # type: ignore[arg-type]
+    pays, why = routing.speculation_outlook(wide, Policy(), engines) or (None, "")
+    assert pays is False and "top_p = 1" in why
+    key = ("", "scripted")  # where ScriptedEngine("cloud") would be verified
+    routing.speculation.verifiers[key] = Probed(EchoVerifier(None), "echo-logprobs")  # type: ignore[arg-type]
+    sampled = GenerationRequest(msgs, temperature=0.8, top_p=0.9)  # type: ignore[arg-type]
+    pays, why = routing.speculation_outlook(sampled, Policy(), engines) or (None, "")
+    assert pays is False and "raw token-level" in why
+    greedy = GenerationRequest(msgs, temperature=0.0)  # type: ignore[arg-type]
+    assert (routing.speculation_outlook(greedy, Policy(), engines) or (None,))[0] is True
+    routing.speculation.verifiers[key] = Probed(PromptLogprobsVerifier(None), "prompt-logprobs")  # type: ignore[arg-type]
+    assert (routing.speculation_outlook(sampled, Policy(), engines) or (None,))[0] is True
