@@ -193,7 +193,10 @@ async def _loop(
         spec.verify_ms.append((t2 - t1) * 1e3)
         if verdict.gap is not None and verdict.gap < NEAR_TIE:
             spec.near_ties += 1
-        outlook.observe(len(ids), verdict.accepted, t1 - t0, t2 - t1)
+        # positions left undecided (`switch`) are not rejections: the acceptance leaves them out
+        decided = len(ids) if verdict.switch is None else verdict.accepted
+        share = decided / len(ids) if ids else 1.0
+        outlook.observe(decided, verdict.accepted, (t1 - t0) * share, t2 - t1)
         billed_prompt += verdict.prompt_tokens
         text, stopped = _apply_stop(committed, verdict.text, request.stop)
         if text:
