@@ -5,8 +5,9 @@ A round gets the whole context (prompt + committed answer, as token ids). The KV
 holds the previous round's context and its drafted tokens; only the part that differs is dropped
 (`kv_cache_seq_rm` from the first differing position) and only the new tail is evaluated, so
 nothing committed is prefilled twice. Then k tokens are drafted one decode step each: greedy
-(argmax) at temperature 0, else sampled from the softmax at the request's temperature with each
-token's probability kept (the verifier's rejection sampling needs q(x)).
+(argmax) at temperature 0, else sampled from q, the softmax at the request's temperature cut to
+its top_p nucleus (`spec_sampling.nucleus_of_logits`), with q kept for each drafted position
+(speculative sampling needs q(x), and q over the cloud's support when it resamples).
 
 Cancellation: `stop` is checked before every decode step and llama.cpp's abort callback cuts a
 step that is running, so drafting stops within one decode step.
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from hybridllm import errors
 from hybridllm.engines._llama_session import LlamaSession, _Aborted
 from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import Message
+from hybridllm.engines.spec_sampling import Dist, nucleus_of_logits, sample
 from hybridllm.local import loader
 
 if TYPE_CHECKING:
@@ -37,10 +39,12 @@ if TYPE_CHECKING:
 @dataclass
 class Drafted:
     """One round's draft: token ids, each one's probability under the drafter (1.0 when
-    greedy), whether the last one ends the answer, and the time spent."""
+    greedy), q at each position (sampled drafts only), whether the last one ends the answer,
+    and the time spent."""
 
     ids: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
+    dists: list[Dist] = field(default_factory=list)
     eos: bool = False
     reused: int = 0  # context tokens found in the KV cache (not evaluated again)
     evaluated: int = 0  # context tokens evaluated this round (the new tail)
@@ -64,6 +68,7 @@ def draft_sync(
     stop: threading.Event,
     temperature: float = 0.0,
     rng: random.Random | None = None,
+    top_p: float = 1.0,
 ) -> Drafted:
     """Draft up to `k` tokens after `context` (runs on the llama thread)."""
     t0 = time.perf_counter()
@@ -86,7 +91,13 @@ def draft_sync(
             if stop.is_set():
                 break
             logits = np.ctypeslib.as_array(lc.llama_get_logits(llm.ctx), shape=(llm.n_vocab(),))
-            tok, prob = _choose(logits, temperature, rng)
+            if temperature <= 0:
+                tok, prob = int(logits.argmax()), 1.0
+            else:
+                q = nucleus_of_logits(logits, temperature, top_p)
+                tok = sample(q, rng or random.Random())
+                prob = q.prob(tok)
+                out.dists.append(q)
             out.ids.append(tok)
             out.probs.append(prob)
             if lc.llama_vocab_is_eog(vocab, tok):
@@ -102,19 +113,6 @@ def draft_sync(
         raise errors.LocalEngineError(f"drafting failed: {exc}", engine="local") from exc
     out.seconds = time.perf_counter() - t0
     return out
-
-
-def _choose(logits: Any, temperature: float, rng: random.Random | None) -> tuple[int, float]:
-    if temperature <= 0:
-        return int(logits.argmax()), 1.0
-    z = logits.astype(np.float64) / temperature
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
-    u = (rng or random).random()
-    tok = int(np.searchsorted(np.cumsum(p), u, side="right"))
-    tok = min(tok, len(p) - 1)
-    return tok, float(p[tok])
 
 
 class LocalDrafter:
@@ -160,8 +158,16 @@ class LocalDrafter:
         s = self.session
         return bool(s._lc.llama_vocab_is_eog(s._vocab, tok))
 
-    async def draft(self, context: Sequence[int], k: int, temperature: float = 0.0) -> Drafted:
-        """Draft up to `k` tokens after `context`; cancelling stops within one decode step."""
+    async def draft(
+        self,
+        context: Sequence[int],
+        k: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> Drafted:
+        """Draft up to `k` tokens after `context` (sampled from q above temperature 0, with
+        `rng`, else the drafter's own); cancelling stops within one decode step."""
         await self.start()
         session = self.session
         stop = threading.Event()
@@ -175,7 +181,16 @@ class LocalDrafter:
         try:
             try:
                 drafted = await run_on_llama_thread(
-                    partial(draft_sync, session, list(context), k, stop, temperature, self._rng),
+                    partial(
+                        draft_sync,
+                        session,
+                        list(context),
+                        k,
+                        stop,
+                        temperature,
+                        rng or self._rng,
+                        top_p,
+                    ),  # fmt: skip
                     on_cancel=on_cancel,
                 )
             except _Aborted as exc:

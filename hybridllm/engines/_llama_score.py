@@ -58,14 +58,15 @@ def _common_prefix(a: Any, b: list[int]) -> int:
 class Scorer:
     """Per-position scores for the Llama `llm`, cached for the last sequence scored."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, top_k: int = TOP_K) -> None:
         self.llm = llm
+        self.top_k = top_k
         n = llm.n_ctx() + 1
         self._tokens: list[int] = []
         self._logprob = np.full(n, np.nan, dtype=np.float32)
         self._rank = np.zeros(n, dtype=np.int64)
-        self._top_ids = np.zeros((n, TOP_K), dtype=np.int64)
-        self._top_lp = np.zeros((n, TOP_K), dtype=np.float32)
+        self._top_ids = np.zeros((n, top_k), dtype=np.int64)
+        self._top_lp = np.zeros((n, top_k), dtype=np.float32)
         self.evaluated_total = 0
         self.reused_total = 0
 
@@ -125,7 +126,7 @@ class Scorer:
         """Rows for positions pos.. (each the distribution after tokens[:pos + i + 1])."""
         m = rows.max(axis=1, keepdims=True)
         lse = (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True))).astype(np.float32)
-        k = min(TOP_K, rows.shape[1])
+        k = min(self.top_k, rows.shape[1])
         part = np.argpartition(rows, rows.shape[1] - k, axis=1)[:, -k:]
         vals = np.take_along_axis(rows, part, axis=1)
         order = np.argsort(-vals, axis=1, kind="stable")

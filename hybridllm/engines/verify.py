@@ -5,12 +5,14 @@ Verifier (one `verify(round) -> Verdict` per dialect)
 ├── EchoVerifier             (a) /v1/completions with echo + logprobs (llama-cpp-python's server,
 │                                started with --logits_all true); text-level
 ├── PromptLogprobsVerifier   (b) /v1/completions with vLLM's `prompt_logprobs`; token-level
-│                                (the prompt is sent as token ids of a shared tokenizer)
+│                                (token ids of a shared tokenizer; greedy or sampled)
+├── TextLogprobsVerifier     (b) the same on a text prompt; text-level (`verify_vllm`)
 └── PredictionVerifier       (c) OpenAI Predicted Outputs: chat completions with `prediction`;
                                  text-level, the cloud's own text comes back
 ```
 
-(d) none: `probe()` returns no verifier and the reason; the plan then streams plainly.
+(d) none: `verify_probe.probe()` returns no verifier and the reason; the plan then streams
+plainly.
 
 Dialect (a). llama-cpp-python 0.3.36 builds echo log-probabilities from its score rows: the
 entry for token i carries row i, which is the distribution AFTER token i (`top_logprobs[i]`
@@ -26,11 +28,8 @@ which is the end of the answer or a piece of a character split over tokens; echo
 does not end with the draft) the round raises `Unverifiable`, and the plan streams the rest
 plainly from the committed text.
 
-Dialect (b), vLLM: `choices[0].prompt_logprobs` is a list with None first, then per prompt
-position a dict token_id -> {logprob, rank, decoded_token} holding the top `prompt_logprobs`
-tokens and the prompt's own token; a drafted token is the verifier's greedy choice when its
-rank is 1. vLLM computes prompt log-probabilities from a full prefill (no prefix cache for such
-requests): every round pays the whole context again, which the plan's cost counts.
+Dialect (b), vLLM's `prompt_logprobs`: `engines.verify_vllm` (token-level greedy, token-level
+speculative sampling above temperature 0, and text-level when the tokenizers differ).
 
 Dialect (c), OpenAI Predicted Outputs: the draft is the prediction; the cloud generates its own
 text (at most k + 1 tokens) and `usage.completion_tokens_details` says how many prediction
@@ -44,7 +43,8 @@ plan passes the outgoing texts, the prompt-token bound and the output bound with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -52,9 +52,13 @@ import httpx2
 
 from hybridllm import errors
 from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
+from hybridllm.engines.spec_sampling import Dist
 
 Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
-_PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
+
+
+Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Around = Callable[[str, dict[str, Any], Post], Awaitable[dict[str, Any]]]
 
 
 class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
@@ -62,9 +66,23 @@ class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the e
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """A sampled round (temperature > 0): the request's temperature and top_p, the random
+    source (seeded from the request's seed), q at each drafted position, the vocabulary size."""
+
+    temperature: float
+    top_p: float
+    rng: random.Random
+    q: Sequence[Dist]
+    vocab: int
+
+
+@dataclass(frozen=True)
 class Round:
     """What one verification round sends: the rendered prompt, the committed answer, the
-    context as token ids (prompt + committed, local tokenizer), and the draft."""
+    context as token ids (prompt + committed, local tokenizer), and the draft. `text_of`:
+    the text of token ids following the context (local tokenizer); `sampling`: the draft was
+    sampled (speculative sampling decides), else greedy."""
 
     prompt_text: str
     committed_text: str
@@ -72,6 +90,8 @@ class Round:
     draft_ids: Sequence[int]
     draft_pieces: Sequence[str]
     messages: Sequence[Message] = ()
+    text_of: Callable[[Sequence[int]], str] | None = None
+    sampling: Sampling | None = None
 
     @property
     def draft_text(self) -> str:
@@ -84,7 +104,8 @@ class Verdict:
     text to commit (the accepted draft text, then the cloud's own next token or tokens);
     `next_id`: the cloud's own token id (token-level dialects); `finished`: the answer ended;
     `gap`: the cloud's top-2 log-probability gap where its own token was chosen (a near-tie
-    when small); billed usage as the server reported it."""
+    when small); billed usage as the server reported it; `switch`: the round could decide
+    only its first `accepted` tokens (why): commit `text`, then stream plainly."""
 
     accepted: int
     text: str
@@ -95,21 +116,36 @@ class Verdict:
     completion_tokens: int
     gap: float | None = None
     usage_reported: bool = True
+    switch: str | None = None
 
 
 class Verifier(Protocol):
     dialect: Dialect
     token_level: bool
 
+    @property
+    def samples(self) -> bool:
+        """Whether it can judge sampled drafts (speculative sampling)."""
+        ...
+
     async def verify(self, round_: Round) -> Verdict: ...
 
 
 @dataclass
 class _Http:
+    """POSTs to the endpoint. `around`, while set (the probe), wraps every call: the cloud
+    guard's reservation and settlement of what it bills."""
+
     client: httpx2.AsyncClient
     model: str
+    around: Around | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.around is not None:
+            return await self.around(path, body, self._post)
+        return await self._post(path, body)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             resp = await self.client.post(path, json={"model": self.model, **body})
         except httpx2.TimeoutException as exc:
@@ -165,6 +201,7 @@ class EchoVerifier:
     shift: int = 1  # the reading when an answer does not tell (see `echo_shift`)
     dialect: Dialect = "echo-logprobs"
     token_level: bool = False
+    samples: bool = False
 
     async def verify(self, round_: Round) -> Verdict:
         body = {
@@ -260,72 +297,6 @@ def echo_shift(data: Mapping[str, Any], default: int | None = None) -> int | Non
     return default
 
 
-# ---- (b) vLLM prompt_logprobs --------------------------------------------------------------
-
-
-@dataclass
-class PromptLogprobsVerifier:
-    """vLLM's `/v1/completions` with `prompt_logprobs` on a token-id prompt."""
-
-    http: _Http
-    dialect: Dialect = "prompt-logprobs"
-    token_level: bool = True
-
-    async def verify(self, round_: Round) -> Verdict:
-        body = {
-            "prompt": [*round_.context_ids, *round_.draft_ids], "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
-            "return_tokens_as_token_ids": True,
-        }  # fmt: skip
-        return read_prompt_logprobs(await self.http.post("completions", body), round_)
-
-
-def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
-    """(rank, token id, logprob, decoded text) of one prompt position, best first."""
-    out = []
-    for key, v in entry.items():
-        if isinstance(v, Mapping):
-            out.append((int(v.get("rank", 10**9)), int(key), float(v["logprob"]),
-                        str(v.get("decoded_token") or "")))  # fmt: skip
-    return sorted(out)
-
-
-def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
-    """The verdict from a vLLM answer with `prompt_logprobs` (token-level)."""
-    choice = _choice(data)
-    plp = choice.get("prompt_logprobs")
-    n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
-    if not isinstance(plp, list) or len(plp) != n_ctx + len(draft):
-        raise errors.CloudProtocolError("verification: prompt_logprobs missing or misaligned")
-    p_tok, c_tok, reported = _usage(data)
-    accepted_text = ""
-    for j, tok in enumerate(draft):
-        entry = plp[n_ctx + j]
-        if not isinstance(entry, Mapping) or not entry:
-            raise errors.CloudProtocolError("verification: an empty prompt_logprobs entry")
-        ranked = _ranked(entry)
-        mine = entry.get(str(tok))
-        if not isinstance(mine, Mapping) or int(mine.get("rank", 0)) != 1:
-            best = ranked[0]
-            gap = best[2] - ranked[1][2] if len(ranked) > 1 else None
-            return Verdict(j, accepted_text + best[3], accepted_text, best[1], False,
-                           p_tok, c_tok, gap, reported)  # fmt: skip
-        accepted_text += round_.draft_pieces[j]
-    text = choice.get("text") or ""
-    finished = choice.get("finish_reason") == "stop" and not text
-    lp = choice.get("logprobs") or {}
-    own: int | None = None
-    gap = None
-    toks = lp.get("tokens") or []
-    if toks and isinstance(toks[0], str) and toks[0].startswith("token_id:"):
-        own = int(toks[0].removeprefix("token_id:"))
-    tops = lp.get("top_logprobs") or []
-    if tops and isinstance(tops[0], Mapping) and len(tops[0]) > 1:
-        gap = _best(tops[0])[1]
-    return Verdict(len(draft), accepted_text + text, accepted_text, own, finished,
-                   p_tok, c_tok, gap, reported)  # fmt: skip
-
-
 # ---- (c) OpenAI Predicted Outputs ----------------------------------------------------------
 
 
@@ -336,6 +307,7 @@ class PredictionVerifier:
     http: _Http
     dialect: Dialect = "predicted-outputs"
     token_level: bool = False
+    samples: bool = False
     counts: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "rejected": 0})
 
     async def verify(self, round_: Round) -> Verdict:
@@ -376,69 +348,3 @@ class Probed:
 
     verifier: Verifier | None
     reason: str
-
-
-async def probe(
-    client: httpx2.AsyncClient, model: str, local_ids: Sequence[int] | None = None,
-    local_pieces: Sequence[str] = (),
-) -> Probed:  # fmt: skip
-    """Find the endpoint's dialect with small fixed requests (no user data): vLLM's
-    `prompt_logprobs` (token-level when `local_ids`, the local tokenizer's ids of the probe
-    text, come back decoded as `local_pieces`), then echo log-probabilities, then Predicted
-    Outputs; None with the reasons when none answers."""
-    http = _Http(client, model)
-    why: list[str] = []
-    body: dict[str, Any] = {
-        "prompt": _PROBE_TEXT, "echo": True, "logprobs": 2, "max_tokens": 1,
-        "temperature": 0.0, "prompt_logprobs": 1,
-    }  # fmt: skip
-    try:
-        data = await http.post("completions", body)
-        choice = _choice(data)
-        if isinstance(choice.get("prompt_logprobs"), list):
-            return await _probe_vllm(http, local_ids, local_pieces)
-        shift = echo_shift(data)
-        if shift is not None and echo_shift(data, None) is not None:
-            return Probed(EchoVerifier(http, shift), f"echo-logprobs (rows shifted by {shift})")
-        why.append(
-            "completions: no prompt_logprobs, and echo log-probabilities do not predict the "
-            "echoed text (llama_cpp.server needs --logits_all true)"
-        )
-    except errors.HybridError as exc:
-        why.append(f"completions: {exc}")
-    try:
-        pv = PredictionVerifier(http)
-        data = await http.post("chat/completions", {
-            "messages": [{"role": "user", "content": "Reply with the word OK."}],
-            "max_tokens": 2, "temperature": 0.0,
-            "prediction": {"type": "content", "content": "OK"},
-        })  # fmt: skip
-        details = (data.get("usage") or {}).get("completion_tokens_details") or {}
-        if "accepted_prediction_tokens" in details:
-            return Probed(pv, "predicted-outputs")
-        why.append("chat: no prediction token counts in the usage")
-    except errors.HybridError as exc:
-        why.append(f"chat: {exc}")
-    return Probed(None, "no verification dialect: " + "; ".join(why))
-
-
-async def _probe_vllm(
-    http: _Http, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
-) -> Probed:
-    if not local_ids:
-        return Probed(None, "prompt-logprobs, but no local tokenizer to verify token ids with")
-    try:
-        data = await http.post("completions", {
-            "prompt": list(local_ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1,
-        })  # fmt: skip
-        plp = _choice(data).get("prompt_logprobs") or []
-    except errors.HybridError as exc:
-        return Probed(None, f"prompt-logprobs, but token ids are refused ({exc})")
-    seen = []
-    for tok, entry in zip(local_ids[1:], plp[1:], strict=False):
-        mine = entry.get(str(tok)) if isinstance(entry, Mapping) else None
-        seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
-    if len(seen) == len(local_ids) - 1 and seen == list(local_pieces[1:]):
-        return Probed(PromptLogprobsVerifier(http), "prompt-logprobs (shared tokenizer)")
-    return Probed(None, "prompt-logprobs, but the cloud's tokenizer differs from the local "
-                  "one (text-level verification is built for echo-logprobs only)")  # fmt: skip

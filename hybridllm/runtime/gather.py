@@ -193,8 +193,9 @@ class Routing:
         spec = self.speculation
         if "cloud" not in engines or "local" not in engines:
             return None
-        if request.temperature > 0:
-            return False, "temperature > 0 (greedy answers only)"
+        sampled = request.temperature > 0
+        if sampled and request.top_p >= 1.0:
+            return False, "temperature > 0 with top_p = 1 (speculative sampling needs top_p < 1)"
         inner = getattr(engines["cloud"], "inner", engines["cloud"])
         key = (str(getattr(inner, "base_url", "")), str(getattr(inner, "model", "")))
         probed = spec.known(key)
@@ -202,6 +203,11 @@ class Routing:
             return True, "the cloud's verification dialect is probed on this request"
         if probed.verifier is None:
             return False, probed.reason
+        if sampled and not (probed.verifier.samples and probed.verifier.token_level):
+            return (
+                False,
+                f"temperature > 0 needs raw token-level log-probabilities ({probed.reason})",
+            )
         # the latency model's figure (its prior until the cloud has streamed here)
         return spec.outlook(key).pays(self.latency.engine("cloud").tpot()[0])
 

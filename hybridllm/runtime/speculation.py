@@ -17,14 +17,23 @@ billed prompt tokens per committed token.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import httpx2
 
 from hybridllm.engines._llama_draft import LocalDrafter
-from hybridllm.engines.verify import Probed, probe
+from hybridllm.engines.base import prompt_token_bound
+from hybridllm.engines.verify import Around, Post, Probed
+from hybridllm.engines.verify_probe import probe
+from hybridllm.guard.budget import TokenUsage
 
+Guarded = Callable[
+    [Iterable[tuple[str, str]], int, int, Callable[[], Awaitable[tuple[Any, TokenUsage | None]]]],
+    Awaitable[Any],
+]
 K_MIN, K_MAX, K_START = 1, 16, 8
 PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming
 MIN_ROUNDS = 3  # rounds seen before the plan may decide it does not pay
@@ -126,9 +135,15 @@ class SpeculationState:
         return self.verifiers.get(key)
 
     async def verifier(
-        self, key: tuple[str, str], api_key: str | None, drafter: LocalDrafter
+        self,
+        key: tuple[str, str],
+        api_key: str | None,
+        drafter: LocalDrafter,
+        guarded: Guarded | None = None,
     ) -> Probed:
-        """The endpoint's verifier, probed on first use (one probe at a time per endpoint)."""
+        """The endpoint's verifier, probed on first use (one probe at a time per endpoint);
+        each probe request goes through `guarded` (the cloud guard: its fixed text is scanned,
+        its tokens reserved and settled). A guard's refusal is raised, not remembered."""
         found = self.verifiers.get(key)
         if found is not None:
             return found
@@ -149,7 +164,8 @@ class SpeculationState:
                 ids = drafter.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")
                 pieces = [drafter.piece([t], ids[:i]).decode("utf-8", "ignore")
                           for i, t in enumerate(ids)]  # fmt: skip
-                found = await probe(client, model, ids, pieces)
+                found = await probe(client, model, ids, pieces,
+                                    _through(guarded) if guarded else None)  # fmt: skip
                 self.verifiers[key] = found
         return found
 
@@ -157,3 +173,34 @@ class SpeculationState:
         clients, self.clients = self.clients, {}
         for client in clients.values():
             await client.aclose()
+
+
+def _through(guarded: Guarded) -> Around:
+    """Each probe request through the guard: its outgoing text, a bound of its prompt tokens
+    and its `max_tokens` reserved, the usage it reports settled."""
+
+    async def around(path: str, body: dict[str, Any], post: Post) -> dict[str, Any]:
+        prompt = body.get("prompt")
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            texts = [str(m.get("content", "")) for m in messages]
+            bound = prompt_token_bound(messages)
+        elif isinstance(prompt, str):
+            texts, bound = [prompt], prompt_token_bound([{"role": "user", "content": prompt}])
+        else:  # token ids (of the same fixed probe text)
+            texts, bound = [], len(prompt) if isinstance(prompt, list) else 64
+        max_out = int(body.get("max_tokens", 16))
+
+        async def call() -> tuple[dict[str, Any], TokenUsage | None]:
+            data = await post(path, body)
+            u = data.get("usage") or {}
+            p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+            ok = isinstance(p, int) and isinstance(c, int)
+            return data, TokenUsage(p, c) if ok else None  # type: ignore[arg-type]
+
+        result: dict[str, Any] = await guarded(
+            [("verification.probe", t) for t in texts], bound, max_out, call
+        )
+        return result
+
+    return around

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 # what a cloud request did for its request: served it from the start ("primary"), started at
 # the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary
 # ("parallel"), continued a started answer ("continuation"), took a local start over ("handoff")
-# or verified a local draft ("verification", the speculative plan)
+# or verified a local draft ("verification", the speculative plan; "probe": its fixed requests
+# that find the endpoint's verification dialect, once per endpoint)
 SpendRole = Literal[
-    "primary", "fallback", "hedge", "parallel", "continuation", "handoff", "verification"
-]
+    "primary", "fallback", "hedge", "parallel", "continuation", "handoff", "verification",
+    "probe",
+]  # fmt: skip
 spend_role: ContextVar[SpendRole] = ContextVar("hybridllm_spend_role", default="primary")
 
 
@@ -82,6 +84,7 @@ class Speculation:
     many committed characters, and why) it switched to plain cloud streaming."""
 
     verifier: str = ""
+    rule: str = ""  # the acceptance rule that ran (greedy top-1, or speculative sampling)
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0

@@ -15,14 +15,17 @@ Endpoints:
   be 0 (score only). ``echo``: the prompt's text leads ``text``. ``logprobs: k``: OpenAI's legacy
   object (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``) for the generated
   tokens, and for the prompt's too with ``echo`` (None at position 0). ``prompt_logprobs: k``
-  (0 to 20) adds ``choices[0].prompt_logprobs``, exactly as vLLM: a list as long as the prompt,
-  ``None`` at position 0, then per position a dict ``{"<token_id>": {"logprob": float, "rank":
+  (0 to 20, or to ``--max-logprobs N``, vLLM's option of that name) adds
+  ``choices[0].prompt_logprobs``, exactly as vLLM: a list as long as the prompt, ``None`` at
+  position 0, then per position a dict ``{"<token_id>": {"logprob": float, "rank":
   int, "decoded_token": str}}`` holding the prompt's own token at that position (its rank among
   the whole vocabulary, 1 = the model's top choice) first, then the top k (ranks 1..k, best
   first; the prompt's token is not repeated). ``return_tokens_as_token_ids: true`` writes every
   token name as ``"token_id:<id>"``; ``return_token_ids: true`` adds ``prompt_token_ids`` and
   ``token_ids`` to the choice. At temperature 0 with ``prompt_logprobs``, the generated token is
-  the top-1 of the last scored position.
+  the top-1 of the last scored position. Above temperature 0, tokens are drawn as vLLM draws
+  them: softmax(logits / temperature) cut to the ``top_p`` nucleus (no top_k, no min_p), with
+  ``seed`` honoured.
 - ``GET /debug/stats``: requests, tokens evaluated and reused by scoring; each completions
   response also carries ``x-hybridllm-evaluated-tokens`` / ``x-hybridllm-reused-tokens``.
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 B = TypeVar("B", bound=BaseModel)
-MAX_TOP = 20  # prompt_logprobs / logprobs: at most this many top entries (vLLM's default)
+MAX_TOP = 1024  # prompt_logprobs / logprobs: never more (the server's --max-logprobs caps lower)
 
 
 class ApiError(Exception):

@@ -6,6 +6,8 @@ a time: no two generations are compared)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -81,3 +83,73 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
     bad = off_greedy(cloud_server, ids, len(prompt_ids))
     # re-tokenising the committed text can split its last token differently: judge all but it
     assert [p for p in bad if p < len(ids) - 1] == [], (bad, len(prompt_ids), len(ids))
+
+
+def drafts_add_up(events: list[object]) -> None:
+    """Drafts less retractions are where each committed piece starts."""
+    pending = ""
+    for e in events:
+        if isinstance(e, Draft):
+            pending += e.text
+        elif isinstance(e, Retract):
+            assert pending.endswith(e.text)
+            pending = pending[: len(pending) - len(e.text)]
+        elif isinstance(e, Token):
+            assert e.text.startswith(pending), (e.text, pending)
+            pending = ""
+
+
+@pytest.fixture(scope="module")
+def wide_server(model_path: Path) -> Iterator[HybridServer]:
+    """hybridllm serve allowing 64 log-probabilities per position (`--max-logprobs 64`)."""
+    with HybridServer(model_path, alias=ALIAS, api_key=API_KEY, n_ctx=1024,
+                      extra_args=["--max-logprobs", "64"]) as server:  # fmt: skip
+        yield server
+
+
+@pytest.mark.parametrize(("wide", "top_p", "seed"), [
+    (False, 0.8, 1), (False, 0.8, 2), (False, 0.8, 3), (True, 0.9, 1), (True, 0.9, 2),
+])  # fmt: skip
+async def test_sampled_speculation_against_hybridllm_serve_speculates_and_answers(
+    wide: bool, top_p: float, seed: int, request: pytest.FixtureRequest, model_path: Path
+) -> None:
+    """Temperature 0.8: the rounds run speculative sampling (the trace says so), accept
+    drafted tokens, and the answer is the asked length of coherent text. With 20
+    log-probabilities per position (vLLM's default) top_p is 0.8: at 0.9 the first answer
+    position of this 135M model often has a nucleus wider than 20 tokens; such positions
+    become cloud steps, and rounds mostly made of them end in plain streaming. A server that
+    allows 64 (`--max-logprobs 64`) speculates at top_p 0.9."""
+    if wide:
+        server = request.getfixturevalue("wide_server")
+        url = server.base_url
+    else:
+        url = request.getfixturevalue("proxy").url + "/v1"
+    local = LlamaCppEngine(model_path, warm_up=False)
+    cloud = OpenAIEngine(base_url=url, api_key=API_KEY, model=ALIAS)
+    async with HybridClient(local, cloud, router=None) as client:
+        async with client.stream(
+            "Write the numbers from 1 to 40, separated by commas.", plan="speculative",
+            show_drafts=True, max_tokens=48, temperature=0.8, top_p=top_p, seed=seed,
+        ) as s:  # fmt: skip
+            events = [e async for e in s.events()]
+        sess = local._session
+        assert sess is not None
+        spec = s.trace.speculation
+        assert spec is not None and spec.verifier.startswith("prompt-logprobs"), spec
+        assert spec.verifier.endswith(f"top {64 if wide else 20})"), spec.verifier
+        text = "".join(e.text for e in events if isinstance(e, Token))
+        assert spec.rule.startswith(f"speculative sampling (temperature 0.8, top_p {top_p:g})")
+        assert spec.rounds > 0 and spec.accepted > 0, (spec, text, s.trace.fallback_reason)
+        assert spec.drafted >= spec.accepted
+        drafts_add_up(events)
+        assert isinstance(events[-1], Done)
+        n = len(sess.tokenize(text))
+    if wide:  # at top_p 0.9 this model sometimes answers in words and ends: judge the rounds
+        # where it stopped speculating, the trace says why
+        assert spec.switched is None or "cannot decide" in spec.switched, spec
+        assert s.trace.finish_reason == "stop" or abs(n - 48) <= 3, (n, text, spec)
+        assert re.search(r"\w+,? \w+", text), text  # words or numbers, not noise
+        return
+    assert s.trace.finish_reason == "length" and abs(n - 48) <= 3, (n, text, spec)
+    # coherent: a comma-separated run of numbers (a sampled answer need not start at 1)
+    assert len(re.findall(r"(?<=\d), (?=\d)", text)) >= 8, text

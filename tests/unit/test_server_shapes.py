@@ -82,7 +82,7 @@ def test_token_names_as_ids_and_legacy_logprobs_with_echo() -> None:
 @pytest.mark.parametrize(
     ("cls", "body", "param"),
     [
-        (CompletionBody, {"model": "m", "prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        (CompletionBody, {"model": "m", "prompt": "x", "prompt_logprobs": 1025}, "prompt_logprobs"),
         (CompletionBody, {"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
         (CompletionBody, {"model": "m", "prompt": "x", "n": 2}, "n"),
         (CompletionBody, {"model": "m", "prompt": {"a": 1}}, "prompt"),
@@ -101,7 +101,7 @@ def test_bad_bodies_are_400_naming_the_field(cls: Any, body: Any, param: str) ->
 def test_stream_on_completions_is_refused() -> None:
     body = parse(CompletionBody, {"model": "m", "prompt": [1], "stream": True})
     with pytest.raises(ApiError, match="stream"):
-        completions.job_for(body, [1])
+        completions.job_for(body, [1], 20)
 
 
 # ---- chat: vLLM's continue_final_message and OpenAI's logit_bias -----------------------------
@@ -161,3 +161,11 @@ def test_logit_bias_keys_are_token_ids_and_biases_in_range() -> None:
         with pytest.raises(ApiError) as err:
             chat_body(logit_bias=bad).bias()
         assert err.value.status == 400 and err.value.param == "logit_bias"
+
+
+def test_more_log_probabilities_than_the_servers_max_are_refused() -> None:
+    body = parse(CompletionBody, {"model": "m", "prompt": [1], "prompt_logprobs": 21})
+    with pytest.raises(ApiError, match="at most 20") as info:
+        completions.job_for(body, [1], 20)
+    assert info.value.param == "prompt_logprobs"
+    assert completions.job_for(body, [1], 64).score

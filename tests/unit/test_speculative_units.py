@@ -19,6 +19,7 @@ Shapes replayed:
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -29,12 +30,15 @@ from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.engines.verify import (
     EchoVerifier,
     PredictionVerifier,
-    PromptLogprobsVerifier,
     Round,
     Unverifiable,
     echo_shift,
-    probe,
     read_echo,
+)
+from hybridllm.engines.verify_probe import probe
+from hybridllm.engines.verify_vllm import (
+    PromptLogprobsVerifier,
+    TextLogprobsVerifier,
     read_prompt_logprobs,
 )
 from hybridllm.errors import ServerError
@@ -81,6 +85,11 @@ def test_vllm_prompt_logprobs_accepts_rank_one_tokens_and_takes_the_clouds_own()
     assert (v.accepted, v.accepted_text, v.next_id, v.text) == (1, "d0", 77, "d0 own")
     assert v.gap == pytest.approx(0.6) and not v.finished
     assert (v.prompt_tokens, v.completion_tokens) == (6, 1)
+    # the texts come from the local tokenizer when it is at hand (a server may name tokens
+    # "token_id:N" everywhere with return_tokens_as_token_ids, as hybridllm serve does)
+    local = replace(ROUND, text_of=lambda ids: "|".join(f"t{i}" for i in ids))
+    v = read_prompt_logprobs(vllm_answer(3, [10, 11, 12], reject_at=1), local)
+    assert (v.accepted_text, v.text) == ("d0", "t10|t77")
     whole = read_prompt_logprobs(vllm_answer(3, [10, 11, 12], reject_at=None), ROUND)
     assert (whole.accepted, whole.next_id, whole.text) == (3, 99, "d0d1d2 gen")
     assert whole.gap == pytest.approx(2.3)
@@ -167,8 +176,10 @@ async def test_probe_finds_each_dialect_or_says_why_none() -> None:
     async with replay({"/completions": vllm_probe}) as c:
         found = await probe(c, "m", [5, 6, 7], ["<5>", "<6>", "<7>"])
         assert isinstance(found.verifier, PromptLogprobsVerifier), found.reason
+        assert found.verifier.raw and "raw log-probabilities" in found.reason
         other = await probe(c, "m", [5, 6, 7], ["a", "b", "c"])  # another tokenizer
-        assert other.verifier is None and "tokenizer differs" in other.reason
+        assert isinstance(other.verifier, TextLogprobsVerifier), other.reason
+        assert "text-level" in other.reason
     openai_like = {
         "/chat/completions": {
             "choices": [{"index": 0, "finish_reason": "stop",
@@ -303,3 +314,57 @@ def test_a_speculative_trace_does_not_teach_the_latency_model_the_clouds_speed()
     before = model.engine("cloud").tpot()
     model.observe_trace(trace, 20)
     assert model.engine("cloud").tpot() == before and model.engine("cloud").samples == 0
+
+
+class _FakeDrafter:
+    """Tokenizes the probe text one character per token (enough for the probe's checks)."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def piece(self, ids: list[int], prev: object = ()) -> bytes:
+        return "".join(chr(i) for i in ids).encode()
+
+
+async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> None:
+    from hybridllm.runtime.speculation import SpeculationState
+
+    prices = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+    ledger = Ledger()
+    guard = GuardedEngine(ScriptedEngine("cloud"), ledger=ledger, prices=prices)  # keep-local
+    state = SpeculationState()
+    key = ("http://x/v1", "m")
+    async with replay({"/completions": vllm_probe}) as c:
+        state.clients[key] = c
+        found = await state.verifier(key, None, _FakeDrafter(), guard.guarded_call)  # type: ignore[arg-type]
+        state.clients.clear()
+    assert found.verifier is not None, found.reason
+    usd = ledger.spend("day").settled_usd
+    # two requests (the dialect; the local token ids, which read as another tokenizer here),
+    # each billed as the server reported it: 3 + 37 prompt tokens, 1 + 1 completion tokens
+    assert len(_FakeDrafter().tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")) == 37
+    assert usd == pytest.approx((3 + 37) * 1e-6 + 2 * 2e-6), ledger.entries()
+    assert [e["state"] for e in ledger.entries()] == ["settled", "settled"]
+    assert ledger.spend("day").reserved_usd == 0
+
+
+def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.engines.verify import Probed
+    from hybridllm.runtime.gather import Routing
+
+    routing = Routing()
+    engines: Any = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
+    msgs = [{"role": "user", "content": "hi"}]
+    wide = GenerationRequest(msgs, temperature=0.8, top_p=1.0)  # type: ignore[arg-type]
+    pays, why = routing.speculation_outlook(wide, Policy(), engines) or (None, "")
+    assert pays is False and "top_p = 1" in why
+    key = ("", "scripted")  # where ScriptedEngine("cloud") would be verified
+    routing.speculation.verifiers[key] = Probed(EchoVerifier(None), "echo-logprobs")  # type: ignore[arg-type]
+    sampled = GenerationRequest(msgs, temperature=0.8, top_p=0.9)  # type: ignore[arg-type]
+    pays, why = routing.speculation_outlook(sampled, Policy(), engines) or (None, "")
+    assert pays is False and "raw token-level" in why
+    greedy = GenerationRequest(msgs, temperature=0.0)  # type: ignore[arg-type]
+    assert (routing.speculation_outlook(greedy, Policy(), engines) or (None,))[0] is True
+    routing.speculation.verifiers[key] = Probed(PromptLogprobsVerifier(None), "prompt-logprobs")  # type: ignore[arg-type]
+    assert (routing.speculation_outlook(sampled, Policy(), engines) or (None,))[0] is True

@@ -45,7 +45,10 @@ class Ahead:
         if tuple(context[:n]) != self.assumed:
             return None
         d = self.drafted
-        return Drafted(ids[1:], d.probs[1:], d.eos, d.reused, d.evaluated, d.steps, d.seconds)
+        return Drafted(
+            ids=ids[1:], probs=d.probs[1:], eos=d.eos, reused=d.reused, evaluated=d.evaluated,
+            steps=d.steps, seconds=d.seconds,
+        )  # fmt: skip
 
 
 async def verify_with_ahead(

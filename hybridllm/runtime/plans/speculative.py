@@ -9,10 +9,21 @@ measured acceptance, drafting time and round trip (`runtime.speculation`).
 Lossless at temperature 0: every committed token is the verifier's greedy choice at its
 position (a batch and a one-token step round differently, so the cloud's own plain answer can
 part from it where its top two log-probabilities nearly tie; `Trace.speculation.near_ties`
-counts the rounds whose cloud token was chosen at such a tie). Above temperature 0 this version
-does not speculate: keeping the cloud's distribution needs rejection sampling with the full
-distributions (accept x with min(1, p(x)/q(x)), else sample from max(0, p - q)), which the
-dialects' top-k log-probabilities cannot give; the plan streams plainly and says so.
+counts the rounds whose cloud token was chosen at such a tie).
+
+Lossless above temperature 0 by speculative sampling (`engines.spec_sampling`): the draft is
+sampled from q, the local distribution after the request's temperature and top_p (seeded from
+the request's seed when it has one); at each drafted position the cloud's p (the same
+processing) keeps x with probability min(1, p(x)/q(x)); the first rejected position draws from
+norm(max(0, p - q)); when all k are kept, the bonus token is drawn from p after the draft. Every
+committed token is then distributed as the cloud's p. Only a verifier that returns raw
+log-probabilities per position of a shared tokenizer can do it (vLLM's `prompt_logprobs`,
+hybridllm serve), and only where p is known exactly: its top_p nucleus must lie inside the 20
+returned tokens (checked per position; never with top_p = 1, whose support is the whole
+vocabulary). At a position where it does not, what was decided before it is committed and the
+next round drafts nothing: the cloud draws that token itself (its sampler is p's processing).
+When most rounds need such a step, the plan streams the rest plainly, with the reason in the
+trace. `Trace.speculation.rule` says which rule ran.
 
 The plan steps aside to plain cloud streaming (a continuation of the committed text, nothing
 repeated) when no dialect is known, when speculation stops paying (`Outlook.pays`) or when the
@@ -35,8 +46,9 @@ rejected end of it a `Retract` event after it; the committed text follows as `To
 from __future__ import annotations
 
 import codecs
+import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -46,7 +58,7 @@ import anyio
 from hybridllm import errors
 from hybridllm.engines._llama_draft import Drafted, LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
-from hybridllm.engines.verify import Round, Unverifiable, Verdict, Verifier
+from hybridllm.engines.verify import Round, Sampling, Unverifiable, Verdict, Verifier
 from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
@@ -91,8 +103,11 @@ async def speculative(
     run.route(setup.cloud, reason)
     spec = run.trace.speculation = Speculation()
     local = setup.local
-    if request.temperature > 0:
-        spec.verifier = "none: temperature > 0 (this version verifies greedy answers only)"
+    if request.temperature > 0 and request.top_p >= 1.0:
+        spec.verifier = (
+            "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
+            "vocabulary, which top-N log-probabilities cannot give exactly"
+        )
         return await _plain(run, setup, request, "", 0, spec.verifier)
     from hybridllm.engines.llamacpp import LlamaCppEngine  # the local engine's own module
 
@@ -105,9 +120,22 @@ async def speculative(
     if key is None:
         spec.verifier = f"none: {why}"
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    probed = await setup.state.verifier(key, api_key, drafter)
+    spend_role.set("probe")
+    try:
+        guarded = getattr(setup.cloud, "guarded_call", None)
+        probed = await setup.state.verifier(key, api_key, drafter, guarded)
+    except errors.RefusedError as exc:  # the probe itself was refused by the guard
+        run.trace.refusals.append(f"cloud: {exc}")
+        spec.verifier = f"none: probing refused by the guard: {exc}"
+        return await _plain(run, setup, request, "", 0, spec.verifier)
     spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
     if probed.verifier is None:
+        return await _plain(run, setup, request, "", 0, spec.verifier)
+    if request.temperature > 0 and not (probed.verifier.samples and probed.verifier.token_level):
+        spec.verifier = (
+            f"none: temperature > 0 needs raw token-level log-probabilities for speculative "
+            f"sampling; the cloud offers {probed.reason}"
+        )
         return await _plain(run, setup, request, "", 0, spec.verifier)
     outlook = setup.state.outlook(key)
     if setup.k is None:  # known not to pay here: stream plainly from the start (or explore)
@@ -130,13 +158,23 @@ async def _loop(
     ctx = drafter.tokenize(prompt_text)
     committed, n_out, billed_prompt, stuck = "", 0, 0, 0
     ahead: Ahead | None = None  # the next round's draft, made while this one was verified
+    cloud_step, steps = False, 0  # a round that drafts nothing: the cloud draws the token
     spend_role.set("verification")
+    sampled = request.temperature > 0
+    rng = random.Random(request.seed)  # seeded: the same drafts and decisions for a seed
+    vocab = drafter.session.llm.n_vocab()
+    spec.rule = (
+        f"speculative sampling (temperature {request.temperature:g}, top_p "
+        f"{request.top_p:g}): keep x with min(1, p/q), else draw from norm(max(0, p - q))"
+        if sampled else "greedy: each committed token is the verifier's top-1"
+    )  # fmt: skip
     while True:
         left = request.max_tokens - n_out
         if left <= 0:
             return _finish(run, "length", billed_prompt, n_out)
-        k = max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
-        if spec.rounds == 0 and setup.ahead and verifier.token_level and not setup.show_drafts:
+        k = 0 if cloud_step else max(0, min(setup.k or outlook.best_k(), K_MAX, left - 1))
+        pipelined = setup.ahead and verifier.token_level and not sampled  # greedy rounds only
+        if spec.rounds == 0 and pipelined and not setup.show_drafts:
             k = 0  # round 0: the cloud's first token at its own TTFT, drafting ahead meanwhile
         t0 = time.perf_counter()
         made = ahead.next_draft(ctx) if ahead is not None and k > 0 else None
@@ -144,16 +182,23 @@ async def _loop(
             spec.ahead_used += 1
             made.eos = made.eos and len(made.ids) <= k
             made.ids, made.probs = made.ids[:k], made.probs[:k]
-        drafted = made or (await drafter.draft(ctx, k) if k else Drafted())
+        drafted = made or (
+            await drafter.draft(ctx, k, request.temperature, request.top_p, rng) if k else Drafted()
+        )
         t1 = time.perf_counter()
         ids = drafted.ids[:-1] if drafted.eos else drafted.ids
         pieces = _pieces(drafter, ctx, ids)
         draft_text = "".join(pieces)
         if setup.show_drafts and draft_text:
             run.emit(Draft(time.perf_counter(), draft_text))
-        round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages)
+        sampling = (
+            Sampling(request.temperature, request.top_p, rng, drafted.dists, vocab)
+            if sampled else None
+        )  # fmt: skip
+        round_ = Round(prompt_text, committed, ctx, ids, pieces, request.messages,
+                       partial(_text_of, drafter, list(ctx)), sampling)  # fmt: skip
         try:
-            if setup.ahead and verifier.token_level and not drafted.eos:
+            if pipelined and not drafted.eos:
                 k_next = max(1, min(setup.k or outlook.best_k(), K_MAX))
                 verdict, ahead = await verify_with_ahead(
                     partial(_verify, setup, verifier, round_), drafter, [*ctx, *ids],
@@ -181,8 +226,11 @@ async def _loop(
         spec.verify_ms.append((t2 - t1) * 1e3)
         if verdict.gap is not None and verdict.gap < NEAR_TIE:
             spec.near_ties += 1
+        # positions left undecided (`switch`) are not rejections: the acceptance leaves them out
+        decided = len(ids) if verdict.switch is None else verdict.accepted
+        share = decided / len(ids) if ids else 1.0
         draft_s = drafted.seconds if made is not None else t1 - t0  # made ahead: its own time
-        outlook.observe(len(ids), verdict.accepted, draft_s, t2 - t1, pipelined=setup.ahead)
+        outlook.observe(decided, verdict.accepted, draft_s * share, t2 - t1, pipelined=pipelined)
         billed_prompt += verdict.prompt_tokens
         text, stopped = _apply_stop(committed, verdict.text, request.stop)
         if text:
@@ -192,11 +240,18 @@ async def _loop(
         eos = verdict.next_id is not None and drafter.is_eog(verdict.next_id)
         if stopped or verdict.finished or eos:  # the cloud's own token ends the answer
             return _finish(run, "stop", billed_prompt, n_out)
-        if verifier.token_level and verdict.next_id is not None:
-            ctx = [*ctx, *ids[: verdict.accepted], verdict.next_id]
+        cloud_step = verdict.switch is not None  # undecided there: the cloud picks it next
+        if cloud_step:
+            steps += 1
+            if steps >= 3 and steps * 2 > spec.rounds:
+                why = f"the verifier cannot decide most rounds ({verdict.switch})"
+                return await _plain(run, setup, request, committed, n_out, why)
+        if verifier.token_level and (verdict.next_id is not None or verdict.switch):
+            own = [] if verdict.next_id is None else [verdict.next_id]
+            ctx = [*ctx, *ids[: verdict.accepted], *own]
         else:
             ctx = drafter.tokenize(prompt_text + committed)
-        stuck = 0 if text else stuck + 1
+        stuck = 0 if text or cloud_step else stuck + 1
         switch = _should_switch(outlook, setup, billed_prompt, n_out)
         if stuck >= 2:  # rounds that commit nothing (a token with no text): stream instead
             switch = "two verification rounds committed no text"
@@ -255,6 +310,10 @@ def _pieces(drafter: LocalDrafter, ctx: list[int], ids: list[int]) -> list[str]:
         out.append(dec.decode(drafter.piece([tok], prev)))
         prev.append(tok)
     return out
+
+
+def _text_of(drafter: LocalDrafter, ctx: list[int], ids: Sequence[int]) -> str:
+    return "".join(_pieces(drafter, ctx, list(ids)))
 
 
 def _apply_stop(committed: str, text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
