@@ -51,6 +51,7 @@ from hybridllm import (  # noqa: E402
     Policy,
     Prices,
 )
+from hybridllm.engines.openai_engine import Continuation  # noqa: E402
 from hybridllm.events import Done, Draft  # noqa: E402
 from hybridllm.local.resolve import resolve_model  # noqa: E402
 from hybridllm.testing import FaultProxy, Faults, HybridServer, LlamaServer  # noqa: E402
@@ -87,13 +88,20 @@ def served(model: str, pin: bool = False, echo: bool = False) -> Iterator[tuple[
 
 
 async def per_rtt(
-    url: str, model: str, local: str, modes: list[str], tokens: int, warm: bool, threads: int | None
+    url: str,
+    model: str,
+    local: str,
+    modes: list[str],
+    tokens: int,
+    warm: bool,
+    threads: int | None,
+    continuation: Continuation,
 ) -> list[dict[str, Any]]:
     """One client per round trip: a short first request probes the dialect (not timed)."""
     prices = Prices(models={model: ModelPrice(input_per_million=1.0, output_per_million=1.0)})
     client = HybridClient(
         LlamaCppEngine(local, n_threads=threads),
-        OpenAIEngine(base_url=url, api_key="none", model=model),
+        OpenAIEngine(base_url=url, api_key="none", model=model, continuation=continuation),
         router=None, prices=prices, ledger=Ledger(),
     )  # fmt: skip
     rows = []
@@ -173,6 +181,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--echo", action="store_true", help="serve with llama_cpp.server")
     ap.add_argument(
+        "--continuation", choices=["instruction", "continue_final_message"],
+        help="how plain streaming continues the committed text (default: continue_final_message "
+        "against hybridllm serve, else instruction)",
+    )  # fmt: skip
+    ap.add_argument(
         "--cold",
         action="store_true",
         help="no plain cloud request before timing (the "
@@ -190,6 +203,10 @@ def main() -> None:
             url, model = args.cloud_url, args.cloud_model
         else:
             url, model = stack.enter_context(served(args.cloud, args.pin, args.echo))
+        served_here = not args.cloud_url and not args.echo
+        continuation = args.continuation or (
+            "continue_final_message" if served_here else "instruction"
+        )
         host_port = url.split("//", 1)[1].split("/", 1)[0]
         host, port = host_port.rsplit(":", 1)
         rows = []
@@ -201,7 +218,7 @@ def main() -> None:
             with FaultProxy(upstream=(host, int(port)), faults=Faults(latency_ms=rtt)) as proxy:
                 got = anyio.run(
                     per_rtt, proxy.url + "/v1", model, args.local, modes, args.tokens,
-                    not args.cold, 1 if args.pin else None,
+                    not args.cold, 1 if args.pin else None, continuation,
                 )  # fmt: skip
             rows += [{**r, "rtt_ms": rtt} for r in got]
     if args.json:
