@@ -204,7 +204,7 @@ def main() -> None:
         else:
             url, model = stack.enter_context(served(args.cloud, args.pin, args.echo))
         served_here = not args.cloud_url and not args.echo
-        continuation = args.continuation or (
+        continuation: Continuation = args.continuation or (
             "continue_final_message" if served_here else "instruction"
         )
         host_port = url.split("//", 1)[1].split("/", 1)[0]
