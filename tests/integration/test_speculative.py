@@ -21,9 +21,10 @@ import pytest
 
 from hybridllm import HybridClient, Ledger, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices
 from hybridllm.engines.verify import _best, echo_shift
-from hybridllm.events import Done, Draft, Fallback, Retract, Token
+from hybridllm.events import Done, Draft, Fallback, Token
 from hybridllm.policy import Policy
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
+from tests.integration.drafts import drafts_add_up
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -101,18 +102,7 @@ async def test_committed_text_is_the_verifiers_greedy_text(
         text = "".join(e.text for e in events if isinstance(e, Token))
         assert text and isinstance(events[-1], Done)
         assert s.trace.engine == "cloud" and "speculative" in s.trace.decision[-1]
-        # drafts and retractions add up: at each committed piece, the provisional text that is
-        # left (drafts minus retractions) is where the committed piece starts
-        pending = ""
-        for e in events:
-            if isinstance(e, Draft):
-                pending += e.text
-            elif isinstance(e, Retract):
-                assert pending.endswith(e.text)
-                pending = pending[: len(pending) - len(e.text)]
-            elif isinstance(e, Token):
-                assert e.text.startswith(pending), (e.text, pending)
-                pending = ""
+        drafts_add_up(events)
         local = client.local
         assert isinstance(local, LlamaCppEngine) and local._session is not None
         rendered = local._session.render([{"role": "user", "content": PROMPTS[kind]}])

@@ -14,8 +14,9 @@ import httpx2
 import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
-from hybridllm.events import Done, Draft, Retract, Token
+from hybridllm.events import Done, Draft, Token
 from hybridllm.testing import FaultProxy, HybridServer
+from tests.integration.drafts import drafts_add_up
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -64,16 +65,7 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
         text = "".join(e.text for e in events if isinstance(e, Token))
         assert text and isinstance(events[-1], Done)
         assert any(isinstance(e, Draft) for e in events)
-        pending = ""
-        for e in events:  # drafts less retractions are where each committed piece starts
-            if isinstance(e, Draft):
-                pending += e.text
-            elif isinstance(e, Retract):
-                assert pending.endswith(e.text)
-                pending = pending[: len(pending) - len(e.text)]
-            elif isinstance(e, Token):
-                assert e.text.startswith(pending), (e.text, pending)
-                pending = ""
+        drafts_add_up(events)
         sess = local._session
         assert sess is not None
         prompt_ids = sess.tokenize(sess.render([{"role": "user", "content": prompt}]))
@@ -83,20 +75,6 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
     bad = off_greedy(cloud_server, ids, len(prompt_ids))
     # re-tokenising the committed text can split its last token differently: judge all but it
     assert [p for p in bad if p < len(ids) - 1] == [], (bad, len(prompt_ids), len(ids))
-
-
-def drafts_add_up(events: list[object]) -> None:
-    """Drafts less retractions are where each committed piece starts."""
-    pending = ""
-    for e in events:
-        if isinstance(e, Draft):
-            pending += e.text
-        elif isinstance(e, Retract):
-            assert pending.endswith(e.text)
-            pending = pending[: len(pending) - len(e.text)]
-        elif isinstance(e, Token):
-            assert e.text.startswith(pending), (e.text, pending)
-            pending = ""
 
 
 @pytest.fixture(scope="module")

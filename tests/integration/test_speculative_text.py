@@ -13,9 +13,10 @@ import httpx2
 import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
-from hybridllm.events import Done, Draft, Retract, Token
+from hybridllm.events import Done, Draft, Token
 from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import FaultProxy, Faults, HybridServer
+from tests.integration.drafts import drafts_add_up
 from tests.integration.servers import API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -81,16 +82,7 @@ async def test_text_level_rounds_commit_the_other_tokenizers_greedy_text(
         text = "".join(e.text for e in events if isinstance(e, Token))
         assert text and isinstance(events[-1], Done)
         assert any(isinstance(e, Draft) for e in events)
-        pending = ""
-        for e in events:  # drafts less retractions are where each committed piece starts
-            if isinstance(e, Draft):
-                pending += e.text
-            elif isinstance(e, Retract):
-                assert pending.endswith(e.text)
-                pending = pending[: len(pending) - len(e.text)]
-            elif isinstance(e, Token):
-                assert e.text.startswith(pending), (e.text, pending)
-                pending = ""
+        drafts_add_up(events)
         sess = local._session
         assert sess is not None
         prompt_text = sess.render([{"role": "user", "content": prompt}])

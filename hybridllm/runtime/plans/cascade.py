@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -248,14 +249,7 @@ async def _release(
         assistant_prefix=request.assistant_prefix + held,
         max_tokens=request.max_tokens - used,
     )
-    finishes: list[Finish] = []
-
-    def handle(chunk: Chunk) -> None:
-        if isinstance(chunk, Finish):
-            finishes.append(chunk)
-        else:
-            run.deliver(local.name, chunk)
-
+    handle, finishes = _collector(run, local.name)
     try:
         await relay_watched(run, local, rest, handle, stall_s)
     except errors.EngineError as exc:
@@ -296,14 +290,7 @@ async def _fail_over(
     trace.engine = cloud.name
     run.emit(Fallback(now, local.name, cloud.name, why))
     cont = dataclasses.replace(request, assistant_prefix=request.assistant_prefix + delivered)
-    finishes: list[Finish] = []
-
-    def handle(chunk: Chunk) -> None:
-        if isinstance(chunk, Finish):
-            finishes.append(chunk)
-        else:
-            run.deliver(cloud.name, chunk)
-
+    handle, finishes = _collector(run, cloud.name)
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)
     except errors.EngineError as exc2:
@@ -443,3 +430,16 @@ async def score_messages(
         return router_score(router, messages, None)
     sig = await local.signals(messages, n_answer)
     return router_score(router, messages, sig.values, sig.cost_ms)
+
+
+def _collector(run: RequestRun, name: EngineName) -> tuple[Callable[[Chunk], None], list[Finish]]:
+    """A relay handler that delivers `name`'s chunks and keeps its finishes aside."""
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(name, chunk)
+
+    return handle, finishes
