@@ -261,12 +261,14 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted(
     local = SignalScriptedEngine(hold_s=0.0, script=[0.0, "lo", 0.0, boom])
     cloud = ScriptedEngine("cloud", tokens=[" world", "!"])
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        s = client.stream("hi", policy=policy(), plan="cascade")
+        s = client.stream("hi", policy=policy(max_tokens=50), plan="cascade")
         events = [e async for e in s.events()]
     tokens = [(e.engine, e.text) for e in events if isinstance(e, Token)]
     assert tokens == [("local", "Hel"), ("local", "lo"), ("cloud", " world"), ("cloud", "!")]
-    # the cloud continued from everything delivered, as the start of the assistant turn
+    # the cloud continued from everything delivered, as the start of the assistant turn, for
+    # what is left of max_tokens (3 held tokens and 1 released one were delivered)
     assert cloud.requests[-1].assistant_prefix == "Hello"
+    assert cloud.requests[-1].max_tokens == 50 - 4
     fallbacks = [e for e in events if isinstance(e, Fallback)]
     assert [(f.from_engine, f.to_engine) for f in fallbacks] == [("local", "cloud")]
     trace = s.trace

@@ -48,6 +48,15 @@ async def test_reset_mid_stream_continues_on_the_local_engine() -> None:
     assert tr.switches[0][4] == len("Hello") and tr.n_tokens == 4
 
 
+async def test_the_continuation_asks_only_for_what_is_left_of_max_tokens() -> None:
+    cloud = ScriptedEngine("cloud", script=["a", "b", "c", reset()])
+    local = ScriptedEngine("local", tokens=["d"] * 20)
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUDY) as client:
+        res = await client.complete("q", max_tokens=10)
+    assert cloud.requests[0].max_tokens == 10 and local.requests[0].max_tokens == 7
+    assert res.text.startswith("abc")
+
+
 async def test_stall_past_the_limit_moves_the_answer() -> None:
     cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
     local = ScriptedEngine("local", tokens=["b"])

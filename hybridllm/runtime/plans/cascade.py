@@ -255,7 +255,9 @@ async def _release(
     except errors.EngineError as exc:
         if cloud is None:
             raise
-        await _fail_over(run, local, cloud, request, exc, stall_s)
+        # tokens delivered: the held ones (one delta) and the released stream's since
+        n = used + run.trace.n_tokens - (1 if held else 0)
+        await _fail_over(run, local, cloud, request, exc, stall_s, n)
         return
     last = finishes[-1] if finishes else None
     if last is not None:  # count the held tokens as the answer's, the prompt as the user's
@@ -274,6 +276,7 @@ async def _fail_over(
     request: GenerationRequest,
     exc: Exception,
     stall_s: float | None,
+    n_delivered: int,
 ) -> None:
     """The released local answer failed: the cloud continues from the delivered text (once, as
     the race plan's mid-stream failover does); if it fails too, no engine could answer."""
@@ -289,7 +292,11 @@ async def _fail_over(
         trace.started.append(cloud.name)
     trace.engine = cloud.name
     run.emit(Fallback(now, local.name, cloud.name, why))
-    cont = dataclasses.replace(request, assistant_prefix=request.assistant_prefix + delivered)
+    cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
+        request,
+        assistant_prefix=request.assistant_prefix + delivered,
+        max_tokens=max(1, request.max_tokens - n_delivered),
+    )
     handle, finishes = _collector(run, cloud.name)
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)

@@ -344,8 +344,10 @@ class _Race:
             )
         )
         old.scope.cancel()
-        cont = dataclasses.replace(
-            self.request, assistant_prefix=self.request.assistant_prefix + delivered
+        cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
+            self.request,
+            assistant_prefix=self.request.assistant_prefix + delivered,
+            max_tokens=max(1, self.request.max_tokens - trace.n_tokens),
         )
         self.crown(self.start(other, cont, "continuation"))
         return True
