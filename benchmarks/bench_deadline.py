@@ -35,7 +35,6 @@ Other processes on the two cores slow llama.cpp many times over: run this on qui
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -46,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import anyio
 
+from benchmarks._report import report
 from hybridllm import HybridClient, Policy
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
 from hybridllm.errors import EngineError, HybridError
@@ -434,10 +434,7 @@ def cli() -> None:
     args = ap.parse_args()
     args.hedge_ms = [float(x) for x in args.hedge_ms.split(",") if x.strip()]
     res = anyio.run(main, args)
-    print(render(res))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1, default=str)
+    report(res, render, args.json)
 
 
 if __name__ == "__main__":

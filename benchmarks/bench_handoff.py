@@ -31,13 +31,13 @@ Targets (issue 15): TTFT within 20 ms of local-only, total time within 10% of cl
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import anyio
 
+from benchmarks._report import report
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, OpenAIOptions, Policy, Token
 from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import HybridServer, LlamaServer
@@ -214,10 +214,7 @@ def cli() -> None:
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
     res = anyio.run(main, args)
-    print(render(res))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1, default=str)
+    report(res, render, args.json)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ one every request sends: what a local hedge must keep at 0).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -34,6 +33,7 @@ from dataclasses import asdict
 
 import anyio
 
+from benchmarks._report import report
 from benchmarks.bench_deadline import (
     PROMPTS,
     Outcome,
@@ -194,10 +194,7 @@ def cli() -> None:
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     args = ap.parse_args()
     res = anyio.run(main, args)
-    print(render(res))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1, default=str)
+    report(res, render, args.json)
 
 
 if __name__ == "__main__":

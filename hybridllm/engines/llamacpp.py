@@ -36,7 +36,7 @@ from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estim
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
-from hybridllm.local.models import get_manifest
+from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.local.tune import Tuning, load_tuning
@@ -142,7 +142,7 @@ class LlamaCppEngine:
                 tuning = await anyio.to_thread.run_sync(load_tuning, path)
             settings = self._settings or (tuning.settings if tuning else DEFAULT_SETTINGS)
             settings = settings.replace(**self._overrides).resolved()
-            n_ctx = self._n_ctx or self._default_n_ctx()
+            n_ctx = self._n_ctx or default_n_ctx(self.model)
             session = await run_on_llama_thread(
                 lambda: LlamaSession(
                     path, n_ctx=n_ctx, settings=settings, extra=self._llama_kwargs
@@ -161,12 +161,6 @@ class LlamaCppEngine:
 
     def _resolve(self) -> Path:
         return resolve_model(self.model, pull=self._pull)
-
-    def _default_n_ctx(self) -> int:
-        try:
-            return get_manifest(self.model.partition(":")[0]).default_n_ctx
-        except errors.ConfigError:
-            return 4096
 
     async def aclose(self) -> None:
         async with self._start_lock:

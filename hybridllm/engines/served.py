@@ -35,7 +35,7 @@ from hybridllm.engines._llama_session import Generation, LlamaSession, Prepared,
 from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.spec_sampling import nucleus_of_logits
-from hybridllm.local.models import get_manifest
+from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS
 from hybridllm.local.tune import load_tuning
@@ -111,18 +111,12 @@ class ServedModel:
         if self._n_threads:
             settings = settings.replace(n_threads=self._n_threads, n_threads_batch=None)
         settings = settings.resolved()
-        n_ctx = self._n_ctx or self._default_n_ctx()
+        n_ctx = self._n_ctx or default_n_ctx(self.model)
         session = await self._run(
             lambda: LlamaSession(path, n_ctx=n_ctx, settings=settings, extra={}), None
         )
         await self._run(session.warm_up, None)
         self._session, self._scorer = session, Scorer(session.llm, self.max_logprobs)
-
-    def _default_n_ctx(self) -> int:
-        try:
-            return get_manifest(self.model.partition(":")[0]).default_n_ctx
-        except errors.ConfigError:
-            return 4096
 
     async def aclose(self) -> None:
         async with self._lock:

@@ -32,7 +32,7 @@ from typing import IO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hybridllm.errors import ManifestError, PullError
+from hybridllm.errors import ConfigError, ManifestError, PullError
 from hybridllm.local.fingerprint import sha256_file
 
 Progress = Callable[[str, int, int], None]
@@ -170,6 +170,15 @@ def get_manifest(name: str) -> Manifest:
             return load_manifest(path)
     known = ", ".join(p.stem for p in files) or "none"
     raise ManifestError(f"unknown model {name!r} (known models: {known})")
+
+
+def default_n_ctx(model: str, fallback: int = 4096) -> int:
+    """The context size the manifest of `model` ("name" or "name:quant") suggests; `fallback`
+    for a model without one (a path, an unknown name, a broken manifest)."""
+    try:
+        return get_manifest(model.partition(":")[0]).default_n_ctx
+    except ConfigError:
+        return fallback
 
 
 def cache_dir() -> Path:

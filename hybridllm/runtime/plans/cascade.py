@@ -51,7 +51,7 @@ from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.plans.race import race
-from hybridllm.runtime.plans.single import relay_watched, single
+from hybridllm.runtime.plans.single import collector, relay_watched, single
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ async def _release(
         assistant_prefix=request.assistant_prefix + held,
         max_tokens=request.max_tokens - used,
     )
-    handle, finishes = _collector(run, local.name)
+    handle, finishes = collector(run, local.name)
     try:
         await relay_watched(run, local, rest, handle, stall_s)
     except errors.EngineError as exc:
@@ -297,7 +297,7 @@ async def _fail_over(
         assistant_prefix=request.assistant_prefix + delivered,
         max_tokens=max(1, request.max_tokens - n_delivered),
     )
-    handle, finishes = _collector(run, cloud.name)
+    handle, finishes = collector(run, cloud.name)
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)
     except errors.EngineError as exc2:
@@ -437,16 +437,3 @@ async def score_messages(
         return router_score(router, messages, None)
     sig = await local.signals(messages, n_answer)
     return router_score(router, messages, sig.values, sig.cost_ms)
-
-
-def _collector(run: RequestRun, name: EngineName) -> tuple[Callable[[Chunk], None], list[Finish]]:
-    """A relay handler that delivers `name`'s chunks and keeps its finishes aside."""
-    finishes: list[Finish] = []
-
-    def handle(chunk: Chunk) -> None:
-        if isinstance(chunk, Finish):
-            finishes.append(chunk)
-        else:
-            run.deliver(name, chunk)
-
-    return handle, finishes

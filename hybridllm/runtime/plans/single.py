@@ -17,7 +17,7 @@ import anyio
 
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
-from hybridllm.events import Chunk, Delta, Finish, Mark, Resumed
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun
 
@@ -33,14 +33,7 @@ async def single(
 ) -> None:
     """Run `request` on `engine` alone, routed there for `reason`."""
     run.route(engine, reason)
-    finishes: list[Finish] = []
-
-    def handle(chunk: Chunk) -> None:
-        if isinstance(chunk, Finish):
-            finishes.append(chunk)
-        else:
-            run.deliver(engine.name, chunk)
-
+    handle, finishes = collector(run, engine.name)
     policy = RetryPolicy(retries, None if deadline_s is None else run.trace.t_start + deadline_s)
     async for attempt in policy.attempts():
         with attempt:
@@ -88,3 +81,16 @@ async def relay_watched(
         tg.cancel_scope.cancel()
     if stalled:
         raise StallError.after(stall_s, engine.name)
+
+
+def collector(run: RequestRun, name: EngineName) -> tuple[Callable[[Chunk], None], list[Finish]]:
+    """A relay handler that delivers `name`'s chunks and keeps its finishes aside."""
+    finishes: list[Finish] = []
+
+    def handle(chunk: Chunk) -> None:
+        if isinstance(chunk, Finish):
+            finishes.append(chunk)
+        else:
+            run.deliver(name, chunk)
+
+    return handle, finishes

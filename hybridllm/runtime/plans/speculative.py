@@ -59,12 +59,13 @@ from hybridllm import errors
 from hybridllm.engines._llama_draft import Drafted, LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
 from hybridllm.engines.verify import Round, Sampling, Unverifiable, Verdict, Verifier
-from hybridllm.events import Chunk, Delta, Draft, EngineName, Fallback, Finish, Retract
+from hybridllm.events import Delta, Draft, EngineName, Fallback, Finish, Retract
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans._ahead import Ahead, verify_with_ahead
+from hybridllm.runtime.plans.single import collector
 from hybridllm.runtime.speculation import K_MAX, Outlook, SpeculationState
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import Speculation, spend_role
@@ -381,14 +382,7 @@ async def _fail_over(
 async def _relay_rest(
     run: RequestRun, engine: Engine, request: GenerationRequest, n_out: int
 ) -> None:
-    finishes: list[Finish] = []
-
-    def handle(chunk: Chunk) -> None:
-        if isinstance(chunk, Finish):
-            finishes.append(chunk)
-        else:
-            run.deliver(engine.name, chunk)
-
+    handle, finishes = collector(run, engine.name)
     await run.relay(engine, request, handle)
     end = finishes[-1] if finishes else None
     if end is not None and n_out:
