@@ -8,6 +8,11 @@ id. The correctness labels are not touched. Resumable: ids already in the output
 
     OMP_WAIT_POLICY=PASSIVE nice -n 19 .venv/bin/python scripts/label_local_signals.py \\
         --threads 1 [--limit 20]
+
+`--redo KIND` measures the rows of one kind of prompt again (after the signals gained figures,
+e.g. `--redo mc` for the option rotations), resumable through `OUT.redo`; when all are done it
+rewrites OUT in place, and every other row gets the new figures' names as null (not measured:
+they do not apply to it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("data/router/local_signals.jsonl"))
     ap.add_argument("--limit", type=int)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--redo", metavar="KIND", help="measure the rows of this kind again")
     args = ap.parse_args()
 
     from hybridllm.engines._llama_session import LlamaSession
@@ -47,18 +53,22 @@ def main() -> None:
     from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import DEFAULT_SETTINGS
 
+    rows = [json.loads(x) for x in args.src.read_text().splitlines() if x.strip()]
+    out = args.out.with_name(args.out.name + ".redo") if args.redo else args.out
     done = set()
-    if args.out.exists():
-        for line in args.out.read_text().splitlines():
+    if out.exists():
+        for line in out.read_text().splitlines():
             r = json.loads(line)
             done.add((r["source"], r["id"]))
-    rows = [json.loads(x) for x in args.src.read_text().splitlines() if x.strip()]
-    todo = round_robin([r for r in rows if (r["source"], r["id"]) not in done])[: args.limit]
+    todo = [r for r in rows if (r["source"], r["id"]) not in done]
+    if args.redo:
+        todo = [r for r in todo if r.get("kind") == args.redo]
+    todo = round_robin(todo)[: args.limit]
     settings = DEFAULT_SETTINGS.replace(n_threads=args.threads, n_threads_batch=args.threads)
     session = LlamaSession(resolve_model(MODEL), n_ctx=2048, settings=settings, extra={})
     t0 = time.time()
     cpu0 = time.process_time()
-    with args.out.open("a") as fh:
+    with out.open("a") as fh:
         for n, row in enumerate(todo, 1):
             t = time.perf_counter()
             signals, prompt_tokens, answer = session_signals(
@@ -84,6 +94,25 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+
+    if args.redo and len(done) + len(todo) >= sum(r.get("kind") == args.redo for r in rows):
+        merge(args.out, out)
+
+
+def merge(path: Path, redo: Path) -> None:
+    """Rewrite `path` with the rows of `redo` in their places, every row with the same names."""
+    from hybridllm.engines._llama_signals import SIGNAL_NAMES
+
+    new = {(r["source"], r["id"]): r for r in map(json.loads, redo.read_text().splitlines())}
+    lines = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        r = new.get((r["source"], r["id"]), r)
+        r["signals"] = {k: r["signals"].get(k) for k in SIGNAL_NAMES}
+        lines.append(json.dumps(r))
+    path.write_text("\n".join(lines) + "\n")
+    redo.unlink()
+    print(f"{path}: {len(new)} rows measured again, {len(lines)} rows in all", file=sys.stderr)
 
 
 if __name__ == "__main__":

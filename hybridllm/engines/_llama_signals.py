@@ -29,8 +29,10 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm import errors
+from hybridllm.engines import _llama_perm as perm
 
 N_ANSWER = 8  # answer tokens whose log-probabilities are kept
+ROTATIONS = 4  # rotations of a multiple-choice prompt's options (a whole cycle up to 5 options)
 QUANTILES = (0.1, 0.25, 0.5)
 # The names, in this order, of the figures `summarise` returns (a stage-2 model's inputs).
 SIGNAL_NAMES = (
@@ -46,6 +48,7 @@ SIGNAL_NAMES = (
     "option_p",
     "option_entropy",
     "is_choice",
+    *perm.PERM_NAMES,
 )
 
 Logits = npt.NDArray[np.float32]
@@ -161,10 +164,12 @@ def measure(
     letters: Sequence[str] = (),
     n_answer: int = N_ANSWER,
     is_eog: Any = None,
+    rotated: Sequence[Sequence[float]] = (),
 ) -> tuple[dict[str, float], list[int], list[float]]:
     """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
-    greedy tokens: (signals, answer token ids, their log-probabilities). Leaves the prompt and
-    the answer tokens but the last in the KV cache."""
+    greedy tokens: (signals, answer token ids, their log-probabilities). `rotated`: the option
+    probabilities of the rotated prompts (`_llama_perm`), compared with this order's. Leaves
+    the prompt and the answer tokens but the last in the KV cache."""
     llm.n_tokens = reuse
     llm.eval(list(tokens[reuse:]))
     tracker = TokenTracker(limit=n_answer)
@@ -179,7 +184,9 @@ def measure(
             break
         llm.eval([tok])
         logits = last_logits(llm)
-    return tracker.signals(), out, [d.logprob for d in tracker.dists]
+    signals = tracker.signals()
+    signals.update(perm.summarise(tracker.options or [], rotated))
+    return signals, out, [d.logprob for d in tracker.dists]
 
 
 def session_signals(
@@ -193,26 +200,26 @@ def session_signals(
 
 
 def session_measure(
-    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER
+    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER, rotations: int = ROTATIONS
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
-    """`session_signals`, and the answer tokens' log-probabilities."""
+    """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
+    also read with its options rotated (up to `rotations` times, `_llama_perm`) first, so that
+    the prompt as asked is what stays in the KV cache."""
     session._abort.clear()
-    tokens = session.tokenize(session.render(messages))
-    reuse = session.cached_prefix(tokens)
-    llm = session.llm
-    if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
-        reuse = 0
-        llm.reset()
     text = str(messages[-1].get("content", "")) if messages else ""
+    letters = option_letters(text)
     vocab, lc = session._vocab, session._lc
     try:
+        rotated = _rotated(session, messages, text, letters, rotations)
+        tokens = session.tokenize(session.render(messages))
         signals, answer, logprobs = measure(
-            llm,
+            session.llm,
             tokens,
-            reuse=reuse,
-            letters=option_letters(text),
+            reuse=_reuse(session, tokens),
+            letters=letters,
             n_answer=n_answer,
             is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
+            rotated=rotated,
         )
     except RuntimeError as exc:
         session._after_abort()
@@ -220,6 +227,30 @@ def session_measure(
             raise Aborted from exc
         raise errors.LocalEngineError(f"signals failed: {exc}", engine="local") from exc
     return signals, len(tokens), answer, logprobs
+
+
+def _reuse(session: Any, tokens: Sequence[int]) -> int:
+    """Keep the cached prefix of `tokens` in the KV cache, drop the rest: how many are kept."""
+    reuse = int(session.cached_prefix(tokens))
+    llm = session.llm
+    if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+        reuse = 0
+        llm.reset()
+    return reuse
+
+
+def _rotated(
+    session: Any, messages: Sequence[Any], text: str, letters: Sequence[str], n: int
+) -> list[list[float]]:
+    """The option probabilities of each rotation of a multiple-choice prompt, by original option."""
+    ids = letter_ids(session.llm, letters) if letters and n > 0 else []
+    out = []
+    for prompt, order in perm.rotations(text, letters, n) if ids else []:
+        moved = [*messages[:-1], {**messages[-1], "content": prompt}]
+        tokens = session.tokenize(session.render(moved))
+        probs = perm.option_probs(session.llm, tokens, _reuse(session, tokens), ids)
+        out.append(perm.back_to_original(probs, order))
+    return out
 
 
 def prefix_signals(values: dict[str, float], logprobs: Sequence[float], n: int) -> dict[str, float]:

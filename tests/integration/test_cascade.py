@@ -36,6 +36,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 LOCAL = "qwen2.5-coder-0.5b-instruct"
 PROMPT = "What is 2 + 2? Answer with the number only."
+MC = (
+    "Which gas do plants absorb?\n\nA. oxygen\nB. carbon dioxide\nC. helium\n\n"
+    "Answer with the letter of the correct option only."
+)
 
 
 def engines(server: LlamaServer) -> tuple[LlamaCppEngine, OpenAIEngine]:
@@ -60,12 +64,15 @@ async def test_router_score_reads_the_local_model(
     cloud_server: HybridServer, router: Router
 ) -> None:
     local, cloud = engines(cloud_server)
+    question = [{"role": "user", "content": MC}]
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         score = await client.router_score(PROMPT)
-        mc = await client.router_score(
-            "Which gas do plants absorb?\n\nA. oxygen\nB. carbon dioxide\nC. helium\n\n"
-            "Answer with the letter of the correct option only."
-        )
+        mc = await client.router_score(MC)
+        # the rotations ran first: the prompt as asked is what stays in the KV cache
+        session = local._session
+        assert session is not None
+        tokens = session.tokenize(session.render(question))
+        assert session.cached_prefix(tokens) == len(tokens) - 1
     assert score.text == pytest.approx(router.score(PROMPT))
     assert score.local is not None and 0.0 < score.local < 1.0
     assert 0.0 < score.value < 1.0 and score.cost_ms > 0
@@ -75,6 +82,12 @@ async def test_router_score_reads_the_local_model(
     assert math.isnan(s["option_p"])  # not a multiple-choice prompt
     # a multiple-choice prompt: the option letters' probability, normalised over A-C
     assert mc.signals["is_choice"] == 1.0 and 1 / 3 <= mc.signals["option_p"] <= 1.0
+    # and with its options rotated through every letter (two rotations of three options)
+    agree, p, margin = (mc.signals[k] for k in ("perm_agree", "perm_p", "perm_margin"))
+    assert agree in (0.0, 0.5, 1.0) and 0.0 < p < 1.0 and -1.0 < margin < 1.0
+    if agree == 1.0:  # first in every order: first on average too
+        assert margin >= 0.0 and p >= 1 / 3
+    assert all(math.isnan(s[k]) for k in ("perm_agree", "perm_p", "perm_margin"))
 
 
 async def test_cascade_releases_the_local_answer(

@@ -1,0 +1,56 @@
+"""Option rotations of a multiple-choice prompt (`_llama_perm`): pure parts, no model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hybridllm.engines._llama_perm import PERM_NAMES, back_to_original, rotations, summarise
+from hybridllm.engines._llama_signals import SIGNAL_NAMES, option_letters
+
+PROMPT = "Which is a bird?\n\nA. cat\nB. crow\nC. dog\nD. eel\n\nAnswer with the letter only."
+
+
+def test_rotations_move_every_option_through_every_letter() -> None:
+    letters = option_letters(PROMPT)
+    rots = rotations(PROMPT, letters, 4)
+    assert len(rots) == 3  # a whole cycle of four options
+    first, order = rots[0]
+    assert (
+        first
+        == "Which is a bird?\n\nA. eel\nB. cat\nC. crow\nD. dog\n\nAnswer with the letter only."
+    )
+    assert order == [3, 0, 1, 2]
+    seen = {i: {o[i] for _, o in rots} | {i} for i in range(4)}
+    assert all(s == {0, 1, 2, 3} for s in seen.values())
+    assert all(p.startswith("Which is a bird?\n\n") and p.endswith("letter only.") for p, _ in rots)
+
+
+def test_rotations_limited_and_refused() -> None:
+    assert len(rotations(PROMPT, option_letters(PROMPT), 1)) == 1
+    assert rotations(PROMPT, option_letters(PROMPT), 0) == []
+    broken = "Q?\nA. x\nsomething\nB. y\nC. z"
+    assert rotations(broken, ["A", "B", "C"], 3) == []
+
+
+def test_back_to_original() -> None:
+    assert back_to_original([0.1, 0.2, 0.3, 0.4], [3, 0, 1, 2]) == [0.2, 0.3, 0.4, 0.1]
+
+
+def test_summarise_knowledge_against_letter_bias() -> None:
+    # knows it: option 1 first wherever it stands
+    knows = summarise([0.1, 0.7, 0.1, 0.1], [[0.1, 0.6, 0.2, 0.1], [0.2, 0.5, 0.2, 0.1]])
+    assert knows["perm_agree"] == 1.0
+    assert knows["perm_p"] == pytest.approx(0.6)
+    assert knows["perm_margin"] == pytest.approx(0.6 - (0.1 + 0.2 + 0.2) / 3)
+    # letter bias: always letter B, so a different option after each rotation
+    biased = summarise([0.1, 0.7, 0.1, 0.1], [[0.1, 0.1, 0.7, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    assert biased["perm_agree"] == 0.0
+    assert biased["perm_p"] < knows["perm_p"] and biased["perm_margin"] < 0.2
+
+
+def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
+    assert all(math.isnan(v) for v in summarise([], []).values())
+    assert all(math.isnan(v) for v in summarise([0.5, 0.5], []).values())
+    assert set(PERM_NAMES) <= set(SIGNAL_NAMES)
