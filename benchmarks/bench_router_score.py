@@ -8,7 +8,9 @@ real use). Local engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), 
 
 1. `client.router_score(prompt)` with `hold` answer tokens (8, the policy default, and 4):
    `cost_ms` is the local work the score adds when the cloud then serves (prefill + the held
-   tokens; when local serves, that work is its answer's start and is not repeated).
+   tokens; when local serves, that work is its answer's start and is not repeated). The 8-token
+   row runs again without the option rotations of multiple-choice prompts (the same prompts:
+   what the rotations cost), and each row shows its multiple-choice prompts apart.
 2. The cascade deferring every prompt (`router_threshold = 0`) to a cloud stand-in that answers
    at once (a scripted engine: what is measured is the hold, not a network): `trace.cascade
    ["held_ms"]`, the time added before the cloud starts, and the TTFT.
@@ -29,6 +31,8 @@ from pathlib import Path
 import anyio
 
 from hybridllm import HybridClient, LlamaCppEngine, Policy, ScriptedEngine
+from hybridllm.engines import _llama_signals
+from hybridllm.engines._llama_signals import ROTATIONS
 from hybridllm.routing import Router
 from hybridllm.runtime.plans.cascade import score_messages
 
@@ -69,14 +73,19 @@ async def main(n: int) -> None:
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         await client.router_score("warm-up")
         print(f"local engine: {local.model}, threads {local.settings and local.settings.n_threads}")
-        for hold, part in ((8, ps[:n]), (4, ps[n : 2 * n])):
-            cost, tokens = [], []
+        for hold, part, rot in ((8, ps[:n], None), (8, ps[:n], 0), (4, ps[n : 2 * n], None)):
+            _llama_signals.ROTATIONS = rot if rot is not None else ROTATIONS
+            cost, tokens, choice = [], [], []
             for p in part:
                 s = await score_messages(router, local, [{"role": "user", "content": p}], hold)
                 cost.append(s.cost_ms)
                 tokens.append(local.count_tokens([{"role": "user", "content": p}]) or 0)
-            print(line(f"router_score cost_ms, hold {hold} tokens", cost)
-                  + f"  prompt tokens p50 {statistics.median(tokens):.0f}")  # fmt: skip
+                if _llama_signals.option_letters(p):
+                    choice.append(s.cost_ms)
+            name = f"router_score cost_ms, hold {hold} tokens" + (", no rotations" * (rot == 0))
+            print(line(name, cost) + f"  prompt tokens p50 {statistics.median(tokens):.0f}")
+            print(line("  of which multiple choice", choice))
+        _llama_signals.ROTATIONS = ROTATIONS
         pol = Policy(name="b", plans=("single", "hedge", "cascade"), max_tokens=16,
                      temperature=0.0, router_threshold=0.0, cascade_hold_ms=30000.0)  # fmt: skip
         held, ttft = [], []

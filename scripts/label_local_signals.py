@@ -2,7 +2,7 @@
 
 For each row of the labels file (`data/router/labels.jsonl`), runs the LOCAL model
 (qwen2.5-coder-0.5b-instruct, the chat formatting the labels and the engine use) through
-`hybridllm.engines._llama_signals.session_signals`, the same code the SDK runs at request time,
+`hybridllm.engines._llama_signals.session_measure`, the same code the SDK runs at request time,
 and appends {"source", "id", "signals", "prompt_tokens", "ms"} to a side file keyed by source and
 id. The correctness labels are not touched. Resumable: ids already in the output are skipped.
 
@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from hybridllm.engines._llama_session import LlamaSession
-    from hybridllm.engines._llama_signals import session_signals
+    from hybridllm.engines._llama_signals import session_measure
     from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import DEFAULT_SETTINGS
 
@@ -71,8 +71,9 @@ def main() -> None:
     with out.open("a") as fh:
         for n, row in enumerate(todo, 1):
             t = time.perf_counter()
-            signals, prompt_tokens, answer = session_signals(
-                session, [{"role": "user", "content": row["prompt"]}]
+            detail: dict[str, object] = {}
+            signals, prompt_tokens, answer, _ = session_measure(
+                session, [{"role": "user", "content": row["prompt"]}], detail=detail
             )
             ms = (time.perf_counter() - t) * 1000
             rec = {
@@ -82,6 +83,8 @@ def main() -> None:
                 "signals": {k: (None if v != v else round(v, 6)) for k, v in signals.items()},
                 "prompt_tokens": prompt_tokens,
                 "answer_head": session.llm.detokenize(answer).decode("utf-8", "replace"),
+                "options": detail.get("options"),
+                "rotated": detail.get("rotated") or None,
                 "ms": round(ms, 1),
             }
             fh.write(json.dumps(rec) + "\n")

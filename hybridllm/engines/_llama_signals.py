@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import string
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,11 +166,13 @@ def measure(
     n_answer: int = N_ANSWER,
     is_eog: Any = None,
     rotated: Sequence[Sequence[float]] = (),
+    detail: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], list[int], list[float]]:
     """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
     greedy tokens: (signals, answer token ids, their log-probabilities). `rotated`: the option
-    probabilities of the rotated prompts (`_llama_perm`), compared with this order's. Leaves
-    the prompt and the answer tokens but the last in the KV cache."""
+    probabilities of the rotated prompts (`_llama_perm`), compared with this order's; `detail`,
+    when given, gets this order's option probabilities ("options"). Leaves the prompt and the
+    answer tokens but the last in the KV cache."""
     llm.n_tokens = reuse
     llm.eval(list(tokens[reuse:]))
     tracker = TokenTracker(limit=n_answer)
@@ -186,6 +189,8 @@ def measure(
         logits = last_logits(llm)
     signals = tracker.signals()
     signals.update(perm.summarise(tracker.options or [], rotated))
+    if detail is not None:
+        detail["options"] = tracker.options
     return signals, out, [d.logprob for d in tracker.dists]
 
 
@@ -200,17 +205,29 @@ def session_signals(
 
 
 def session_measure(
-    session: Any, messages: Sequence[Any], n_answer: int = N_ANSWER, rotations: int = ROTATIONS
+    session: Any,
+    messages: Sequence[Any],
+    n_answer: int = N_ANSWER,
+    rotations: int | None = None,
+    detail: dict[str, Any] | None = None,
+    rotations_by: float | None = None,
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
     """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
-    also read with its options rotated (up to `rotations` times, `_llama_perm`) first, so that
-    the prompt as asked is what stays in the KV cache."""
+    also read with its options rotated (up to `rotations` times, default `ROTATIONS`,
+    `_llama_perm`) first, so that the prompt as asked is what stays in the KV cache. `detail`,
+    when given, gets the option probabilities: "options" (as asked) and "rotated" (each
+    rotation's, by original option), for the labeller. `rotations_by` (a `time.perf_counter()`
+    time): the rotations are given up, all of them (the figures are NaN), when the next one
+    would end after it at the pace of those before."""
+    rotations = ROTATIONS if rotations is None else rotations
     session._abort.clear()
     text = str(messages[-1].get("content", "")) if messages else ""
     letters = option_letters(text)
     vocab, lc = session._vocab, session._lc
     try:
-        rotated = _rotated(session, messages, text, letters, rotations)
+        rotated = _rotated(session, messages, text, letters, rotations, rotations_by)
+        if detail is not None:
+            detail["rotated"] = rotated
         tokens = session.tokenize(session.render(messages))
         signals, answer, logprobs = measure(
             session.llm,
@@ -220,6 +237,7 @@ def session_measure(
             n_answer=n_answer,
             is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
             rotated=rotated,
+            detail=detail,
         )
     except RuntimeError as exc:
         session._after_abort()
@@ -240,12 +258,23 @@ def _reuse(session: Any, tokens: Sequence[int]) -> int:
 
 
 def _rotated(
-    session: Any, messages: Sequence[Any], text: str, letters: Sequence[str], n: int
+    session: Any,
+    messages: Sequence[Any],
+    text: str,
+    letters: Sequence[str],
+    n: int,
+    by: float | None = None,
 ) -> list[list[float]]:
-    """The option probabilities of each rotation of a multiple-choice prompt, by original option."""
+    """The option probabilities of each rotation of a multiple-choice prompt, by original
+    option; [] when the whole cycle would not end by `by` (a partial cycle is not what stage 2
+    learnt from: the letter bias cancels only over all of it)."""
     ids = letter_ids(session.llm, letters) if letters and n > 0 else []
-    out = []
+    out: list[list[float]] = []
+    t0 = time.perf_counter()
     for prompt, order in perm.rotations(text, letters, n) if ids else []:
+        pace = (time.perf_counter() - t0) / len(out) if out else 0.0
+        if by is not None and time.perf_counter() + pace > by:
+            return []
         moved = [*messages[:-1], {**messages[-1], "content": prompt}]
         tokens = session.tokenize(session.render(moved))
         probs = perm.option_probs(session.llm, tokens, _reuse(session, tokens), ids)
@@ -286,9 +315,12 @@ class LocalSignals:
     logprobs: tuple[float, ...] = ()
 
 
-async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) -> LocalSignals:
-    """Run `session_signals` as one queued job of `engine` (a `LlamaCppEngine`)."""
-    import time
+async def engine_signals(
+    engine: Any, messages: Sequence[Any], n_answer: int, rotations_within_s: float | None = None
+) -> LocalSignals:
+    """Run `session_signals` as one queued job of `engine` (a `LlamaCppEngine`);
+    `rotations_within_s`: the option rotations must end this long after the job starts, or
+    none is used (`session_measure`'s `rotations_by`)."""
     from functools import partial
 
     from hybridllm.engines._llama_thread import run_on_llama_thread
@@ -302,9 +334,11 @@ async def engine_signals(engine: Any, messages: Sequence[Any], n_answer: int) ->
     try:
         engine.busy = True
         t0 = time.perf_counter()
+        by = None if rotations_within_s is None else t0 + rotations_within_s
         try:
             values, prompt_tokens, answer, logprobs = await run_on_llama_thread(
-                partial(session_measure, session, messages, n_answer), on_cancel=session.abort
+                partial(session_measure, session, messages, n_answer, rotations_by=by),
+                on_cancel=session.abort,
             )
         except Aborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("signals aborted", engine="local") from exc

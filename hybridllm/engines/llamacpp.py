@@ -237,13 +237,22 @@ class LlamaCppEngine:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
         return prefill + max_tokens * (self.tpot_s or 0.0)
 
-    async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+    async def signals(
+        self,
+        messages: Sequence[Message],
+        n_answer: int = 8,
+        *,
+        rotations_within_s: float | None = None,
+    ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up
-        to `n_answer` greedy tokens (`engines/_llama_signals.py`)."""
+        to `n_answer` greedy tokens (`engines/_llama_signals.py`). A multiple-choice prompt is
+        also read with its options rotated; with `rotations_within_s` the rotations are given
+        up (their figures NaN: stage 2 then scores without them) when they would not end that
+        long after the job starts."""
         from hybridllm.engines._llama_signals import engine_signals
 
-        return await engine_signals(self, messages, n_answer)
+        return await engine_signals(self, messages, n_answer, rotations_within_s)
 
     # ---- streaming ------------------------------------------------------------------------
 

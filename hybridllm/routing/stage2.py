@@ -183,6 +183,20 @@ def head_from(clf: Any, platt: Any) -> DenseHead:
 
 
 KINDS = ("combined", "signals")  # stage-1 log-odds and signals; the signals alone
+# The same two without the option-rotation figures (`perm_*`, `engines/_llama_perm.py`): they
+# score a multiple-choice prompt read without its rotations (a cascade whose hold could not
+# afford them). Optional: an artifact trained before the rotations has none.
+PLAIN = {"combined": "combined_plain", "signals": "signals_plain"}
+PERM_PREFIX = "perm_"
+
+
+def without_rotations(signals: Signals) -> bool:
+    """A multiple-choice prompt whose option rotations were not measured."""
+    v = signals.get("is_choice")
+    if v is None or math.isnan(float(v)) or float(v) != 1.0:
+        return False
+    perm = [x for k, x in signals.items() if k.startswith(PERM_PREFIX)]
+    return not perm or all(x is None or math.isnan(float(x)) for x in perm)
 
 
 def extra_key(kind: str, head: str) -> str:
@@ -200,11 +214,12 @@ def load(directory: Path, manifest: dict[str, Any]) -> dict[str, Stage2]:
     if not entry:
         return {}
     mpath = directory / artifact.MANIFEST_FILE
-    keys = [extra_key(k, h) for k in KINDS for h in HEADS]
+    kinds = [*KINDS, *(k for k in PLAIN.values() if k in entry)]
+    keys = [extra_key(k, h) for k in kinds for h in HEADS]
     ests = artifact.load_extra(directory, manifest, keys)
     out: dict[str, Stage2] = {}
     try:
-        for kind in KINDS:
+        for kind in kinds:
             spec = entry[kind]
             out[kind] = Stage2(
                 signal_names=tuple(spec["signal_names"]),
@@ -245,7 +260,8 @@ def router_score(
     from hybridllm.routing import features as F
 
     logits = router.head_logits(F.extract(messages))
-    local = models["signals"].score((), signals)
-    value = models["combined"].score(logits, signals)
+    plain = without_rotations(signals) and all(k in models for k in PLAIN.values())
+    local = models[PLAIN["signals"] if plain else "signals"].score((), signals)
+    value = models[PLAIN["combined"] if plain else "combined"].score(logits, signals)
     clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
     return RouterScore(text, local, value, clean, cost_ms)

@@ -65,7 +65,7 @@ def train_stage2(
     keep = [i for i, e in enumerate(splits["train"]) if e.key in signals]
     part = {k: [e for e in v if e.key in signals] for k, v in splits.items()}
     tr, cal, test = part["train"], part["calibration"], part["test"]
-    names = tuple(sorted({k for e in tr for k in signals[e.key]}))
+    names = all_names = tuple(sorted({k for e in tr for k in signals[e.key]}))
     sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
     z = {
         "train": oof_logits[keep],
@@ -76,8 +76,11 @@ def train_stage2(
     extra: dict[str, Any] = {}
     models: dict[str, stage2.Stage2] = {}
     metrics: dict[str, Any] = {}
-    for kind in stage2.KINDS:
-        use = kind == "combined"
+    plain = tuple(n for n in names if not n.startswith(stage2.PERM_PREFIX))
+    kinds = [*stage2.KINDS, *(stage2.PLAIN.values() if plain != names else ())]
+    for kind in kinds:
+        use = kind.startswith("combined")
+        names = plain if kind in stage2.PLAIN.values() else all_names
         x = stage2.design(z["train"] if use else None, sig["train"], names)
         xc = stage2.design(z["calibration"] if use else None, sig["calibration"], names)
         mean, scale, heads, ests = stage2.fit(x, y, xc, yc)

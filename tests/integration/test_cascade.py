@@ -56,7 +56,9 @@ def cascade_policy(threshold: float) -> Policy:
 @pytest.fixture(scope="module")
 def router() -> Router:
     r = Router.load()
-    assert set(r.stage2) == {"combined", "signals"}, "the shipped router has a stage 2"
+    assert set(r.stage2) == {"combined", "signals", "combined_plain", "signals_plain"}, (
+        "the shipped router has a stage 2"
+    )
     return r
 
 
@@ -73,6 +75,8 @@ async def test_router_score_reads_the_local_model(
         assert session is not None
         tokens = session.tokenize(session.render(question))
         assert session.cached_prefix(tokens) == len(tokens) - 1
+        # no time for the rotations (a short cascade hold): none is used, the rest is measured
+        hurried = await local.signals(question, rotations_within_s=0.0)
     assert score.text == pytest.approx(router.score(PROMPT))
     assert score.local is not None and 0.0 < score.local < 1.0
     assert 0.0 < score.value < 1.0 and score.cost_ms > 0
@@ -88,6 +92,11 @@ async def test_router_score_reads_the_local_model(
     if agree == 1.0:  # first in every order: first on average too
         assert margin >= 0.0 and p >= 1 / 3
     assert all(math.isnan(s[k]) for k in ("perm_agree", "perm_p", "perm_margin"))
+    h = hurried.values
+    assert all(math.isnan(h[k]) for k in ("perm_agree", "perm_p", "perm_margin"))
+    assert h["is_choice"] == 1.0 and h["option_p"] == pytest.approx(
+        mc.signals["option_p"], abs=0.02
+    )
 
 
 async def test_cascade_releases_the_local_answer(

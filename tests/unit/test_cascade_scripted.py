@@ -47,7 +47,9 @@ class SignalScriptedEngine(ScriptedEngine):
         self.n_answers: list[int] = []
         self.continued_from: list[str] = []
 
-    async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+    async def signals(
+        self, messages: Sequence[Message], n_answer: int = 8, **_: object
+    ) -> LocalSignals:
         self.signal_calls += 1
         self.n_answers.append(n_answer)
         await anyio.sleep(self.hold_s)
@@ -181,7 +183,9 @@ async def test_router_score_reports_stage1_stage2_and_the_local_cost_scripted() 
 
 async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> None:
     class Failing(SignalScriptedEngine):
-        async def signals(self, messages: Sequence[Message], n_answer: int = 8) -> LocalSignals:
+        async def signals(
+            self, messages: Sequence[Message], n_answer: int = 8, **_: object
+        ) -> LocalSignals:
             raise QueueFullError("queue full", waiting=4, max_queue=4, max_queue_wait_s=None)
 
     local = Failing(hold_s=0.0, tokens=["L"])

@@ -54,3 +54,45 @@ def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
     assert all(math.isnan(v) for v in summarise([], []).values())
     assert all(math.isnan(v) for v in summarise([0.5, 0.5], []).values())
     assert set(PERM_NAMES) <= set(SIGNAL_NAMES)
+
+
+class _Session:
+    """Enough of a `LlamaSession` for `_rotated`: rendering and tokenizing are identity-like."""
+
+    llm = object()
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return messages[-1]["content"]
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from hybridllm.engines import _llama_perm, _llama_signals
+
+    calls: list[int] = []
+
+    def probs(llm: object, tokens: list[int], reuse: int, ids: list[int]) -> list[float]:
+        calls.append(len(tokens))
+        time.sleep(0.02)
+        return [0.7, 0.1, 0.1, 0.1]
+
+    monkeypatch.setattr(_llama_perm, "option_probs", probs)
+    monkeypatch.setattr(_llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
+    monkeypatch.setattr(_llama_signals, "_reuse", lambda session, tokens: 0)
+    msgs = [{"role": "user", "content": PROMPT}]
+    letters = option_letters(PROMPT)
+    rotate = _llama_signals._rotated
+    assert len(rotate(_Session(), msgs, PROMPT, letters, 4)) == 3  # no time limit: all three
+    # time for one rotation and a half: the second would end late, so it is not started and
+    # none is used
+    calls.clear()
+    by = time.perf_counter() + 0.03
+    assert rotate(_Session(), msgs, PROMPT, letters, 4, by) == []
+    assert len(calls) == 1
+    calls.clear()
+    assert rotate(_Session(), msgs, PROMPT, letters, 4, time.perf_counter() - 1) == []
+    assert calls == []  # past already: not one prefill

@@ -99,7 +99,7 @@ def test_stage2_is_trained_into_the_same_artifact_and_loads(trained: Path) -> No
     assert manifest["heads"] == ["cloud_right", "local_right"]  # stage 1 unchanged
     assert set(manifest["stage2"]) >= {"combined", "signals", "golden", "metrics", "data"}
     r = Router.load(trained)
-    assert set(r.stage2) == {"combined", "signals"}
+    assert set(r.stage2) == {"combined", "signals", "combined_plain", "signals_plain"}
     assert r.stage2["combined"].text_inputs == 2 and r.stage2["signals"].text_inputs == 0
 
 
@@ -162,3 +162,28 @@ def test_stage2_learns_from_the_decision_log(data: tuple[Path, Path], tmp_path: 
                  log=io.StringIO())  # fmt: skip
     assert full["stage2"]["data"]["log_rows"] == 1
     assert full["stage2"]["data"]["rows"]["train"] == full["data"]["splits"]["train"] + 1
+
+
+def test_multiple_choice_without_rotations_is_scored_by_the_plain_stage_2() -> None:
+    from hybridllm.routing import Router
+    from hybridllm.routing.stage2 import PLAIN, router_score, without_rotations
+
+    router = Router.load()
+    assert set(router.stage2) == {"combined", "signals", *PLAIN.values()}
+    prompt = "Which is a bird?\n\nA. cat\nB. crow\nC. dog\n\nAnswer with the letter only."
+    base = {"first_p": 0.4, "first_entropy": 1.5, "first_margin": 0.1, "lp_mean": -0.9,
+            "lp_min": -1.2, "lp_q10": -1.1, "lp_q25": -1.0, "lp_q50": -0.9, "answer_tokens": 2.0,
+            "option_p": 0.4, "option_entropy": 1.0, "is_choice": 1.0}  # fmt: skip
+    rotated = {**base, "perm_agree": 1.0, "perm_p": 0.5, "perm_margin": 0.2}
+    skipped = {**base, "perm_agree": math.nan, "perm_p": math.nan, "perm_margin": math.nan}
+    assert without_rotations(skipped) and not without_rotations(rotated)
+    assert not without_rotations({**skipped, "is_choice": 0.0})  # not multiple choice
+    from hybridllm.routing import features
+
+    logits = router.head_logits(features.extract(prompt))
+    full, plain = router_score(router, prompt, rotated), router_score(router, prompt, skipped)
+    assert full.value == pytest.approx(router.stage2["combined"].score(logits, rotated))
+    assert plain.value == pytest.approx(router.stage2["combined_plain"].score(logits, skipped))
+    assert plain.local == pytest.approx(router.stage2["signals_plain"].score((), skipped))
+    # the full model would read the missing figures as zeros: a different, wrong score
+    assert plain.value != pytest.approx(router.stage2["combined"].score(logits, skipped))

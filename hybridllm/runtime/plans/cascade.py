@@ -121,7 +121,9 @@ async def cascade(
             failed: Exception | None = None
             with anyio.move_on_after(max(budget, 0.0)):
                 try:
-                    sig = await local.signals(request.messages, n_answer)  # type: ignore[attr-defined]
+                    sig = await local.signals(  # type: ignore[attr-defined]
+                        request.messages, n_answer, rotations_within_s=_rotations_within(budget)
+                    )
                 except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
                     failed = exc
             held_ms = (time.perf_counter() - t0) * 1e3
@@ -437,3 +439,9 @@ async def score_messages(
         return router_score(router, messages, None)
     sig = await local.signals(messages, n_answer)
     return router_score(router, messages, sig.values, sig.cost_ms)
+
+
+def _rotations_within(budget: float) -> float | None:
+    """How long the option rotations of a multiple-choice prompt may take inside the hold: half
+    of it, the rest left for the prompt itself and the held tokens (none past the budget)."""
+    return None if math.isinf(budget) else max(budget, 0.0) / 2
