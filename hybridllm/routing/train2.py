@@ -80,16 +80,25 @@ def train_stage2(
     kinds = [*stage2.KINDS, *(stage2.PLAIN.values() if plain != names else ())]
     for kind in kinds:
         use = kind.startswith("combined")
-        names = plain if kind in stage2.PLAIN.values() else all_names
-        x = stage2.design(z["train"] if use else None, sig["train"], names)
-        xc = stage2.design(z["calibration"] if use else None, sig["calibration"], names)
-        mean, scale, heads, ests = stage2.fit(x, y, xc, yc)
+        is_plain = kind in stage2.PLAIN.values()
+        names = plain if is_plain else all_names
+        # rows whose rotations were given up (logged cascades) teach the plain models only
+        ok = {k: [i for i, v in enumerate(sig[k]) if is_plain or not stage2.without_rotations(v)]
+              for k in ("train", "calibration")}  # fmt: skip
+        zt, zc = z["train"][ok["train"]], z["calibration"][ok["calibration"]]
+        st = [sig["train"][i] for i in ok["train"]]
+        sc = [sig["calibration"][i] for i in ok["calibration"]]
+        cal_k = [cal[i] for i in ok["calibration"]]
+        yt = {h: v[ok["train"]] for h, v in y.items()}
+        yck = {h: v[ok["calibration"]] for h, v in yc.items()}
+        x = stage2.design(zt if use else None, st, names)
+        xc = stage2.design(zc if use else None, sc, names)
+        mean, scale, heads, ests = stage2.fit(x, yt, xc, yck)
         model = stage2.Stage2(names, z["train"].shape[1] if use else 0, mean, scale, heads,
                               Calibration(score_quantiles=(0.0,), curve=()))  # fmt: skip
-        cal_scores = [model.score(zr, s) for zr, s in zip(z["calibration"], sig["calibration"],
-                                                          strict=True)]  # fmt: skip
+        cal_scores = [model.score(zr, v) for zr, v in zip(zc, sc, strict=True)]
         calib = Calibration.from_labelled(
-            cal_scores, [e.local_correct for e in cal], [e.cloud_correct for e in cal]
+            cal_scores, [e.local_correct for e in cal_k], [e.cloud_correct for e in cal_k]
         )
         model = stage2.Stage2(names, model.text_inputs, mean, scale, heads, calib)
         models[kind] = model
@@ -107,7 +116,12 @@ def train_stage2(
             }
     golden_z = [0.3, -0.8][: z["train"].shape[1]]
     entry = {
-        "data": {**(data_info or {}), "rows": {k: len(v) for k, v in part.items()}},
+        "data": {
+            **(data_info or {}),
+            "rows": {k: len(v) for k, v in part.items()},
+            # multiple-choice rows without their rotations: the plain models' only
+            "without_rotations": sum(stage2.without_rotations(v) for v in sig["train"]),
+        },
         **{kind: m.to_json() for kind, m in models.items()},
         "metrics": {"test": metrics},
         "golden": {

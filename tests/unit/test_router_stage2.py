@@ -187,3 +187,21 @@ def test_multiple_choice_without_rotations_is_scored_by_the_plain_stage_2() -> N
     assert plain.local == pytest.approx(router.stage2["signals_plain"].score((), skipped))
     # the full model would read the missing figures as zeros: a different, wrong score
     assert plain.value != pytest.approx(router.stage2["combined"].score(logits, skipped))
+
+
+def test_a_logged_cascade_without_rotations_teaches_the_plain_models_only(
+    data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    sig = {"first_p": 0.3, "lp_mean": -1.0, "option_p": 0.4, "is_choice": 1.0,
+           "perm_agree": math.nan, "perm_p": math.nan, "perm_margin": math.nan}  # fmt: skip
+    rid = log.record(route="local", features={}, messages="Q?\n\nA. x\nB. y\n\nLetter only.")
+    log.outcome(rid, engine="local", cascade={"decision": "local", "held_ms": 40.0,
+                                              "signals": sig})  # fmt: skip
+    log.feedback(rid, good=True)
+    log.close()
+    full = train(data[0], tmp_path / "r", from_log=tmp_path / "d.db", signals=data[1],
+                 log=io.StringIO())  # fmt: skip
+    assert full["stage2"]["data"]["without_rotations"] == 1
+    assert full["stage2"]["data"]["rows"]["train"] == full["data"]["splits"]["train"] + 1
+
