@@ -130,7 +130,9 @@ async def test_sampled_speculation_against_hybridllm_serve_speculates_and_answer
         why = spec.switched or ""
         assert not why or "cannot decide" in why or "stopped paying" in why, spec
         assert s.trace.finish_reason == "stop" or abs(n - 48) <= 3, (n, text, spec)
-        assert re.search(r"\w+,? \w+", text), text  # words or numbers, not noise
+        # words or numbers, not noise (separated by spaces, commas or new lines: a sampled
+        # answer's layout differs between CPUs)
+        assert re.search(r"\w+[,\s]+\w+", text), text
         return
     assert s.trace.finish_reason == "length" and abs(n - 48) <= 3, (n, text, spec)
     # coherent: a comma-separated run of numbers (a sampled answer need not start at 1)
