@@ -62,6 +62,11 @@ def main() -> None:
             done.add((r["source"], r["id"]))
     todo = [r for r in rows if (r["source"], r["id"]) not in done]
     if args.redo:
+        kinds = sorted({str(r.get("kind")) for r in rows})
+        if args.redo not in kinds:
+            ap.error(
+                f"--redo {args.redo!r}: no row of that kind in {args.src} ({', '.join(kinds)})"
+            )
         todo = [r for r in todo if r.get("kind") == args.redo]
     todo = round_robin(todo)[: args.limit]
     settings = DEFAULT_SETTINGS.replace(n_threads=args.threads, n_threads_batch=args.threads)

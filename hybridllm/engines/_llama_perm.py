@@ -48,14 +48,10 @@ def rotations(text: str, letters: Sequence[str], n: int) -> list[tuple[str, list
     return out
 
 
-def option_probs(llm: Any, tokens: Sequence[int], reuse: int, ids: Sequence[int]) -> list[float]:
-    """Prefill `tokens` (the first `reuse` kept in the KV cache) and return the option letters'
-    probabilities, normalised over `ids`."""
-    llm.n_tokens = reuse
-    llm.eval(list(tokens[reuse:]))
-    ptr = llm._ctx.get_logits_ith(-1)
-    logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))[list(ids)].astype(np.float64)
-    e = np.exp(logits - logits.max())
+def option_distribution(logits: Any, ids: Sequence[int]) -> list[float]:
+    """The option letters' probabilities from a position's logits, normalised over `ids`."""
+    x = np.asarray(logits)[list(ids)].astype(np.float64)
+    e = np.exp(x - x.max())
     return [float(v) for v in e / e.sum()]
 
 

@@ -107,9 +107,7 @@ class TokenTracker:
 
     def add_options(self, logits: Logits, letter_ids: Sequence[int]) -> None:
         if letter_ids:
-            x = logits[list(letter_ids)].astype(np.float64)
-            e = np.exp(x - x.max())
-            self.options = [float(v) for v in e / e.sum()]
+            self.options = perm.option_distribution(logits, letter_ids)
 
     def signals(self) -> dict[str, float]:
         return summarise(self.dists, self.options)
@@ -257,6 +255,13 @@ def _reuse(session: Any, tokens: Sequence[int]) -> int:
     return reuse
 
 
+def _option_probs(llm: Any, tokens: Sequence[int], reuse: int, ids: Sequence[int]) -> list[float]:
+    """Prefill `tokens` (the first `reuse` kept in the KV cache): the option probabilities."""
+    llm.n_tokens = reuse
+    llm.eval(list(tokens[reuse:]))
+    return perm.option_distribution(last_logits(llm), ids)
+
+
 def _rotated(
     session: Any,
     messages: Sequence[Any],
@@ -277,7 +282,7 @@ def _rotated(
             return []
         moved = [*messages[:-1], {**messages[-1], "content": prompt}]
         tokens = session.tokenize(session.render(moved))
-        probs = perm.option_probs(session.llm, tokens, _reuse(session, tokens), ids)
+        probs = _option_probs(session.llm, tokens, _reuse(session, tokens), ids)
         out.append(perm.back_to_original(probs, order))
     return out
 

@@ -71,7 +71,7 @@ class _Session:
 def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from hybridllm.engines import _llama_perm, _llama_signals
+    from hybridllm.engines import _llama_signals
 
     calls: list[int] = []
 
@@ -80,7 +80,7 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
         time.sleep(0.02)
         return [0.7, 0.1, 0.1, 0.1]
 
-    monkeypatch.setattr(_llama_perm, "option_probs", probs)
+    monkeypatch.setattr(_llama_signals, "_option_probs", probs)
     monkeypatch.setattr(_llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
     monkeypatch.setattr(_llama_signals, "_reuse", lambda session, tokens: 0)
     msgs = [{"role": "user", "content": PROMPT}]
