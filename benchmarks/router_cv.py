@@ -5,6 +5,10 @@
 
 `--stage2`: stage 1, the local model's signals alone and the combination (router stage 2), see
 `hybridllm/routing/cv.py`; needs data/router/local_signals.jsonl (scripts/label_local_signals.py).
+`--stage2 --whole`: the same for the cascade's "answer" judge, stage 2 on `stage2.whole_inputs`
+(free-form rows read by their whole local answer, data/router/answer_signals.jsonl from
+`label_local_signals.py --whole`; multiple-choice rows as before); free-form rows without the
+whole answer's figures are left out, and so is every row of a source not in `--sources`.
 
 Stratified by source, each fold fits on the others and scores the held-out rows:
 - factored: two logistic regressions (P(cloud right), P(local right)) over the router's
@@ -47,13 +51,23 @@ def main() -> None:
                     help="stage 1 vs the local signals alone vs combined (hybridllm.routing.cv), "
                     "per source and with each source left out")  # fmt: skip
     ap.add_argument("--signals", type=Path, default=ROOT / "data/router/local_signals.jsonl")
+    ap.add_argument("--whole", action="store_true", help="judge free-form rows by the whole "
+                    "local answer (data/router/answer_signals.jsonl)")  # fmt: skip
+    ap.add_argument("--sources", help="only these sources (comma-separated)")
     args = ap.parse_args()
     examples = load_examples(args.data)
+    if args.sources:
+        examples = [e for e in examples if e.source in args.sources.split(",")]
     if args.stage2:
         from hybridllm.routing import cv
-        from hybridllm.routing.stage2 import load_signals
+        from hybridllm.routing.stage2 import load_signals, whole_inputs
 
-        d = cv.Data.build(examples, load_signals(args.signals))
+        signals = load_signals(args.signals)
+        if args.whole:
+            whole = load_signals(args.signals.with_name("answer_signals.jsonl"))
+            signals = {k: whole_inputs(v, whole.get(k)) for k, v in signals.items()
+                       if k in whole or v.get("is_choice") == 1.0}  # fmt: skip
+        d = cv.Data.build(examples, signals)
         cv.cross_validate(d, folds=args.folds, seeds=args.seeds)
         cv.leave_sources_out(d)
         return

@@ -9,6 +9,13 @@ id. The correctness labels are not touched. Resumable: ids already in the output
     OMP_WAIT_POLICY=PASSIVE nice -n 19 .venv/bin/python scripts/label_local_signals.py \\
         --threads 1 [--limit 20]
 
+`--whole` reads each labelled local answer that is not a single option letter (the free-form
+kinds: short, yesno, number, gsm8k, code) back through the model, the prompt and the answer as
+one prefill, and writes the whole answer's figures (`_llama_whole.ANSWER_NAMES` and the
+log-probability summary over all its tokens, as the cascade's "answer" judge computes them) to
+`data/router/answer_signals.jsonl`; `head_lp_mean` is the first eight tokens' mean, to check
+against the side file's `lp_mean` (the same greedy answer, read again). Resumable.
+
 `--redo KIND` measures the rows of one kind of prompt again (after the signals gained figures,
 e.g. `--redo mc` for the option rotations), resumable through `OUT.redo`; when all are done it
 rewrites OUT in place, and every other row gets the new figures' names as null (not measured:
@@ -46,7 +53,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--redo", metavar="KIND", help="measure the rows of this kind again")
+    ap.add_argument("--whole", action="store_true", help="the whole answers' figures")
     args = ap.parse_args()
+    if args.whole:
+        out = args.out if args.out != ap.get_default("out") else Path(WHOLE_OUT)
+        whole(args.src, out, args.threads, args.limit)
+        return
 
     from hybridllm.engines._llama_session import LlamaSession
     from hybridllm.engines._llama_signals import session_measure
@@ -105,6 +117,77 @@ def main() -> None:
 
     if args.redo and len(done) + len(todo) >= sum(r.get("kind") == args.redo for r in rows):
         merge(args.out, out)
+
+
+WHOLE_OUT = "data/router/answer_signals.jsonl"
+CAPS = {"short": 24, "yesno": 4, "number": 12, "gsm8k": 512, "code": 384}  # the labels' max_tokens
+
+
+def whole(src: Path, out: Path, threads: int, limit: int | None) -> None:
+    """`--whole`: the figures of every free-form labelled local answer, read back through the
+    model (teacher forcing: the stored answer is the greedy one that was judged)."""
+    import numpy as np
+
+    from hybridllm.engines import _llama_signals as sig
+    from hybridllm.engines._llama_session import LlamaSession
+    from hybridllm.engines._llama_whole import whole_figures
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.local.settings import DEFAULT_SETTINGS
+
+    rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    unknown = sorted({str(r["kind"]) for r in rows} - set(CAPS) - {"mc"})
+    if unknown:
+        raise SystemExit(f"{src}: no max_tokens known for kind {', '.join(unknown)}")
+    done = set()
+    if out.exists():
+        done = {(r["source"], r["id"]) for r in map(json.loads, out.read_text().splitlines())}
+    todo = [r for r in rows if r["kind"] in CAPS and (r["source"], r["id"]) not in done]
+    todo = round_robin(todo)[:limit]
+    todo.sort(key=lambda r: r["kind"] not in ("gsm8k", "code"))  # where the head says least
+    settings = DEFAULT_SETTINGS.replace(n_threads=threads, n_threads_batch=threads)
+    session = LlamaSession(
+        resolve_model(MODEL), n_ctx=2048, settings=settings, extra={"logits_all": True}
+    )
+    llm, lc, vocab = session.llm, session._lc, session._vocab
+    t0 = time.time()
+    with out.open("a") as fh:
+        for n, row in enumerate(todo, 1):
+            t = time.perf_counter()
+            local = row["local"]
+            prompt = session.tokenize(session.render([{"role": "user", "content": row["prompt"]}]))
+            answer = llm.tokenize(local["response"].encode(), add_bos=False, special=False)
+            ended = int(local["completion_tokens"]) < CAPS[row["kind"]]
+            llm.reset()
+            llm.eval(prompt + answer)
+            scores = np.asarray(llm.scores[: len(prompt) + len(answer)])
+            dists = [
+                sig.distribution(scores[len(prompt) - 1 + i], tok) for i, tok in enumerate(answer)
+            ]
+            tokens = list(answer)
+            if ended:  # the end of generation the model chose (or the EOS it would have had)
+                last = scores[len(prompt) + len(answer) - 1]
+                eog = int(np.argmax(last))
+                if not lc.llama_vocab_is_eog(vocab, eog):
+                    eog = int(llm.token_eos())
+                dists.append(sig.distribution(last, eog))
+                tokens.append(eog)
+            values = sig.summarise(dists, None)
+            values.update(whole_figures(tokens, [d.logprob for d in dists], ended))
+            head = np.array([d.logprob for d in dists[: sig.N_ANSWER]])
+            rec = {
+                "source": row["source"],
+                "id": row["id"],
+                "model": MODEL,
+                "signals": {k: (None if v != v else round(v, 6)) for k, v in values.items()},
+                "head_lp_mean": round(float(head.mean()), 6) if head.size else None,
+                "ms": round((time.perf_counter() - t) * 1000, 1),
+            }
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            if n % 50 == 0 or n == len(todo):
+                print(
+                    f"{n}/{len(todo)} rows, {time.time() - t0:.0f} s", file=sys.stderr, flush=True
+                )
 
 
 def merge(path: Path, redo: Path) -> None:

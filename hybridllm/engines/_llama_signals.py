@@ -310,7 +310,8 @@ class LocalSignals:
     """What `LlamaCppEngine.signals()` measured: the figures (`SIGNAL_NAMES`), the prompt's
     tokens, the greedy answer's first tokens as text (`answer`, `ended`: the answer ended
     there), the local work it took (`cost_ms`: queue wait not counted) and the answer tokens'
-    log-probabilities (`logprobs`, the end-of-generation token's last when it `ended`)."""
+    log-probabilities (`logprobs`, the end-of-generation token's last when it `ended`) and
+    ids (`tokens`, likewise)."""
 
     values: dict[str, float]
     prompt_tokens: int
@@ -318,6 +319,7 @@ class LocalSignals:
     ended: bool
     cost_ms: float
     logprobs: tuple[float, ...] = ()
+    tokens: tuple[int, ...] = ()
 
 
 async def engine_signals(
@@ -355,4 +357,4 @@ async def engine_signals(
     ended = bool(answer) and bool(lc.llama_vocab_is_eog(vocab, answer[-1]))
     text_tokens = answer[:-1] if ended else answer
     text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
-    return LocalSignals(values, prompt_tokens, text, ended, cost_ms, tuple(logprobs))
+    return LocalSignals(values, prompt_tokens, text, ended, cost_ms, tuple(logprobs), tuple(answer))

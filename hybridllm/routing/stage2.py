@@ -188,6 +188,24 @@ KINDS = ("combined", "signals")  # stage-1 log-odds and signals; the signals alo
 # afford them). Optional: an artifact trained before the rotations has none.
 PLAIN = {"combined": "combined_plain", "signals": "signals_plain"}
 PERM_PREFIX = "perm_"
+# The same two for the cascade's "answer" judge: a free-form prompt's whole local answer read by
+# its own figures (`engines/_llama_whole.py`, `whole_inputs`). Optional, like the plain ones.
+WHOLE = {"combined": "combined_answer", "signals": "signals_answer"}
+LP_NAMES = ("lp_mean", "lp_min", "lp_q10", "lp_q25", "lp_q50")
+
+
+def whole_inputs(head: Signals, whole: Signals | None) -> dict[str, float]:
+    """The "answer" models' inputs: `head`, the figures over the answer's first tokens (what
+    the other models read), with the log-probability summary over all the answer's tokens and
+    the figures only `whole` has (`_llama_whole.ANSWER_NAMES`) added. A multiple-choice prompt
+    (its answer is a letter, judged by its head) or a missing `whole` leaves `head` as it is."""
+    out = {k: math.nan if v is None else float(v) for k, v in head.items()}
+    if whole is None or out.get("is_choice") == 1.0:
+        return out
+    for name, v in whole.items():
+        if name in LP_NAMES or name not in head:
+            out[name] = math.nan if v is None else float(v)
+    return out
 
 
 def without_rotations(signals: Signals) -> bool:
@@ -214,7 +232,7 @@ def load(directory: Path, manifest: dict[str, Any]) -> dict[str, Stage2]:
     if not entry:
         return {}
     mpath = directory / artifact.MANIFEST_FILE
-    kinds = [*KINDS, *(k for k in PLAIN.values() if k in entry)]
+    kinds = [*KINDS, *(k for k in (*PLAIN.values(), *WHOLE.values()) if k in entry)]
     keys = [extra_key(k, h) for k in kinds for h in HEADS]
     ests = artifact.load_extra(directory, manifest, keys)
     out: dict[str, Stage2] = {}
@@ -248,9 +266,16 @@ def load(directory: Path, manifest: dict[str, Any]) -> dict[str, Stage2]:
 
 
 def router_score(
-    router: Any, messages: Any, signals: Signals | None, cost_ms: float = 0.0
+    router: Any,
+    messages: Any,
+    signals: Signals | None,
+    cost_ms: float = 0.0,
+    *,
+    whole: bool = False,
 ) -> RouterScore:
-    """Combine stage 1 of `router` (a `Router`, or any scorer with `score`) with `signals`."""
+    """Combine stage 1 of `router` (a `Router`, or any scorer with `score`) with `signals`;
+    `whole`: they are a whole answer's (`whole_inputs`), scored by the "answer" models when the
+    artifact has them."""
     text = float(router.score(messages))
     models: dict[str, Stage2] = getattr(router, "stage2", {}) or {}
     if signals is None or not models:
@@ -261,7 +286,9 @@ def router_score(
 
     logits = router.head_logits(F.extract(messages))
     plain = without_rotations(signals) and all(k in models for k in PLAIN.values())
-    local = models[PLAIN["signals"] if plain else "signals"].score((), signals)
-    value = models[PLAIN["combined"] if plain else "combined"].score(logits, signals)
+    whole = whole and not plain and all(k in models for k in WHOLE.values())
+    use = PLAIN if plain else WHOLE if whole else {k: k for k in KINDS}
+    local = models[use["signals"]].score((), signals)
+    value = models[use["combined"]].score(logits, signals)
     clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
     return RouterScore(text, local, value, clean, cost_ms)

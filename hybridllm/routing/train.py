@@ -251,6 +251,9 @@ def _prob_metrics(
     }
 
 
+WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
+
+
 def train(
     data: Path,
     out: Path,
@@ -338,10 +341,14 @@ def train(
         from hybridllm.routing.train2 import train_stage2
 
         info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
+        whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
+        whole = load_signals(whole_path) if whole_path.is_file() else None
+        if whole is not None:
+            info["whole"] = {"file": whole_path.name, "sha256": file_sha256(whole_path)}
         parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
         oof = oof_logits(r, fitted.c, train_rows, label, seed)
         extra_estimators, manifest["stage2"], _ = train_stage2(
-            r, oof, parts, {**load_signals(signals), **log_signals}, data_info=info
+            r, oof, parts, {**load_signals(signals), **log_signals}, data_info=info, whole=whole
         )
     full = save_router(out, fitted.estimators, manifest, extra_estimators)
     write_split_file(examples, out / SPLIT_FILE)

@@ -5,6 +5,12 @@ calibration and test rows' are the fitted stage 1's. Both stage-2 models ("combi
 log-odds and signals; "signals": the signals alone) are fitted on the train split, Platt-scaled
 and calibrated (score quantiles, quality curve) on the calibration split and scored on the test
 split for the manifest. Rows without signals are left out of stage 2 only.
+
+With the whole local answers' figures (`answer_signals.jsonl`, `scripts/label_local_signals.py
+--whole`), two more models ("combined_answer", "signals_answer") learn to judge a whole answer
+(the cascade's `cascade_judge = "answer"`), on `stage2.whole_inputs`: multiple-choice rows as the
+others read them, free-form rows with their whole answer's figures; a free-form row without them
+is left out of these two.
 """
 
 from __future__ import annotations
@@ -58,15 +64,16 @@ def train_stage2(
     signals: dict[str, dict[str, float]],
     *,
     data_info: dict[str, Any] | None = None,
+    whole: dict[str, dict[str, float]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, stage2.Stage2]]:
     """(extra estimators for the skops file, the manifest's "stage2" entry, the models).
     `oof_logits`: stage 1's out-of-fold log-odds of every train row (`train.oof_logits`);
-    `signals`: {"source/id": signals} (the labeller's side file, logged traffic)."""
+    `signals`: {"source/id": signals} (the labeller's side file, logged traffic); `whole`:
+    {"source/id": the whole local answer's figures} (`answer_signals.jsonl`)."""
     keep = [i for i, e in enumerate(splits["train"]) if e.key in signals]
     part = {k: [e for e in v if e.key in signals] for k, v in splits.items()}
     tr, cal, test = part["train"], part["calibration"], part["test"]
     names = all_names = tuple(sorted({k for e in tr for k in signals[e.key]}))
-    sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
     z = {
         "train": oof_logits[keep],
         "calibration": _logits(router, cal),
@@ -78,12 +85,20 @@ def train_stage2(
     metrics: dict[str, Any] = {}
     plain = tuple(n for n in names if not n.startswith(stage2.PERM_PREFIX))
     kinds = [*stage2.KINDS, *(stage2.PLAIN.values() if plain != names else ())]
+    judged = _whole_rows(part, signals, whole or {})
+    if judged is not None:
+        kinds += stage2.WHOLE.values()
+        whole_names = tuple(sorted({k for v in judged["train"].values() for k in v}))
     for kind in kinds:
         use = kind.startswith("combined")
         is_plain = kind in stage2.PLAIN.values()
-        names = plain if is_plain else all_names
-        # rows whose rotations were given up (logged cascades) teach the plain models only
-        ok = {k: [i for i, v in enumerate(sig[k]) if is_plain or not stage2.without_rotations(v)]
+        rows = judged if judged is not None and kind in stage2.WHOLE.values() else None
+        names = plain if is_plain else all_names if rows is None else whole_names
+        if rows is not None:
+            sig = {k: [rows[k].get(i, {}) for i in range(len(v))] for k, v in part.items()}
+        else:
+            sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
+        ok = {k: [i for i, v in enumerate(sig[k]) if _usable(rows, is_plain, k, i, v)]
               for k in ("train", "calibration")}  # fmt: skip
         zt, zc = z["train"][ok["train"]], z["calibration"][ok["calibration"]]
         st = [sig["train"][i] for i in ok["train"]]
@@ -104,10 +119,11 @@ def train_stage2(
         models[kind] = model
         for h, pair in ests.items():
             extra[stage2.extra_key(kind, h)] = pair
-        if test:
-            ts = [model.score(zr, s) for zr, s in zip(z["test"], sig["test"], strict=True)]
-            s = summarize(routing_curve(ts, [e.local_correct for e in test],
-                                        [e.cloud_correct for e in test]))  # fmt: skip
+        keep_t = [i for i, v in enumerate(sig["test"]) if _usable(rows, is_plain, "test", i, v)]
+        if keep_t:
+            ts = [model.score(z["test"][i], sig["test"][i]) for i in keep_t]
+            s = summarize(routing_curve(ts, [test[i].local_correct for i in keep_t],
+                                        [test[i].cloud_correct for i in keep_t]))  # fmt: skip
             metrics[kind] = {
                 "apgr": round(s.apgr, 4),
                 "cpt": {
@@ -120,7 +136,10 @@ def train_stage2(
             **(data_info or {}),
             "rows": {k: len(v) for k, v in part.items()},
             # multiple-choice rows without their rotations: the plain models' only
-            "without_rotations": sum(stage2.without_rotations(v) for v in sig["train"]),
+            "without_rotations": sum(
+                stage2.without_rotations(signals[e.key]) for e in part["train"]
+            ),
+            "whole_answers": None if judged is None else {k: len(v) for k, v in judged.items()},
         },
         **{kind: m.to_json() for kind, m in models.items()},
         "metrics": {"test": metrics},
@@ -131,3 +150,38 @@ def train_stage2(
         },
     }
     return extra, entry, models
+
+
+def _usable(
+    rows: dict[str, dict[int, dict[str, float]]] | None,
+    is_plain: bool,
+    split: str,
+    i: int,
+    v: stage2.Signals,
+) -> bool:
+    """Whether row `i` of `split` (signals `v`) teaches a model: an "answer" model (`rows`
+    given) only the rows with their whole answer's figures or multiple choice; a full model
+    not the rows whose rotations were given up (logged cascades), which the plain ones learn."""
+    if rows is not None:
+        return i in rows[split]
+    return is_plain or not stage2.without_rotations(v)
+
+
+def _whole_rows(
+    part: dict[str, list[Example]],
+    signals: dict[str, dict[str, float]],
+    whole: dict[str, dict[str, float]],
+) -> dict[str, dict[int, dict[str, float]]] | None:
+    """Per split, {row index: the "answer" models' inputs} of the rows they can learn from
+    (multiple choice, or a free-form row with its whole answer's figures); None without any
+    whole answer in the training split."""
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for k, rows in part.items():
+        out[k] = {}
+        for i, e in enumerate(rows):
+            head = signals[e.key]
+            if e.key in whole or head.get("is_choice") == 1.0:
+                out[k][i] = stage2.whole_inputs(head, whole.get(e.key))
+    if not any(e.key in whole for e in part["train"]):
+        return None
+    return out

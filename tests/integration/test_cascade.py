@@ -162,6 +162,12 @@ async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
     assert k["answer_signals"]["answer_tokens"] == k["local_tokens"]
     assert k["signals"]["answer_tokens"] == 8  # the logged figures: stage 2's training form
     assert k["answer_signals"]["lp_min"] <= k["signals"]["lp_min"] <= 0.0
+    # the figures only a whole answer has, from the real engine's token ids
+    a = k["answer_signals"]
+    text_tokens = k["local_tokens"] - int(a["answer_ended"])
+    assert a["answer_ended"] in (0.0, 1.0) and (a["answer_ended"] == 0.0) == (text_tokens == 32)
+    assert a["answer_len"] == pytest.approx(math.log1p(text_tokens), abs=1e-6)
+    assert 0.0 <= a["repeat_share"] <= 1.0 and a["tail_lp_min"] <= a["tail_lp_mean"] <= 0.0
     # deferred: the cloud answers; the local answer it judged is on the trace
     assert d["judge"] == "answer" and d["decision"] == "cloud"
     assert deferred.trace.engine == "cloud" and deferred.text.strip()

@@ -205,3 +205,78 @@ def test_a_logged_cascade_without_rotations_teaches_the_plain_models_only(
     assert full["stage2"]["data"]["without_rotations"] == 1
     assert full["stage2"]["data"]["rows"]["train"] == full["data"]["splits"]["train"] + 1
 
+
+
+def write_whole(labels: Path, path: Path, seed: int = 1) -> Path:
+    """Whole-answer figures whose last tokens tell, with noise, whether the answer was right."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for line in labels.read_text().splitlines():
+            row = json.loads(line)
+            ok = row["local"]["correct"]
+            tail = (-0.1 if ok else -1.6) + rng.gauss(0, 0.3)
+            sig = {"lp_mean": -0.5, "lp_min": -2.0, "lp_q10": -1.5, "lp_q25": -1.0,
+                   "lp_q50": -0.4, "answer_len": 4.0 + rng.random(), "answer_ended": 1.0,
+                   "tail_lp_mean": tail, "tail_lp_min": tail - 0.5,
+                   "repeat_share": rng.random() / 10}  # fmt: skip
+            f.write(json.dumps({"source": row["source"], "id": row["id"], "signals": sig}) + "\n")
+    return path
+
+
+def test_whole_inputs_add_the_whole_answers_figures_to_the_heads() -> None:
+    from hybridllm.routing.stage2 import whole_inputs
+
+    head = {"first_p": 0.4, "lp_mean": -0.3, "lp_min": -0.9, "answer_tokens": 8.0,
+            "is_choice": 0.0, "option_p": None}  # fmt: skip
+    whole = {"first_p": 0.41, "lp_mean": -0.8, "lp_min": -4.0, "answer_tokens": 230.0,
+             "answer_len": 5.4, "tail_lp_mean": -0.2}  # fmt: skip
+    got = whole_inputs(head, whole)
+    # the log-probability summary over all tokens, the whole answer's own figures; the rest
+    # (the first token, how many answer tokens the head read) as the other models read it
+    assert got["lp_mean"] == -0.8 and got["lp_min"] == -4.0 and got["answer_len"] == 5.4
+    assert got["first_p"] == 0.4 and got["answer_tokens"] == 8.0 and math.isnan(got["option_p"])
+    mc = {**head, "is_choice": 1.0}  # a letter answer is judged by its head
+    assert whole_inputs(mc, whole) == whole_inputs(mc, None) == {**mc, "option_p": math.nan}
+
+
+def test_answer_models_judge_the_whole_answer(data: tuple[Path, Path], tmp_path: Path) -> None:
+    labels = tmp_path / "labels.jsonl"
+    shutil.copy(data[0], labels)
+    # the head's figures tell nothing here (a step-by-step solution's first tokens): shuffled
+    rows = data[1].read_text().splitlines()
+    sigs = [json.loads(x)["signals"] for x in rows]
+    random.Random(3).shuffle(sigs)
+    signals = tmp_path / "local_signals.jsonl"
+    signals.write_text("".join(json.dumps({**json.loads(x), "signals": g}) + "\n"
+                               for x, g in zip(rows, sigs, strict=True)))  # fmt: skip
+    whole = write_whole(labels, tmp_path / "answer_signals.jsonl")
+    full = train(labels, tmp_path / "r", signals=Path(signals), log=io.StringIO())
+    entry = full["stage2"]
+    n = len(labels.read_text().splitlines())
+    assert entry["data"]["whole"]["file"] == "answer_signals.jsonl"
+    assert sum(entry["data"]["whole_answers"].values()) == n  # every row had its whole answer
+    r = Router.load(tmp_path / "r")
+    assert {"combined_answer", "signals_answer"} <= set(r.stage2)
+    assert "tail_lp_mean" in r.stage2["signals_answer"].signal_names
+    assert "tail_lp_mean" not in r.stage2["signals"].signal_names
+    from hybridllm.routing.stage2 import whole_inputs
+
+    head, tail = load_signals(Path(signals)), load_signals(whole)
+    test = by_split(load_examples(labels))["test"]
+    inputs = {e.key: whole_inputs(head[e.key], tail[e.key]) for e in test}
+    ex = test[0]
+    s = router_score(r, ex.prompt, inputs[ex.key], whole=True)
+    logits = r.head_logits(r.features(ex.prompt))
+    assert s.value == pytest.approx(r.stage2["combined_answer"].score(logits, inputs[ex.key]))
+    assert s.local == pytest.approx(r.stage2["signals_answer"].score((), inputs[ex.key]))
+    prefix = router_score(r, ex.prompt, head[ex.key])  # the held tokens: the prefix models
+    assert prefix.value == pytest.approx(r.stage2["combined"].score(logits, head[ex.key]))
+
+    def gap(model: str, sig: dict[str, dict[str, float]]) -> float:
+        local = {e.key: r.stage2[model].score((), sig[e.key]) for e in test}
+        wrong = [local[e.key] for e in test if not e.local_correct]
+        right = [local[e.key] for e in test if e.local_correct]
+        return float(np.mean(wrong) - np.mean(right))
+
+    # the last tokens tell what the head does not, and the answer models learnt to read them
+    assert abs(gap("signals", head)) < 0.15 and gap("signals_answer", inputs) > 0.3

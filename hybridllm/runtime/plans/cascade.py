@@ -21,11 +21,13 @@
    `trace.cascade["failover"]`), where the decision allows a failover.
 5. Under `complete()` (nothing is streamed) with `cascade_judge = "answer"`, the hold is the
    whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
-   deadline does): stage 2 reads its figures over all the answer's tokens (`answer_tokens`
-   capped at 8, its training range), and the cloud is
-   asked only when that says the answer will not do. `trace.cascade["judge"]` says which ran;
-   its `signals` are the first 8 tokens' (what stage 2 learns from, `router train --from-log`),
-   `answer_signals` the whole answer's, `local_tokens` the local work.
+   deadline does): stage 2's "answer" models read the log-probabilities over all the
+   answer's tokens and the figures only a whole answer has (its length, whether it ended,
+   its last tokens, its repeats: `engines/_llama_whole.py`; a multiple-choice answer by its
+   first tokens), and the cloud is asked only when that says the answer will not do.
+   `trace.cascade["judge"]` says which ran; its `signals` are the first 8 tokens' (what stage
+   2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
+   `local_tokens` the local work.
 
 Every cloud request goes through the engine the client gives (the guard: privacy, budget).
 The decision, held time and signals are in `trace.cascade` (and the decision log).
@@ -151,12 +153,12 @@ async def cascade(
             else:
                 from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
 
-                values = _whole_answer_inputs(sig.values) if whole else sig.values
-                score = router_score(router, request.messages, values, sig.cost_ms)
+                values = _whole_answer_inputs(sig) if whole else sig.values
+                score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
                 release = score.value <= settings.cut
                 info.update(_describe(score, release, len(sig.answer)))
                 if whole:
-                    _judged_whole(info, sig)
+                    _judged_whole(info, sig, values)
                 rel = "<=" if release else ">"
                 n_held = len(sig.logprobs)
                 held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
@@ -185,23 +187,30 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group.exceptions[0] if len(group.exceptions) == 1 else group
 
 
-def _whole_answer_inputs(values: dict[str, float]) -> dict[str, float]:
-    """Stage 2's inputs for a whole answer: its log-probability figures over all its tokens,
-    `answer_tokens` at most 8 (stage 2's training range: the labels held 8 tokens at most)."""
-    from hybridllm.engines._llama_signals import N_ANSWER
+def _whole_answer_inputs(sig: Any) -> dict[str, float]:
+    """Stage 2's inputs for a whole answer (`stage2.whole_inputs`): the first 8 tokens' figures
+    (what the other models read) with the log-probability summary over all the answer's tokens
+    and the figures only a whole answer has (`engines/_llama_whole.py`); a multiple-choice
+    answer is judged by its first tokens, as stage 2 learnt it."""
+    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
+    from hybridllm.engines._llama_whole import whole_figures
+    from hybridllm.routing.stage2 import whole_inputs
 
-    return dict(values, answer_tokens=min(values.get("answer_tokens", 0.0), float(N_ANSWER)))
+    head = prefix_signals(sig.values, sig.logprobs, N_ANSWER)
+    tokens = sig.tokens if len(sig.tokens) == len(sig.logprobs) else None
+    return whole_inputs(head, {**sig.values, **whole_figures(tokens, sig.logprobs, sig.ended)})
 
 
-def _judged_whole(info: dict[str, Any], sig: Any) -> None:
-    """The trace of a whole-answer judgement: the first 8 tokens' figures as `signals` (stage
-    2's training form, what the decision log learns from), the whole answer's beside them."""
+def _judged_whole(info: dict[str, Any], sig: Any, values: dict[str, float]) -> None:
+    """The trace of a whole-answer judgement: the first 8 tokens' figures as `signals` (the
+    prefix models' training form, what the decision log learns from), the whole answer's beside
+    them (over all its tokens, with the figures only it has, from `values`)."""
     from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
 
     def clean(values: dict[str, float]) -> dict[str, float | None]:
         return {k: (None if math.isnan(v) else round(v, 6)) for k, v in values.items()}
 
-    info["answer_signals"] = clean(sig.values)
+    info["answer_signals"] = clean({**values, **sig.values})
     info["signals"] = clean(prefix_signals(sig.values, sig.logprobs, N_ANSWER))
     info["local_tokens"] = len(sig.logprobs)
 
