@@ -60,14 +60,10 @@ def main() -> None:
         examples = [e for e in examples if e.source in args.sources.split(",")]
     if args.stage2:
         from hybridllm.routing import cv
-        from hybridllm.routing.stage2 import load_signals, whole_inputs
+        from hybridllm.routing.stage2 import load_signals, load_whole_inputs
 
-        signals = load_signals(args.signals)
-        if args.whole:
-            whole = load_signals(args.signals.with_name("answer_signals.jsonl"))
-            signals = {k: whole_inputs(v, whole.get(k)) for k, v in signals.items()
-                       if k in whole or v.get("is_choice") == 1.0}  # fmt: skip
-        d = cv.Data.build(examples, signals)
+        load = load_whole_inputs if args.whole else load_signals
+        d = cv.Data.build(examples, load(args.signals))
         cv.cross_validate(d, folds=args.folds, seeds=args.seeds)
         cv.leave_sources_out(d)
         return

@@ -231,6 +231,10 @@ def _register_router(subparsers: Subparsers) -> None:
     p.add_argument("--stage2", action="store_true",
                    help="cross-validate stage 1, the local signals alone and the combination, "
                    "per source and with sources left out")  # fmt: skip
+    p.add_argument("--whole", action="store_true",
+                   help="with --stage2: judge free-form prompts by the whole local answer, "
+                   "as cascade_judge = 'answer' does (answer_signals.jsonl beside "
+                   "the signals)")  # fmt: skip
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser(

@@ -53,13 +53,14 @@ def _signals_path(args: argparse.Namespace, data: Path) -> Path | None:
 def cmd_eval_stage2(args: argparse.Namespace, data: Path) -> int:
     from hybridllm.routing import cv
     from hybridllm.routing.data import load_examples
-    from hybridllm.routing.stage2 import load_signals
+    from hybridllm.routing.stage2 import load_signals, load_whole_inputs
 
     path = _signals_path(args, data)
     if path is None:
         print("no local signals (run scripts/label_local_signals.py)", file=sys.stderr)
         return 2
-    d = cv.Data.build(load_examples(data), load_signals(path))
+    load = load_whole_inputs if getattr(args, "whole", False) else load_signals
+    d = cv.Data.build(load_examples(data), load(path))
     cv.cross_validate(d)
     cv.leave_sources_out(d)
     return 0

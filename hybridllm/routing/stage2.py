@@ -52,6 +52,16 @@ def load_signals(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def load_whole_inputs(path: Path, whole_path: Path | None = None) -> dict[str, dict[str, float]]:
+    """The "answer" models' inputs per labelled row (`whole_inputs`): the signals side file at
+    `path` with the whole answers' figures (`whole_path`, default `answer_signals.jsonl` beside
+    it); free-form rows without them are left out, multiple-choice rows kept as they are."""
+    head = load_signals(path)
+    whole = load_signals(whole_path or path.with_name(WHOLE_FILE))
+    return {k: whole_inputs(v, whole.get(k)) for k, v in head.items()
+            if k in whole or v.get("is_choice") == 1.0}  # fmt: skip
+
+
 def signal_inputs(signals: Signals, names: Sequence[str]) -> FloatArray:
     """The signals in `names` order; a missing or NaN figure (no options: not multiple choice)
     is 0, and `is_choice` tells the heads which figures apply."""
@@ -192,6 +202,7 @@ PERM_PREFIX = "perm_"
 # its own figures (`engines/_llama_whole.py`, `whole_inputs`). Optional, like the plain ones.
 WHOLE = {"combined": "combined_answer", "signals": "signals_answer"}
 LP_NAMES = ("lp_mean", "lp_min", "lp_q10", "lp_q25", "lp_q50")
+WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
 
 
 def whole_inputs(head: Signals, whole: Signals | None) -> dict[str, float]:

@@ -251,9 +251,6 @@ def _prob_metrics(
     }
 
 
-WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
-
-
 def train(
     data: Path,
     out: Path,
@@ -341,6 +338,8 @@ def train(
         from hybridllm.routing.train2 import train_stage2
 
         info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
+        from hybridllm.routing.stage2 import WHOLE_FILE
+
         whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
         whole = load_signals(whole_path) if whole_path.is_file() else None
         if whole is not None:

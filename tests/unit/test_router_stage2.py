@@ -206,7 +206,6 @@ def test_a_logged_cascade_without_rotations_teaches_the_plain_models_only(
     assert full["stage2"]["data"]["rows"]["train"] == full["data"]["splits"]["train"] + 1
 
 
-
 def write_whole(labels: Path, path: Path, seed: int = 1) -> Path:
     """Whole-answer figures whose last tokens tell, with noise, whether the answer was right."""
     rng = random.Random(seed)
@@ -280,3 +279,32 @@ def test_answer_models_judge_the_whole_answer(data: tuple[Path, Path], tmp_path:
 
     # the last tokens tell what the head does not, and the answer models learnt to read them
     assert abs(gap("signals", head)) < 0.15 and gap("signals_answer", inputs) > 0.3
+
+
+def test_eval_cross_validates_the_whole_answer_judge(
+    data: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hybridllm.cli.main import main
+    from hybridllm.routing.stage2 import load_whole_inputs
+
+    labels = Path(shutil.copy(data[0], tmp_path / "labels.jsonl"))
+    signals = Path(shutil.copy(data[1], tmp_path / "local_signals.jsonl"))
+    whole = write_whole(labels, tmp_path / "answer_signals.jsonl")
+    # a free-form row without its whole answer is left out; a multiple-choice one is kept
+    lines = whole.read_text().splitlines()
+    whole.write_text("\n".join(lines[1:]) + "\n")
+    head = load_signals(signals)
+    first, second = (json.loads(x) for x in labels.read_text().splitlines()[:2])
+    mc_key = f"{second['source']}/{second['id']}"
+    rows = signals.read_text().splitlines()
+    rows[1] = json.dumps({**json.loads(rows[1]), "signals": {**head[mc_key], "is_choice": 1.0}})
+    signals.write_text("\n".join(rows) + "\n")
+    inputs = load_whole_inputs(signals)
+    assert f"{first['source']}/{first['id']}" not in inputs and len(inputs) == len(lines) - 1
+    assert "tail_lp_mean" not in inputs[mc_key]  # a letter answer: judged by its head
+    argv = ["router", "eval", "--stage2", "--data", str(labels), "--signals", str(signals)]
+    assert main([*argv, "--whole"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(lines) - 1} rows, 5 folds" in out and "left out of training" in out
+    signals_line = next(ln for ln in out.splitlines() if ln.startswith("signals "))
+    assert float(signals_line.split()[1]) > 0.5  # the whole answers' last tokens route well
