@@ -180,16 +180,29 @@ class DecisionLog:
 
     def training_signals(self) -> dict[str, dict[str, float]]:
         """{"log/<request id>": signals} of the `training_examples` rows that recorded them."""
+        return {rid: sig for rid, (sig, _) in self._training_rows().items()}
+
+    def training_whole(self) -> dict[str, dict[str, float]]:
+        """{"log/<request id>": the whole local answer's figures} of the `training_examples`
+        rows whose cascade judged a whole answer (`cascade_judge = "answer"`): what the
+        "answer" models of stage 2 learn from."""
+        return {rid: whole for rid, (_, whole) in self._training_rows().items() if whole}
+
+    def _training_rows(self) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
         with self._lock:
             raw = self._conn.execute(
-                "SELECT request_id, signals FROM decisions WHERE prompt IS NOT NULL AND "
-                "feedback IS NOT NULL AND engine = 'local' AND signals IS NOT NULL ORDER BY id"
+                "SELECT request_id, signals, cascade FROM decisions WHERE prompt IS NOT NULL "
+                "AND feedback IS NOT NULL AND engine = 'local' AND signals IS NOT NULL ORDER BY id"
             ).fetchall()
-        return {
-            f"log/{rid}": {k: float("nan") if v is None else float(v)
-                           for k, v in json.loads(sig).items()}
-            for rid, sig in raw
-        }  # fmt: skip
+
+        def floats(values: dict[str, Any]) -> dict[str, float]:
+            return {k: float("nan") if v is None else float(v) for k, v in values.items()}
+
+        out = {}
+        for rid, sig, cascade in raw:
+            whole = (json.loads(cascade) if cascade else {}).get("answer_signals") or {}
+            out[f"log/{rid}"] = (floats(json.loads(sig)), floats(whole))
+        return out
 
     def feedback(self, request_id: str, good: bool) -> None:
         """The user's verdict on the answer of this request (the latest verdict wins)."""

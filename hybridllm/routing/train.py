@@ -273,12 +273,14 @@ def train(
     train_rows = list(splits["train"])
     log_info: dict[str, Any] | None = None
     log_signals: dict[str, dict[str, float]] = {}
+    log_whole: dict[str, dict[str, float]] = {}
     if from_log is not None:
         from hybridllm.routing.log import DecisionLog
 
         with DecisionLog(from_log) as dlog:
             extra = dlog.training_examples()
             log_signals = dlog.training_signals()
+            log_whole = dlog.training_whole()
         train_rows += extra
         log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
     form = form or default_form(label)
@@ -334,20 +336,25 @@ def train(
     }
     extra_estimators: dict[str, Any] = {}
     if signals is not None:
-        from hybridllm.routing.stage2 import load_signals
+        from hybridllm.routing.stage2 import WHOLE_FILE, load_signals
         from hybridllm.routing.train2 import train_stage2
 
         info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
-        from hybridllm.routing.stage2 import WHOLE_FILE
-
         whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
-        whole = load_signals(whole_path) if whole_path.is_file() else None
-        if whole is not None:
-            info["whole"] = {"file": whole_path.name, "sha256": file_sha256(whole_path)}
+        whole = {**(load_signals(whole_path) if whole_path.is_file() else {}), **log_whole}
+        if whole:
+            info["whole"] = {"file": whole_path.name if whole_path.is_file() else None,
+                             "sha256": file_sha256(whole_path) if whole_path.is_file() else None,
+                             "log_rows": len(log_whole)}  # fmt: skip
         parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
         oof = oof_logits(r, fitted.c, train_rows, label, seed)
         extra_estimators, manifest["stage2"], _ = train_stage2(
-            r, oof, parts, {**load_signals(signals), **log_signals}, data_info=info, whole=whole
+            r,
+            oof,
+            parts,
+            {**load_signals(signals), **log_signals},
+            data_info=info,
+            whole=whole or None,
         )
     full = save_router(out, fitted.estimators, manifest, extra_estimators)
     write_split_file(examples, out / SPLIT_FILE)

@@ -29,6 +29,7 @@ from hybridllm.routing.metrics import routing_curve, summarize
 from hybridllm.routing.router import Router
 
 FloatArray = npt.NDArray[np.float64]
+MIN_WHOLE = {"train": 30, "calibration": 10}  # whole answers the "answer" models need
 # A fixed input the manifest records stage 2's scores for (loading checks them).
 GOLDEN_SIGNALS = {
     "first_p": 0.42,
@@ -173,8 +174,8 @@ def _whole_rows(
     whole: dict[str, dict[str, float]],
 ) -> dict[str, dict[int, dict[str, float]]] | None:
     """Per split, {row index: the "answer" models' inputs} of the rows they can learn from
-    (multiple choice, or a free-form row with its whole answer's figures); None without any
-    whole answer in the training split."""
+    (multiple choice, or a free-form row with its whole answer's figures); None with fewer than
+    `MIN_WHOLE` whole answers in the training split or in the calibration split."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for k, rows in part.items():
         out[k] = {}
@@ -182,6 +183,7 @@ def _whole_rows(
             head = signals[e.key]
             if e.key in whole or head.get("is_choice") == 1.0:
                 out[k][i] = stage2.whole_inputs(head, whole.get(e.key))
-    if not any(e.key in whole for e in part["train"]):
-        return None
+    for k in ("train", "calibration"):
+        if sum(e.key in whole for e in part[k]) < MIN_WHOLE[k]:
+            return None
     return out

@@ -308,3 +308,40 @@ def test_eval_cross_validates_the_whole_answer_judge(
     assert f"{len(lines) - 1} rows, 5 folds" in out and "left out of training" in out
     signals_line = next(ln for ln in out.splitlines() if ln.startswith("signals "))
     assert float(signals_line.split()[1]) > 0.5  # the whole answers' last tokens route well
+
+
+def test_a_logged_whole_answer_teaches_the_answer_models(
+    data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    log = DecisionLog(tmp_path / "d.db", store_prompts=True)
+    head = {"first_p": 0.6, "lp_mean": -0.2, "lp_min": -0.9, "answer_tokens": 8.0,
+            "is_choice": 0.0}  # fmt: skip
+    whole = {**head, "lp_mean": -0.5, "lp_min": -3.0, "answer_tokens": 120.0, "answer_len": 4.8,
+             "answer_ended": 1.0, "tail_lp_mean": -0.1, "tail_lp_min": -0.4,
+             "repeat_share": 0.05}  # fmt: skip
+    rid = log.record(route="local", features={}, messages="Add 2 and 2, step by step.")
+    log.outcome(rid, engine="local", cascade={"decision": "local", "judge": "answer",
+                                              "signals": head, "answer_signals": whole})  # fmt: skip
+    log.feedback(rid, good=True)
+    other = log.record(route="local", features={}, messages="Say hi.")  # judged by its head
+    log.outcome(other, engine="local", cascade={"decision": "local", "signals": head})
+    log.feedback(other, good=True)
+    assert set(log.training_whole()) == {f"log/{rid}"}
+    assert log.training_whole()[f"log/{rid}"]["tail_lp_mean"] == -0.1
+    log.close()
+    # no answer_signals.jsonl beside these signals: one logged whole answer is too few
+    alone = train(data[0], tmp_path / "r1", from_log=tmp_path / "d.db", signals=data[1],
+                  log=io.StringIO())  # fmt: skip
+    assert alone["stage2"]["data"]["whole"] == {"file": None, "sha256": None, "log_rows": 1}
+    assert alone["stage2"]["data"]["whole_answers"] is None
+    assert "combined_answer" not in alone["stage2"]
+    # beside the labelled whole answers, it is one more training row
+    labels = Path(shutil.copy(data[0], tmp_path / "labels.jsonl"))
+    signals = Path(shutil.copy(data[1], tmp_path / "local_signals.jsonl"))
+    write_whole(labels, tmp_path / "answer_signals.jsonl")
+    full = train(labels, tmp_path / "r2", from_log=tmp_path / "d.db", signals=signals,
+                 log=io.StringIO())  # fmt: skip
+    entry = full["stage2"]
+    assert entry["data"]["whole"]["log_rows"] == 1
+    assert entry["data"]["whole_answers"]["train"] == full["data"]["splits"]["train"] + 1
+    assert "combined_answer" in entry and "tail_lp_mean" in entry["signals_answer"]["signal_names"]
