@@ -320,8 +320,8 @@ def test_a_logged_whole_answer_teaches_the_answer_models(
              "answer_ended": 1.0, "tail_lp_mean": -0.1, "tail_lp_min": -0.4,
              "repeat_share": 0.05}  # fmt: skip
     rid = log.record(route="local", features={}, messages="Add 2 and 2, step by step.")
-    log.outcome(rid, engine="local", cascade={"decision": "local", "judge": "answer",
-                                              "signals": head, "answer_signals": whole})  # fmt: skip
+    judged = {"decision": "local", "judge": "answer", "signals": head, "answer_signals": whole}
+    log.outcome(rid, engine="local", cascade=judged)
     log.feedback(rid, good=True)
     other = log.record(route="local", features={}, messages="Say hi.")  # judged by its head
     log.outcome(other, engine="local", cascade={"decision": "local", "signals": head})
