@@ -322,3 +322,25 @@ async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_s
     assert [(t.engine, t.text) for t in tokens] == [("local", "L"), ("local", "!")]
     assert trace.engine == "local" and "-> local" in trace.route_reason
     assert trace.started == ["cloud", "local"]
+
+
+def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
+    from hybridllm.runtime.plans.cascade import _cut, _judged_by
+
+    class Cal:
+        def __init__(self, cut: float) -> None:
+            self.cut = cut
+
+        def threshold(self, cloud_share: float | None = None,
+                      quality_floor: float | None = None) -> float:  # fmt: skip
+            return self.cut
+
+    both = FakeRouter(0.5)
+    both.stage2 = {"combined": Cal(0.2), "combined_answer": Cal(0.35)}  # type: ignore[dict-item]
+    prefix_only = FakeRouter(0.5)
+    prefix_only.stage2 = {"combined": Cal(0.2)}  # type: ignore[dict-item]
+    assert _judged_by(both, "answer") == "combined_answer"
+    assert _judged_by(both, "prefix") == _judged_by(prefix_only, "answer") == "combined"
+    pol = Policy(name="c", plans=("single", "cascade"), target_cloud_share=0.3)
+    assert _cut(both, pol, _judged_by(both, "answer")) == 0.35
+    assert _cut(both, pol, _judged_by(both, "prefix")) == 0.2

@@ -406,13 +406,14 @@ def cascade_for(
         return None
     if plan is None and policy.prefer != "auto":
         return None
+    judge = policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix"
     settings = CascadeSettings(
         hold_tokens=policy.cascade_hold_tokens,
         hold_s=policy.cascade_hold_ms / 1000.0,
-        cut=_cut(router, policy, "combined"),
+        cut=_cut(router, policy, _judged_by(router, judge)),
         text_cut=_cut(router, policy, None),
         hedge=policy.cascade_hedge,
-        judge=policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix",
+        judge=judge,
         failover=decision.failover,
     )
     return partial(
@@ -420,6 +421,13 @@ def cascade_for(
         deadline_s=decision.deadline_s,
         stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
     )  # fmt: skip
+
+
+def _judged_by(router: Any, judge: str) -> str:
+    """The stage-2 model whose calibration sets the threshold: the "answer" model when a whole
+    answer is judged and the artifact has one (`stage2.WHOLE`), else the combined one."""
+    models = getattr(router, "stage2", None) or {}
+    return "combined_answer" if judge == "answer" and "combined_answer" in models else "combined"
 
 
 def _cut(router: Any, policy: Policy, kind: str | None) -> float:
