@@ -166,10 +166,10 @@ def test_stage2_learns_from_the_decision_log(data: tuple[Path, Path], tmp_path: 
 
 def test_multiple_choice_without_rotations_is_scored_by_the_plain_stage_2() -> None:
     from hybridllm.routing import Router
-    from hybridllm.routing.stage2 import PLAIN, router_score, without_rotations
+    from hybridllm.routing.stage2 import PLAIN, WHOLE, router_score, without_rotations
 
     router = Router.load()
-    assert set(router.stage2) == {"combined", "signals", *PLAIN.values()}
+    assert set(router.stage2) == {"combined", "signals", *PLAIN.values(), *WHOLE.values()}
     prompt = "Which is a bird?\n\nA. cat\nB. crow\nC. dog\n\nAnswer with the letter only."
     base = {"first_p": 0.4, "first_entropy": 1.5, "first_margin": 0.1, "lp_mean": -0.9,
             "lp_min": -1.2, "lp_q10": -1.1, "lp_q25": -1.0, "lp_q50": -0.9, "answer_tokens": 2.0,
@@ -345,3 +345,28 @@ def test_a_logged_whole_answer_teaches_the_answer_models(
     assert entry["data"]["whole"]["log_rows"] == 1
     assert entry["data"]["whole_answers"]["train"] == full["data"]["splits"]["train"] + 1
     assert "combined_answer" in entry and "tail_lp_mean" in entry["signals_answer"]["signal_names"]
+
+
+def test_the_shipped_answer_models_read_long_answers_better_than_their_heads() -> None:
+    """On the shipped artifact's held-out test split: for step-by-step solutions and code, the
+    first 8 tokens rank the local model's mistakes no better than chance; the whole answer
+    does (data/router/answer_signals.jsonl, `label_local_signals.py --whole`)."""
+    from sklearn.metrics import roc_auc_score
+
+    from hybridllm.routing.stage2 import load_whole_inputs
+
+    d = Path(__file__).resolve().parents[2] / "data" / "router"
+    router = Router.load()
+    test = [e for e in by_split(load_examples(d / "labels.jsonl"))["test"]
+            if e.source in ("gsm8k", "humaneval", "mbpp")]  # fmt: skip
+    head, whole = (
+        load_signals(d / "local_signals.jsonl"),
+        load_whole_inputs(d / "local_signals.jsonl"),
+    )
+    right = [e.local_correct for e in test]
+
+    def auc(model: str, sig: dict[str, dict[str, float]]) -> float:
+        p = [router.stage2[model].probabilities((), sig[e.key])["local_right"] for e in test]
+        return float(roc_auc_score(right, p))
+
+    assert len(test) >= 30 and auc("signals_answer", whole) > max(0.6, auc("signals", head) + 0.1)
