@@ -14,6 +14,9 @@ class RouterScore:
     alone (None without a local engine or a stage-2 artifact). `value`: the score routing uses,
     P(the local answer is wrong and the cloud's right): the combination when there are signals
     and a stage 2, else `text`. `signals`: the raw figures. `cost_ms`: the local work it took.
+    `model`: the stage-2 model that gave `value` ("combined"; "combined_plain" for a
+    multiple-choice prompt read without its option rotations; "combined_answer" for a judged
+    whole answer), None when stage 1 alone decided.
     """
 
     text: float
@@ -21,3 +24,4 @@ class RouterScore:
     value: float
     signals: dict[str, float]
     cost_ms: float
+    model: str | None = None

@@ -302,4 +302,4 @@ def router_score(
     local = models[use["signals"]].score((), signals)
     value = models[use["combined"]].score(logits, signals)
     clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
-    return RouterScore(text, local, value, clean, cost_ms)
+    return RouterScore(text, local, value, clean, cost_ms, use["combined"])

@@ -56,9 +56,9 @@ def cascade_policy(threshold: float) -> Policy:
 @pytest.fixture(scope="module")
 def router() -> Router:
     r = Router.load()
-    assert set(r.stage2) == {"combined", "signals", "combined_plain", "signals_plain"}, (
-        "the shipped router has a stage 2"
-    )
+    kinds = {"combined", "signals", "combined_plain", "signals_plain", "combined_answer",
+             "signals_answer"}  # fmt: skip
+    assert set(r.stage2) == kinds, "the shipped router has a stage 2"
     return r
 
 
@@ -162,6 +162,7 @@ async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
     assert k["answer_signals"]["answer_tokens"] == k["local_tokens"]
     assert k["signals"]["answer_tokens"] == 8  # the logged figures: stage 2's training form
     assert k["answer_signals"]["lp_min"] <= k["signals"]["lp_min"] <= 0.0
+    assert k["model"] == d["model"] == "combined_answer"  # stage 2's whole-answer models
     # the figures only a whole answer has, from the real engine's token ids
     a = k["answer_signals"]
     text_tokens = k["local_tokens"] - int(a["answer_ended"])

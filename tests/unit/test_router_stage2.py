@@ -185,6 +185,7 @@ def test_multiple_choice_without_rotations_is_scored_by_the_plain_stage_2() -> N
     assert full.value == pytest.approx(router.stage2["combined"].score(logits, rotated))
     assert plain.value == pytest.approx(router.stage2["combined_plain"].score(logits, skipped))
     assert plain.local == pytest.approx(router.stage2["signals_plain"].score((), skipped))
+    assert (full.model, plain.model) == ("combined", "combined_plain")
     # the full model would read the missing figures as zeros: a different, wrong score
     assert plain.value != pytest.approx(router.stage2["combined"].score(logits, skipped))
 
@@ -270,6 +271,7 @@ def test_answer_models_judge_the_whole_answer(data: tuple[Path, Path], tmp_path:
     assert s.local == pytest.approx(r.stage2["signals_answer"].score((), inputs[ex.key]))
     prefix = router_score(r, ex.prompt, head[ex.key])  # the held tokens: the prefix models
     assert prefix.value == pytest.approx(r.stage2["combined"].score(logits, head[ex.key]))
+    assert (s.model, prefix.model) == ("combined_answer", "combined")
 
     def gap(model: str, sig: dict[str, dict[str, float]]) -> float:
         local = {e.key: r.stage2[model].score((), sig[e.key]) for e in test}

@@ -226,6 +226,7 @@ def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, A
     return {
         "decision": "local" if release else "cloud",
         "value": round(score.value, 6),
+        "model": score.model,
         "local": None if score.local is None else round(score.local, 6),
         "signals": clean,
         "cost_ms": round(score.cost_ms, 1),
