@@ -10,6 +10,10 @@ trained on every labelled row, so these prompts are in its training data: the fi
 in-sample check of the whole path (signals, thresholds, plans, engines), not a held-out
 estimate (that is `benchmarks/router_cv.py --stage2`).
 
+`--kinds gsm8k,code,short,...` picks the kinds (gsm8k and code: long answers, the labels'
+`max_tokens`, where the "cascade answer" row's whole-answer judge matters; their TTFT under
+`complete()` is the whole answer's time for that row).
+
 Engines: local Qwen2.5-Coder-0.5B through `LlamaCppEngine` (in process); the stand-in cloud
 Qwen2.5-Coder-1.5B served by `hybridllm serve` (`HybridServer`) on loopback, through
 `OpenAIEngine`. Temperature 0, short `max_tokens` per kind.
@@ -53,6 +57,7 @@ from hybridllm.testing import HybridServer
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL, CLOUD = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 KINDS = {"mc": 8, "yesno": 8, "number": 12, "short": 24}  # answer tokens per kind
+LONG = {"gsm8k": 512, "code": 384}  # with --kinds: the labels' max_tokens
 SHARE = 0.3
 
 
@@ -142,14 +147,15 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
             print(f"{len(items)} prompts: " + ", ".join(
                 f"{k} {sum(it.kind == k for it in items)}" for k in KINDS))  # fmt: skip
             print(f"thresholds at target_cloud_share {SHARE}: stage 1 "
-                  f"{router.threshold(cloud_share=SHARE):.3f}, combined "
-                  f"{router.stage2['combined'].threshold(cloud_share=SHARE):.3f}")  # fmt: skip
+                  f"{router.threshold(cloud_share=SHARE):.3f}, " + ", ".join(
+                      f"{k} {m.threshold(cloud_share=SHARE):.3f}" for k, m in router.stage2.items()
+                      if k.startswith("combined")))  # fmt: skip
             matched = {}
             if any(r.endswith("here") for r in runs):
                 matched = await matched_policies(client, items, base, casc)
-            results: dict[str, list[tuple[bool, str, float]]] = {}
+            results: dict[str, list[tuple[bool, str, float, float]]] = {}
             for name in runs:
-                got: list[tuple[bool, str, float]] = []
+                got: list[tuple[bool, str, float, float]] = []
                 for i, it in enumerate(items):
                     kw: dict[str, Any] = {"max_tokens": it.max_tokens}
                     if name == "random":
@@ -165,21 +171,25 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
                         kw.update(policy=judged, plan="cascade")
                     else:
                         kw.update(policy=base)
+                    t0 = time.perf_counter()
                     r = await client.complete(it.prompt, **kw)
+                    wall = (time.perf_counter() - t0) * 1e3
                     served: str = r.trace.engine or "?"
-                    got.append((bool(lab.score(it, r.text)), served, r.trace.ttft_ms or 0.0))
+                    got.append((bool(lab.score(it, r.text)), served, r.trace.ttft_ms or 0.0, wall))
                 results[name] = got
                 print(f"  {name} done at {time.perf_counter() - t_start:.0f} s", flush=True)
-    print(f"\n{'router':<18} {'quality':>8} {'cloud share':>12} {'TTFT p50':>9} {'p95':>7}")
+    print(f"\n{'router':<18} {'quality':>8} {'cloud share':>12} {'TTFT p50':>9} {'p95':>7}"
+          f" {'total p50':>10} {'p95':>7}")  # fmt: skip
     for name, got in results.items():
-        ttft = [t for _, _, t in got]
-        print(f"{name:<18} {sum(c for c, _, _ in got) / len(got):8.3f} "
-              f"{sum(e == 'cloud' for _, e, _ in got) / len(got):12.1%} "
-              f"{statistics.median(ttft):7.0f}ms {pct(ttft, 0.95):5.0f}ms")  # fmt: skip
+        ttft, total = [t for _, _, t, _ in got], [w for _, _, _, w in got]
+        print(f"{name:<18} {sum(c for c, _, _, _ in got) / len(got):8.3f} "
+              f"{sum(e == 'cloud' for _, e, _, _ in got) / len(got):12.1%} "
+              f"{statistics.median(ttft):7.0f}ms {pct(ttft, 0.95):5.0f}ms "
+              f"{statistics.median(total):8.0f}ms {pct(total, 0.95):5.0f}ms")  # fmt: skip
     for name, got in results.items():
         for engine in ("local", "cloud"):
-            part = [c for c, e, _ in got if e == engine]
-            ttft = [t for _, e, t in got if e == engine]
+            part = [c for c, e, _, _ in got if e == engine]
+            ttft = [t for _, e, t, _ in got if e == engine]
             if part:
                 right, p50 = sum(part) / len(part), statistics.median(ttft)
                 print(f"  {name:<18} served by {engine:<5}: {len(part):3d} prompts, "
@@ -197,6 +207,8 @@ if __name__ == "__main__":
     ap.add_argument("--quick", action="store_true", help="12 prompts")
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--threads", type=int, help="llama.cpp threads per engine (default: all)")
+    ap.add_argument("--kinds", help="the kinds of prompt, comma-separated (default: "
+                    f"{','.join(KINDS)}; also {','.join(LONG)}: long answers)")  # fmt: skip
     ap.add_argument("--rows", default=",".join(ROWS),
                     help=f"routers to run, of: {', '.join(ROWS)}, cascade answer")  # fmt: skip
     a = ap.parse_args()
@@ -204,4 +216,10 @@ if __name__ == "__main__":
     unknown = set(rows) - {*ROWS, "cascade answer"}
     if unknown:
         ap.error(f"unknown rows {sorted(unknown)}")
+    if a.kinds:
+        every = {**KINDS, **LONG}
+        wanted = [k.strip() for k in a.kinds.split(",") if k.strip()]
+        if not wanted or set(wanted) - set(every):
+            ap.error(f"--kinds: of {', '.join(every)}")
+        KINDS = {k: every[k] for k in wanted}
     anyio.run(main, 12 if a.quick else a.n, a.seed, a.threads, rows)
