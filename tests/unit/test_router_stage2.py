@@ -14,7 +14,9 @@ import json
 import math
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,20 +36,30 @@ from hybridllm.routing.train import train
 from tests._router_data import write_fixture
 
 
-def write_signals(labels: Path, path: Path, seed: int = 0) -> Path:
+def write_side_file(
+    labels: Path, path: Path, seed: int, figures: Callable[[bool, random.Random], dict[str, Any]]
+) -> Path:
+    """A signals side file for the labels: `figures(local answer right, rng)` per row."""
     rng = random.Random(seed)
     with path.open("w") as f:
         for line in labels.read_text().splitlines():
             row = json.loads(line)
-            ok = row["local"]["correct"]
-            p = min(0.99, max(0.01, (0.85 if ok else 0.35) + rng.gauss(0, 0.12)))
-            sig = dict.fromkeys(SIGNAL_NAMES, None)
-            sig.update(first_p=p, first_entropy=2.0 * (1 - p), first_margin=p / 2,
-                       lp_mean=math.log(p), lp_min=math.log(p) - 0.3, lp_q10=math.log(p) - 0.2,
-                       lp_q25=math.log(p) - 0.1, lp_q50=math.log(p), answer_tokens=8.0,
-                       is_choice=0.0)  # fmt: skip
+            sig = figures(row["local"]["correct"], rng)
             f.write(json.dumps({"source": row["source"], "id": row["id"], "signals": sig}) + "\n")
     return path
+
+
+def write_signals(labels: Path, path: Path, seed: int = 0) -> Path:
+    def figures(ok: bool, rng: random.Random) -> dict[str, Any]:
+        p = min(0.99, max(0.01, (0.85 if ok else 0.35) + rng.gauss(0, 0.12)))
+        sig: dict[str, Any] = dict.fromkeys(SIGNAL_NAMES, None)
+        sig.update(first_p=p, first_entropy=2.0 * (1 - p), first_margin=p / 2,
+                   lp_mean=math.log(p), lp_min=math.log(p) - 0.3, lp_q10=math.log(p) - 0.2,
+                   lp_q25=math.log(p) - 0.1, lp_q50=math.log(p), answer_tokens=8.0,
+                   is_choice=0.0)  # fmt: skip
+        return sig
+
+    return write_side_file(labels, path, seed, figures)
 
 
 @pytest.fixture(scope="module")
@@ -209,18 +221,14 @@ def test_a_logged_cascade_without_rotations_teaches_the_plain_models_only(
 
 def write_whole(labels: Path, path: Path, seed: int = 1) -> Path:
     """Whole-answer figures whose last tokens tell, with noise, whether the answer was right."""
-    rng = random.Random(seed)
-    with path.open("w") as f:
-        for line in labels.read_text().splitlines():
-            row = json.loads(line)
-            ok = row["local"]["correct"]
-            tail = (-0.1 if ok else -1.6) + rng.gauss(0, 0.3)
-            sig = {"lp_mean": -0.5, "lp_min": -2.0, "lp_q10": -1.5, "lp_q25": -1.0,
-                   "lp_q50": -0.4, "answer_len": 4.0 + rng.random(), "answer_ended": 1.0,
-                   "tail_lp_mean": tail, "tail_lp_min": tail - 0.5,
-                   "repeat_share": rng.random() / 10}  # fmt: skip
-            f.write(json.dumps({"source": row["source"], "id": row["id"], "signals": sig}) + "\n")
-    return path
+
+    def figures(ok: bool, rng: random.Random) -> dict[str, Any]:
+        tail = (-0.1 if ok else -1.6) + rng.gauss(0, 0.3)
+        return {"lp_mean": -0.5, "lp_min": -2.0, "lp_q10": -1.5, "lp_q25": -1.0, "lp_q50": -0.4,
+                "answer_len": 4.0 + rng.random(), "answer_ended": 1.0, "tail_lp_mean": tail,
+                "tail_lp_min": tail - 0.5, "repeat_share": rng.random() / 10}  # fmt: skip
+
+    return write_side_file(labels, path, seed, figures)
 
 
 def test_whole_inputs_add_the_whole_answers_figures_to_the_heads() -> None:
