@@ -29,7 +29,10 @@ the shipped artifact's own calibration:
    `client.router_score`, one extra local pass): quality at a matched share, when the product's
    calibration (on all the labelled sources, gsm8k and code included) misses 30% here.
 6. with `--rows ...,"cascade answer"`: the cascade judging each whole local answer
-   (`cascade_judge = "answer"`, `complete()`), at the product's threshold.
+   (`cascade_judge = "answer"`, `complete()`), at the product's threshold; `"cascade answer
+   @30% here"`: the same with `router_threshold` where 30% of this workload's whole-answer
+   scores lie above it (one more pass that keeps every local answer and reads the score the
+   judge gave it, `trace.cascade["value"]`).
 Reported: the share graded right, the actual cloud share (the engine that served), TTFT p50/p95.
 No timed assertions.
 """
@@ -153,6 +156,18 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
             matched = {}
             if any(r.endswith("here") for r in runs):
                 matched = await matched_policies(client, items, base, casc)
+            if "cascade answer @30% here" in runs:
+                keep = judged.model_copy(update={"target_cloud_share": None,
+                                                 "router_threshold": 1.0})  # fmt: skip
+                values = []
+                for it in items:
+                    r = await client.complete(it.prompt, policy=keep, plan="cascade",
+                                              max_tokens=it.max_tokens)  # fmt: skip
+                    values.append(float((r.trace.cascade or {})["value"]))
+                cut = cut_at(values, SHARE)
+                print(f"whole-answer threshold putting {SHARE:.0%} of this workload above it: "
+                      f"{cut:.3f}", flush=True)  # fmt: skip
+                matched["cascade answer"] = keep.model_copy(update={"router_threshold": cut})
             results: dict[str, list[tuple[bool, str, float, float]]] = {}
             for name in runs:
                 got: list[tuple[bool, str, float, float]] = []
@@ -163,7 +178,7 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
                     elif name.endswith("here"):
                         kind = name.split(" @")[0]
                         kw.update(policy=matched[kind])
-                        if kind == "cascade":
+                        if kind.startswith("cascade"):
                             kw.update(plan="cascade")
                     elif name == "cascade":
                         kw.update(policy=casc, plan="cascade")
@@ -210,10 +225,11 @@ if __name__ == "__main__":
     ap.add_argument("--kinds", help="the kinds of prompt, comma-separated (default: "
                     f"{','.join(KINDS)}; also {','.join(LONG)}: long answers)")  # fmt: skip
     ap.add_argument("--rows", default=",".join(ROWS),
-                    help=f"routers to run, of: {', '.join(ROWS)}, cascade answer")  # fmt: skip
+                    help=f"routers to run, of: {', '.join(ROWS)}, cascade answer, "
+                    "cascade answer @30% here")  # fmt: skip
     a = ap.parse_args()
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
-    unknown = set(rows) - {*ROWS, "cascade answer"}
+    unknown = set(rows) - {*ROWS, "cascade answer", "cascade answer @30% here"}
     if unknown:
         ap.error(f"unknown rows {sorted(unknown)}")
     if a.kinds:
