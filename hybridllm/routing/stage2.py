@@ -58,8 +58,8 @@ def load_whole_inputs(path: Path, whole_path: Path | None = None) -> dict[str, d
     it); free-form rows without them are left out, multiple-choice rows kept as they are."""
     head = load_signals(path)
     whole = load_signals(whole_path or path.with_name(WHOLE_FILE))
-    return {k: whole_inputs(v, whole.get(k)) for k, v in head.items()
-            if k in whole or v.get("is_choice") == 1.0}  # fmt: skip
+    judged = {k: judged_inputs(v, whole.get(k)) for k, v in head.items()}
+    return {k: v for k, v in judged.items() if v is not None}
 
 
 def signal_inputs(signals: Signals, names: Sequence[str]) -> FloatArray:
@@ -217,6 +217,14 @@ def whole_inputs(head: Signals, whole: Signals | None) -> dict[str, float]:
         if name in LP_NAMES or name not in head:
             out[name] = math.nan if v is None else float(v)
     return out
+
+
+def judged_inputs(head: Signals, whole: Signals | None) -> dict[str, float] | None:
+    """`whole_inputs` for a row the "answer" models can judge (multiple choice, or a free-form
+    answer with its whole figures); None for a free-form row without them."""
+    if whole is None and head.get("is_choice") != 1.0:
+        return None
+    return whole_inputs(head, whole)
 
 
 def without_rotations(signals: Signals) -> bool:

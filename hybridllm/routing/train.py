@@ -341,10 +341,11 @@ def train(
 
         info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
         whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
-        whole = {**(load_signals(whole_path) if whole_path.is_file() else {}), **log_whole}
+        labelled = whole_path.is_file()
+        whole = {**(load_signals(whole_path) if labelled else {}), **log_whole}
         if whole:
-            info["whole"] = {"file": whole_path.name if whole_path.is_file() else None,
-                             "sha256": file_sha256(whole_path) if whole_path.is_file() else None,
+            info["whole"] = {"file": whole_path.name if labelled else None,
+                             "sha256": file_sha256(whole_path) if labelled else None,
                              "log_rows": len(log_whole)}  # fmt: skip
         parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
         oof = oof_logits(r, fitted.c, train_rows, label, seed)

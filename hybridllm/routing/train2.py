@@ -86,6 +86,7 @@ def train_stage2(
     metrics: dict[str, Any] = {}
     plain = tuple(n for n in names if not n.startswith(stage2.PERM_PREFIX))
     kinds = [*stage2.KINDS, *(stage2.PLAIN.values() if plain != names else ())]
+    base = {k: [signals[e.key] for e in v] for k, v in part.items()}
     judged = _whole_rows(part, signals, whole or {})
     if judged is not None:
         kinds += stage2.WHOLE.values()
@@ -95,10 +96,11 @@ def train_stage2(
         is_plain = kind in stage2.PLAIN.values()
         rows = judged if judged is not None and kind in stage2.WHOLE.values() else None
         names = plain if is_plain else all_names if rows is None else whole_names
-        if rows is not None:
-            sig = {k: [rows[k].get(i, {}) for i in range(len(v))] for k, v in part.items()}
-        else:
-            sig = {k: [signals[e.key] for e in v] for k, v in part.items()}
+        sig = (
+            base
+            if rows is None
+            else {k: [rows[k].get(i, {}) for i in range(len(v))] for k, v in part.items()}
+        )
         ok = {k: [i for i, v in enumerate(sig[k]) if _usable(rows, is_plain, k, i, v)]
               for k in ("train", "calibration")}  # fmt: skip
         zt, zc = z["train"][ok["train"]], z["calibration"][ok["calibration"]]
@@ -178,11 +180,8 @@ def _whole_rows(
     `MIN_WHOLE` whole answers in the training split or in the calibration split."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for k, rows in part.items():
-        out[k] = {}
-        for i, e in enumerate(rows):
-            head = signals[e.key]
-            if e.key in whole or head.get("is_choice") == 1.0:
-                out[k][i] = stage2.whole_inputs(head, whole.get(e.key))
+        judged = (stage2.judged_inputs(signals[e.key], whole.get(e.key)) for e in rows)
+        out[k] = {i: v for i, v in enumerate(judged) if v is not None}
     for k in ("train", "calibration"):
         if sum(e.key in whole for e in part[k]) < MIN_WHOLE[k]:
             return None

@@ -153,12 +153,12 @@ async def cascade(
             else:
                 from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
 
-                values = _whole_answer_inputs(sig) if whole else sig.values
+                head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
                 score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
                 release = score.value <= settings.cut
                 info.update(_describe(score, release, len(sig.answer)))
                 if whole:
-                    _judged_whole(info, sig, values)
+                    _judged_whole(info, sig, head, values)
                 rel = "<=" if release else ">"
                 n_held = len(sig.logprobs)
                 held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
@@ -187,31 +187,34 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return group.exceptions[0] if len(group.exceptions) == 1 else group
 
 
-def _whole_answer_inputs(sig: Any) -> dict[str, float]:
-    """Stage 2's inputs for a whole answer (`stage2.whole_inputs`): the first 8 tokens' figures
-    (what the other models read) with the log-probability summary over all the answer's tokens
-    and the figures only a whole answer has (`engines/_llama_whole.py`); a multiple-choice
-    answer is judged by its first tokens, as stage 2 learnt it."""
+def _whole_answer_inputs(sig: Any) -> tuple[dict[str, float], dict[str, float]]:
+    """(the first 8 tokens' figures, stage 2's inputs for the whole answer): the inputs
+    (`stage2.whole_inputs`) are those figures (what the other models read) with the
+    log-probability summary over all the answer's tokens and the figures only a whole answer
+    has (`engines/_llama_whole.py`); a multiple-choice answer is judged by its first tokens,
+    as stage 2 learnt it."""
     from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
     from hybridllm.engines._llama_whole import whole_figures
     from hybridllm.routing.stage2 import whole_inputs
 
     head = prefix_signals(sig.values, sig.logprobs, N_ANSWER)
     tokens = sig.tokens if len(sig.tokens) == len(sig.logprobs) else None
-    return whole_inputs(head, {**sig.values, **whole_figures(tokens, sig.logprobs, sig.ended)})
+    figures = whole_figures(tokens, sig.logprobs, sig.ended)
+    return head, whole_inputs(head, {**sig.values, **figures})
 
 
-def _judged_whole(info: dict[str, Any], sig: Any, values: dict[str, float]) -> None:
-    """The trace of a whole-answer judgement: the first 8 tokens' figures as `signals` (the
-    prefix models' training form, what the decision log learns from), the whole answer's beside
-    them (over all its tokens, with the figures only it has, from `values`)."""
-    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
+def _judged_whole(
+    info: dict[str, Any], sig: Any, head: dict[str, float], values: dict[str, float]
+) -> None:
+    """The trace of a whole-answer judgement: the first 8 tokens' figures (`head`) as `signals`
+    (the prefix models' training form, what the decision log learns from), the whole answer's
+    beside them (over all its tokens, with the figures only it has, from `values`)."""
 
     def clean(values: dict[str, float]) -> dict[str, float | None]:
         return {k: (None if math.isnan(v) else round(v, 6)) for k, v in values.items()}
 
     info["answer_signals"] = clean({**values, **sig.values})
-    info["signals"] = clean(prefix_signals(sig.values, sig.logprobs, N_ANSWER))
+    info["signals"] = clean(head)
     info["local_tokens"] = len(sig.logprobs)
 
 
