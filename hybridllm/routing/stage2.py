@@ -57,7 +57,13 @@ def load_whole_inputs(path: Path, whole_path: Path | None = None) -> dict[str, d
     `path` with the whole answers' figures (`whole_path`, default `answer_signals.jsonl` beside
     it); free-form rows without them are left out, multiple-choice rows kept as they are."""
     head = load_signals(path)
-    whole = load_signals(whole_path or path.with_name(WHOLE_FILE))
+    whole_path = whole_path or path.with_name(WHOLE_FILE)
+    if not whole_path.is_file():
+        raise ConfigError(
+            f"{whole_path}: whole answers' figures not found "
+            "(scripts/label_local_signals.py --whole)"
+        )
+    whole = load_signals(whole_path)
     judged = {k: judged_inputs(v, whole.get(k)) for k, v in head.items()}
     return {k: v for k, v in judged.items() if v is not None}
 

@@ -312,6 +312,10 @@ def test_eval_cross_validates_the_whole_answer_judge(
     inputs = load_whole_inputs(signals)
     assert f"{first['source']}/{first['id']}" not in inputs and len(inputs) == len(lines) - 1
     assert "tail_lp_mean" not in inputs[mc_key]  # a letter answer: judged by its head
+    from hybridllm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--whole"):  # no whole answers beside these signals
+        load_whole_inputs(data[1])
     argv = ["router", "eval", "--stage2", "--data", str(labels), "--signals", str(signals)]
     assert main([*argv, "--whole"]) == 0
     out = capsys.readouterr().out
