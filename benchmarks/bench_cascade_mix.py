@@ -6,9 +6,11 @@ Prompts: `-n` labelled prompts (data/router/labels.jsonl) with short gradeable a
 choice, yes/no, short phrase, arithmetic: gsm8k and code need hundreds of tokens), round-robin
 over the sources, seeded. Each answer is graded by the labeller's own grader
 (`scripts/label_router_data.py: score`) against the row's reference answer. The router was
-trained on every labelled row, so these prompts are in its training data: the figures are an
-in-sample check of the whole path (signals, thresholds, plans, engines), not a held-out
-estimate (that is `benchmarks/router_cv.py --stage2`).
+trained on the labels' train split and calibrated on their calibration split, so by default
+most of these prompts are in its training data: the figures are then an in-sample check of the
+whole path (signals, thresholds, plans, engines). `--split test` draws the prompts from the
+test split alone, which the shipped artifact never saw: a held-out estimate through the real
+engines (the cross-validated one is `benchmarks/router_cv.py --stage2`).
 
 `--kinds gsm8k,code,short,...` picks the kinds (gsm8k and code: long answers, the labels'
 `max_tokens`, where the "cascade answer" row's whole-answer judge matters; their TTFT under
@@ -55,6 +57,7 @@ import anyio
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
 from hybridllm.local.resolve import resolve_model
 from hybridllm.routing import Router
+from hybridllm.routing.data import split_of
 from hybridllm.testing import HybridServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,11 +79,11 @@ def _labeller() -> Any:
     return mod
 
 
-def workload(n: int, seed: int) -> list[dict[str, Any]]:
+def workload(n: int, seed: int, split: str = "all") -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in (ROOT / "data/router/labels.jsonl").read_text().splitlines()]
     by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["kind"] in KINDS:
+        if r["kind"] in KINDS and split in ("all", split_of(r["source"], str(r["id"]))):
             by[r["source"]].append(r)
     rng = random.Random(seed)
     for v in by.values():
@@ -128,9 +131,10 @@ def pct(xs: list[float], q: float) -> float:
 ROWS = ("stage 1", "cascade", "random", "stage 1 @30% here", "cascade @30% here")
 
 
-async def main(n: int, seed: int, threads: int | None, runs: list[str]) -> None:
+async def main(n: int, seed: int, threads: int | None, runs: list[str], split: str) -> None:
     lab = _labeller()
-    rows = workload(n, seed)
+    rows = workload(n, seed, split)
+    print(f"{len(rows)} prompts from the {split} rows of data/router/labels.jsonl")
     items = [lab.Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], KINDS[r["kind"]])
              for r in rows]  # fmt: skip
     router = Router.load()
@@ -221,6 +225,9 @@ if __name__ == "__main__":
     ap.add_argument("-n", type=int, default=40, help="prompts (default 40)")
     ap.add_argument("--quick", action="store_true", help="12 prompts")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--split", choices=("all", "test"), default="all",
+                    help="draw the prompts from every labelled row, or from the test split "
+                    "alone (held out from the shipped router)")  # fmt: skip
     ap.add_argument("--threads", type=int, help="llama.cpp threads per engine (default: all)")
     ap.add_argument("--kinds", help="the kinds of prompt, comma-separated (default: "
                     f"{','.join(KINDS)}; also {','.join(LONG)}: long answers)")  # fmt: skip
@@ -238,4 +245,4 @@ if __name__ == "__main__":
         if not wanted or set(wanted) - set(every):
             ap.error(f"--kinds: of {', '.join(every)}")
         KINDS = {k: every[k] for k in wanted}
-    anyio.run(main, 12 if a.quick else a.n, a.seed, a.threads, rows)
+    anyio.run(main, 12 if a.quick else a.n, a.seed, a.threads, rows, a.split)
