@@ -1,7 +1,7 @@
 """Stage-2 router variants against the shipped combination, under the same CV protocol.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/router_stage2_variants.py [--seeds 1]
-        [--folds 5] [--no-loso] [--quick] [--only NAME,NAME]
+        [--folds 5] [--no-loso] [--quick] [--only NAME,NAME] [--whole]
 
 The protocol is `hybridllm/routing/cv.py`'s: folds stratified by source, seeds 0..n-1, the
 training rows' stage-1 log-odds out-of-fold (inner 5-fold), the held-out rows' from stage 1 fitted
@@ -280,12 +280,15 @@ def main() -> None:
     ap.add_argument("--no-loso", action="store_true", help="skip leaving sources out")
     ap.add_argument("--quick", action="store_true", help="one seed, no sources left out (~15 s)")
     ap.add_argument("--only", default="", help="comma-separated variant names")
+    whole = "the whole-answer judge's inputs (as router_cv.py --stage2 --whole)"
+    ap.add_argument("--whole", action="store_true", help=whole)
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.no_loso = 1, True
     names = [n for n in VARIANTS if not args.only or n in args.only.split(",")]
     t0 = time.perf_counter()
-    d = cv.Data.build(load_examples(args.data), stage2.load_signals(args.signals))
+    load = stage2.load_whole_inputs if args.whole else stage2.load_signals
+    d = cv.Data.build(load_examples(args.data), load(args.signals))
     sig = stage2.design(None, d.signals, d.names)
     ic = sig[:, d.names.index("is_choice")]
     kind = np.array([kind_of(prompt_text(e.prompt), ic[i]) for i, e in enumerate(d.examples)])
