@@ -35,7 +35,9 @@ the shipped artifact's own calibration:
    @30% here"`: the same with `router_threshold` where 30% of this workload's whole-answer
    scores lie above it (one more pass that keeps every local answer and reads the score the
    judge gave it, `trace.cascade["value"]`).
-Reported: the share graded right, the actual cloud share (the engine that served), TTFT p50/p95.
+Reported: the share graded right, the actual cloud share (the engine that served), TTFT p50/p95,
+and for the cascade rows which stage-2 model judged (`trace.cascade["model"]`: `combined_plain`
+where the option rotations did not fit in the hold) or what ran instead (a race, a deadline).
 No timed assertions.
 """
 
@@ -48,7 +50,7 @@ import random
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +175,10 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                       f"{cut:.3f}", flush=True)  # fmt: skip
                 matched["cascade answer"] = keep.model_copy(update={"router_threshold": cut})
             results: dict[str, list[tuple[bool, str, float, float]]] = {}
+            judges: dict[str, Counter[str]] = {}
             for name in runs:
                 got: list[tuple[bool, str, float, float]] = []
+                judged_by = judges[name] = Counter()
                 for i, it in enumerate(items):
                     kw: dict[str, Any] = {"max_tokens": it.max_tokens}
                     if name == "random":
@@ -194,6 +198,9 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                     r = await client.complete(it.prompt, **kw)
                     wall = (time.perf_counter() - t0) * 1e3
                     served: str = r.trace.engine or "?"
+                    if r.trace.cascade is not None:  # which stage-2 model judged, or why none
+                        c = r.trace.cascade
+                        judged_by[str(c.get("model") or f"no judgement ({c.get('decision')})")] += 1
                     got.append((bool(lab.score(it, r.text)), served, r.trace.ttft_ms or 0.0, wall))
                 results[name] = got
                 print(f"  {name} done at {time.perf_counter() - t_start:.0f} s", flush=True)
@@ -213,6 +220,10 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                 right, p50 = sum(part) / len(part), statistics.median(ttft)
                 print(f"  {name:<18} served by {engine:<5}: {len(part):3d} prompts, "
                       f"right {right:.3f}, TTFT p50 {p50:.0f} ms")  # fmt: skip
+    for name, judged_by in judges.items():
+        if judged_by:
+            print(f"  {name:<18} judged by: " + ", ".join(f"{k} {v}" for k, v in
+                                                          judged_by.most_common()))  # fmt: skip
     lo = sum(r["local"]["correct"] for r in rows) / len(rows)
     hi = sum(r["cloud"]["correct"] for r in rows) / len(rows)
     print(f"labels for these prompts (multiple choice there: one grammar-constrained letter): "
