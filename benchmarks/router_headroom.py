@@ -50,14 +50,9 @@ def main() -> None:
     for seed in range(args.seeds):
         kf = StratifiedKFold(5, shuffle=True, random_state=seed)
         for tr, te in kf.split(d.source, d.source):
-            zo, zt = cv.oof_text_logits(d, tr, seed), cv.text_logits(d, tr, te)
-            st, se = [d.signals[i] for i in tr], [d.signals[i] for i in te]
-            x, xt = stage2.design(zo, st, d.names), stage2.design(zt, se, d.names)
-            y_tr = {h: v[tr] for h, v in d.y.items()}
-            mean, scale, heads, _ = stage2.fit(x, y_tr, x, y_tr)
-            xs = (xt - mean) / scale
-            p = {h: np.array([heads[h].prob(r) for r in xs]) for h in stage2.HEADS}
-            pc, pl, y, m = p["cloud_right"], p["local_right"], local[te], mc[te]
+            fitted = cv.scores(d, tr, te, seed)
+            pc, pl = fitted["cloud:combined"], fitted["local:combined"]
+            y, m = local[te], mc[te]
 
             def apgr(p_local: np.ndarray, pc: np.ndarray = pc, te: np.ndarray = te) -> float:
                 s = pc * (1.0 - p_local)

@@ -95,7 +95,8 @@ def _sig(z: FloatArray) -> FloatArray:
 
 
 def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArray]:
-    """Every method's scores for rows `te`, fitted on rows `tr`."""
+    """Every method's scores for rows `te`, fitted on rows `tr`; also, for stage 2's forms,
+    each head's probabilities ("local:<form>", "cloud:<form>")."""
     zt = text_logits(d, tr, te)
     out = {"stage 1": _product(_sig(zt[:, 0]), _sig(zt[:, 1]))}
     out["local:stage 1"] = _sig(zt[:, 1])
@@ -113,6 +114,7 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
         p = {h: np.array([heads[h].prob(r) for r in xs]) for h in stage2.HEADS}
         out[name] = _product(p["cloud_right"], p["local_right"])
         out[f"local:{name}"] = p["local_right"]
+        out[f"cloud:{name}"] = p["cloud_right"]
     cloud, local = d.y["cloud_right"], d.y["local_right"]
     gain = {s: cloud[tr][d.source[tr] == s].mean() - local[tr][d.source[tr] == s].mean()
             for s in set(d.source[tr].tolist())}  # fmt: skip
@@ -163,6 +165,7 @@ def cross_validate(
             for m, s in scores(d, tr, te, seed).items():
                 if m.startswith("local:"):
                     aucs[m[6:]].append(float(roc_auc_score(local[te], s)))
+                if ":" in m:  # a head's probabilities, not a method's scores
                     continue
                 overall[m].add(s, local[te], cloud[te])
                 pooled[m][te] = s
