@@ -4,8 +4,11 @@ one `InvalidArgumentError` naming the argument, the value and the rule.
 The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`):
 
     messages      a non-blank prompt string, or a non-empty sequence of {"role", "content"}
-                  mappings (role: system, user, assistant, developer, tool; content: a string);
-                  the last user message (else some message) must hold non-blank text
+                  mappings (role: system, user, assistant, developer; content: a string; an
+                  optional non-blank "name"); the last user message (else some message) must
+                  hold non-blank text. Any other field is refused, never dropped: tool calls
+                  (`tool_calls`, `tool_call_id`, `function_call`, a "tool" message) are not
+                  supported yet
     max_tokens    an int >= 1 (not a bool)
     temperature   a finite number from 0 to 2
     top_p         a finite number in (0, 1]
@@ -45,7 +48,11 @@ __all__ = [
     "top_p",
 ]
 
-ROLES = ("system", "user", "assistant", "developer", "tool")
+ROLES = ("system", "user", "assistant", "developer")
+FIELDS = ("role", "content", "name")  # what a message may hold (nothing else is dropped)
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
+TOOL_ROLES = ("tool", "function")
+NO_TOOLS = "tool calls are not supported yet (a later version of hybridllm adds them)"
 MAX_SEED = 2**32 - 1
 MAX_STOP = 16
 T = TypeVar("T")
@@ -182,16 +189,7 @@ def messages(value: object) -> tuple[dict[str, str], ...]:
         raise InvalidArgumentError(
             "messages", value, "a prompt string or a sequence of {'role', 'content'} mappings"
         )
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(value):
-        if not isinstance(m, Mapping):
-            raise InvalidArgumentError(f"messages[{i}]", m, "a mapping with role and content")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise InvalidArgumentError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
-        if not isinstance(content, str):
-            raise InvalidArgumentError(f"messages[{i}].content", content, "a string")
-        out.append({"role": str(role), "content": content})
+    out = [_message(i, m) for i, m in enumerate(value)]
     if not out:
         raise InvalidArgumentError("messages", value, "a non-empty sequence of messages")
     users = [i for i, m in enumerate(out) if m["role"] == "user"]
@@ -203,6 +201,32 @@ def messages(value: object) -> tuple[dict[str, str], ...]:
     if not any(m["content"].strip() for m in out):
         raise InvalidArgumentError("messages", value, "a conversation with some non-blank text")
     return tuple(out)
+
+
+def _message(i: int, m: object) -> dict[str, str]:
+    """One message, every field kept: role, content and an optional name; tool calls and any
+    other field are refused (`NO_TOOLS`), so nothing the caller wrote is silently dropped."""
+    if not isinstance(m, Mapping):
+        raise InvalidArgumentError(f"messages[{i}]", m, "a mapping with role and content")
+    role, content = m.get("role"), m.get("content")
+    for key in TOOL_FIELDS:  # before the content: an assistant tool call may have none
+        if key in m:
+            raise InvalidArgumentError(f"messages[{i}].{key}", m[key], f"absent: {NO_TOOLS}")
+    if role in TOOL_ROLES:
+        rule = "one of " + ", ".join(ROLES) + f" ({NO_TOOLS})"
+        raise InvalidArgumentError(f"messages[{i}].role", role, rule)
+    if role not in ROLES:
+        raise InvalidArgumentError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
+    for key in m:
+        if key not in FIELDS:
+            rule = "absent: a message holds only role, content and name"
+            raise InvalidArgumentError(f"messages[{i}].{key}", m[key], rule)
+    if not isinstance(content, str):
+        raise InvalidArgumentError(f"messages[{i}].content", content, "a string")
+    out = {"role": str(role), "content": content}
+    if "name" in m:
+        out["name"] = text(f"messages[{i}].name", m["name"])
+    return out
 
 
 def _range(what: str, minimum: float | None, maximum: float | None) -> str:

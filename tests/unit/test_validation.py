@@ -348,3 +348,43 @@ def test_cli_options_are_checked_before_any_work(
         code = exc.code  # type: ignore[assignment]
     assert code == 2
     assert "error: " in capsys.readouterr().err
+
+
+# ---- tool calls are refused, never stripped (issue 24) ----------------------------------------
+
+CALL = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+ASKED = {"role": "user", "content": "what is the weather?"}
+TOOL_MESSAGES = [
+    ({"role": "assistant", "content": "", "tool_calls": CALL}, "tool_calls"),
+    ({"role": "assistant", "content": None, "tool_calls": CALL}, "tool_calls"),
+    ({"role": "tool", "content": "{}", "tool_call_id": "c1"}, "tool_call_id"),
+    ({"role": "tool", "content": "{}"}, "role"),
+    ({"role": "assistant", "content": "", "function_call": {}}, "function_call"),
+    ({"role": "function", "content": "{}", "name": "f"}, "role"),
+]
+
+
+@pytest.mark.parametrize(("message", "key"), TOOL_MESSAGES)
+async def test_a_tool_call_message_is_refused_and_says_tools_are_not_supported(
+    message: dict[str, Any], key: str
+) -> None:
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        with pytest.raises(InvalidArgumentError) as info:
+            client.stream([ASKED, message])
+    assert info.value.argument == f"messages[1].{key}"
+    assert "tool calls are not supported yet" in str(info.value)
+    assert not local.requests and not cloud.requests
+
+
+async def test_a_message_field_the_sdk_does_not_send_is_refused_and_name_is_kept() -> None:
+    local, cloud = pair()
+    extra = [{"role": "user", "content": "hi", "refusal": None}]
+    named = [{"role": "user", "content": "hi", "name": "ada"}]
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        with pytest.raises(InvalidArgumentError, match=r"messages\[0\]\.refusal must be absent"):
+            client.stream(extra)
+        with pytest.raises(InvalidArgumentError, match=r"messages\[0\]\.name must be"):
+            client.stream([{"role": "user", "content": "hi", "name": 3}])
+        await client.complete(named, engine="cloud")
+    assert [dict(m) for m in cloud.requests[0].messages] == named
