@@ -1,5 +1,5 @@
 """The `server` extra in pyproject.toml lists exactly the third-party packages that
-`hybridllm/server/*.py` imports beyond the core dependencies: each one it needs, none it does not."""
+`hybridllm/server/*.py` imports beyond the core dependencies: each one it needs, none more."""
 
 from __future__ import annotations
 
