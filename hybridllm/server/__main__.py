@@ -5,13 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hybridllm.errors import HybridError
 from hybridllm.server.command import add_arguments, run
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m hybridllm.server")
     add_arguments(parser)
-    return run(parser.parse_args())
+    args = parser.parse_args()
+    try:
+        return run(args)
+    except HybridError as exc:  # a bad argument: one line, as `hybridllm serve` says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
