@@ -150,7 +150,7 @@ class OpenAIEngine:
 
     async def start(self) -> None:
         self._say()  # a missing key: said when the engine starts, not at every request
-        if self._client is None:
+        if self._client is None and self.api_key is not None:  # without one: made by the key
             self._client = openai.AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self.api_key or "",

@@ -217,3 +217,24 @@ async def test_a_forced_cloud_without_a_key_fails_at_once_with_a_config_error(
         async with HybridClient(cloud=lone, router=None) as client:
             with pytest.raises(CloudUnavailableError):
                 await client.complete("q")
+
+
+async def test_a_real_cloud_engine_without_a_key_lets_the_client_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No fake endpoint: the engine's own start() must not build an SDK client that refuses a
+    missing key ("Missing credentials"); the client opens and serves locally (issue 24)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    local = ScriptedEngine("local", tokens=["local"])
+    cloud = OpenAIEngine(base_url="http://127.0.0.1:9/v1", model="m")
+    pol = Policy(name="cloud-first", prefer="cloud")
+    with pytest.warns(RuntimeWarning, match="no API key"):
+        async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
+            async with client.stream("q") as s:
+                events = [e async for e in s.events()]
+            with pytest.raises(CloudUnavailableError, match="no API key"):
+                await client.complete("q", engine="cloud")
+    assert s.trace.engine == "local"
+    unavailable = [e for e in events if isinstance(e, CloudUnavailable)]
+    assert len(unavailable) == 1 and "OPENAI_API_KEY" in unavailable[0].reason
+    assert cloud.info().unavailable is not None and len(local.requests) == 1
