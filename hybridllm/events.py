@@ -22,8 +22,8 @@ Event                 what the app sees through `Stream.events()`
 
 Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as "queued" or
 "first_byte"; `RequestSent`, the typed mark "request_sent", says the request left for a billed
-endpoint; `Resumed`, the typed mark "resumed", says a preempted answer goes on), `Finish` (reason
-and usage).
+endpoint, with the output-token bound it carries (`TokenLimit`); `Resumed`, the typed mark
+"resumed", says a preempted answer goes on), `Finish` (reason and usage).
 """
 
 from __future__ import annotations
@@ -178,15 +178,29 @@ class Mark:
     t: float
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLimit:
+    """The output-token bound a request was sent with: the field (`param`: "max_tokens" or
+    "max_completion_tokens"), the value `sent`, and what the request `asked` (more than `sent`
+    when the engine's context could not hold it)."""
+
+    param: str
+    sent: int
+    asked: int
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class RequestSent(Mark):
     """The mark "request_sent": the request is leaving for the endpoint, which may bill it from
     here on (the cloud guard settles a reservation, rather than releasing it, once it sees this,
-    any text or a `Finish`)."""
+    any text or a `Finish`). `limit`: the output-token bound it carries (None: not said)."""
 
-    def __init__(self, t: float) -> None:
+    limit: TokenLimit | None
+
+    def __init__(self, t: float, *, limit: TokenLimit | None = None) -> None:
         object.__setattr__(self, "name", "request_sent")
         object.__setattr__(self, "t", t)
+        object.__setattr__(self, "limit", limit)
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import email.utils
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, cast
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -39,12 +41,25 @@ from hybridllm.engines.base import (
 )
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
-from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, RequestSent
+from hybridllm.events import (
+    PRIORITIES,
+    Chunk,
+    Delta,
+    EngineName,
+    Finish,
+    Mark,
+    RequestSent,
+    TokenLimit,
+)
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 Continuation = Literal["instruction", "continue_final_message"]
 CONTINUATIONS: tuple[Continuation, ...] = ("instruction", "continue_final_message")
 CONTINUE_FINAL = {"continue_final_message": True, "add_generation_prompt": False}
+TokenLimitParam = Literal["auto", "max_tokens", "max_completion_tokens"]
+TOKEN_LIMIT_PARAMS: tuple[TokenLimitParam, ...] = ("auto", "max_tokens", "max_completion_tokens")
+# OpenAI's reasoning models, which refuse `max_tokens` (o1, o3-mini, o4-mini, gpt-5, gpt-5.1, ...)
+REASONING_MODEL = re.compile(r"(o\d+|gpt-5)($|[-.])")
 NO_KEY = (
     "no API key: set OPENAI_API_KEY or pass api_key= (any non-empty value for a server that "
     "needs none)"
@@ -77,6 +92,14 @@ class OpenAIEngine:
     `hybridllm serve`): the delivered text is the final assistant message, left open, and the
     model continues the text itself; its prompt is the original prompt plus the delivered text,
     so a server's prefix cache covers all but the new tokens.
+
+    `max_context`: the endpoint's context in tokens, where known (None: not known). A request's
+    `max_tokens` is then sent cut to what the context leaves after the prompt (estimated: the
+    endpoint's tokenizer is not at hand), at least 1. `token_limit_param`: the field that carries
+    it. "auto": `max_completion_tokens` for OpenAI's reasoning models (o1, o3, o4-mini, the gpt-5
+    family) on OpenAI's own hosts (api.openai.com, *.openai.azure.com), which refuse
+    `max_tokens`; `max_tokens` elsewhere (llama-cpp-python's server knows no other; vLLM takes
+    both). The `RequestSent` mark carries what was sent (`TokenLimit`; `Trace.token_limit`).
     """
 
     def __init__(
@@ -92,8 +115,16 @@ class OpenAIEngine:
         max_concurrency: int | None = None,
         queue_timeout_s: float | None = None,
         continuation: Continuation = "instruction",
+        max_context: int | None = None,
+        token_limit_param: TokenLimitParam = "auto",
     ) -> None:
         self.limit = ConcurrencyLimit(name, max_concurrency, queue_timeout_s)
+        self.max_context = (
+            None if max_context is None else validate.integer("max_context", max_context, minimum=1)
+        )
+        self.token_limit_param = validate.one_of(
+            "token_limit_param", token_limit_param, TOKEN_LIMIT_PARAMS
+        )
         if continuation not in CONTINUATIONS:
             raise errors.InvalidArgumentError(
                 "continuation", continuation, " or ".join(map(repr, CONTINUATIONS))
@@ -168,6 +199,7 @@ class OpenAIEngine:
             expected_wait_s=self.limit.expected_wait_s(),
             wait_by_priority={p: self.limit.expected_wait_s(p) for p in PRIORITIES},
             unavailable=self.unavailable or self._queue_unavailable(),
+            n_ctx=self.max_context,
         )
 
     def _queue_unavailable(self) -> str | None:
@@ -182,6 +214,38 @@ class OpenAIEngine:
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return None  # the endpoint's tokenizer is not at hand
+
+    def token_limit(self, request: GenerationRequest) -> TokenLimit:
+        """The output-token bound `request` is sent with: `max_tokens`, cut to what
+        `max_context` leaves after the (estimated) prompt, in the field the endpoint accepts."""
+        sent = request.max_tokens
+        if self.max_context is not None:
+            prompt = estimate_prompt_tokens(self._messages(request))
+            sent = max(1, min(sent, self.max_context - prompt))
+        param = self.token_limit_param
+        if param == "auto":
+            host = urlsplit(self.base_url or "https://api.openai.com/v1").hostname or ""
+            own = host == "api.openai.com" or host.endswith(".openai.azure.com")  # OpenAI's
+            reasoning = own and REASONING_MODEL.match(self.model) is not None
+            param = "max_completion_tokens" if reasoning else "max_tokens"
+        return TokenLimit(param, sent, request.max_tokens)
+
+    def _fields(self, request: GenerationRequest, limit: TokenLimit) -> dict[str, Any]:
+        """The request's fields besides model, messages and stream."""
+        options = request.option(OpenAIOptions)
+        kwargs: dict[str, Any] = {} if options is None else options.fields()
+        kwargs[limit.param] = limit.sent
+        kwargs["temperature"], kwargs["top_p"] = request.temperature, request.top_p
+        if request.seed is not None:
+            kwargs["seed"] = request.seed
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        if self.include_usage:
+            kwargs["stream_options"] = {"include_usage": True}
+        if request.assistant_prefix and self.continuation == "continue_final_message":
+            extra = dict(kwargs.get("extra_body") or {})
+            kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
+        return kwargs
 
     def _messages(self, request: GenerationRequest) -> list[dict[str, str]]:
         """The chat messages (a continuation's included: `engines.base.chat_messages`, or the
@@ -205,17 +269,8 @@ class OpenAIEngine:
             await self.start()
         assert self._client is not None
         client, key = self._client, self.api_key
-        options = request.option(OpenAIOptions)
-        kwargs: dict[str, Any] = {} if options is None else options.fields()
-        if request.seed is not None:
-            kwargs["seed"] = request.seed
-        if request.stop:
-            kwargs["stop"] = list(request.stop)
-        if self.include_usage:
-            kwargs["stream_options"] = {"include_usage": True}
-        if request.assistant_prefix and self.continuation == "continue_final_message":
-            extra = dict(kwargs.get("extra_body") or {})
-            kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
+        limit = self.token_limit(request)
+        kwargs = self._fields(request, limit)
         received = False
         n_deltas = 0
         finish: str | None = None
@@ -231,14 +286,11 @@ class OpenAIEngine:
         self._active += 1
         stream: openai.AsyncStream[Any] | None = None
         try:
-            yield RequestSent(time.perf_counter())
+            yield RequestSent(time.perf_counter(), limit=limit)
             try:
                 raw = await client.chat.completions.with_raw_response.create(
                     model=self.model,
                     messages=self._messages(request),  # type: ignore[arg-type]
-                    max_tokens=request.max_tokens,
-                    temperature=request.temperature,
-                    top_p=request.top_p,
                     stream=True,
                     **kwargs,
                 )

@@ -9,7 +9,8 @@ The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`
                   hold non-blank text. Any other field is refused, never dropped: tool calls
                   (`tool_calls`, `tool_call_id`, `function_call`, a "tool" message) are not
                   supported yet
-    max_tokens    an int >= 1 (not a bool)
+    max_tokens    an int from 1 to 1048576 (`MAX_TOKENS`, 2**20: no engine's context is larger;
+                  not a bool); an engine that knows its context sends at most what it leaves
     temperature   a finite number from 0 to 2
     top_p         a finite number in (0, 1]
     stop          a non-empty string, or a sequence of at most 16 non-empty strings
@@ -31,6 +32,7 @@ from hybridllm.policy import Policy
 
 __all__ = [
     "MAX_SEED",
+    "MAX_TOKENS",
     "MAX_STOP",
     "ROLES",
     "directory",
@@ -54,6 +56,7 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
 TOOL_ROLES = ("tool", "function")
 NO_TOOLS = "tool calls are not supported yet (a later version of hybridllm adds them)"
 MAX_SEED = 2**32 - 1
+MAX_TOKENS = 2**20  # the hard ceiling of max_tokens: the largest context an engine may claim
 MAX_STOP = 16
 T = TypeVar("T")
 
@@ -148,7 +151,7 @@ def policy_ref(value: object, argument: str = "policy") -> str | Path | Policy |
 
 
 def max_tokens(value: object) -> int:
-    return integer("max_tokens", value, minimum=1)
+    return integer("max_tokens", value, minimum=1, maximum=MAX_TOKENS)
 
 
 def temperature(value: object) -> float:

@@ -39,6 +39,7 @@ from hybridllm.events import (
     Finish,
     Mark,
     Paused,
+    RequestSent,
     Resumed,
     Route,
     Token,
@@ -129,6 +130,8 @@ class RequestRun:
             self.emit(Paused(chunk.t, engine, pause.reason, pause.delivered_tokens, pause.ms,
                              pause.prefill_tokens))  # fmt: skip
         if isinstance(chunk, Mark):
+            if isinstance(chunk, RequestSent) and chunk.limit is not None:
+                self.trace.token_limit = chunk.limit  # what the serving engine was asked
             self.trace.mark(chunk.name, chunk.t)
         elif chunk.text:
             self.trace.token(chunk.t)

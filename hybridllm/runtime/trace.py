@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from hybridllm.events import EngineName
+from hybridllm.events import EngineName, TokenLimit
 
 if TYPE_CHECKING:
     from hybridllm.guard.budget import TokenUsage
@@ -110,6 +110,8 @@ class Trace:
     route_reason: str = ""
     decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
+    # the output-token bound the serving engine's request carried (the engine said it: the cloud)
+    token_limit: TokenLimit | None = None
     fallback_reason: str | None = None  # why another engine started (any reason, see below)
     # why the other engine started at once beside the primary (a predicted deadline miss; a
     # `ParallelStart` event), and which one; None: no parallel start

@@ -1,0 +1,152 @@
+"""What `OpenAIEngine` puts in a request body for the output bound (issue 24): `max_tokens` has a
+hard ceiling, an engine that knows its context sends at most what the context leaves, the field
+is the one the endpoint accepts (`max_completion_tokens` for OpenAI's reasoning models), and the
+trace says what was sent. The endpoint is a loopback recorder of request bodies."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from hybridllm import GenerationRequest, HybridClient, InvalidArgumentError, OpenAIEngine
+from hybridllm.engines.base import estimate_prompt_tokens
+from hybridllm.engines.validate import MAX_TOKENS
+from hybridllm.events import TokenLimit
+
+pytestmark = pytest.mark.anyio
+MSGS = ({"role": "user", "content": "hi"},)
+
+
+def _sse(delta: dict[str, Any], finish: str | None) -> bytes:
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }  # one chunk of OpenAI's stream shape
+    return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+class Recorder:
+    """A loopback chat endpoint that keeps every request body and answers "ok"."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length", 0))
+                outer.bodies.append(json.loads(self.rfile.read(length)))
+                body = _sse({"content": "ok"}, None) + _sse({}, "stop") + b"data: [DONE]\n\n"
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    rec = Recorder()
+    rec.thread.start()
+    try:
+        yield rec
+    finally:
+        rec.server.shutdown()
+        rec.server.server_close()
+        rec.thread.join(5)
+
+
+async def _complete(engine: OpenAIEngine, **kwargs: Any) -> Any:
+    async with HybridClient(cloud=engine, router=None) as client:
+        return await client.complete("hi", **kwargs)
+
+
+# ---- the ceiling and the context -------------------------------------------------------------
+
+
+async def test_max_tokens_above_the_ceiling_is_refused_before_anything_is_sent(
+    recorder: Recorder,
+) -> None:
+    engine = OpenAIEngine(base_url=recorder.url, api_key="k", model="m")
+    async with HybridClient(cloud=engine, router=None) as client:
+        with pytest.raises(InvalidArgumentError, match="max_tokens must be an int from 1 to"):
+            client.stream("hi", max_tokens=10**9)
+        with pytest.raises(InvalidArgumentError):
+            GenerationRequest(MSGS, max_tokens=MAX_TOKENS + 1)
+        done = await client.complete("hi", max_tokens=MAX_TOKENS)  # the ceiling itself passes
+    assert [b["max_tokens"] for b in recorder.bodies] == [MAX_TOKENS]  # no context: as asked
+    assert done.trace.token_limit == TokenLimit("max_tokens", MAX_TOKENS, MAX_TOKENS)
+
+
+async def test_a_known_context_bounds_what_is_sent_and_the_trace_says_so(
+    recorder: Recorder,
+) -> None:
+    engine = OpenAIEngine(base_url=recorder.url, api_key="k", model="m", max_context=100)
+    done = await _complete(engine, max_tokens=500_000)
+    sent = recorder.bodies[0]["max_tokens"]
+    assert 1 <= sent < 100 and sent + estimate_prompt_tokens(MSGS) == 100
+    assert done.trace.token_limit == TokenLimit("max_tokens", sent, 500_000)
+    assert engine.info().n_ctx == 100
+    small = await _complete(engine, max_tokens=5)  # what fits is sent as asked
+    assert recorder.bodies[1]["max_tokens"] == 5 and small.trace.token_limit.sent == 5
+
+
+def test_max_context_is_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match="max_context must be an int >= 1"):
+        OpenAIEngine(max_context=0)
+    with pytest.raises(InvalidArgumentError, match="token_limit_param must be one of"):
+        OpenAIEngine(token_limit_param="max_output_tokens")  # type: ignore[arg-type]
+
+
+# ---- max_tokens or max_completion_tokens -----------------------------------------------------
+
+
+async def test_max_completion_tokens_is_sent_when_asked_for(recorder: Recorder) -> None:
+    engine = OpenAIEngine(
+        base_url=recorder.url, api_key="k", model="m", token_limit_param="max_completion_tokens"
+    )
+    done = await _complete(engine, max_tokens=7)
+    body = recorder.bodies[0]
+    assert body["max_completion_tokens"] == 7 and "max_tokens" not in body
+    assert done.trace.token_limit == TokenLimit("max_completion_tokens", 7, 7)
+
+
+async def test_auto_sends_max_tokens_to_an_endpoint_that_is_not_openai(recorder: Recorder) -> None:
+    engine = OpenAIEngine(base_url=recorder.url, api_key="k", model="o3-mini")  # e.g. a vLLM
+    await _complete(engine, max_tokens=7)
+    body = recorder.bodies[0]
+    assert body["max_tokens"] == 7 and "max_completion_tokens" not in body
+
+
+@pytest.mark.parametrize(
+    ("base_url", "model", "param"),
+    [
+        (None, "o1", "max_completion_tokens"),  # the SDK's default host: api.openai.com
+        ("https://api.openai.com/v1", "o3-mini", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "o4-mini-2025-04-16", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "gpt-5", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "gpt-5.1-mini", "max_completion_tokens"),
+        ("https://me.openai.azure.com/openai/v1", "o3", "max_completion_tokens"),
+        ("https://api.openai.com/v1", "gpt-4o-mini", "max_tokens"),
+        ("https://api.openai.com/v1", "omni-moderation", "max_tokens"),
+        ("http://127.0.0.1:8000/v1", "gpt-5", "max_tokens"),
+    ],
+)
+def test_auto_chooses_by_host_and_model(base_url: str | None, model: str, param: str) -> None:
+    engine = OpenAIEngine(base_url=base_url, api_key="k", model=model)
+    assert engine.token_limit(GenerationRequest(MSGS, max_tokens=9)) == TokenLimit(param, 9, 9)
