@@ -259,7 +259,7 @@ class HybridClient:
         how = self._plan(decision, request, context, pol, lead, plan)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
-        run = RequestRun(trace, send, self._outcome, cloud_off)
+        run = RequestRun(trace, send, self._outcome, cloud_off, pol.ttft_deadline_ms)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:

@@ -3,6 +3,8 @@
 ```
 Event                 what the app sees through `Stream.events()`
 ├── Route             which engine serves the request, and why
+├── DeadlineMissed    the first token came after the policy's first-token deadline (sent
+│                     just before that first `Token`; `Trace.deadline_missed_ms`)
 ├── Token             one piece of answer text (never empty)
 ├── Fallback          another engine was started (deadline, failure, mid-stream failover)
 │   ├── Hedge         ... started early by a hedge
@@ -51,6 +53,17 @@ class Event:
 class Route(Event):
     engine: EngineName
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineMissed(Event):
+    """The first token reached the app `late_ms` after the policy's first-token deadline
+    (`deadline_ms`, from the `stream()` call), whichever plan and engine served it. Sent once,
+    just before that first `Token`; `Trace.deadline_missed_ms` holds the same figure."""
+
+    engine: EngineName
+    deadline_ms: float
+    late_ms: float
 
 
 @dataclass(frozen=True, slots=True)

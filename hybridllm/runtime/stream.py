@@ -32,6 +32,7 @@ from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import (
     Chunk,
     CloudUnavailable,
+    DeadlineMissed,
     Delta,
     Done,
     EngineName,
@@ -68,11 +69,14 @@ class RequestRun:
         send: MemoryObjectSendStream[StreamItem],
         on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
         cloud_unavailable: str | None = None,
+        deadline_ms: float | None = None,
     ) -> None:
         """`cloud_unavailable`: why routing left out a cloud this request could have used (a
         missing or refused key): the stream says so with a `CloudUnavailable` after its
-        `Route`."""
+        `Route`. `deadline_ms`: the policy's first-token deadline; a first token after it is
+        preceded by a `DeadlineMissed` (and noted in `trace.deadline_missed_ms`)."""
         self.trace = trace
+        self._deadline_ms = deadline_ms
         self._send = send
         self._on_outcome = on_outcome
         self._cloud_unavailable = cloud_unavailable
@@ -134,9 +138,20 @@ class RequestRun:
                 self.trace.token_limit = chunk.limit  # what the serving engine was asked
             self.trace.mark(chunk.name, chunk.t)
         elif chunk.text:
+            if not self.trace.token_times:
+                self._check_deadline(engine, chunk.t)
             self.trace.token(chunk.t)
             self._delivered.append(chunk.text)
             self.emit(Token(chunk.t, chunk.text, engine))
+
+    def _check_deadline(self, engine: EngineName, t: float) -> None:
+        """The first token (at `t`) came: say so if it missed the first-token deadline."""
+        if self._deadline_ms is None:
+            return
+        late_ms = (t - self.trace.t_start) * 1000.0 - self._deadline_ms
+        if late_ms > 0:
+            self.trace.deadline_missed_ms = late_ms
+            self.emit(DeadlineMissed(t, engine, self._deadline_ms, late_ms))
 
     @property
     def delivered_text(self) -> str:

@@ -110,6 +110,9 @@ class Trace:
     route_reason: str = ""
     decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
+    # how late the first token came after the policy's first-token deadline (a `DeadlineMissed`
+    # event); None: on time, no deadline, or no token
+    deadline_missed_ms: float | None = None
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
     fallback_reason: str | None = None  # why another engine started (any reason, see below)

@@ -6,6 +6,8 @@ integration tests.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -22,6 +24,7 @@ from hybridllm import (
     Token,
     Usage,
 )
+from hybridllm.events import DeadlineMissed
 
 pytestmark = pytest.mark.anyio
 
@@ -196,3 +199,47 @@ async def test_unexpected_engine_bug_reaches_the_app_and_the_client_survives() -
         with pytest.raises(ValueError, match="engine bug"):
             await client.complete("hi", engine="cloud")
         assert (await client.complete("hi", engine="local")).text == "fine"
+
+
+# ---- a missed first-token deadline is said (issue 24) ---------------------------------------
+
+
+def _late_pair() -> dict[str, ScriptedEngine]:
+    return {
+        "local": scripted_local(tokens=["a", "b"], ttft_s=0.05),
+        "cloud": ScriptedEngine("cloud", tokens=["c", "d"], ttft_s=0.05),
+    }
+
+
+@pytest.mark.parametrize(
+    ("engines", "plan"),
+    [(("local",), None), (("local", "cloud"), None), (("local", "cloud"), "handoff")],
+)
+async def test_a_first_token_after_the_deadline_is_an_event_and_on_the_trace(
+    engines: tuple[str, ...], plan: str | None
+) -> None:
+    pair = _late_pair()
+    pol = Policy(name="late", prefer="local", ttft_deadline_ms=1, handoff_after_tokens=1)
+    chosen: dict[str, Any] = {k: pair[k] for k in engines}
+    client = HybridClient(**chosen, policy=pol, router=None)
+    async with client, client.stream("hi", plan=plan) as s:  # type: ignore[arg-type]
+        events = [e async for e in s.events()]
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.count("DeadlineMissed") == 1
+    assert kinds.index("DeadlineMissed") == kinds.index("Token") - 1  # just before the first
+    missed = events[kinds.index("DeadlineMissed")]
+    assert isinstance(missed, DeadlineMissed) and missed.deadline_ms == 1
+    assert missed.engine == events[kinds.index("Token")].engine  # type: ignore[attr-defined]
+    assert s.trace.deadline_missed_ms == missed.late_ms and missed.late_ms > 0
+
+
+@pytest.mark.parametrize("deadline_ms", [None, 60_000.0])
+async def test_a_first_token_in_time_or_without_a_deadline_says_nothing(
+    deadline_ms: float | None,
+) -> None:
+    pol = Policy(name="calm", ttft_deadline_ms=deadline_ms)
+    async with HybridClient(local=scripted_local(tokens=["a"]), policy=pol) as client:
+        async with client.stream("hi") as s:
+            kinds = [type(e).__name__ for e in [e async for e in s.events()]]
+    assert "Token" in kinds and "DeadlineMissed" not in kinds
+    assert s.trace.deadline_missed_ms is None
