@@ -165,6 +165,7 @@ class _Handoff:
             for scope in self.scopes.values():
                 scope.cancel()
             self.timer.cancel()
+            self.send.close()  # what a stopping task still posts is dropped (`_post`)
             self.deadline_scope.cancel()
             self.warm_scope.cancel()
 

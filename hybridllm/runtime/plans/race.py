@@ -178,6 +178,7 @@ class _Race:
             for c in self.contenders.values():
                 c.scope.cancel()
             self.timer.cancel()
+            self.send.close()  # what a stopping contender still posts is dropped (`_post`)
 
     async def _next(self) -> None:
         """Wait for the next item (while an engine is serving, at most the stall limit) and hand
