@@ -313,3 +313,32 @@ def test_scored_top1_is_the_greedy_token_of_the_same_server(qwen_server: HybridS
             assert str(greedy) in entries[j], (j, greedy, ranked)
             assert top["logprob"] - entries[j][str(greedy)]["logprob"] <= 0.05, (j, ranked)
     assert parted <= 2, parted
+
+
+# ---- OpenAIEngine's output bound on a real server (issue 24) ----------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
+async def test_the_output_bound_reaches_the_server_in_either_field(
+    cloud_server: HybridServer, param: str
+) -> None:
+    from hybridllm import HybridClient, OpenAIEngine
+    from hybridllm.events import TokenLimit
+
+    field: Any = param
+    cloud = OpenAIEngine(
+        base_url=cloud_server.base_url,
+        api_key=API_KEY,
+        model=ALIAS,
+        max_context=1024,
+        token_limit_param=field,
+    )
+    async with HybridClient(cloud=cloud, router=None) as client:
+        short = await client.complete("Count from one to twenty.", max_tokens=3, temperature=0)
+        long = await client.complete("Say hi.", max_tokens=1_000_000, temperature=0)
+    assert short.trace.token_limit == TokenLimit(param, 3, 3)
+    assert short.trace.completion_tokens is not None and short.trace.completion_tokens <= 3
+    limit = long.trace.token_limit
+    assert limit is not None and limit.param == param and limit.asked == 1_000_000
+    assert 1 <= limit.sent < 1024 and long.trace.finish_reason in ("stop", "length")
