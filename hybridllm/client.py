@@ -50,6 +50,7 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.cascade import nothing_streamed, score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
+from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
@@ -259,7 +260,8 @@ class HybridClient:
         how = self._plan(decision, request, context, pol, lead, plan)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
-        run = RequestRun(trace, send, self._outcome, cloud_off)
+        due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
+        run = RequestRun(trace, send, self._outcome, cloud_off, RetryPolicy(pol.retries, due))
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:
