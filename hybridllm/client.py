@@ -117,9 +117,7 @@ class HybridClient:
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
             self._guard.preload_privacy = self.policy.privacy != "off"
-        gate = (
-            None if self._guard is None or self._guard.ledger is None else GuardBudget(self._guard)
-        )
+        gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
         self.decision_log = decision_log
@@ -276,16 +274,8 @@ class HybridClient:
         policy's `[budget]` caps go to the cloud guard (scoped by the policy's name)."""
         if self.privacy != "off" and policy.privacy == "off":
             policy = policy.model_copy(update={"privacy": self.privacy})
-        guard = self._guard
-        if guard is not None:
-            caps = policy_caps(policy)
-            if caps and guard.ledger is None and policy.name not in guard.scoped_caps:
-                warnings.warn(
-                    f"policy {policy.name!r} has budget caps, but the client has no prices= to "
-                    "cost cloud requests with: the caps are not enforced",
-                    stacklevel=3,
-                )
-            guard.scoped_caps[policy.name] = caps
+        if self._guard is not None:  # a cap it cannot cost is a PolicyError
+            self._guard.set_scoped_caps(policy.name, policy_caps(policy))
         return policy
 
     def decide(

@@ -73,6 +73,7 @@ from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
     ConfigError,
+    PolicyError,
     PrivacyBlockedError,
 )
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
@@ -182,7 +183,9 @@ class GuardedEngine:
         scanner: PrivacyScanner | None = None,
     ) -> None:
         """`ledger`: a `Ledger` or the path of its SQLite file; `prices`: a `Prices` or the path
-        of its TOML file; `caps` without a ledger get an in-memory one (this process only);
+        of its TOML file (None: the shipped prices, `Prices.shipped()`); `caps` without a ledger
+        get an in-memory one (this process only); a ledger for a model no price covers is a
+        `ConfigError`;
         `scanner`: the privacy scan (None: the process's shared one, patterns + NER when
         installed). `start()` loads its NER pipelines when privacy is on (`privacy` here, or
         `preload_privacy` set by a client whose policy turns it on)."""
@@ -190,7 +193,9 @@ class GuardedEngine:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
         if isinstance(ledger, str | Path):
             ledger = Ledger(ledger)
-        if isinstance(prices, str | Path):
+        if prices is None:
+            prices = Prices.shipped()
+        elif isinstance(prices, str | Path):
             prices = Prices.from_toml(prices)
         if caps and ledger is None:
             ledger = Ledger()  # caps need a ledger: an in-memory one for this process
@@ -204,11 +209,9 @@ class GuardedEngine:
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
         self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
         self.model = inner.info().model
-        self.price: ModelPrice | None = None
+        self.price: ModelPrice | None = prices.find(self.model)
         if ledger is not None:
-            if prices is None:
-                raise ConfigError("a budget ledger needs prices= to cost cloud requests")
-            self.price = prices.price(self.model)
+            self.price = prices.price(self.model)  # a ledger that cannot cost: the error now
 
     # ---- the Engine protocol ----------------------------------------------------------------
 
@@ -252,6 +255,21 @@ class GuardedEngine:
         if self.ledger is None:
             return None
         return self.ledger.remaining(self.caps_for(scope), scope)
+
+    def set_scoped_caps(self, scope: str, caps: Sequence[Cap]) -> None:
+        """The caps of one scope (a policy's own `[budget]`), set by the client as it meets the
+        policy. A cap the guard cannot cost (no price for the cloud model) is a `PolicyError`
+        here, at the first request under it, never a cap that silently does not hold."""
+        if caps and self.price is None:
+            raise PolicyError(
+                f"policy {scope!r} caps cloud spend, but the cloud model {self.model!r} has no "
+                "price to cost its requests with: pass prices= with a TOML file that prices it "
+                "(format: docs/privacy-and-budget.md), or use a policy without [budget]",
+                field="budget",
+            )
+        if caps and self.ledger is None:
+            self.ledger = Ledger()  # caps need a ledger: an in-memory one for this process
+        self.scoped_caps[scope] = tuple(caps)
 
     def caps_for(self, scope: str) -> tuple[Cap, ...]:
         """The client's caps plus the scope's own."""
