@@ -341,14 +341,16 @@ class Ledger:
         return Spend(spent / NANO, held / NANO, overrun / NANO)
 
     def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
-        """USD left under the tightest day/month cap that applies (None: no such cap). What a
-        router reads as "budget left"; a per-request cap is a limit per request, not a stock."""
+        """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
+        an overrun closed). What a router reads as "budget left"; a per-request cap is a limit
+        per request, not a stock."""
         left: float | None = None
         for cap in caps:
             if cap.period == "request" or not cap.applies(scope):
                 continue
             s = self.spend(cap.period, cap.scope)
-            room = max(0.0, cap.limit_usd - s.settled_usd - s.reserved_usd)
+            room = 0.0 if s.overrun_usd else cap.limit_usd - s.settled_usd - s.reserved_usd
+            room = max(0.0, room)  # a cap closed by an overrun has nothing left
             left = room if left is None else min(left, room)
         return left
 

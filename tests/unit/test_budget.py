@@ -275,7 +275,7 @@ def test_a_settle_above_the_reservation_is_recorded_and_closes_its_caps() -> Non
     assert ledger.entries()[0]["overrun_nano"] == 18_000_000
     with pytest.raises(BudgetExceededError, match="closed for this UTC day") as info:
         reserve(ledger, [day_cap], prompt=1, out=1)  # far under $1 left, still refused
-    assert info.value.spent_usd == pytest.approx(0.02)
+    assert info.value.spent_usd == pytest.approx(0.02) and ledger.remaining([day_cap]) == 0
     assert ledger.check(price=PRICE, prompt_tokens=1, max_tokens=1, caps=[day_cap]) is not None
     with pytest.raises(BudgetExceededError):  # a per-request cap of the overrun's scope too
         reserve(ledger, [Cap("chat", "request", 1.0)], prompt=1, out=1)
