@@ -50,6 +50,7 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.cascade import nothing_streamed, score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
+from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
@@ -116,9 +117,7 @@ class HybridClient:
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
             self._guard.preload_privacy = self.policy.privacy != "off"
-        gate = (
-            None if self._guard is None or self._guard.ledger is None else GuardBudget(self._guard)
-        )
+        gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
         self.decision_log = decision_log
@@ -259,7 +258,9 @@ class HybridClient:
         how = self._plan(decision, request, context, pol, lead, plan)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
-        run = RequestRun(trace, send, self._outcome, cloud_off, pol.ttft_deadline_ms)
+        due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
+        retry = RetryPolicy(pol.retries, due)
+        run = RequestRun(trace, send, self._outcome, cloud_off, pol.ttft_deadline_ms, retry)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:
@@ -274,16 +275,8 @@ class HybridClient:
         policy's `[budget]` caps go to the cloud guard (scoped by the policy's name)."""
         if self.privacy != "off" and policy.privacy == "off":
             policy = policy.model_copy(update={"privacy": self.privacy})
-        guard = self._guard
-        if guard is not None:
-            caps = policy_caps(policy)
-            if caps and guard.ledger is None and policy.name not in guard.scoped_caps:
-                warnings.warn(
-                    f"policy {policy.name!r} has budget caps, but the client has no prices= to "
-                    "cost cloud requests with: the caps are not enforced",
-                    stacklevel=3,
-                )
-            guard.scoped_caps[policy.name] = caps
+        if self._guard is not None:  # a cap it cannot cost is a PolicyError
+            self._guard.set_scoped_caps(policy.name, policy_caps(policy))
         return policy
 
     def decide(

@@ -16,6 +16,13 @@ sharing the file and many concurrent streams never overspend a cap together. Amo
 as integer nano-dollars (exact sums); days and months are UTC, taken at reservation time. A
 reservation left open by a crashed process expires after its time to live and is then counted at
 its worst case (what it may have cost) until, if ever, it is settled.
+
+The reservation is the request's bound, and the promise is that the ledger never exceeds a cap.
+A request settled above its reservation (a provider that billed past `max_tokens`, say) is an
+overrun: the ledger records what was billed (the money is spent) with the overrun beside it
+(`Spend.overrun_usd`, the entry's `overrun_nano`), and from then on every cap that applied to
+that request refuses every reservation until its period ends (a per-request or daily cap: the
+UTC day; a monthly cap: the UTC month), because the bound it relied on did not hold.
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ class Reservation:
 class Spend:
     settled_usd: float  # settled requests, plus expired reservations at their worst case
     reserved_usd: float  # open reservations
+    overrun_usd: float = 0.0  # billed above their reservations (the caps of those requests close)
 
 
 def utc_day_month(t: float) -> tuple[str, str]:
@@ -142,15 +150,22 @@ _MIGRATIONS: Steps = (
         PRIMARY KEY (period, scope)
     ) WITHOUT ROWID;
     """,
+    # 2: what was billed above a reservation (an overrun closes the caps of its request)
+    """
+    ALTER TABLE entries ADD COLUMN overrun_nano INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE totals ADD COLUMN overrun_nano INTEGER NOT NULL DEFAULT 0
+    """,
 )
 # `totals` keeps, per UTC day ("2026-11-30") and month ("2026-11") and per scope ("p:<policy>",
 # "*" for all), the spend (settled and expired entries at their cost) and the amount held by
-# open reservations, updated in the same transaction as `entries`: a reservation reads two rows
-# per cap however many requests the day had.
+# open reservations, and what settled above its reservation (overruns), updated in the same
+# transaction as `entries`: a reservation reads two rows per cap however many requests the day
+# had.
 _BUMP = """
-    INSERT INTO totals (period, scope, spent_nano, held_nano) VALUES (?, ?, ?, ?)
+    INSERT INTO totals (period, scope, spent_nano, held_nano, overrun_nano) VALUES (?, ?, ?, ?, ?)
     ON CONFLICT (period, scope) DO UPDATE SET
-        spent_nano = spent_nano + excluded.spent_nano, held_nano = held_nano + excluded.held_nano
+        spent_nano = spent_nano + excluded.spent_nano, held_nano = held_nano + excluded.held_nano,
+        overrun_nano = overrun_nano + excluded.overrun_nano
 """
 
 
@@ -236,7 +251,8 @@ class Ledger:
 
     def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
         """Record the real cost (USD) from the usage; the reservation's hold ends. Settling a
-        reservation that already expired replaces its worst case by this cost. A second settle
+        reservation that already expired replaces its worst case by this cost. A cost above the
+        reservation is recorded as it is, and as an overrun (see the module). A second settle
         or a settle after release changes nothing and returns the recorded cost."""
         cost = reservation.price.cost_nano(usage.prompt_tokens, usage.completion_tokens)
         with self._tx() as db:
@@ -287,14 +303,17 @@ class Ledger:
         month: str,
     ) -> BudgetExceededError | None:
         """THE cap check (`reserve` and `check`): per-request caps first, then each day and
-        month cap against its spend and open reservations, in nano-dollars."""
+        month cap against its spend and open reservations, in nano-dollars; a cap closed by an
+        overrun in its period (see the module) refuses whatever the amount."""
         applicable = [c for c in caps if c.applies(scope)]
         applicable.sort(key=lambda c: c.period != "request")
         for cap in applicable:
-            spent = held = 0
-            if cap.period != "request":
-                key = day if cap.period == "day" else month
-                spent, held = self._sums(db, cap.period, key, cap.scope)
+            key = month if cap.period == "month" else day
+            spent, held, overrun = self._sums(db, key, cap.scope)
+            if cap.period == "request":
+                spent = held = 0
+            if overrun:
+                return _exceeded(cap, spent, held, amount, overrun=overrun)
             if spent + held + amount > _nano(cap.limit_usd):
                 return _exceeded(cap, spent, held, amount)
         return None
@@ -318,18 +337,20 @@ class Ledger:
             now = self._clock()
             self._expire(db, now)
             day, month = utc_day_month(now if at is None else at)
-            spent, held = self._sums(db, period, day if period == "day" else month, scope)
-        return Spend(spent / NANO, held / NANO)
+            spent, held, overrun = self._sums(db, day if period == "day" else month, scope)
+        return Spend(spent / NANO, held / NANO, overrun / NANO)
 
     def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
-        """USD left under the tightest day/month cap that applies (None: no such cap). What a
-        router reads as "budget left"; a per-request cap is a limit per request, not a stock."""
+        """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
+        an overrun closed). What a router reads as "budget left"; a per-request cap is a limit
+        per request, not a stock."""
         left: float | None = None
         for cap in caps:
             if cap.period == "request" or not cap.applies(scope):
                 continue
             s = self.spend(cap.period, cap.scope)
-            room = max(0.0, cap.limit_usd - s.settled_usd - s.reserved_usd)
+            room = 0.0 if s.overrun_usd else cap.limit_usd - s.settled_usd - s.reserved_usd
+            room = max(0.0, room)  # a cap closed by an overrun has nothing left
             left = room if left is None else min(left, room)
         return left
 
@@ -362,36 +383,46 @@ class Ledger:
         return len(stale)
 
     @staticmethod
-    def _sums(db: sqlite3.Connection, period: str, key: str, scope: str | None) -> tuple[int, int]:
+    def _sums(db: sqlite3.Connection, key: str, scope: str | None) -> tuple[int, int, int]:
+        """Spent, held and overrun nano-dollars of one UTC day or month (`key`) and scope."""
         row = db.execute(
-            "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
+            "SELECT spent_nano, held_nano, overrun_nano FROM totals WHERE period = ? AND scope = ?",
             (key, "*" if scope is None else f"p:{scope}"),
         ).fetchone()
-        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+        return (0, 0, 0) if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
 
 def _bump(
-    db: sqlite3.Connection, scope: str, day: str, month: str, *, spent: int, held: int
+    db: sqlite3.Connection,
+    scope: str,
+    day: str,
+    month: str,
+    *,
+    spent: int,
+    held: int,
+    overrun: int = 0,
 ) -> None:
     for period in (day, month):
         for key in ("*", f"p:{scope}"):
-            db.execute(_BUMP, (period, key, spent, held))
+            db.execute(_BUMP, (period, key, spent, held, overrun))
 
 
 def _close(db: sqlite3.Connection, rid: int, cost: int) -> bool:
-    """End an open (reserved or expired) entry at `cost` and move the totals; False if it was
-    already closed (settled or released) or is unknown."""
+    """End an open (reserved or expired) entry at `cost` and move the totals (a cost above the
+    reservation is an overrun too); False if it was already closed (settled or released) or is
+    unknown."""
     row = db.execute(
         "SELECT state, scope, day, month, reserved_nano FROM entries WHERE id = ?", (rid,)
     ).fetchone()
     if row is None or row[0] not in ("reserved", "expired"):
         return False
     state, scope, day, month, amount = row
+    over = max(0, cost - amount)
     if state == "reserved":
-        _bump(db, scope, day, month, spent=cost, held=-amount)
+        _bump(db, scope, day, month, spent=cost, held=-amount, overrun=over)
     else:  # expired: it was counted as spent at its worst case
-        _bump(db, scope, day, month, spent=cost - amount, held=0)
-    db.execute("UPDATE entries SET cost_nano = ? WHERE id = ?", (cost, rid))
+        _bump(db, scope, day, month, spent=cost - amount, held=0, overrun=over)
+    db.execute("UPDATE entries SET cost_nano = ?, overrun_nano = ? WHERE id = ?", (cost, over, rid))
     return True
 
 
@@ -423,9 +454,16 @@ def _nano(usd: float) -> int:
     return round(Decimal(str(usd)) * NANO)
 
 
-def _exceeded(cap: Cap, spent: int, held: int, amount: int) -> BudgetExceededError:
+def _exceeded(
+    cap: Cap, spent: int, held: int, amount: int, *, overrun: int = 0
+) -> BudgetExceededError:
+    name = cap.describe()
+    if overrun:
+        per = "month" if cap.period == "month" else "day"
+        billed = f"{overrun / NANO:.9f}".rstrip("0")
+        name += f" (closed for this UTC {per}: a request was billed ${billed} over its bound)"
     return BudgetExceededError(
-        cap=cap.describe(),
+        cap=name,
         limit_usd=cap.limit_usd,
         spent_usd=spent / NANO,
         reserved_usd=held / NANO,

@@ -18,7 +18,16 @@ the consumer left early, the request was cancelled or failed mid-answer; release
 was never sent (the engine yielded no `RequestSent` mark, which it yields just before sending, no
 text and no `Finish`) or the endpoint answered with an HTTP error status (not billed). A settle
 without reported usage counts the prompt at `prompt_token_bound` (the one upper bound, the same
-the reservation held): the ledger may overstate such a request, never understate it.
+the reservation held) and the deltas received: the ledger may overstate such a request, never
+understate it.
+
+The reservation is the request's true upper bound (`request_output_bound`: `max_tokens`, or a
+larger one in `extra_body`, times its `n`, plus a Predicted Outputs prediction, whose rejected
+tokens are billed as output), and the stream is held to it: an endpoint that sends more content
+deltas than that bound is cut there (the answer ends with finish reason "length"). A request
+settled above its reservation anyway (the usage it reports says more) is recorded as billed and
+as an overrun: the ledger closes the request's caps (`guard.budget`), and the request's trace
+says so (`Trace.overrun_usd`).
 
 Where a request may go and under whose budget is not part of the request (`GenerationRequest`
 is wire-only): the client passes a `RequestContext` (the policy's scope, its privacy mode) beside
@@ -32,6 +41,7 @@ around the guard.
 
 from __future__ import annotations
 
+import time
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -58,10 +68,12 @@ from hybridllm.engines.base import (
     chat_messages,
     prompt_token_bound,
 )
+from hybridllm.engines.options import OpenAIOptions
 from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
     ConfigError,
+    PolicyError,
     PrivacyBlockedError,
 )
 from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
@@ -76,8 +88,9 @@ _SCAN_IN_THREAD_CHARS = 32_000  # longer requests are scanned on a worker thread
 _NER_IN_THREAD_CHARS = 2_000  # with the NER layer on: about 10 ms and more
 
 
-# told of each settled cloud request: the usage counted and its cost in USD
-SettleHook = Callable[[TokenUsage, float], None]
+# told of each settled cloud request: the usage counted, its cost in USD, and what of that cost
+# lay above its reservation (an overrun; 0.0 for a request that kept to its bound)
+SettleHook = Callable[[TokenUsage, float, float], None]
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,26 @@ def request_token_bound(request: GenerationRequest) -> int:
     """The prompt tokens a reservation holds for `request`: `prompt_token_bound` of the chat
     messages it sends (a continuation's included)."""
     return prompt_token_bound(chat_messages(request))
+
+
+def request_output_bound(request: GenerationRequest) -> int:
+    """The most output tokens `request` can be billed: `max_tokens` (or a larger `max_tokens` /
+    `max_completion_tokens` in `OpenAIOptions.extra_body`) plus a Predicted Outputs prediction
+    (one token per byte at most; rejected prediction tokens are billed as output), times the
+    choices asked for (`n` in `extra_body`)."""
+    out, n, prediction = request.max_tokens, 1, 0
+    options = request.option(OpenAIOptions)
+    if options is not None:
+        extra = options.extra_body or {}
+        out = max(out, _count(extra.get("max_tokens")), _count(extra.get("max_completion_tokens")))
+        n = max(1, _count(extra.get("n")))
+        prediction = len((options.prediction or "").encode("utf-8"))
+    return (out + prediction) * n
+
+
+def _count(value: object) -> int:
+    """A JSON field's positive integer, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def request_texts(request: GenerationRequest) -> Iterator[tuple[str, str]]:
@@ -150,7 +183,9 @@ class GuardedEngine:
         scanner: PrivacyScanner | None = None,
     ) -> None:
         """`ledger`: a `Ledger` or the path of its SQLite file; `prices`: a `Prices` or the path
-        of its TOML file; `caps` without a ledger get an in-memory one (this process only);
+        of its TOML file (None: the shipped prices, `Prices.shipped()`); `caps` without a ledger
+        get an in-memory one (this process only); a ledger for a model no price covers is a
+        `ConfigError`;
         `scanner`: the privacy scan (None: the process's shared one, patterns + NER when
         installed). `start()` loads its NER pipelines when privacy is on (`privacy` here, or
         `preload_privacy` set by a client whose policy turns it on)."""
@@ -158,7 +193,9 @@ class GuardedEngine:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
         if isinstance(ledger, str | Path):
             ledger = Ledger(ledger)
-        if isinstance(prices, str | Path):
+        if prices is None:
+            prices = Prices.shipped()
+        elif isinstance(prices, str | Path):
             prices = Prices.from_toml(prices)
         if caps and ledger is None:
             ledger = Ledger()  # caps need a ledger: an in-memory one for this process
@@ -172,11 +209,9 @@ class GuardedEngine:
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
         self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
         self.model = inner.info().model
-        self.price: ModelPrice | None = None
+        self.price: ModelPrice | None = prices.find(self.model)
         if ledger is not None:
-            if prices is None:
-                raise ConfigError("a budget ledger needs prices= to cost cloud requests")
-            self.price = prices.price(self.model)
+            self.price = prices.price(self.model)  # a ledger that cannot cost: the error now
 
     # ---- the Engine protocol ----------------------------------------------------------------
 
@@ -221,6 +256,21 @@ class GuardedEngine:
             return None
         return self.ledger.remaining(self.caps_for(scope), scope)
 
+    def set_scoped_caps(self, scope: str, caps: Sequence[Cap]) -> None:
+        """The caps of one scope (a policy's own `[budget]`), set by the client as it meets the
+        policy. A cap the guard cannot cost (no price for the cloud model) is a `PolicyError`
+        here, at the first request under it, never a cap that silently does not hold."""
+        if caps and self.price is None:
+            raise PolicyError(
+                f"policy {scope!r} caps cloud spend, but the cloud model {self.model!r} has no "
+                "price to cost its requests with: pass prices= with a TOML file that prices it "
+                "(format: docs/privacy-and-budget.md), or use a policy without [budget]",
+                field="budget",
+            )
+        if caps and self.ledger is None:
+            self.ledger = Ledger()  # caps need a ledger: an in-memory one for this process
+        self.scoped_caps[scope] = tuple(caps)
+
     def caps_for(self, scope: str) -> tuple[Cap, ...]:
         """The client's caps plus the scope's own."""
         return self.caps + self.scoped_caps.get(scope, ())
@@ -252,7 +302,8 @@ class GuardedEngine:
         )
 
     async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:
-        return await self._reserve_tokens(request_token_bound(request), request.max_tokens, scope)
+        prompt, out = request_token_bound(request), request_output_bound(request)
+        return await self._reserve_tokens(prompt, out, scope)
 
     async def _reserve_tokens(self, prompt: int, max_tokens: int, scope: str) -> Reservation | None:
         if self.ledger is None or self.price is None:
@@ -281,8 +332,10 @@ class GuardedEngine:
     ) -> T:
         """A cloud call that is not a chat stream (a speculative plan's verification round):
         the same privacy scan of every outgoing text, a reservation of `prompt_tokens` (an
-        upper bound of what it sends) and `max_tokens`, and a settlement of the usage `call`
-        returns (None: the bounds, estimated). An error status before content releases it."""
+        upper bound of what it sends) and `max_tokens` (an upper bound of the output it can be
+        billed: with Predicted Outputs, the prediction's tokens too), and a settlement of the
+        usage `call` returns (None: the bounds, estimated; above them: an overrun). An error
+        status before content releases it."""
         context = context or RequestContext()
         mode = context.privacy or self.privacy
         if mode == "keep-local":
@@ -317,14 +370,16 @@ class GuardedEngine:
         usage: TokenUsage | None,
         prompt_tokens: int,
         max_tokens: int,
-    ) -> tuple[TokenUsage, float] | None:
+    ) -> tuple[TokenUsage, float, float] | None:
+        """Settle (or release) `reservation`: the usage, its cost and the overrun (USD)."""
         ledger = self.ledger
         assert ledger is not None
         if not billed:
             await anyio.to_thread.run_sync(ledger.release, reservation)
             return None
         usage = usage or TokenUsage(prompt_tokens, max_tokens, estimated=True)
-        return usage, await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
+        cost = await anyio.to_thread.run_sync(ledger.settle, reservation, usage)
+        return usage, cost, max(0.0, cost - reservation.amount_usd)
 
     async def stream(
         self, request: GenerationRequest, context: RequestContext | None = None
@@ -354,31 +409,34 @@ class GuardedEngine:
                     elif isinstance(chunk, Delta) and chunk.text:
                         sent = True  # text came back: it was sent, whatever the engine marked
                         deltas += 1
+                        if reservation is not None and deltas > reservation.max_tokens:
+                            break  # past the bound it was reserved for: cut here
                     elif isinstance(chunk, Finish):
                         sent = True
                         finish = chunk
                     yield chunk
+            if reservation is not None and deltas > reservation.max_tokens:
+                yield Finish("length", None, None, time.perf_counter(), usage_estimated=True)
         except CloudStatusError as exc:
             billed = exc.received_content  # an error status before any content is not billed
             raise
         finally:
             if reservation is not None:
                 with anyio.CancelScope(shield=True):
-                    settled = await self._close(
-                        reservation, request, sent and billed, finish, deltas
-                    )
+                    settled = await self._close(reservation, sent and billed, finish, deltas)
                 if settled is not None and context.on_settle is not None:
                     context.on_settle(*settled)
 
     async def _close(
         self,
         reservation: Reservation,
-        request: GenerationRequest,
         billed: bool,
         finish: Finish | None,
         deltas: int,
-    ) -> tuple[TokenUsage, float] | None:
-        """Settle (billed) or release the reservation; the usage and cost settled, if any."""
+    ) -> tuple[TokenUsage, float, float] | None:
+        """Settle (billed) or release the reservation; the usage, cost and overrun settled, if
+        any. Without reported usage: the prompt bound and every delta received, even past the
+        bound (what was cut still shows as an overrun)."""
         usage: TokenUsage | None = None
         if (
             billed
@@ -389,7 +447,6 @@ class GuardedEngine:
         ):
             usage = TokenUsage(finish.prompt_tokens, finish.completion_tokens)
         # no usage reported: the prompt bound and the deltas counted (one token each)
-        deltas = min(deltas, request.max_tokens)
         return await self._settle_call(
             reservation, billed, usage, reservation.prompt_tokens, deltas
         )

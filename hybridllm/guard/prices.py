@@ -1,8 +1,15 @@
-"""Prices per cloud model (USD per million input and output tokens), loadable from TOML."""
+"""Prices per cloud model (USD per million input and output tokens), loadable from TOML.
+
+`Prices.shipped()`: the prices hybridllm ships (`prices.toml` beside this module: a few OpenAI
+models, dated), which the cloud guard uses when the client is given no `prices=`, so that a
+policy's budget caps hold for those models. A model not listed there, such as a user's own
+endpoint, needs a prices file of its own (the same format; `default` prices any model).
+"""
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from decimal import Decimal
 from pathlib import Path
@@ -12,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hybridllm.errors import ConfigError
 
 NANO = 1_000_000_000  # ledger units per USD
+_SHIPPED = Path(__file__).with_name("prices.toml")
+_SNAPSHOT = re.compile(r"^(?P<model>.+)-\d{4}-\d{2}-\d{2}$")  # "gpt-4o-mini-2024-07-18"
 
 
 class ModelPrice(BaseModel):
@@ -47,12 +56,30 @@ class Prices(BaseModel):
     models: dict[str, ModelPrice] = Field(default_factory=dict)
     default: ModelPrice | None = None
 
+    def find(self, model: str) -> ModelPrice | None:
+        """The model's price: listed, listed for the model a dated snapshot names, or the
+        default (None: none of them)."""
+        found = self.models.get(model)
+        snapshot = _SNAPSHOT.match(model)
+        if found is None and snapshot is not None:
+            found = self.models.get(snapshot["model"])
+        return self.default if found is None else found
+
     def price(self, model: str) -> ModelPrice:
-        found = self.models.get(model, self.default)
+        """`find`, or a `ConfigError` that names the priced models and the way out."""
+        found = self.find(model)
         if found is None:
             known = ", ".join(sorted(self.models)) or "(none)"
-            raise ConfigError(f"no price for model {model!r}; priced models: {known}")
+            raise ConfigError(
+                f"no price for model {model!r}; priced models: {known} (pass prices= with a "
+                "TOML file that prices it; format: docs/privacy-and-budget.md)"
+            )
         return found
+
+    @classmethod
+    def shipped(cls) -> Prices:
+        """The prices hybridllm ships (see the module)."""
+        return cls.from_toml(_SHIPPED)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Prices:

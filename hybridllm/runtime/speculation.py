@@ -190,6 +190,9 @@ def _through(guarded: Guarded) -> Around:
         else:  # token ids (of the same fixed probe text)
             texts, bound = [], len(prompt) if isinstance(prompt, list) else 64
         max_out = int(body.get("max_tokens", 16))
+        predicted = body.get("prediction")  # Predicted Outputs: rejected ones bill as output
+        if isinstance(predicted, dict):
+            max_out += len(str(predicted.get("content", "")).encode("utf-8"))
 
         async def call() -> tuple[dict[str, Any], TokenUsage | None]:
             data = await post(path, body)

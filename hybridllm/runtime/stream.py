@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import aclosing
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -46,6 +47,7 @@ from hybridllm.events import (
     Token,
     Usage,
 )
+from hybridllm.runtime.retry import RetryPolicy, Tries
 from hybridllm.runtime.trace import Pause, Trace
 
 
@@ -70,13 +72,16 @@ class RequestRun:
         on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
         cloud_unavailable: str | None = None,
         deadline_ms: float | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """`cloud_unavailable`: why routing left out a cloud this request could have used (a
         missing or refused key): the stream says so with a `CloudUnavailable` after its
         `Route`. `deadline_ms`: the policy's first-token deadline; a first token after it is
-        preceded by a `DeadlineMissed` (and noted in `trace.deadline_missed_ms`)."""
+        preceded by a `DeadlineMissed` (and noted in `trace.deadline_missed_ms`). `retry`: how
+        each engine stream is retried (None: never)."""
         self.trace = trace
         self._deadline_ms = deadline_ms
+        self.retry = retry or RetryPolicy()
         self._send = send
         self._on_outcome = on_outcome
         self._cloud_unavailable = cloud_unavailable
@@ -178,12 +183,32 @@ class RequestRun:
     async def relay(
         self, engine: Engine, request: GenerationRequest, handle: Callable[[Chunk], None]
     ) -> None:
-        """Stream `engine` into `handle`, reporting the engine's health (first content token or
-        a clean finish: healthy; an error: its outcome). The stream is always closed."""
+        """Stream `engine` into `handle`, retrying a retryable failure before any content as the
+        request's `RetryPolicy` allows (`runtime.retry`: every plan streams through here)."""
+        await self.retry.run(
+            partial(self._relay_once, engine, request, handle),
+            first_token_due=lambda: not self._delivered,
+            on_retry=self._retried,
+        )
+
+    def _retried(self, exc: errors.EngineError) -> None:
+        self.trace.retries += 1
+
+    async def _relay_once(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        handle: Callable[[Chunk], None],
+        tries: Tries,
+    ) -> None:
+        """One attempt, reporting the engine's health (first content token or a clean finish:
+        healthy; an error: its outcome). The stream is always closed."""
         healthy = False
         try:
             async with aclosing(engine.stream(request)) as chunks:
                 async for chunk in chunks:
+                    if isinstance(chunk, Finish) or isinstance(chunk, Delta) and chunk.text:
+                        tries.content = True
                     if not healthy and isinstance(chunk, Delta) and chunk.text:
                         healthy = True
                         self.outcome(engine.name, None)

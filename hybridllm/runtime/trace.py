@@ -46,6 +46,8 @@ class Spend:
     completion_tokens: int
     usd: float
     estimated: bool = False
+    # billed above the guard's reservation, the request's bound (the ledger closes its caps)
+    overrun_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +155,13 @@ class Trace:
         """Record the first time a phase was seen (later repeats are ignored)."""
         self.marks.setdefault(name, time.perf_counter() if t is None else t)
 
-    def settled(self, usage: TokenUsage, usd: float) -> None:
+    def settled(self, usage: TokenUsage, usd: float, overrun_usd: float = 0.0) -> None:
         """The cloud guard settled one of this request's cloud requests (its settle hook); the
         role comes from the task it ran in (`spend_role`)."""
         self.spent.append(
             Spend(
                 spend_role.get(), usage.prompt_tokens, usage.completion_tokens, usd,
-                usage.estimated,
+                usage.estimated, overrun_usd,
             )
         )  # fmt: skip
 
@@ -214,6 +216,12 @@ class Trace:
         """What this request's cloud requests cost, as the guard's ledger settled them; None:
         none was settled (no cloud request billed, or a client without prices= to cost one)."""
         return sum(s.usd for s in self.spent) if self.spent else None
+
+    @property
+    def overrun_usd(self) -> float:
+        """What this request's cloud requests were billed above their reservations (0.0: each
+        kept to its bound; above 0: the ledger has closed the caps they were under)."""
+        return sum(s.overrun_usd for s in self.spent)
 
     @property
     def parallel_cost_usd(self) -> float | None:

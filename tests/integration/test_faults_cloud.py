@@ -129,7 +129,7 @@ async def test_500_on_every_request_falls_back_to_local(
 
 async def test_refused_connections_open_the_circuit(proxy: FaultProxy, model_path: Path) -> None:
     proxy.faults = Faults(refuse=True)
-    policy = Policy(name="failover", prefer="cloud", max_tokens=4)
+    policy = Policy(name="failover", prefer="cloud", max_tokens=4, retries=0)  # one try each
     async with HybridClient(
         local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
     ) as client:

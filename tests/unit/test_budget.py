@@ -259,3 +259,34 @@ def test_budget_refusal_prints_tiny_amounts_so_they_differ() -> None:
         cap="per-request", limit_usd=2e-8, spent_usd=0.0, reserved_usd=0.0, needed_usd=3.4e-8
     )
     assert "cap of $0.0000000200" in str(err) and "needs up to $0.0000000340" in str(err)
+
+
+def test_a_settle_above_the_reservation_is_recorded_and_closes_its_caps() -> None:
+    """The reservation is the request's bound. A provider that bills past it: the ledger records
+    what was billed, with the overrun, and the caps that applied to that request refuse from
+    then on (until their period ends), so the ledger cannot run further past them."""
+    clock = Clock("2026-03-10T12:00:00")
+    ledger = Ledger(clock=clock)
+    day_cap, other = Cap(None, "day", 1.0), Cap("other", "month", 1.0)
+    r = reserve(ledger, [day_cap], prompt=1000, out=500)  # $0.002 held
+    assert ledger.settle(r, TokenUsage(1000, 9500)) == pytest.approx(0.02)  # billed $0.020
+    spend = ledger.spend("day")
+    assert spend.settled_usd == pytest.approx(0.02) and spend.overrun_usd == pytest.approx(0.018)
+    assert ledger.entries()[0]["overrun_nano"] == 18_000_000
+    with pytest.raises(BudgetExceededError, match="closed for this UTC day") as info:
+        reserve(ledger, [day_cap], prompt=1, out=1)  # far under $1 left, still refused
+    assert info.value.spent_usd == pytest.approx(0.02) and ledger.remaining([day_cap]) == 0
+    assert ledger.check(price=PRICE, prompt_tokens=1, max_tokens=1, caps=[day_cap]) is not None
+    with pytest.raises(BudgetExceededError):  # a per-request cap of the overrun's scope too
+        reserve(ledger, [Cap("chat", "request", 1.0)], prompt=1, out=1)
+    reserve(ledger, [other], prompt=1, out=1, scope="other")  # another scope's own cap holds
+    clock.t += 86_400  # the next UTC day: the daily cap opens again
+    reserve(ledger, [day_cap], prompt=1, out=1)
+
+
+def test_a_settle_within_the_reservation_is_no_overrun() -> None:
+    ledger = Ledger()
+    caps = [Cap(None, "day", 1.0)]
+    ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))  # exactly the bound
+    assert ledger.spend("day").overrun_usd == 0 and ledger.entries()[0]["overrun_nano"] == 0
+    reserve(ledger, caps)

@@ -308,3 +308,72 @@ async def test_routing_refusals_raise_the_documented_types_scripted() -> None:
             await client.complete(f"write to {EMAIL}", engine="cloud")
     assert isinstance(blocked.value, PrivacyRefusedError) and blocked.value.kinds == ("email",)
     assert EMAIL not in str(blocked.value) and cloud.requests == []
+
+
+# ---- the reservation is a true bound; an overrun closes the caps -----------------------------
+
+
+class OverBilling(ReportingEngine):
+    """A cloud double whose reported usage is above what it was asked for (a provider that
+    bills past `max_tokens`)."""
+
+    def __init__(self, completion_tokens: int) -> None:
+        super().__init__(["x"])
+        self.completion_tokens = completion_tokens
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        yield RequestSent(time.perf_counter())
+        yield Delta("x", time.perf_counter())
+        yield Finish("stop", self.prompt_tokens, self.completion_tokens, time.perf_counter())
+
+
+async def test_a_prediction_is_reserved_as_output() -> None:
+    """Predicted Outputs bill rejected prediction tokens as output: the reservation holds them,
+    so a cap that covers `max_tokens` alone refuses a request with a long prediction."""
+    from hybridllm import BudgetExceededError, OpenAIOptions
+
+    ledger = Ledger()
+    inner: Any = ReportingEngine(["a"])
+    guard = GuardedEngine(inner, privacy="off", ledger=ledger, prices=PRICES)
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = GenerationRequest(messages=msgs, max_tokens=10)
+    predicted = GenerationRequest(
+        messages=msgs, max_tokens=10, options=(OpenAIOptions(prediction="y" * 500),)
+    )
+    bound = request_token_bound(plain)
+    per_request = PRICE.cost_usd(bound, 10 + 100)  # room for 100 prediction tokens, not 500
+    guard.caps = (Cap(None, "request", per_request),)
+    await drain(guard, plain)
+    with pytest.raises(BudgetExceededError, match="per-request"):
+        await drain(guard, predicted)
+    guard.caps = ()
+    await drain(guard, predicted)
+    held = [e["reserved_nano"] for e in ledger.entries()]
+    assert held == [PRICE.cost_nano(bound, 10), PRICE.cost_nano(bound, 510)]
+
+
+async def test_usage_billed_above_the_reservation_is_an_overrun_that_closes_the_cap() -> None:
+    caps = [Cap(None, "day", 1.0)]
+    cloud = OverBilling(completion_tokens=5000)
+    async with HybridClient(cloud=cloud, prices=PRICES, budget_caps=caps) as client:  # type: ignore[arg-type]
+        first = await client.complete("hello", max_tokens=10)
+        with pytest.raises(RequestRefusedError, match="closed for this UTC day"):
+            await client.complete("hello", max_tokens=10)  # the cap holds from now on
+        assert client.cloud.ledger.spend("day").overrun_usd == first.trace.overrun_usd  # type: ignore[union-attr]
+    spent = first.trace.spent[0]
+    assert spent.completion_tokens == 5000 and spent.usd == PRICE.cost_usd(30, 5000)  # as billed
+    assert first.trace.overrun_usd > 0 and spent.overrun_usd == first.trace.overrun_usd
+
+
+async def test_a_stream_past_max_tokens_is_cut_at_the_bound_and_flagged() -> None:
+    """A server that ignores `max_tokens` (and reports no usage): the guard stops the answer at
+    the bound it reserved for; the delta that proved the overrun is settled, not shown."""
+    cloud = ScriptedEngine("cloud", tokens=[str(i) for i in range(20)])
+    caps = [Cap(None, "day", 1.0)]
+    async with HybridClient(cloud=cloud, prices=PRICES, budget_caps=caps) as client:
+        done = await client.complete("hello", max_tokens=5)
+        with pytest.raises(RequestRefusedError):
+            await client.complete("hello", max_tokens=5)
+    assert done.text == "01234" and done.trace.finish_reason == "length"
+    assert done.trace.spent[0].completion_tokens == 6 and done.trace.overrun_usd > 0
+    assert cloud.emitted <= 7  # stopped there, not left to stream on

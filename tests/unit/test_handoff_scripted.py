@@ -24,7 +24,7 @@ from hybridllm.events import Event
 pytestmark = pytest.mark.anyio
 
 LOCAL = ["A", "B", "C", "D", "E", "F", "G"]
-POLICY = Policy(name="h", prefer="local", handoff_after_tokens=2, stall_ms=300)
+POLICY = Policy(name="h", prefer="local", handoff_after_tokens=2, stall_ms=300, retries=0)
 
 
 def reset() -> CloudConnectionError:

@@ -279,7 +279,7 @@ async def test_verification_calls_go_through_the_guard() -> None:
     settled: list[tuple[TokenUsage, float]] = []
     from hybridllm.guard.guarded import RequestContext
 
-    ctx = RequestContext(on_settle=lambda u, usd: settled.append((u, usd)))
+    ctx = RequestContext(on_settle=lambda u, usd, _overrun: settled.append((u, usd)))
 
     async def call() -> tuple[str, TokenUsage | None]:
         return "verdict", TokenUsage(120, 3)

@@ -178,7 +178,7 @@ async def cascade(
             cloud_scope.cancel()
     except BaseExceptionGroup as group:
         raise _sole(group) from None
-    await single(run, cloud, request, why, deadline_s=None, stall_s=stall_s)
+    await single(run, cloud, request, why, stall_s=stall_s)
 
 
 def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -53,8 +53,6 @@ def choose_plan(
             engine=target,
             request=request,
             reason=decision.reason,
-            retries=policy.retries,
-            deadline_s=decision.deadline_s,
             stall_s=stall_s,
         )
     return partial(

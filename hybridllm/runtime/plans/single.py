@@ -1,8 +1,8 @@
 """The single-engine plan: one engine, start to finish.
 
-Failures that say "try again" (`EngineError.retryable`) before the first token are retried, at
-most `retries` times and never past the first-token deadline (`runtime.retry`); anything after
-the first token, or not retryable, reaches the app as it is. Once the engine is streaming, a
+Failures that say "try again" (`EngineError.retryable`) before the first token are retried by
+the relay, as in every plan (`runtime.retry`); anything after the first token, or not
+retryable, reaches the app as it is. Once the engine is streaming, a
 silence longer than the policy's `stall_ms` (`stall_s`) ends the answer with a `StallError`
 (received content, so not retried), as it does in the race, where the other engine would take
 over.
@@ -18,7 +18,6 @@ import anyio
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
-from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun
 
 
@@ -27,18 +26,12 @@ async def single(
     engine: Engine,
     request: GenerationRequest,
     reason: str,
-    retries: int = 0,
-    deadline_s: float | None = None,
     stall_s: float | None = None,
 ) -> None:
     """Run `request` on `engine` alone, routed there for `reason`."""
     run.route(engine, reason)
     handle, finishes = collector(run, engine.name)
-    policy = RetryPolicy(retries, None if deadline_s is None else run.trace.t_start + deadline_s)
-    async for attempt in policy.attempts():
-        with attempt:
-            await relay_watched(run, engine, request, handle, stall_s)
-    run.trace.retries = policy.retried
+    await relay_watched(run, engine, request, handle, stall_s)
     run.complete(engine.name, finishes[-1] if finishes else None)
 
 

@@ -280,6 +280,8 @@ async def _verify(setup: SpeculativeSetup, verifier: Verifier, round_: Round) ->
     bound = max(prompt_token_bound([{"role": "user", "content": full}]),
                 len(round_.context_ids) + len(round_.draft_ids))  # fmt: skip
     max_out = len(round_.draft_ids) + 1
+    if verifier.dialect == "predicted-outputs":  # rejected prediction tokens bill as output
+        max_out += len(round_.draft_text.encode("utf-8"))
 
     async def call() -> tuple[Verdict, TokenUsage | None]:
         v = await verifier.verify(round_)
