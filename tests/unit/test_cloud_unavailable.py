@@ -14,20 +14,11 @@ import httpx2
 import openai
 import pytest
 
-from hybridllm import (
-    AuthenticationError,
-    CloudError,
-    CloudUnavailable,
-    CloudUnavailableError,
-    ConfigError,
-    HybridClient,
-    OpenAIEngine,
-    Policy,
-    Route,
-    ScriptedEngine,
-)
+from hybridllm import CloudUnavailable, ConfigError, HybridClient, OpenAIEngine, Policy, Route
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import AuthenticationError, CloudError, CloudUnavailableError
 from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 MSGS = [{"role": "user", "content": "hi"}]
@@ -106,7 +97,7 @@ async def test_no_key_sends_nothing_and_says_so_once(monkeypatch: pytest.MonkeyP
         with pytest.raises(CloudUnavailableError, match="no API key") as caught:
             await drain(engine)
     err = caught.value
-    assert isinstance(err, ConfigError) and isinstance(err, CloudError)
+    assert isinstance(err, CloudError) and not isinstance(err, ConfigError)  # one parent
     assert not err.retryable and err.status_code is None
     assert fake.sent == []
     engine.set_api_key("good")
@@ -195,7 +186,7 @@ async def test_the_client_serves_locally_and_says_why_until_the_key_changes() ->
         assert not any("unavailable" in r or "authentication" in r for r in done.trace.decision)
 
 
-async def test_a_forced_cloud_without_a_key_fails_at_once_with_a_config_error(
+async def test_a_forced_cloud_without_a_key_fails_at_once_with_the_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -205,7 +196,7 @@ async def test_a_forced_cloud_without_a_key_fails_at_once_with_a_config_error(
         client = HybridClient(local=local, cloud=cloud, router=None)
         await client.__aenter__()
     try:
-        with pytest.raises(ConfigError, match="no API key"):
+        with pytest.raises(CloudUnavailableError, match="no API key"):
             await client.complete("q", engine="cloud")
         assert (await client.complete("q")).trace.engine == "local"
     finally:

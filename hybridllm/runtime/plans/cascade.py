@@ -315,7 +315,7 @@ async def _fail_over(
     handle, finishes = collector(run, cloud.name)
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)
-    except errors.EngineError as exc2:
+    except (errors.EngineError, errors.RefusedError) as exc2:
         attempts.append((cloud.name, exc2, (time.perf_counter() - trace.t_start) * 1e3))
         raise errors.AllEnginesFailedError(attempts, received_content=True) from exc2
     run.complete(cloud.name, finishes[-1] if finishes else None)
@@ -360,7 +360,7 @@ async def _serve_buffered(
                 if (
                     fallback is None
                     or run.delivered_text
-                    or not isinstance(item, errors.EngineError)
+                    or not isinstance(item, errors.EngineError | errors.RefusedError)
                 ):
                     raise item
                 local, request, stall_s = fallback
