@@ -30,11 +30,12 @@ from pathlib import Path
 
 import anyio
 
-from hybridllm import HybridClient, LlamaCppEngine, Policy, ScriptedEngine
+from hybridllm import HybridClient, LlamaCppEngine, Policy
 from hybridllm.engines import _llama_signals
 from hybridllm.engines._llama_signals import ROTATIONS
 from hybridllm.routing import Router
 from hybridllm.runtime.plans.cascade import score_messages
+from hybridllm.testing import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 

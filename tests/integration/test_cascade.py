@@ -18,15 +18,8 @@ from typing import Any
 
 import pytest
 
-from hybridllm import (
-    Fallback,
-    HybridClient,
-    LlamaCppEngine,
-    LocalEngineError,
-    OpenAIEngine,
-    Policy,
-    Token,
-)
+from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.errors import LocalEngineError
 from hybridllm.events import Chunk, Delta
 from hybridllm.routing import DecisionLog, Router
 from hybridllm.testing import FaultProxy, HybridServer, LlamaServer

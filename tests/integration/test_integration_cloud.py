@@ -10,10 +10,6 @@ import anyio.to_thread
 import pytest
 
 from hybridllm import (
-    AuthenticationError,
-    CloudConnectionError,
-    CloudError,
-    CloudTimeoutError,
     Done,
     Fallback,
     HybridClient,
@@ -23,6 +19,12 @@ from hybridllm import (
     Route,
     Token,
     Usage,
+)
+from hybridllm.errors import (
+    AuthenticationError,
+    CloudConnectionError,
+    CloudError,
+    CloudTimeoutError,
 )
 from hybridllm.testing import FaultProxy, Faults, HybridServer
 from hybridllm.testing.server import free_port

@@ -15,20 +15,18 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    HybridClient,
-    LocalEngineError,
-    Policy,
-    PolicyError,
-    QueueFullError,
-    ScriptedEngine,
-    Token,
-)
+from hybridllm import HybridClient, Policy, Token
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    LocalEngineError,
+    PolicyError,
+    QueueFullError,
+)
 from hybridllm.events import Fallback
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -8,17 +8,9 @@ import time
 
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    EngineError,
-    Fallback,
-    HybridClient,
-    Policy,
-    ScriptedEngine,
-    StallError,
-    Token,
-)
+from hybridllm import EngineError, Fallback, HybridClient, Policy, Token
+from hybridllm.errors import AllEnginesFailedError, CloudConnectionError, StallError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

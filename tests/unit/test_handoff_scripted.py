@@ -8,18 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    Fallback,
-    Handoff,
-    HybridClient,
-    LocalEngineError,
-    Policy,
-    ScriptedEngine,
-    Token,
-)
+from hybridllm import Fallback, Handoff, HybridClient, Policy, Token
+from hybridllm.errors import AllEnginesFailedError, CloudConnectionError, LocalEngineError
 from hybridllm.events import Event
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -158,7 +150,7 @@ async def test_scripted_timing_the_local_part_lasts_until_the_cloud_is_warm() ->
 
 
 def test_the_warm_cloud_flag_is_a_checked_bool() -> None:
-    from hybridllm import PolicyError
+    from hybridllm.errors import PolicyError
 
     with pytest.raises(PolicyError) as info:
         Policy(name="h", handoff_warm_cloud="yes")  # type: ignore[arg-type]
