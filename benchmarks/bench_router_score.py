@@ -13,7 +13,7 @@ real use). Local engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), 
    what the rotations cost), and each row shows its multiple-choice prompts apart.
 2. The cascade deferring every prompt (`router_threshold = 0`) to a cloud stand-in that answers
    at once (a scripted engine: what is measured is the hold, not a network): `trace.cascade
-   ["held_ms"]`, the time added before the cloud starts, and the TTFT.
+   .held_ms`, the time added before the cloud starts, and the TTFT.
 3. The cascade releasing every prompt (`router_threshold = 1`) against plain local serving
    (`engine="local"`), on the two halves of another set of prompts: TTFT p50/p95.
 No timed assertions.
@@ -94,7 +94,7 @@ async def main(n: int) -> None:
             r = await client.complete(p, policy=pol, plan="cascade")
             assert r.trace.cascade is not None, r.trace.route_reason
             assert r.trace.engine == "cloud", r.trace.cascade
-            held.append(r.trace.cascade["held_ms"])
+            held.append(r.trace.cascade.held_ms or 0.0)
             ttft.append(r.trace.ttft_ms or 0.0)
         print(line("cascade defers: hold before the cloud starts", held))
         print(line("cascade defers: TTFT (cloud stand-in at 0 ms)", ttft))

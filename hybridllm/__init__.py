@@ -46,10 +46,12 @@ _NAMES = {
     "Route": "hybridllm.events",
     "Token": "hybridllm.events",
     "Usage": "hybridllm.events",
+    "CascadeRecord": "hybridllm.runtime.trace",
     "HandoffRecord": "hybridllm.runtime.trace",
     "Pause": "hybridllm.runtime.trace",
     "Speculation": "hybridllm.runtime.trace",
     "Spend": "hybridllm.runtime.trace",
+    "Switch": "hybridllm.runtime.trace",
     "Trace": "hybridllm.runtime.trace",
     "ClientStateError": "hybridllm.errors",
     "ConfigError": "hybridllm.errors",
@@ -151,9 +153,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.routing.score import RouterScore as RouterScore
     from hybridllm.runtime.stream import Stream as Stream
     from hybridllm.runtime.trace import (
+        CascadeRecord as CascadeRecord,
         HandoffRecord as HandoffRecord,
         Pause as Pause,
         Speculation as Speculation,
         Spend as Spend,
+        Switch as Switch,
         Trace as Trace,
     )

@@ -79,7 +79,7 @@ async def test_scripted_timing_cloud_failing_mid_answer_moves_back_to_local() ->
     assert local.requests[1].assistant_prefix == "ABx"
     assert any(isinstance(e, Handoff) for e in events)
     assert [e for e in events if isinstance(e, Fallback)][0].from_engine == "cloud"
-    assert trace.engine == "local" and trace.switches[0][4] == 3  # type: ignore[attr-defined]
+    assert trace.engine == "local" and trace.switches[0].delivered_chars == 3
 
 
 async def test_scripted_timing_local_failure_before_the_handoff_asks_the_cloud_at_once() -> None:
