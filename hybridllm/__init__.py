@@ -60,6 +60,7 @@ _NAMES = {
     "ModelError": "hybridllm.errors",
     "PullError": "hybridllm.errors",
     "RefusedError": "hybridllm.errors",
+    "log_content": "hybridllm.logs",
 }
 # names that left the public set (issue 24): still importable, with a DeprecationWarning
 _MOVED = {
@@ -149,6 +150,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         ModelPrice as ModelPrice,
         Prices as Prices,
     )
+    from hybridllm.logs import log_content as log_content
     from hybridllm.policy import Policy as Policy
     from hybridllm.routing.score import RouterScore as RouterScore
     from hybridllm.runtime.stream import Stream as Stream

@@ -32,6 +32,7 @@ around the guard.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -69,6 +70,7 @@ from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation,
 from hybridllm.guard.privacy import Finding, kinds
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 PrivacyMode = Literal["keep-local", "off"]
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
@@ -213,6 +215,7 @@ class GuardedEngine:
         if mode == "keep-local":
             found = self.findings(request)
             if found:
+                log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
 
     def budget_left_usd(self, scope: str = "default") -> float | None:
@@ -288,6 +291,7 @@ class GuardedEngine:
         if mode == "keep-local":
             found = self.scanner.scan((), extra=texts)
             if found:
+                log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
         with anyio.CancelScope(shield=True):
             reservation = await self._reserve_tokens(prompt_tokens, max_tokens, context.scope)

@@ -5,6 +5,7 @@ locally, and a new key (`set_api_key`) brings the cloud back. The endpoint is a 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import AsyncGenerator
 from types import SimpleNamespace
@@ -107,8 +108,11 @@ async def test_no_key_sends_nothing_and_says_so_once(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("status", [401, 403])
-async def test_a_refused_key_stops_the_engine_until_the_key_changes(status: int) -> None:
-    engine, fake = cloud_engine("wrong", status=status)
+async def test_a_refused_key_stops_the_engine_until_the_key_changes(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hybridllm")
+    engine, fake = cloud_engine("wrong-key-3f9a", status=status)
     with pytest.warns(RuntimeWarning, match=rf"authentication failed \({status}\)"):
         with pytest.raises(AuthenticationError):
             await drain(engine)
@@ -118,12 +122,15 @@ async def test_a_refused_key_stops_the_engine_until_the_key_changes(status: int)
         for _ in range(3):  # nothing is sent, nothing warned again
             with pytest.raises(CloudUnavailableError) as caught:
                 await drain(engine)
-    assert caught.value.status_code == status and fake.sent == ["wrong"]
+    assert caught.value.status_code == status and fake.sent == ["wrong-key-3f9a"]
+    said = [r.getMessage() for r in caplog.records if r.name == "hybridllm.engines.openai_engine"]
+    assert len(said) == 1 and f"authentication failed ({status})" in said[0]  # logged once
+    assert "wrong-key-3f9a" not in said[0]  # never the key
     with pytest.raises(ConfigError):
         engine.set_api_key("  ")
     engine.set_api_key("good")
     await drain(engine)
-    assert fake.sent == ["wrong", "good"] and engine.info().unavailable is None
+    assert fake.sent == ["wrong-key-3f9a", "good"] and engine.info().unavailable is None
     engine.set_api_key("bad again")  # a new refusal is said again
     with pytest.warns(RuntimeWarning), pytest.raises(AuthenticationError):
         await drain(engine)
