@@ -4,6 +4,11 @@ The public names load on first use (`hybridllm._lazy`): `import hybridllm` loads
 openai, llama.cpp or scikit-learn, and changes no environment variable. llama.cpp's OpenMP wait
 policy is set by the one loader of llama.cpp (`hybridllm.local.loader`) just before it loads.
 
+The public names (`__all__`, listed in ARCHITECTURE.md): the client, `Policy` and the money
+types, the engines, the events, `Trace` and its records, the root errors and `RefusedError`,
+and `log_content` (the opt-in for prompt and answer text in log records, `hybridllm.logs`). The
+whole error tree is `hybridllm.errors`; `ScriptedEngine` and the test tooling `hybridllm.testing`.
+
 Rooms (ARCHITECTURE.md): the public face here (client, policy, errors, events); `runtime/`
 (stream, plans, retry, circuit, latency, trace); `routing/` (features, router, decide);
 `guard/` (budget, prices, privacy, the guarded cloud engine); `engines/`; `local/` (models,
