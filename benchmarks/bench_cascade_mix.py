@@ -34,9 +34,9 @@ the shipped artifact's own calibration:
    (`cascade_judge = "answer"`, `complete()`), at the product's threshold; `"cascade answer
    @30% here"`: the same with `router_threshold` where 30% of this workload's whole-answer
    scores lie above it (one more pass that keeps every local answer and reads the score the
-   judge gave it, `trace.cascade["value"]`).
+   judge gave it, `trace.cascade.value`).
 Reported: the share graded right, the actual cloud share (the engine that served), TTFT p50/p95,
-and for the cascade rows which stage-2 model judged (`trace.cascade["model"]`: `combined_plain`
+and for the cascade rows which stage-2 model judged (`trace.cascade.model`: `combined_plain`
 where the option rotations did not fit in the hold) or what ran instead (a race, a deadline).
 No timed assertions.
 """
@@ -169,7 +169,7 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                 for it in items:
                     r = await client.complete(it.prompt, policy=keep, plan="cascade",
                                               max_tokens=it.max_tokens)  # fmt: skip
-                    values.append(float((r.trace.cascade or {})["value"]))
+                    values.append(float(r.trace.cascade.value))  # type: ignore[union-attr, arg-type]
                 cut = cut_at(values, SHARE)
                 print(f"whole-answer threshold putting {SHARE:.0%} of this workload above it: "
                       f"{cut:.3f}", flush=True)  # fmt: skip
@@ -200,7 +200,7 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                     served: str = r.trace.engine or "?"
                     if r.trace.cascade is not None:  # which stage-2 model judged, or why none
                         c = r.trace.cascade
-                        judged_by[str(c.get("model") or f"no judgement ({c.get('decision')})")] += 1
+                        judged_by[str(c.model or f"no judgement ({c.decision})")] += 1
                     got.append((bool(lab.score(it, r.text)), served, r.trace.ttft_ms or 0.0, wall))
                 results[name] = got
                 print(f"  {name} done at {time.perf_counter() - t_start:.0f} s", flush=True)

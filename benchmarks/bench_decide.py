@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm import Policy
-from hybridllm.engines import GenerationRequest, ScriptedEngine
+from hybridllm.engines import GenerationRequest
 from hybridllm.policy import resolve_policy
 from hybridllm.routing import BudgetVerdict, decide
 from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.testing import ScriptedEngine
 
 
 class StandInRouter:

@@ -13,7 +13,7 @@ real use). Local engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), 
    what the rotations cost), and each row shows its multiple-choice prompts apart.
 2. The cascade deferring every prompt (`router_threshold = 0`) to a cloud stand-in that answers
    at once (a scripted engine: what is measured is the hold, not a network): `trace.cascade
-   ["held_ms"]`, the time added before the cloud starts, and the TTFT.
+   .held_ms`, the time added before the cloud starts, and the TTFT.
 3. The cascade releasing every prompt (`router_threshold = 1`) against plain local serving
    (`engine="local"`), on the two halves of another set of prompts: TTFT p50/p95.
 No timed assertions.
@@ -30,11 +30,12 @@ from pathlib import Path
 
 import anyio
 
-from hybridllm import HybridClient, LlamaCppEngine, Policy, ScriptedEngine
+from hybridllm import HybridClient, LlamaCppEngine, Policy
 from hybridllm.engines import _llama_signals
 from hybridllm.engines._llama_signals import ROTATIONS
 from hybridllm.routing import Router
 from hybridllm.runtime.plans.cascade import score_messages
+from hybridllm.testing import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +94,7 @@ async def main(n: int) -> None:
             r = await client.complete(p, policy=pol, plan="cascade")
             assert r.trace.cascade is not None, r.trace.route_reason
             assert r.trace.engine == "cloud", r.trace.cascade
-            held.append(r.trace.cascade["held_ms"])
+            held.append(r.trace.cascade.held_ms or 0.0)
             ttft.append(r.trace.ttft_ms or 0.0)
         print(line("cascade defers: hold before the cloud starts", held))
         print(line("cascade defers: TTFT (cloud stand-in at 0 ms)", ttft))

@@ -12,6 +12,7 @@ event loop thread.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import warnings
@@ -28,7 +29,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from hybridllm import errors
+from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
 from hybridllm.events import EngineName, Priority
@@ -53,6 +54,8 @@ from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
+
+log = logging.getLogger(__name__)
 
 Messages = str | Sequence[Mapping[str, str]]
 
@@ -131,8 +134,8 @@ class HybridClient:
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
-            "local": CircuitBreaker(),
-            "cloud": CircuitBreaker(),
+            "local": CircuitBreaker(name="local"),
+            "cloud": CircuitBreaker(name="cloud"),
         }
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
@@ -251,6 +254,8 @@ class HybridClient:
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
         spec: Literal["speculative"] | None = "speculative" if plan == "speculative" else None
         decision, facts, state = self.decide(request, pol, engine, preview=False, plan=spec)
+        log.debug("request %s: %r, %r", trace.request_id, decision, facts)
+        log.debug("request %s: prompt %s", trace.request_id, logs.content(request.messages))
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
@@ -300,6 +305,7 @@ class HybridClient:
             request, policy, self.engines, self.breakers, name, preview=preview, plan=plan
         )
         if decision.primary is None:  # the documented type: privacy, budget, or else
+            log.info("refused at routing%s: %s", " (preview)" * preview, decision.reason)
             raise refusal_error(decision, facts, policy, request, self._guard)
         return decision, facts, state
 
@@ -452,7 +458,7 @@ def _log_decision(
         ttft_ms=trace.ttft_ms,
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
-        cascade=trace.cascade,
+        cascade=None if trace.cascade is None else trace.cascade.as_dict(),
     )
 
 

@@ -7,9 +7,14 @@ HybridError
 │   │                           stream()/complete(), engines, CLI options
 │   ├── ManifestError           a model manifest is malformed or unknown
 │   ├── PolicyError             a policy file or name is wrong
-│   │   └── RequestRefusedError the policy lets no engine serve this request (budget, ...)
 │   ├── RouterThresholdError    a router threshold cannot be met (or its arguments are wrong)
 │   └── DecisionLogError        the decision log was misused (unknown request id, ...)
+├── RefusedError                the request was refused before anything was sent: by routing
+│   │                           (no engine may serve it) or by the guard at the cloud seam.
+│   │                           Never retried; `engine`, `reasons` (routing's, else empty)
+│   ├── PrivacyBlockedError     it holds personal or secret data and the privacy mode keeps
+│   │                           it local (privacy "block", or engine="cloud" under "keep-local")
+│   └── BudgetExceededError     its worst-case cost does not fit a budget cap
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   ├── ModelCorruptError       the file exists but does not load / fails its checksum
@@ -17,6 +22,7 @@ HybridError
 │   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
+├── ServerStartError            a test server of `hybridllm.testing` did not start
 └── EngineError                 an engine failed while serving a request
     ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
     ├── DeadlineMissError       (recorded, not raised) an engine lost the race past the deadline
@@ -30,24 +36,21 @@ HybridError
     │   │                       wait would pass `max_queue_wait_s`: refused at once, never queued
     │   └── CloudQueueTimeoutError  the cloud engine's concurrency limit gave no slot within
     │                           `queue_timeout_s`: nothing was sent
-    ├── RefusedError            a guard kept the request from the engine; nothing was sent
-    │   ├── PrivacyBlockedError     the request holds personal or secret data and the privacy
-    │   │   │                       mode keeps it local
-    │   │   └── PrivacyRefusedError (also a RequestRefusedError) routing refused it up front:
-    │   │                           privacy "block", or engine="cloud" under "keep-local"
-    │   └── BudgetExceededError     the worst-case cost does not fit a budget cap
-    │       └── BudgetRefusedError  (also a RequestRefusedError) routing refused it up front
     └── CloudError              an OpenAI-compatible endpoint failed
         ├── CloudConnectionError    connect refused / reset / DNS: nothing or part received
         ├── CloudTimeoutError       the endpoint did not answer in time
         ├── CloudProtocolError      malformed stream, error event inside the stream
-        ├── CloudUnavailableError   (also a ConfigError) no API key, or the key was refused:
-        │                           the engine sends nothing until `set_api_key()`
+        ├── CloudUnavailableError   no API key, or the key was refused: the engine sends
+        │                           nothing until `set_api_key()`
         └── CloudStatusError        an HTTP error status (a 4xx other than 429: never retried)
             ├── AuthenticationError 401 / 403
             ├── RateLimitError      429 (retry_after from the header)
             └── ServerError         5xx
 ```
+
+Each class has one parent: `except ConfigError` catches what the user must fix in arguments or
+files, `except RefusedError` every refusal (privacy, budget, no engine allowed; whether routing
+or the guard said no), `except EngineError` an engine that failed.
 
 A request that fails a check at the edge (`InvalidArgumentError`, a `PolicyError` for a
 `Policy(...)` with a bad field) reaches no engine. An HTTP 4xx other than 429 is the request's
@@ -55,18 +58,25 @@ fault, not the endpoint's: it is a plain `CloudStatusError`, never retried and n
 against the cloud circuit (429 and 5xx are).
 
 Refusals are never retryable: the orchestrator answers from the other engine instead, and the
-trace's fallback reason starts with "privacy:" or "budget:". Their messages never hold the
-matched secret (only the kinds found) nor the prompt.
+trace's `refusals` say which engine refused and why. Their messages never hold the matched
+secret (only the kinds found) nor the prompt. A refusal is one class whichever layer raises it:
+routing's budget refusal is the guard's `BudgetExceededError` with the decision's `reasons`.
 
-Engine errors carry `engine` ("local" or "cloud") and `received_content`: whether any content
-token of this request had already been delivered when the failure happened. Callers use it to
-decide between a retry (nothing delivered) and a continuation (some text delivered).
+Engine errors (and refusals) carry `engine` ("local" or "cloud") and `received_content`: whether
+any content token of this request had already been delivered when the failure happened. Callers
+use it to decide between a retry (nothing delivered) and a continuation (some text delivered).
+
+Deprecated names, kept for one release (a `DeprecationWarning` on use): `RequestRefusedError`
+is `RefusedError`, `PrivacyRefusedError` is `PrivacyBlockedError`, `BudgetRefusedError` is
+`BudgetExceededError`.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 
 class HybridError(Exception):
@@ -104,15 +114,6 @@ class PolicyError(ConfigError):
         self.field = field
         where = ": ".join(str(p) for p in (path, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
-
-
-class RequestRefusedError(PolicyError):
-    """No engine may serve the request under its policy (e.g. privacy "block", a budget with
-    on_exceeded = "fail"); `reasons` are the decision's reasons."""
-
-    def __init__(self, reasons: tuple[str, ...]) -> None:
-        self.reasons = reasons
-        super().__init__("request refused: " + "; ".join(reasons))
 
 
 class ModelError(HybridError):
@@ -156,6 +157,108 @@ class PullError(HybridError):
 
 class ClientStateError(HybridError):
     """The client or a stream was used outside its lifetime (not entered, already closed)."""
+
+
+class ServerStartError(HybridError, RuntimeError):
+    """A server of `hybridllm.testing` (`LlamaServer`, `HybridServer`) exited early or did not
+    answer ``GET /v1/models`` in time."""
+
+
+class RefusedError(HybridError):
+    """The request was refused before anything of it was sent to `engine`: by routing (no
+    engine may serve it; `reasons` are the decision's, `engine` is None when no engine was
+    allowed at all) or by the guard at the cloud seam (`reasons` empty). Never retryable;
+    `received_content`: whether content of this request had been delivered before (a refused
+    continuation), as on `EngineError`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        engine: str | None = None,
+        reasons: tuple[str, ...] = (),
+        received_content: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.reasons = reasons
+        self.received_content = received_content
+        why = f" (decision: {'; '.join(reasons)})" if reasons else ""
+        super().__init__(message + why)
+
+    @property
+    def retryable(self) -> bool:
+        return False
+
+
+class PrivacyBlockedError(RefusedError):
+    """The request holds personal or secret data and the privacy mode keeps it on the device.
+
+    `kinds`: the kinds found (for example ("card", "email")); the matched text is never kept.
+    `reasons`: the routing decision's reasons when routing refused the request (a forced
+    `engine="cloud"`, or privacy "block"); empty when the guard at the cloud seam refused it.
+    """
+
+    def __init__(
+        self, kinds: tuple[str, ...], *, engine: str = "cloud", reasons: tuple[str, ...] = ()
+    ) -> None:
+        self.kinds = kinds
+        super().__init__(
+            f"privacy: the request contains {', '.join(kinds)}; the privacy mode keeps it on the "
+            f"device, nothing was sent to the {engine} engine",
+            engine=engine,
+            reasons=reasons,
+        )
+
+
+def _usd_format(*amounts: float) -> str:
+    """A fixed-point format with at least 6 decimals and 3 significant digits of the smallest
+    non-zero amount, so a message never prints two different amounts as the same figure."""
+    small = min((abs(a) for a in amounts if a), default=1.0)
+    digits = 6 if small >= 1e-3 else min(12, 2 - math.floor(math.log10(small)))
+    return f".{digits}f"
+
+
+class BudgetExceededError(RefusedError):
+    """The request's worst-case cost does not fit under a cap (USD figures as plain floats).
+    The guard raises it on a cloud request; routing raises the same refusal `with_reasons()`
+    when the budget leaves no engine to serve the request."""
+
+    def __init__(
+        self,
+        *,
+        cap: str,
+        limit_usd: float,
+        spent_usd: float,
+        reserved_usd: float,
+        needed_usd: float,
+        engine: str = "cloud",
+        reasons: tuple[str, ...] = (),
+    ) -> None:
+        self.cap = cap
+        self.limit_usd = limit_usd
+        self.spent_usd = spent_usd
+        self.reserved_usd = reserved_usd
+        self.needed_usd = needed_usd
+        usd = _usd_format(limit_usd, spent_usd, reserved_usd, needed_usd)
+        super().__init__(
+            f"budget: {cap} cap of ${limit_usd:{usd}} cannot cover this request (spent "
+            f"${spent_usd:{usd}}, reserved by requests in flight ${reserved_usd:{usd}}, this "
+            f"request needs up to ${needed_usd:{usd}}); nothing was sent to the {engine} engine",
+            engine=engine,
+            reasons=reasons,
+        )
+
+    def with_reasons(self, reasons: tuple[str, ...]) -> BudgetExceededError:
+        """The same refusal, as routing raises it: with the decision's `reasons`."""
+        return BudgetExceededError(
+            cap=self.cap,
+            limit_usd=self.limit_usd,
+            spent_usd=self.spent_usd,
+            reserved_usd=self.reserved_usd,
+            needed_usd=self.needed_usd,
+            engine=self.engine or "cloud",
+            reasons=reasons,
+        )
 
 
 class EngineError(HybridError):
@@ -279,93 +382,6 @@ class CloudQueueTimeoutError(QueueFullError):
         )
 
 
-class RefusedError(EngineError):
-    """A guard (privacy, budget) kept the request from the engine before any byte was sent."""
-
-
-class PrivacyBlockedError(RefusedError):
-    """The request holds personal or secret data and the privacy mode keeps it on the device.
-
-    `kinds`: the kinds found (for example ("card", "email")); the matched text is never kept.
-    `reasons`: the routing decision's reasons when routing refused the request (a forced
-    `engine="cloud"`, or privacy "block"); empty when the guard at the cloud seam refused it.
-    """
-
-    def __init__(
-        self, kinds: tuple[str, ...], *, engine: str = "cloud", reasons: tuple[str, ...] = ()
-    ) -> None:
-        self.kinds = kinds
-        self.reasons = reasons
-        why = f" (decision: {'; '.join(reasons)})" if reasons else ""
-        super().__init__(
-            f"privacy: the request contains {', '.join(kinds)}; the privacy mode keeps it on the "
-            f"device, nothing was sent to the {engine} engine{why}",
-            engine=engine,
-        )
-
-
-def _usd_format(*amounts: float) -> str:
-    """A fixed-point format with at least 6 decimals and 3 significant digits of the smallest
-    non-zero amount, so a message never prints two different amounts as the same figure."""
-    small = min((abs(a) for a in amounts if a), default=1.0)
-    digits = 6 if small >= 1e-3 else min(12, 2 - math.floor(math.log10(small)))
-    return f".{digits}f"
-
-
-class BudgetExceededError(RefusedError):
-    """The request's worst-case cost does not fit under a cap (USD figures as plain floats)."""
-
-    def __init__(
-        self,
-        *,
-        cap: str,
-        limit_usd: float,
-        spent_usd: float,
-        reserved_usd: float,
-        needed_usd: float,
-        engine: str = "cloud",
-    ) -> None:
-        self.cap = cap
-        self.limit_usd = limit_usd
-        self.spent_usd = spent_usd
-        self.reserved_usd = reserved_usd
-        self.needed_usd = needed_usd
-        usd = _usd_format(limit_usd, spent_usd, reserved_usd, needed_usd)
-        super().__init__(
-            f"budget: {cap} cap of ${limit_usd:{usd}} cannot cover this request (spent "
-            f"${spent_usd:{usd}}, reserved by requests in flight ${reserved_usd:{usd}}, this "
-            f"request needs up to ${needed_usd:{usd}}); nothing was sent to the {engine} engine",
-            engine=engine,
-        )
-
-
-class PrivacyRefusedError(PrivacyBlockedError, RequestRefusedError):
-    """Routing refused the request up front for personal data (privacy "block", or a forced
-    `engine="cloud"` under "keep-local"): a `PrivacyBlockedError`, and a `RequestRefusedError`
-    for code written when routing's refusals were only that."""
-
-    def __init__(self, kinds: tuple[str, ...], *, reasons: tuple[str, ...]) -> None:
-        blocked = PrivacyBlockedError(kinds, reasons=reasons)
-        self.kinds, self.reasons = kinds, reasons
-        self.engine, self.received_content = "cloud", False
-        self.path, self.field = None, None
-        Exception.__init__(self, str(blocked))
-
-
-class BudgetRefusedError(BudgetExceededError, RequestRefusedError):
-    """Routing refused the request up front for its budget (`on_exceeded = "fail"`, or the cloud
-    is the only engine): a `BudgetExceededError` with the cap's figures, and a
-    `RequestRefusedError` (`reasons`: the decision's) for older except clauses."""
-
-    def __init__(self, refusal: BudgetExceededError, *, reasons: tuple[str, ...]) -> None:
-        self.cap, self.limit_usd = refusal.cap, refusal.limit_usd
-        self.spent_usd, self.reserved_usd = refusal.spent_usd, refusal.reserved_usd
-        self.needed_usd = refusal.needed_usd
-        self.engine, self.received_content = refusal.engine, False
-        self.reasons, self.path, self.field = reasons, None, None
-        Exception.__init__(self, f"{refusal} (decision: {'; '.join(reasons)})")
-
-
 class CloudError(EngineError):
     def __init__(self, message: str, *, received_content: bool = False) -> None:
         super().__init__(message, engine="cloud", received_content=received_content)
@@ -387,7 +403,7 @@ class CloudProtocolError(CloudError):
     pass
 
 
-class CloudUnavailableError(CloudError, ConfigError):
+class CloudUnavailableError(CloudError):
     """The cloud engine is off for a configuration reason and sent nothing: no API key, or the
     endpoint refused the key (401/403) and the engine stopped sending until the key changes.
     `reason` says which and what to do; `status_code` is the refusal's status (None: no key)."""
@@ -426,3 +442,27 @@ class ServerError(CloudStatusError):
     @property
     def retryable(self) -> bool:
         return not self.received_content
+
+
+# ---- deprecated names ----------------------------------------------------------------------
+
+_DEPRECATED = {
+    "RequestRefusedError": "RefusedError",
+    "PrivacyRefusedError": "PrivacyBlockedError",
+    "BudgetRefusedError": "BudgetExceededError",
+}
+
+if not TYPE_CHECKING:  # type checkers see only the current names
+
+    def __getattr__(name: str) -> type[HybridError]:
+        new = _DEPRECATED.get(name)
+        if new is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"hybridllm.errors.{name} is deprecated: it is {new} now (every refusal is a "
+            "RefusedError)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        cls: type[HybridError] = globals()[new]
+        return cls

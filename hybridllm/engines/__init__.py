@@ -1,4 +1,5 @@
-"""Engines: one small async seam (`Engine`), two real implementations and a scripted double.
+"""Engines: one small async seam (`Engine`) and two real implementations (the scripted double,
+`ScriptedEngine`, is public in `hybridllm.testing`).
 
 Each name loads on first use: `LlamaCppEngine` brings llama.cpp only when a model starts, and
 `OpenAIEngine` brings the openai SDK only when it is first named.
@@ -19,9 +20,8 @@ _NAMES = {
     "OpenAIOptions": "hybridllm.engines.options",
     "LlamaCppEngine": "hybridllm.engines.llamacpp",
     "OpenAIEngine": "hybridllm.engines.openai_engine",
-    "ScriptedEngine": "hybridllm.engines.scripted",
 }
-__getattr__, __dir__ = lazy(__name__, _NAMES)
+__getattr__, __dir__ = lazy(__name__, _NAMES, {"ScriptedEngine": "hybridllm.testing"})
 __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
@@ -37,4 +37,3 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         LlamaOptions as LlamaOptions,
         OpenAIOptions as OpenAIOptions,
     )
-    from hybridllm.engines.scripted import ScriptedEngine as ScriptedEngine

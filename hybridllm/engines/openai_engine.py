@@ -17,6 +17,7 @@ locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
 from __future__ import annotations
 
 import email.utils
+import logging
 import math
 import os
 import re
@@ -64,6 +65,8 @@ NO_KEY = (
     "no API key: set OPENAI_API_KEY or pass api_key= (any non-empty value for a server that "
     "needs none)"
 )
+
+log = logging.getLogger(__name__)
 
 
 class OpenAIEngine:
@@ -172,6 +175,7 @@ class OpenAIEngine:
     def _say(self) -> None:
         if self._unavailable is not None and not self._warned:
             self._warned = True
+            log.warning("%s; requests are served without the cloud", self._unavailable)
             warnings.warn(
                 f"{self._unavailable}; requests are served without the cloud until the key "
                 "changes (OpenAIEngine.set_api_key())",

@@ -27,6 +27,7 @@ UTC day; a monthly cap: the UTC month), because the bound it relied on did not h
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 Period = Literal["request", "day", "month"]
+
+log = logging.getLogger(__name__)
 
 
 # ---- caps and records --------------------------------------------------------------------------
@@ -235,6 +238,7 @@ class Ledger:
             self._expire(db, now)
             refusal = self._shortfall(db, caps, scope, amount, day, month)
             if refusal is not None:
+                log.info("%s", refusal)  # the cap and the amounts, never the request
                 raise refusal
             expires = now + (self.ttl_s if ttl_s is None else ttl_s)
             cur = db.execute(

@@ -41,6 +41,7 @@ around the guard.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -81,6 +82,7 @@ from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation,
 from hybridllm.guard.privacy import Finding, kinds
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 PrivacyMode = Literal["keep-local", "off"]
 PRIVACY_MODES: tuple[PrivacyMode, ...] = ("keep-local", "off")
@@ -248,6 +250,7 @@ class GuardedEngine:
         if mode == "keep-local":
             found = self.findings(request)
             if found:
+                log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
 
     def budget_left_usd(self, scope: str = "default") -> float | None:
@@ -341,6 +344,7 @@ class GuardedEngine:
         if mode == "keep-local":
             found = self.scanner.scan((), extra=texts)
             if found:
+                log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
         with anyio.CancelScope(shield=True):
             reservation = await self._reserve_tokens(prompt_tokens, max_tokens, context.scope)

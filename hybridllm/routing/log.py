@@ -159,7 +159,8 @@ class DecisionLog:
         cascade: dict[str, Any] | None = None,
     ) -> None:
         """Record how the request went: the engine that answered, TTFT, error, fallback, and
-        the cascade plan's decision with the local signals it read (`trace.cascade`)."""
+        the cascade plan's decision with the local signals it read (`trace.cascade.as_dict()`:
+        the record's fields as JSON, stored as they were when the trace held a dict)."""
         self._update(
             request_id,
             "engine = COALESCE(?, engine), ttft_ms = ?, error_kind = ?, fallback = ?",

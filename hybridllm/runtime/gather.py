@@ -308,10 +308,10 @@ def refusal_error(
     policy: Policy,
     request: GenerationRequest,
     guard: GuardedEngine | None,
-) -> errors.HybridError:
-    """The documented type for a request no engine may serve: `PrivacyRefusedError` when the
-    privacy scan kept it from the cloud, `BudgetRefusedError` (with the cap's figures) when the
-    budget did, else `RequestRefusedError`. The first two are `RequestRefusedError`s too."""
+) -> errors.RefusedError:
+    """The documented type for a request no engine may serve, each a `RefusedError` with the
+    decision's reasons: `PrivacyBlockedError` when the privacy scan kept it from the cloud,
+    `BudgetExceededError` (the guard's, with the cap's figures) when the budget did."""
     reasons = decision.reasons
     found = facts.privacy_kinds
     privacy = any(
@@ -319,10 +319,10 @@ def refusal_error(
         for r in reasons
     )
     if found and policy.privacy != "off" and privacy:
-        return errors.PrivacyRefusedError(tuple(sorted(found)), reasons=reasons)
+        return errors.PrivacyBlockedError(tuple(sorted(found)), reasons=reasons)
     if guard is not None and any(r.startswith("budget: cannot cover") for r in reasons):
         bound = prompt_token_bound(request.messages)
         refusal = guard.refusal(policy.name, bound, request.max_tokens)
         if refusal is not None:
-            return errors.BudgetRefusedError(refusal, reasons=reasons)
-    return errors.RequestRefusedError(reasons)
+            return refusal.with_reasons(reasons)
+    return errors.RefusedError("request refused", reasons=reasons)

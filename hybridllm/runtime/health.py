@@ -19,6 +19,7 @@ circuit with `would_allow()`, which never takes that probe.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Literal
 
 from hybridllm import errors
 
+log = logging.getLogger(__name__)
 State = Literal["closed", "open", "half-open"]
 
 # Failures that say the endpoint is unhealthy (not that the request or the configuration is wrong)
@@ -41,6 +43,7 @@ UNHEALTHY = (
 
 @dataclass
 class CircuitBreaker:
+    name: str = "engine"  # the engine it guards (its log records say it)
     threshold: int = 2
     reset_after_s: float = 30.0
     window: int = 10
@@ -100,6 +103,8 @@ class CircuitBreaker:
                 self._recent.popleft()
         probing = self._probe_at is not None
         if exc is None:
+            if self.opened_at is not None:
+                log.info("%s circuit closed: a request succeeded", self.name)
             self.failures = 0
             self.opened_at = self._probe_at = None
             return
@@ -116,4 +121,6 @@ class CircuitBreaker:
             self.opened_at = time.monotonic()
             self._probe_at = None
             self._open_for_s = self.miss_reset_after_s if miss else self.reset_after_s
+            why = "deadline misses" if miss else f"{type(exc).__name__} ({self.failures} in a row)"
+            log.warning("%s circuit open for %.0f s: %s", self.name, self._open_for_s, why)
             self._recent.clear()  # after the reset, judge the engine afresh

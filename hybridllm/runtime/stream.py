@@ -17,6 +17,7 @@ producer holds no reference to the Stream, so CPython drops it at once).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -28,7 +29,7 @@ from typing import Any, Self
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from hybridllm import errors
+from hybridllm import errors, logs
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import (
     Chunk,
@@ -38,7 +39,9 @@ from hybridllm.events import (
     Done,
     EngineName,
     Event,
+    Fallback,
     Finish,
+    Handoff,
     Mark,
     Paused,
     RequestSent,
@@ -49,6 +52,8 @@ from hybridllm.events import (
 )
 from hybridllm.runtime.retry import RetryPolicy, Tries
 from hybridllm.runtime.trace import Pause, Trace
+
+log = logging.getLogger(__name__)
 
 
 class _Failure:
@@ -105,6 +110,11 @@ class RequestRun:
             self.finished.set()
 
     def emit(self, item: StreamItem) -> None:
+        if isinstance(item, Fallback | Handoff):  # another engine started, or took the answer
+            log.info("request %s: %r", self.trace.request_id, item)
+        elif isinstance(item, Done):
+            summary, answer = item.trace.summary(), logs.content(self.delivered_text)
+            log.debug("request %s done: %s, answer %s", self.trace.request_id, summary, answer)
         try:
             self._send.send_nowait(item)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm.events import EngineName, TokenLimit
@@ -79,6 +79,55 @@ class HandoffRecord:
     outcome: str = "asked"
 
 
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """The answer moved mid-stream to the other engine, which continued from the delivered text
+    (a failover, a stall, a preemption on the device, a failed verification): when
+    (`time.perf_counter()`), from and to which engine, why (words for people), the characters
+    delivered before the seam, and the class of the error that caused it (to branch on)."""
+
+    at: float
+    from_engine: EngineName
+    to_engine: EngineName
+    reason: str
+    delivered_chars: int
+    error_type: type[BaseException] | None = None
+
+
+CascadeDecision = Literal["local", "cloud", "race"]
+
+
+@dataclass
+class CascadeRecord:
+    """What the cascade plan did, filled in as it runs (`plans/cascade.py`): the router's stage-1
+    score of the prompt (`text`), whether the cloud started at once (`hedged`), the cut and the
+    judge; then the time the local start was held, the decision, and, when it was scored, the
+    combined score (`value`), the stage-2 model, the local model's own confidence (`local`),
+    the signals read and their cost, and the characters held; for a whole-answer judgement the
+    whole answer's figures (`answer_signals`) and its tokens; why a released local answer failed
+    over to the cloud (`failover`). None: not reached."""
+
+    text: float
+    hedged: bool
+    cut: float
+    judge: Literal["prefix", "answer"]
+    held_ms: float | None = None
+    decision: CascadeDecision | None = None
+    value: float | None = None
+    model: str | None = None
+    local: float | None = None
+    signals: dict[str, float | None] | None = None
+    cost_ms: float | None = None
+    held_chars: int | None = None
+    answer_signals: dict[str, float | None] | None = None
+    local_tokens: int | None = None
+    failover: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that were reached, JSON-ready (the decision log stores them)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
 @dataclass
 class Speculation:
     """What the speculative plan did: the verifier dialect (or why none), rounds, tokens
@@ -123,13 +172,13 @@ class Trace:
     parallel_start: str | None = None
     parallel_engine: EngineName | None = None
     # the cascade plan: its decision, held time and the local signals (plans/cascade.py)
-    cascade: dict[str, Any] | None = None
+    cascade: CascadeRecord | None = None
     spent: list[Spend] = field(default_factory=list)  # settled cloud requests, in order
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
     hedged: bool = False  # the backup was started by a hedge
     retries: int = 0  # retried attempts before the first token
-    # mid-stream switches: (time, from engine, to engine, why, characters delivered before)
-    switches: list[tuple[float, str, str, str, int]] = field(default_factory=list)
+    # mid-stream switches to the other engine, in order (`switched()` records one)
+    switches: list[Switch] = field(default_factory=list)
     # preemption on the device: each pause and resume (a move to the cloud is a switch above)
     pauses: list[Pause] = field(default_factory=list)
     handoff: HandoffRecord | None = None  # the handoff plan: where the cloud took over
@@ -164,6 +213,23 @@ class Trace:
                 usage.estimated, overrun_usd,
             )
         )  # fmt: skip
+
+    def switched(
+        self,
+        from_engine: EngineName,
+        to_engine: EngineName,
+        exc: BaseException,
+        delivered_chars: int,
+        *,
+        reason: str | None = None,
+        t: float | None = None,
+    ) -> Switch:
+        """Record a mid-stream switch caused by `exc` (`reason`: its text unless given)."""
+        at = time.perf_counter() if t is None else t
+        why = str(exc) if reason is None else reason
+        switch = Switch(at, from_engine, to_engine, why, delivered_chars, type(exc))
+        self.switches.append(switch)
+        return switch
 
     def token(self, t: float) -> None:
         if not self.token_times:

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
 
-from hybridllm.errors import HybridError
+from hybridllm.errors import ServerStartError
 from hybridllm.local import waitpolicy
 
 __all__ = ["LlamaServer", "ServerStartError"]
@@ -37,10 +37,6 @@ __all__ = ["LlamaServer", "ServerStartError"]
 
 if TYPE_CHECKING:  # finalize is generic only in typeshed
     _Finalizer = weakref.finalize[[subprocess.Popen[bytes], float], "LlamaServer"]
-
-
-class ServerStartError(HybridError, RuntimeError):
-    """The server process exited early or did not answer ``GET /v1/models`` in time."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

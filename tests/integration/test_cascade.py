@@ -18,15 +18,8 @@ from typing import Any
 
 import pytest
 
-from hybridllm import (
-    Fallback,
-    HybridClient,
-    LlamaCppEngine,
-    LocalEngineError,
-    OpenAIEngine,
-    Policy,
-    Token,
-)
+from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.errors import LocalEngineError
 from hybridllm.events import Chunk, Delta
 from hybridllm.routing import DecisionLog, Router
 from hybridllm.testing import FaultProxy, HybridServer, LlamaServer
@@ -112,13 +105,13 @@ async def test_cascade_releases_the_local_answer(
     assert tokens and {t.engine for t in tokens} == {"local"}
     assert "4" in "".join(t.text for t in tokens)
     assert trace.started == ["local"] and trace.cascade is not None
-    assert trace.cascade["decision"] == "local" and trace.cascade["held_ms"] > 0
-    assert trace.cascade["signals"]["first_p"] > 0.0
+    assert trace.cascade.decision == "local" and trace.cascade.held_ms > 0
+    assert trace.cascade.signals["first_p"] > 0.0
     # the decision log keeps the signals: `router train --from-log` learns stage 2 from them
     with log:
         learned = log.training_signals()
     assert learned[f"log/{trace.request_id}"]["first_p"] == pytest.approx(
-        trace.cascade["signals"]["first_p"]
+        trace.cascade.signals["first_p"]
     )
 
 
@@ -132,7 +125,7 @@ async def test_cascade_defers_to_the_cloud_before_anything_is_shown(
     trace = s.trace
     assert tokens and {t.engine for t in tokens} == {"cloud"}  # no local token was shown
     assert trace.engine == "cloud" and trace.cascade is not None
-    assert trace.cascade["decision"] == "cloud"
+    assert trace.cascade.decision == "cloud"
     assert not local.busy  # the local work stopped with the hold
 
 
@@ -156,23 +149,23 @@ async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
     k, d = kept.trace.cascade, deferred.trace.cascade
     assert k is not None and d is not None
     # kept: the whole local answer, written once (nothing continued after the judgement)
-    assert k["judge"] == "answer" and k["decision"] == "local"
+    assert k.judge == "answer" and k.decision == "local"
     assert kept.trace.engine == "local" and kept.trace.started == ["local"] and kept.text.strip()
-    assert k["local_tokens"] > 8 and kept.trace.completion_tokens == k["local_tokens"]
-    assert k["answer_signals"]["answer_tokens"] == k["local_tokens"]
-    assert k["signals"]["answer_tokens"] == 8  # the logged figures: stage 2's training form
-    assert k["answer_signals"]["lp_min"] <= k["signals"]["lp_min"] <= 0.0
-    assert k["model"] == d["model"] == "combined_answer"  # stage 2's whole-answer models
+    assert k.local_tokens > 8 and kept.trace.completion_tokens == k.local_tokens
+    assert k.answer_signals["answer_tokens"] == k.local_tokens
+    assert k.signals["answer_tokens"] == 8  # the logged figures: stage 2's training form
+    assert k.answer_signals["lp_min"] <= k.signals["lp_min"] <= 0.0
+    assert k.model == d.model == "combined_answer"  # stage 2's whole-answer models
     # the figures only a whole answer has, from the real engine's token ids
-    a = k["answer_signals"]
-    text_tokens = k["local_tokens"] - int(a["answer_ended"])
+    a = k.answer_signals
+    text_tokens = k.local_tokens - int(a["answer_ended"])
     assert a["answer_ended"] in (0.0, 1.0) and (a["answer_ended"] == 0.0) == (text_tokens == 32)
     assert a["answer_len"] == pytest.approx(math.log1p(text_tokens), abs=1e-6)
     assert 0.0 <= a["repeat_share"] <= 1.0 and a["tail_lp_min"] <= a["tail_lp_mean"] <= 0.0
     # deferred: the cloud answers; the local answer it judged is on the trace
-    assert d["judge"] == "answer" and d["decision"] == "cloud"
+    assert d.judge == "answer" and d.decision == "cloud"
     assert deferred.trace.engine == "cloud" and deferred.text.strip()
-    assert d["local_tokens"] > 8 and d["held_ms"] > 0 and d["cost_ms"] > 0
+    assert d.local_tokens > 8 and d.held_ms > 0 and d.cost_ms > 0
     assert "judging the whole local answer" in deferred.trace.route_reason
     assert not local.busy
     with log:
@@ -219,10 +212,10 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud(
         ("local", "cloud")
     ]
     trace = s.trace
-    assert trace.cascade is not None and trace.cascade["decision"] == "local"
-    assert "injected decode failure" in trace.cascade["failover"]
+    assert trace.cascade is not None and trace.cascade.decision == "local"
+    assert "injected decode failure" in trace.cascade.failover
     assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
-    assert [n for *_, n in trace.switches] == [len(delivered_by_local)]
+    assert [w.delivered_chars for w in trace.switches] == [len(delivered_by_local)]
     # what reached the network: the delivered text as the start of the assistant turn
     body = json.loads(proxy.requests()[-1][1])
     assert {"role": "assistant", "content": delivered_by_local} in body["messages"]

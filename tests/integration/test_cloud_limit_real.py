@@ -11,14 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from hybridllm import (
-    CloudQueueTimeoutError,
-    HybridClient,
-    LlamaCppEngine,
-    OpenAIEngine,
-    Policy,
-)
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import CloudQueueTimeoutError
 from hybridllm.runtime.stream import Stream
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY

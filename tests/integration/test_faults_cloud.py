@@ -24,18 +24,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from hybridllm import (
-    CloudError,
-    CloudProtocolError,
-    CloudTimeoutError,
-    Fallback,
-    HybridClient,
-    LlamaCppEngine,
-    OpenAIEngine,
-    Policy,
-    RateLimitError,
-    Token,
-)
+from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
+from hybridllm.errors import CloudError, CloudProtocolError, CloudTimeoutError, RateLimitError
 from hybridllm.testing import FaultProxy, Faults
 from tests.integration.servers import ALIAS, API_KEY
 

@@ -13,22 +13,19 @@ import openai
 import pytest
 
 from hybridllm import (
-    AllEnginesFailedError,
-    BudgetExceededError,
     Cap,
     HybridClient,
     Ledger,
     LlamaCppEngine,
-    LocalEngineError,
     ModelPrice,
     OpenAIEngine,
     Policy,
     Prices,
-    ScriptedEngine,
 )
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import AllEnginesFailedError, BudgetExceededError, LocalEngineError
 from hybridllm.guard.guarded import request_token_bound
-from hybridllm.testing import FaultProxy, LlamaServer
+from hybridllm.testing import FaultProxy, LlamaServer, ScriptedEngine
 from tests.integration.servers import ALIAS, API_KEY
 from tests.privacy_corpus import BENIGN, SENSITIVE
 

@@ -10,10 +10,6 @@ import anyio.to_thread
 import pytest
 
 from hybridllm import (
-    AuthenticationError,
-    CloudConnectionError,
-    CloudError,
-    CloudTimeoutError,
     Done,
     Fallback,
     HybridClient,
@@ -23,6 +19,12 @@ from hybridllm import (
     Route,
     Token,
     Usage,
+)
+from hybridllm.errors import (
+    AuthenticationError,
+    CloudConnectionError,
+    CloudError,
+    CloudTimeoutError,
 )
 from hybridllm.testing import FaultProxy, Faults, HybridServer
 from hybridllm.testing.server import free_port
@@ -237,6 +239,7 @@ async def test_mid_stream_reset_continues_on_the_real_local_engine(
     assert cloud_part and local_part, "both engines contributed to one answer"
     assert [t.engine for t in tokens] == sorted([t.engine for t in tokens])  # cloud, then local
     tr = s.trace
-    assert len(tr.switches) == 1 and tr.switches[0][1:3] == ("cloud", "local")
-    assert tr.switches[0][4] == len(cloud_part)  # continued from exactly what was delivered
+    (switch,) = tr.switches
+    assert (switch.from_engine, switch.to_engine) == ("cloud", "local")
+    assert switch.delivered_chars == len(cloud_part)  # continued from exactly what was delivered
     assert any(isinstance(e, Fallback) for e in events) and tr.engine == "local"

@@ -8,18 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from hybridllm import (
-    ContextOverflowError,
-    Done,
-    GenerationRequest,
-    HybridClient,
-    LlamaCppEngine,
-    ModelCorruptError,
-    ModelNotFoundError,
-    Route,
-    Token,
-    Usage,
-)
+from hybridllm import Done, GenerationRequest, HybridClient, LlamaCppEngine, Route, Token, Usage
+from hybridllm.errors import ContextOverflowError, ModelCorruptError, ModelNotFoundError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

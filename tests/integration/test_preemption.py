@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Paused, Policy, Token
+from hybridllm.errors import PreemptedError
 from hybridllm.runtime.stream import Stream
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY
@@ -112,8 +113,12 @@ async def test_a_preempted_answer_moves_to_the_cloud_where_the_policy_allows(
         bg, events = back.stream, back.events
         assert bg is not None
     assert bg.trace.started == ["local", "cloud"]
-    ((_, src, dst, why, delivered),) = bg.trace.switches
-    assert (src, dst) == ("local", "cloud") and "preempted" in why and delivered > 0
+    (switch,) = bg.trace.switches
+    assert (switch.from_engine, switch.to_engine) == (
+        "local",
+        "cloud",
+    ) and switch.delivered_chars > 0
+    assert "preempted" in switch.reason and switch.error_type is PreemptedError
     moves = [e for e in events if isinstance(e, Fallback)]
     assert len(moves) == 1 and "preempted" in moves[0].reason
     tokens = [e for e in events if isinstance(e, Token)]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, PrivacyBlockedError
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
+from hybridllm.errors import PrivacyBlockedError
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY

@@ -330,9 +330,8 @@ def check_text(res: Result, trace: Trace, events: list[Event], texts: list[str])
             seams.append((got, e.from_engine, e.to_engine))
     if finished and len(seams) != len(trace.switches):
         res.problems.append(f"{len(seams)} mid-stream Fallback events, trace has {trace.switches}")
-    for (got_before, src, dst), (_, t_src, t_dst, _, delivered) in zip(
-        seams, trace.switches, strict=False
-    ):
+    for (got_before, src, dst), switch in zip(seams, trace.switches, strict=False):
+        t_src, t_dst, delivered = switch.from_engine, switch.to_engine, switch.delivered_chars
         if (got_before, src, dst) != (delivered, t_src, t_dst):
             res.problems.append(
                 f"seam: app had {got_before} chars at {src}->{dst}, trace says {delivered} "

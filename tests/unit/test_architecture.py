@@ -74,6 +74,47 @@ def test_unknown_public_name_is_an_attribute_error() -> None:
     assert set(hybridllm.__all__) <= set(dir(hybridllm))
 
 
+def _documented_names() -> list[str]:
+    """The public names ARCHITECTURE.md lists (its "public-names" block), room words left out."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    block = text.split("<!-- public-names -->")[1].split("<!-- /public-names -->")[0]
+    rooms = {"client", "policy", "engines", "routing", "events", "trace", "errors", "logging"}
+    return [w for w in block.replace("```", " ").split() if w not in rooms]
+
+
+def _type_checking_names() -> list[str]:
+    """The names `hybridllm/__init__.py` imports for type checkers (`if TYPE_CHECKING:`)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If))
+    imports = [n for n in ast.walk(block) if isinstance(n, ast.ImportFrom)]
+    return [alias.asname or alias.name for n in imports for alias in n.names]
+
+
+def test_the_public_names_are_the_documented_list_and_each_resolves() -> None:
+    import hybridllm
+
+    documented = _documented_names()
+    assert len(documented) == len(set(documented)) and sorted(documented) == hybridllm.__all__
+    assert sorted(_type_checking_names()) == hybridllm.__all__  # what mypy sees is the same
+    assert all(callable(getattr(hybridllm, name)) for name in hybridllm.__all__)
+    assert {"Draft", "Retract", "RefusedError", "Trace"} <= set(hybridllm.__all__)
+    errors = [n for n in hybridllm.__all__ if n.endswith("Error")]
+    assert len(errors) <= 7 and len(hybridllm.__all__) < 66
+
+
+def test_a_name_that_left_the_public_set_warns_and_names_its_home() -> None:
+    import hybridllm
+    from hybridllm import engines, errors, testing
+
+    homes = [m.__name__ for m in (hybridllm, engines, testing) if "ScriptedEngine" in m.__all__]
+    assert homes == ["hybridllm.testing"]  # exported from one place only
+    with pytest.warns(DeprecationWarning, match="import it from hybridllm.testing"):
+        moved = hybridllm.ScriptedEngine  # type: ignore[attr-defined]
+    assert moved is testing.ScriptedEngine and "ScriptedEngine" not in dir(hybridllm)
+    with pytest.warns(DeprecationWarning, match="import it from hybridllm.errors"):
+        assert hybridllm.CloudError is errors.CloudError  # type: ignore[attr-defined]
+
+
 def _sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 

@@ -15,20 +15,18 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    HybridClient,
-    LocalEngineError,
-    Policy,
-    PolicyError,
-    QueueFullError,
-    ScriptedEngine,
-    Token,
-)
+from hybridllm import HybridClient, Policy, Token
 from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    CloudConnectionError,
+    LocalEngineError,
+    PolicyError,
+    QueueFullError,
+)
 from hybridllm.events import Fallback
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +108,7 @@ async def test_confident_local_releases_held_text_and_continues_from_it_scripted
     assert {t.engine for t in tokens} == {"local"}
     assert local.continued_from == ["Hel"]  # the continuation starts from the held text
     assert trace.started == ["local"] and trace.engine == "local"
-    assert trace.cascade["decision"] == "local" and trace.cascade["held_ms"] >= 45
+    assert trace.cascade.decision == "local" and trace.cascade.held_ms >= 45
     assert "cascade: combined score 0.10 <= 0.50" in trace.route_reason
 
 
@@ -121,7 +119,7 @@ async def test_unconfident_local_defers_before_anything_is_shown_scripted() -> N
         tokens, trace, _ = await run(client, policy())
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "C1"), ("cloud", "C2")]
     assert local.continued_from == []  # the local engine never streamed: it only held
-    assert trace.engine == "cloud" and trace.cascade["decision"] == "cloud"
+    assert trace.engine == "cloud" and trace.cascade.decision == "cloud"
     # the cloud started only after the hold: its first token after hold + its own TTFT
     assert trace.ttft_ms is not None and trace.ttft_ms >= 65
 
@@ -131,7 +129,7 @@ async def test_a_hold_past_the_deadline_runs_the_race_scripted() -> None:
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.01)
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         tokens, trace, took = await run(client, policy(ttft_deadline_ms=200))
-    assert trace.cascade["decision"] == "race" and trace.cascade["held_ms"] < 400
+    assert trace.cascade.decision == "race" and trace.cascade.held_ms < 400
     assert [t.engine for t in tokens] == ["cloud"]  # the race's fallback answered
     assert took < 1.5  # the two-second hold was cut at the deadline, not waited out
 
@@ -142,7 +140,7 @@ async def test_hedged_cascade_starts_the_cloud_at_once_when_stage1_is_unsure_scr
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
         tokens, trace, _ = await run(client, policy(cascade_hedge=True))
     assert [t.engine for t in tokens] == ["cloud"]
-    assert trace.cascade["hedged"] and trace.parallel_start
+    assert trace.cascade.hedged and trace.parallel_start
     # the cloud ran during the hold: the first token comes at the hold's end, not hold + TTFT
     assert trace.ttft_ms is not None and trace.ttft_ms < 200 + 120
 
@@ -154,7 +152,7 @@ async def test_hedged_cloud_is_cancelled_when_local_turns_out_confident_scripted
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         tokens, trace, took = await run(client, policy(cascade_hedge=True))
     assert [t.engine for t in tokens] == ["local", "local"]
-    assert trace.cascade["hedged"] and trace.cascade["decision"] == "local"
+    assert trace.cascade.hedged and trace.cascade.decision == "local"
     assert took < 0.9  # the cloud's one-second answer was not waited for
 
 
@@ -193,7 +191,7 @@ async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> N
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         tokens, trace, _ = await run(client, policy())
     assert [t.engine for t in tokens] == ["cloud"]
-    assert trace.cascade["decision"] == "cloud" and "local failed" in trace.route_reason
+    assert trace.cascade.decision == "cloud" and "local failed" in trace.route_reason
 
 
 # ---- complete() judging the whole local answer (cascade_judge = "answer") -----------------------
@@ -217,15 +215,15 @@ async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() ->
     assert local.n_answers == [100]  # the whole answer (max_tokens), not the 8-token hold
     assert done.text == long and local.continued_from == []  # nothing left to continue
     c = done.trace.cascade
-    assert c["judge"] == "answer" and c["decision"] == "local"
-    assert c["local_tokens"] == len(long) + 1 and c["answer_signals"]["answer_tokens"] == 48
+    assert c.judge == "answer" and c.decision == "local"
+    assert c.local_tokens == len(long) + 1 and c.answer_signals["answer_tokens"] == 48
     # the logged signals are the first 8 tokens' (stage 2's training form)
-    assert c["signals"]["answer_tokens"] == 8 and c["signals"]["lp_min"] == pytest.approx(-0.8)
-    assert c["answer_signals"]["lp_min"] == pytest.approx(-4.8)
+    assert c.signals["answer_tokens"] == 8 and c.signals["lp_min"] == pytest.approx(-0.8)
+    assert c.answer_signals["lp_min"] == pytest.approx(-4.8)
     # the figures only a whole answer has (engines/_llama_whole.py): it ended, 47 text tokens
-    assert c["answer_signals"]["answer_ended"] == 1.0
-    assert c["answer_signals"]["answer_len"] == pytest.approx(math.log1p(47), abs=1e-6)
-    assert c["answer_signals"]["repeat_share"] is None  # no token ids from this engine
+    assert c.answer_signals["answer_ended"] == 1.0
+    assert c.answer_signals["answer_len"] == pytest.approx(math.log1p(47), abs=1e-6)
+    assert c.answer_signals["repeat_share"] is None  # no token ids from this engine
     assert done.trace.finish_reason == "stop" and done.trace.completion_tokens == 48
     assert "judging the whole local answer (48 tokens" in done.trace.route_reason
 
@@ -237,8 +235,8 @@ async def test_complete_defers_a_judged_answer_to_the_cloud_scripted() -> None:
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
         done = await client.complete("hi", policy=pol, plan="cascade")
     assert done.text == "C1C2" and done.trace.engine == "cloud"
-    assert done.trace.cascade["judge"] == "answer" and done.trace.cascade["decision"] == "cloud"
-    assert done.trace.cascade["local_tokens"] == 8  # the local work is on the trace
+    assert done.trace.cascade.judge == "answer" and done.trace.cascade.decision == "cloud"
+    assert done.trace.cascade.local_tokens == 8  # the local work is on the trace
 
 
 async def test_stream_and_a_prefix_policy_judge_the_held_tokens_only_scripted() -> None:
@@ -248,8 +246,8 @@ async def test_stream_and_a_prefix_policy_judge_the_held_tokens_only_scripted() 
         _, streamed, _ = await run(client, policy(cascade_judge="answer", max_tokens=50))
         done = await client.complete("hi", policy=policy(max_tokens=50), plan="cascade")
     assert local.n_answers == [8, 8]  # stream() shows tokens as they come: never the whole
-    assert streamed.cascade["judge"] == "prefix" and done.trace.cascade["judge"] == "prefix"
-    assert done.text == "Hello" and "answer_signals" not in done.trace.cascade
+    assert streamed.cascade.judge == "prefix" and done.trace.cascade.judge == "prefix"
+    assert done.text == "Hello" and done.trace.cascade.answer_signals is None
 
 
 async def test_a_stop_string_in_the_held_text_ends_the_answer_there_scripted() -> None:
@@ -281,8 +279,11 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted(
     assert [(f.from_engine, f.to_engine) for f in fallbacks] == [("local", "cloud")]
     trace = s.trace
     assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
-    assert [(a, b, n) for _, a, b, _, n in trace.switches] == [("local", "cloud", 5)]
-    assert "decode failed" in trace.cascade["failover"] and trace.finish_reason == "stop"
+    assert [(w.from_engine, w.to_engine, w.delivered_chars) for w in trace.switches] == [
+        ("local", "cloud", 5)
+    ]
+    assert trace.switches[0].error_type is LocalEngineError  # typed, to branch on
+    assert "decode failed" in trace.cascade.failover and trace.finish_reason == "stop"
 
 
 async def test_a_failover_that_fails_too_says_no_engine_could_answer_scripted() -> None:
@@ -311,7 +312,7 @@ async def test_a_hedged_hold_past_the_deadline_keeps_the_cloud_it_started_script
         tokens, trace, took = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
     assert [t.engine for t in tokens] == ["cloud"] and took < 1.0
     assert len(cloud.requests) == 1  # the hedged request answers: no second cloud request
-    assert trace.cascade["decision"] == "cloud" and "started at once" in trace.route_reason
+    assert trace.cascade.decision == "cloud" and "started at once" in trace.route_reason
 
 
 async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_scripted() -> None:

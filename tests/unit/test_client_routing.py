@@ -9,17 +9,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from hybridllm import (
-    Cap,
-    HybridClient,
-    ModelPrice,
-    Policy,
-    Prices,
-    PrivacyBlockedError,
-    RequestRefusedError,
-    Route,
-    ScriptedEngine,
-)
+from hybridllm import Cap, HybridClient, ModelPrice, Policy, Prices, Route
+from hybridllm.errors import BudgetExceededError, PrivacyBlockedError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -97,7 +89,7 @@ async def test_an_exhausted_budget_goes_local_or_fails() -> None:
         strict = pol.model_copy(
             update={"budget": pol.budget.model_copy(update={"on_exceeded": "fail"})}
         )
-        with pytest.raises(RequestRefusedError, match="budget"):
+        with pytest.raises(BudgetExceededError, match="budget"):
             client.stream("q", policy=strict)
     assert res.trace.engine == "local" and not cloud.requests
     assert any(
@@ -257,7 +249,7 @@ async def test_a_failed_request_is_logged_with_its_error_type(tmp_path: object) 
     """The decision log takes the error's kind from the trace's typed field, not its text."""
     from pathlib import Path
 
-    from hybridllm import CloudConnectionError
+    from hybridllm.errors import CloudConnectionError
     from hybridllm.routing import DecisionLog
 
     path = Path(str(tmp_path)) / "decisions.db"

@@ -10,9 +10,9 @@ import anyio
 import pytest
 from anyio.lowlevel import checkpoint
 
-from hybridllm import CloudQueueTimeoutError, InvalidArgumentError, OpenAIEngine, Policy
+from hybridllm import OpenAIEngine, Policy
 from hybridllm.engines.limit import EXPECT_S, ConcurrencyLimit
-from hybridllm.errors import QueueFullError
+from hybridllm.errors import CloudQueueTimeoutError, InvalidArgumentError, QueueFullError
 from hybridllm.routing.decide import LiveState, RequestFacts, decide
 from hybridllm.routing.inputs import Prediction
 
@@ -181,8 +181,9 @@ async def test_requests_routed_here_count_ahead_until_they_reach_the_queue() -> 
 def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
     """Routing announces each request it sends to a limited cloud: a burst of decisions made
     before any request reaches the queue goes local once the queue would miss the deadline."""
-    from hybridllm import HybridClient, ScriptedEngine
+    from hybridllm import HybridClient
     from hybridllm.engines.base import GenerationRequest
+    from hybridllm.testing import ScriptedEngine
 
     cloud = OpenAIEngine(api_key="k", base_url="http://127.0.0.1:9/v1", max_concurrency=2)
     cloud.limit.hold_s = 0.4

@@ -5,6 +5,7 @@ locally, and a new key (`set_api_key`) brings the cloud back. The endpoint is a 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import AsyncGenerator
 from types import SimpleNamespace
@@ -14,20 +15,11 @@ import httpx2
 import openai
 import pytest
 
-from hybridllm import (
-    AuthenticationError,
-    CloudError,
-    CloudUnavailable,
-    CloudUnavailableError,
-    ConfigError,
-    HybridClient,
-    OpenAIEngine,
-    Policy,
-    Route,
-    ScriptedEngine,
-)
+from hybridllm import CloudUnavailable, ConfigError, HybridClient, OpenAIEngine, Policy, Route
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import AuthenticationError, CloudError, CloudUnavailableError
 from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 MSGS = [{"role": "user", "content": "hi"}]
@@ -106,7 +98,7 @@ async def test_no_key_sends_nothing_and_says_so_once(monkeypatch: pytest.MonkeyP
         with pytest.raises(CloudUnavailableError, match="no API key") as caught:
             await drain(engine)
     err = caught.value
-    assert isinstance(err, ConfigError) and isinstance(err, CloudError)
+    assert isinstance(err, CloudError) and not isinstance(err, ConfigError)  # one parent
     assert not err.retryable and err.status_code is None
     assert fake.sent == []
     engine.set_api_key("good")
@@ -116,8 +108,11 @@ async def test_no_key_sends_nothing_and_says_so_once(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("status", [401, 403])
-async def test_a_refused_key_stops_the_engine_until_the_key_changes(status: int) -> None:
-    engine, fake = cloud_engine("wrong", status=status)
+async def test_a_refused_key_stops_the_engine_until_the_key_changes(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hybridllm")
+    engine, fake = cloud_engine("wrong-key-3f9a", status=status)
     with pytest.warns(RuntimeWarning, match=rf"authentication failed \({status}\)"):
         with pytest.raises(AuthenticationError):
             await drain(engine)
@@ -127,12 +122,15 @@ async def test_a_refused_key_stops_the_engine_until_the_key_changes(status: int)
         for _ in range(3):  # nothing is sent, nothing warned again
             with pytest.raises(CloudUnavailableError) as caught:
                 await drain(engine)
-    assert caught.value.status_code == status and fake.sent == ["wrong"]
+    assert caught.value.status_code == status and fake.sent == ["wrong-key-3f9a"]
+    said = [r.getMessage() for r in caplog.records if r.name == "hybridllm.engines.openai_engine"]
+    assert len(said) == 1 and f"authentication failed ({status})" in said[0]  # logged once
+    assert "wrong-key-3f9a" not in said[0]  # never the key
     with pytest.raises(ConfigError):
         engine.set_api_key("  ")
     engine.set_api_key("good")
     await drain(engine)
-    assert fake.sent == ["wrong", "good"] and engine.info().unavailable is None
+    assert fake.sent == ["wrong-key-3f9a", "good"] and engine.info().unavailable is None
     engine.set_api_key("bad again")  # a new refusal is said again
     with pytest.warns(RuntimeWarning), pytest.raises(AuthenticationError):
         await drain(engine)
@@ -195,7 +193,7 @@ async def test_the_client_serves_locally_and_says_why_until_the_key_changes() ->
         assert not any("unavailable" in r or "authentication" in r for r in done.trace.decision)
 
 
-async def test_a_forced_cloud_without_a_key_fails_at_once_with_a_config_error(
+async def test_a_forced_cloud_without_a_key_fails_at_once_with_the_typed_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -205,7 +203,7 @@ async def test_a_forced_cloud_without_a_key_fails_at_once_with_a_config_error(
         client = HybridClient(local=local, cloud=cloud, router=None)
         await client.__aenter__()
     try:
-        with pytest.raises(ConfigError, match="no API key"):
+        with pytest.raises(CloudUnavailableError, match="no API key"):
             await client.complete("q", engine="cloud")
         assert (await client.complete("q")).trace.engine == "local"
     finally:

@@ -12,10 +12,10 @@ import pytest
 from hybridllm.cli.explain import OfflineEngine, explain
 from hybridllm.cli.main import main
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.router import Router
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.testing import ScriptedEngine
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -8,17 +8,9 @@ import time
 
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    EngineError,
-    Fallback,
-    HybridClient,
-    Policy,
-    ScriptedEngine,
-    StallError,
-    Token,
-)
+from hybridllm import EngineError, Fallback, HybridClient, Policy, Switch, Token
+from hybridllm.errors import AllEnginesFailedError, CloudConnectionError, StallError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -44,8 +36,13 @@ async def test_reset_mid_stream_continues_on_the_local_engine() -> None:
     assert len(fb) == 1 and fb[0].from_engine == "cloud" and "mid-stream" in fb[0].reason
     tr = s.trace
     assert tr.engine == "local" and tr.started == ["cloud", "local"]
-    assert len(tr.switches) == 1 and tr.switches[0][1:3] == ("cloud", "local")
-    assert tr.switches[0][4] == len("Hello") and tr.n_tokens == 4
+    (switch,) = tr.switches
+    assert isinstance(switch, Switch) and (switch.from_engine, switch.to_engine) == (
+        "cloud",
+        "local",
+    )
+    assert switch.delivered_chars == len("Hello") and tr.n_tokens == 4
+    assert switch.error_type is CloudConnectionError and switch.reason == "connection reset"
 
 
 async def test_the_continuation_asks_only_for_what_is_left_of_max_tokens() -> None:
@@ -64,7 +61,8 @@ async def test_stall_past_the_limit_moves_the_answer() -> None:
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         res = await client.complete("q")
         assert cloud.active == 0  # the stalled stream was closed
-    assert res.text == "ab" and "no token for 100 ms" in res.trace.switches[0][3]
+    assert res.text == "ab" and "no token for 100 ms" in res.trace.switches[0].reason
+    assert res.trace.switches[0].error_type is StallError
     itl = res.trace.itl_ms
     assert len(itl) == 1 and 95 <= itl[0] < 400
 

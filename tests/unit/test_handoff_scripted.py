@@ -8,18 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from hybridllm import (
-    AllEnginesFailedError,
-    CloudConnectionError,
-    Fallback,
-    Handoff,
-    HybridClient,
-    LocalEngineError,
-    Policy,
-    ScriptedEngine,
-    Token,
-)
+from hybridllm import Fallback, Handoff, HybridClient, Policy, Token
+from hybridllm.errors import AllEnginesFailedError, CloudConnectionError, LocalEngineError
 from hybridllm.events import Event
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +79,7 @@ async def test_scripted_timing_cloud_failing_mid_answer_moves_back_to_local() ->
     assert local.requests[1].assistant_prefix == "ABx"
     assert any(isinstance(e, Handoff) for e in events)
     assert [e for e in events if isinstance(e, Fallback)][0].from_engine == "cloud"
-    assert trace.engine == "local" and trace.switches[0][4] == 3  # type: ignore[attr-defined]
+    assert trace.engine == "local" and trace.switches[0].delivered_chars == 3
 
 
 async def test_scripted_timing_local_failure_before_the_handoff_asks_the_cloud_at_once() -> None:
@@ -158,7 +150,7 @@ async def test_scripted_timing_the_local_part_lasts_until_the_cloud_is_warm() ->
 
 
 def test_the_warm_cloud_flag_is_a_checked_bool() -> None:
-    from hybridllm import PolicyError
+    from hybridllm.errors import PolicyError
 
     with pytest.raises(PolicyError) as info:
         Policy(name="h", handoff_warm_cloud="yes")  # type: ignore[arg-type]

@@ -8,14 +8,10 @@ import time
 import anyio
 import pytest
 
-from hybridllm import (
-    AuthenticationError,
-    CloudConnectionError,
-    HybridClient,
-    Policy,
-    ScriptedEngine,
-)
+from hybridllm import HybridClient, Policy
+from hybridllm.errors import AuthenticationError, CloudConnectionError
 from hybridllm.runtime.health import CircuitBreaker
+from hybridllm.testing import ScriptedEngine
 
 
 def test_opens_after_threshold_and_probes_after_reset() -> None:

@@ -10,16 +10,11 @@ import time
 import anyio
 import pytest
 
-from hybridllm import (
-    ConfigError,
-    EngineError,
-    HybridClient,
-    Policy,
-    QueueFullError,
-    ScriptedEngine,
-)
+from hybridllm import ConfigError, EngineError, HybridClient, Policy
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.queue import BoundedQueue
+from hybridllm.errors import QueueFullError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 REQ = GenerationRequest([{"role": "user", "content": "hi"}])

@@ -9,18 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from hybridllm import (
-    Fallback,
-    HybridClient,
-    ModelPrice,
-    ParallelStart,
-    Policy,
-    PolicyError,
-    Prices,
-    Route,
-    ScriptedEngine,
-)
+from hybridllm import Fallback, HybridClient, ModelPrice, ParallelStart, Policy, Prices, Route
 from hybridllm.cli.demo import Row, format_table, parallel_note
+from hybridllm.errors import PolicyError
 from hybridllm.events import EngineName, Event
 from hybridllm.policy import resolve_policy
 from hybridllm.routing import LiveState, RequestFacts, decide
@@ -28,6 +19,7 @@ from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.gather import PARALLEL_WINDOW
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.trace import Trace
+from hybridllm.testing import ScriptedEngine
 
 VOICE = Policy(name="voice", prefer="local", ttft_deadline_ms=400)
 FACTS = RequestFacts(50, 64)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm import Policy, PolicyError
+from hybridllm import Policy
+from hybridllm.errors import PolicyError
 from hybridllm.policy import known_policies, resolve_policy
 
 PRESETS = {

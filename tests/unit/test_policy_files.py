@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm import Policy, PolicyError
+from hybridllm import Policy
+from hybridllm.errors import PolicyError
 from hybridllm.policy import ENV_PATH, known_policies, resolve_policy
 
 

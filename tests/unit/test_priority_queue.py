@@ -11,9 +11,10 @@ import pytest
 from anyio.abc import TaskGroup
 from anyio.lowlevel import checkpoint
 
-from hybridllm import InvalidArgumentError, Policy, PolicyError
+from hybridllm import Policy
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.queue import BoundedQueue, Turn
+from hybridllm.errors import InvalidArgumentError, PolicyError
 from hybridllm.events import Priority
 from hybridllm.policy import resolve_policy
 

@@ -10,10 +10,10 @@ from hypothesis import given, strategies as st
 
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.options import OpenAIOptions
-from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.errors import PrivacyBlockedError
 from hybridllm.guard.guarded import GuardedEngine, RequestContext
 from hybridllm.guard.privacy import iban_ok, kinds, luhn_ok, scan, scan_text
+from hybridllm.testing import ScriptedEngine
 from tests.privacy_corpus import BENIGN, SENSITIVE
 
 JWT = (

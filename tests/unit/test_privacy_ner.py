@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import pytest
 
-from hybridllm import ConfigError, HybridClient, Policy, ScriptedEngine
+from hybridllm import ConfigError, HybridClient, Policy
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.guard import privacy_ner
 from hybridllm.guard.privacy import kinds
@@ -23,6 +23,7 @@ from hybridllm.guard.privacy_ner import (
 )
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone, nir_ok
 from hybridllm.runtime.gather import Routing
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 HAS_NER = all(importlib.util.find_spec(p) for p in ("presidio_analyzer", "spacy"))

@@ -8,25 +8,20 @@ from functools import partial
 import anyio
 import pytest
 
-from hybridllm import (
+from hybridllm import Fallback, Hedge, HybridClient, Policy, Route, Token
+from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import (
     AllEnginesFailedError,
     AuthenticationError,
     CloudConnectionError,
-    Fallback,
-    Hedge,
-    HybridClient,
     LocalEngineError,
-    Policy,
     RateLimitError,
-    Route,
-    ScriptedEngine,
-    Token,
 )
-from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import Done
 from hybridllm.runtime.plans import race, single
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,6 @@ import pytest
 
 from hybridllm import (
     Cap,
-    CloudConnectionError,
     ConfigError,
     Fallback,
     GuardedEngine,
@@ -23,14 +22,14 @@ from hybridllm import (
     OpenAIOptions,
     Policy,
     Prices,
-    ScriptedEngine,
     Token,
 )
 from hybridllm.engines.base import EngineInfo, GenerationRequest
-from hybridllm.errors import AllEnginesFailedError, BudgetExceededError
+from hybridllm.errors import AllEnginesFailedError, BudgetExceededError, CloudConnectionError
 from hybridllm.events import Chunk, Delta, Finish, Mark
 from hybridllm.guard.guarded import RequestContext, request_token_bound, usd
 from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.testing import ScriptedEngine
 
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
 PRICES = Prices(models={"scripted": PRICE})

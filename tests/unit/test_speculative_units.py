@@ -25,8 +25,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from hybridllm import GuardedEngine, Ledger, ModelPrice, Policy, Prices, PrivacyBlockedError
-from hybridllm.engines.scripted import ScriptedEngine
+from hybridllm import GuardedEngine, Ledger, ModelPrice, Policy, Prices
 from hybridllm.engines.verify import (
     EchoVerifier,
     PredictionVerifier,
@@ -41,10 +40,11 @@ from hybridllm.engines.verify_vllm import (
     TextLogprobsVerifier,
     read_prompt_logprobs,
 )
-from hybridllm.errors import ServerError
+from hybridllm.errors import PrivacyBlockedError, ServerError
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.routing.decide import LiveState, RequestFacts, decide
 from hybridllm.runtime.speculation import Outlook, expected_tokens
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -13,18 +13,18 @@ import pytest
 
 from hybridllm import (
     ClientStateError,
-    CloudConnectionError,
     ConfigError,
     Done,
     HybridClient,
     Policy,
-    PolicyError,
+    RefusedError,
     Route,
-    ScriptedEngine,
     Token,
     Usage,
 )
 from hybridllm.events import DeadlineMissed
+from hybridllm.errors import CloudConnectionError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -176,10 +176,10 @@ async def test_policy_preference_and_private_mode() -> None:
         assert (await client.complete("hi", policy="long-writing")).trace.engine == "cloud"
         assert (await client.complete("hi", policy="code-completion")).trace.engine == "local"
         assert (await client.complete("hi", policy=Policy(prefer="cloud"))).trace.engine == "cloud"
-        with pytest.raises(PolicyError, match="device"):
+        with pytest.raises(RefusedError, match="device"):  # a refusal, not a config error
             client.stream("hi", policy="private", engine="cloud")
     async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["c"])) as client:
-        with pytest.raises(PolicyError):
+        with pytest.raises(RefusedError):
             client.stream("hi", policy="private")
 
 

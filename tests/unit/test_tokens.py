@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridllm import HybridClient, Policy, ScriptedEngine
+from hybridllm import HybridClient, Policy
 from hybridllm.engines.base import (
     CONTINUE_INSTRUCTION,
     GenerationRequest,
@@ -15,6 +15,7 @@ from hybridllm.engines.base import (
     prompt_token_bound,
 )
 from hybridllm.engines.tokens import estimate_text_tokens
+from hybridllm.testing import ScriptedEngine
 
 # (text, SmolLM2-135M tokens, Qwen2.5 tokens): counted with llama.cpp's tokenizers (no special
 # tokens, no template); the calibration table in hybridllm/engines/tokens.py

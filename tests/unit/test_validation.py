@@ -14,21 +14,24 @@ from typing import Any
 import pytest
 
 from hybridllm import (
-    CloudStatusError,
     ConfigError,
     GenerationRequest,
     HybridClient,
-    InvalidArgumentError,
     LlamaCppEngine,
     OpenAIEngine,
     Policy,
-    PolicyError,
-    PrivacyBlockedError,
     RefusedError,
-    ScriptedEngine,
 )
 from hybridllm.cli.main import main
-from hybridllm.errors import AllEnginesFailedError, EngineError
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    CloudStatusError,
+    EngineError,
+    InvalidArgumentError,
+    PolicyError,
+    PrivacyBlockedError,
+)
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 NAN, INF = float("nan"), float("inf")

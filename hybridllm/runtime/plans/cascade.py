@@ -18,14 +18,14 @@
    token). A local answer
    that fails (or stalls past `stall_ms`) after its release fails over to the cloud, which
    continues from the delivered text, as in the race (`Fallback`, `trace.switches`;
-   `trace.cascade["failover"]`), where the decision allows a failover.
+   `trace.cascade.failover`), where the decision allows a failover.
 5. Under `complete()` (nothing is streamed) with `cascade_judge = "answer"`, the hold is the
    whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
    deadline does): stage 2's "answer" models read the log-probabilities over all the
    answer's tokens and the figures only a whole answer has (its length, whether it ended,
    its last tokens, its repeats: `engines/_llama_whole.py`; a multiple-choice answer by its
    first tokens), and the cloud is asked only when that says the answer will not do.
-   `trace.cascade["judge"]` says which ran; its `signals` are the first 8 tokens' (what stage
+   `trace.cascade.judge` says which ran; its `signals` are the first 8 tokens' (what stage
    2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
    `local_tokens` the local work.
 
@@ -55,6 +55,7 @@ from hybridllm.routing.decide import Decision
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import collector, relay_watched, single
 from hybridllm.runtime.stream import RequestRun
+from hybridllm.runtime.trace import CascadeRecord
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -109,8 +110,7 @@ async def cascade(
     n_answer = request.max_tokens if whole else settings.hold_tokens
     text = float(router.score(request.messages))
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
-    info: dict[str, Any] = {"text": round(text, 6), "hedged": hedged, "cut": settings.cut,
-                            "judge": settings.judge}  # fmt: skip
+    info = CascadeRecord(round(text, 6), hedged, settings.cut, settings.judge)
     trace.cascade = info
     try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`_sole`)
         async with anyio.create_task_group() as tg:
@@ -129,23 +129,23 @@ async def cascade(
                 except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
                     failed = exc
             held_ms = (time.perf_counter() - t0) * 1e3
-            info["held_ms"] = round(held_ms, 1)
+            info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
-                info["decision"] = "cloud"
+                info.decision = "cloud"
                 why = f"{reason}: local failed before deciding ({failed}) -> cloud"
                 if buffer is not None:
                     await _serve_buffered(run, cloud, buffer, why)
                     return
             elif sig is None and buffer is not None:  # hedged: the cloud started is not repeated
-                info["decision"] = "cloud"
+                info.decision = "cloud"
                 why = (f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
                        "started at once")  # fmt: skip
                 await _serve_buffered(run, cloud, buffer, why, fallback=(local, request, stall_s))
                 return
             elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
-                info["decision"] = "race"
+                info.decision = "race"
                 why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
                 await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
                            stall_s=stall_s)  # fmt: skip
@@ -156,7 +156,7 @@ async def cascade(
                 head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
                 score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
                 release = score.value <= settings.cut
-                info.update(_describe(score, release, len(sig.answer)))
+                _describe(info, score, release, len(sig.answer))
                 if whole:
                     _judged_whole(info, sig, head, values)
                 rel = "<=" if release else ">"
@@ -204,7 +204,7 @@ def _whole_answer_inputs(sig: Any) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def _judged_whole(
-    info: dict[str, Any], sig: Any, head: dict[str, float], values: dict[str, float]
+    info: CascadeRecord, sig: Any, head: dict[str, float], values: dict[str, float]
 ) -> None:
     """The trace of a whole-answer judgement: the first 8 tokens' figures (`head`) as `signals`
     (the prefix models' training form, what the decision log learns from), the whole answer's
@@ -213,9 +213,9 @@ def _judged_whole(
     def clean(values: dict[str, float]) -> dict[str, float | None]:
         return {k: (None if math.isnan(v) else round(v, 6)) for k, v in values.items()}
 
-    info["answer_signals"] = clean({**values, **sig.values})
-    info["signals"] = clean(head)
-    info["local_tokens"] = len(sig.logprobs)
+    info.answer_signals = clean({**values, **sig.values})
+    info.signals = clean(head)
+    info.local_tokens = len(sig.logprobs)
 
 
 def _until_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -224,17 +224,15 @@ def _until_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
-def _describe(score: RouterScore, release: bool, held_chars: int) -> dict[str, Any]:
-    clean = {k: (None if math.isnan(v) else round(v, 6)) for k, v in score.signals.items()}
-    return {
-        "decision": "local" if release else "cloud",
-        "value": round(score.value, 6),
-        "model": score.model,
-        "local": None if score.local is None else round(score.local, 6),
-        "signals": clean,
-        "cost_ms": round(score.cost_ms, 1),
-        "held_chars": held_chars,
-    }
+def _describe(info: CascadeRecord, score: RouterScore, release: bool, held_chars: int) -> None:
+    """The scored decision on the trace's cascade record."""
+    info.decision = "local" if release else "cloud"
+    info.value = round(score.value, 6)
+    info.model = score.model
+    info.local = None if score.local is None else round(score.local, 6)
+    info.signals = {k: (None if math.isnan(v) else round(v, 6)) for k, v in score.signals.items()}
+    info.cost_ms = round(score.cost_ms, 1)
+    info.held_chars = held_chars
 
 
 async def _release(
@@ -300,9 +298,9 @@ async def _fail_over(
         (local.name, exc, (now - trace.t_start) * 1e3)
     ]
     why = f"{local.name} failed mid-stream: {exc}"
-    trace.switches.append((now, local.name, cloud.name, str(exc), len(delivered)))
+    trace.switched(local.name, cloud.name, exc, len(delivered), t=now)
     if trace.cascade is not None:
-        trace.cascade["failover"] = why
+        trace.cascade.failover = why
     if cloud.name not in trace.started:
         trace.started.append(cloud.name)
     trace.engine = cloud.name
@@ -315,7 +313,7 @@ async def _fail_over(
     handle, finishes = collector(run, cloud.name)
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)
-    except errors.EngineError as exc2:
+    except (errors.EngineError, errors.RefusedError) as exc2:
         attempts.append((cloud.name, exc2, (time.perf_counter() - trace.t_start) * 1e3))
         raise errors.AllEnginesFailedError(attempts, received_content=True) from exc2
     run.complete(cloud.name, finishes[-1] if finishes else None)
@@ -360,7 +358,7 @@ async def _serve_buffered(
                 if (
                     fallback is None
                     or run.delivered_text
-                    or not isinstance(item, errors.EngineError)
+                    or not isinstance(item, errors.EngineError | errors.RefusedError)
                 ):
                     raise item
                 local, request, stall_s = fallback

@@ -322,7 +322,7 @@ class _Handoff:
         self.scopes[old].cancel()
         delivered = self.run.delivered_text
         now = time.perf_counter()
-        self.run.trace.switches.append((now, "cloud", "local", str(exc), len(delivered)))
+        self.run.trace.switched("cloud", "local", exc, len(delivered), t=now)
         self.run.emit(Fallback(now, "cloud", "local", f"cloud failed mid-stream: {exc}"))
         n = self.run.trace.n_tokens
         self.serving = self.start(self.local, self.continuation(n), "continuation")

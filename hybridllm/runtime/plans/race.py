@@ -333,9 +333,7 @@ class _Race:
         self.failed.add(wid)
         delivered = self.run.delivered_text
         trace = self.run.trace
-        trace.switches.append(
-            (time.perf_counter(), old.engine.name, other.name, str(exc), len(delivered))
-        )
+        trace.switched(old.engine.name, other.name, exc, len(delivered))
         self.run.emit(
             Fallback(
                 time.perf_counter(),

@@ -371,7 +371,7 @@ async def _fail_over(
         spec.switched, spec.switched_at = why, len(committed)
     now = time.perf_counter()
     run.trace.fallback_reason = why
-    run.trace.switches.append((now, "cloud", "local", why, len(committed)))
+    run.trace.switched("cloud", "local", exc, len(committed), reason=why, t=now)
     run.trace.started.append("local")
     run.trace.engine = "local"
     run.emit(Fallback(now, "cloud", "local", why))
