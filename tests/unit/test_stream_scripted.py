@@ -22,8 +22,8 @@ from hybridllm import (
     Token,
     Usage,
 )
-from hybridllm.events import DeadlineMissed
 from hybridllm.errors import CloudConnectionError
+from hybridllm.events import DeadlineMissed
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
