@@ -17,11 +17,11 @@ of the requests ahead), through the same `BoundedQueue` as `LlamaCppEngine`, so 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
+from hybridllm import clock
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
@@ -110,22 +110,22 @@ class ScriptedEngine:
         queue = self.queue
         if queue is not None:
             await queue.acquire(self.duration_s, request.priority)  # QueueFullError past a bound
-            queue.active = (time.perf_counter(), self.duration_s)
+            queue.active = (clock.now(), self.duration_s)
         self.requests.append(request)  # the requests that got their turn
         self.active += 1
         n = 0
         try:
-            yield RequestSent(time.perf_counter())
+            yield RequestSent(clock.now())
             for step in self.script:
                 if isinstance(step, BaseException):
                     raise step
                 if isinstance(step, str):
                     n += 1
                     self.emitted += 1
-                    yield Delta(step, time.perf_counter())
+                    yield Delta(step, clock.now())
                 else:
                     await anyio.sleep(step)
-            yield Finish("stop", None, n, time.perf_counter())
+            yield Finish("stop", None, n, clock.now())
         finally:
             self.active -= 1
             self.closed_streams += 1

@@ -8,10 +8,10 @@ no attempt starts if its wait would end past the first-token deadline.
 from __future__ import annotations
 
 import random
-import time
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
+from hybridllm import clock
 from hybridllm.errors import EngineError, RateLimitError
 
 
@@ -24,7 +24,7 @@ class RetryPolicy:
         self, retries: int, deadline_at: float | None, base_s: float = 0.1, max_s: float = 2.0
     ) -> None:
         self.retries = retries
-        self.deadline_at = deadline_at  # perf_counter() time of the first-token deadline
+        self.deadline_at = deadline_at  # clock.now() time of the first-token deadline
         self.base_s = base_s
         self.max_s = max_s
         self.retried = 0
@@ -41,7 +41,7 @@ class RetryPolicy:
             return True
         if self.deadline_at is None:
             return False
-        return time.perf_counter() + self.wait_s(state) > self.deadline_at
+        return clock.now() + self.wait_s(state) > self.deadline_at
 
     def _count(self, state: RetryCallState) -> None:
         self.retried += 1

@@ -1,7 +1,8 @@
 """The figures of one request, measured at the client.
 
-All times come from `time.perf_counter()`. TTFT runs from the `stream()` call to the first
-token that carries content; role-only chunks, keep-alives and empty deltas never count.
+All times come from `hybridllm.clock.now()` (the event loop's clock). TTFT runs from the
+`stream()` call to the first token that carries content; role-only chunks, keep-alives and
+empty deltas never count.
 
 Money: every cloud request of this request that the cloud guard's ledger settled (a guard with
 `prices=`) is in `spent`, with the role it played (`SpendRole`: the plan that starts an engine
@@ -13,12 +14,12 @@ counted so far; one never sent is released and costs nothing).
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hybridllm import clock
 from hybridllm.events import EngineName
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Spend:
 @dataclass(frozen=True, slots=True)
 class Pause:
     """The local engine paused the answer for a more urgent request (preemption) and went on
-    later: when (perf_counter times), why, the tokens generated before, and the tokens it
+    later: when (`hybridllm.clock.now()` times), why, the tokens generated before, and the tokens it
     prefilled again to resume (the prompt and those tokens, less the cached prefix)."""
 
     paused_at: float
@@ -67,7 +68,7 @@ class Pause:
 
 @dataclass
 class HandoffRecord:
-    """Where a `handoff` plan moved the answer (times are `time.perf_counter()`)."""
+    """Where a `handoff` plan moved the answer (times are `hybridllm.clock.now()`)."""
 
     asked_t: float  # the cloud was asked to continue from the text delivered then
     local_chars: int  # ... that many characters, all from the local engine: the seam
@@ -103,7 +104,7 @@ class Speculation:
 
 @dataclass
 class Trace:
-    t_start: float = field(default_factory=time.perf_counter)
+    t_start: float = field(default_factory=clock.now)
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     engine: EngineName | None = None
@@ -146,7 +147,7 @@ class Trace:
 
     def mark(self, name: str, t: float | None = None) -> None:
         """Record the first time a phase was seen (later repeats are ignored)."""
-        self.marks.setdefault(name, time.perf_counter() if t is None else t)
+        self.marks.setdefault(name, clock.now() if t is None else t)
 
     def settled(self, usage: TokenUsage, usd: float) -> None:
         """The cloud guard settled one of this request's cloud requests (its settle hook); the
@@ -165,7 +166,7 @@ class Trace:
 
     def done(self, finish_reason: str, t: float | None = None) -> None:
         self.finish_reason = finish_reason
-        self.t_done = time.perf_counter() if t is None else t
+        self.t_done = clock.now() if t is None else t
         self.mark("done", self.t_done)
 
     # ---- figures --------------------------------------------------------------------------
