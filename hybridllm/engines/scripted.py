@@ -1,7 +1,9 @@
 """`ScriptedEngine`: a test double that plays a script with exact timing.
 
 For unit tests of orchestration timing only (deadlines, cancellation, event order). It is never a
-stand-in for the real engines in integration tests.
+stand-in for the real engines in integration tests. Its sleeps are the event loop's and its stamps
+`hybridllm.clock.now()`, so on a virtual clock (`hybridllm.testing`) a script plays in no real
+time and the trace shows its exact times.
 
     engine = ScriptedEngine("local", tokens=["Hel", "lo"], ttft_s=0.05, tpot_s=0.01)
     engine = ScriptedEngine("cloud", script=[0.2, "Hi", 0.01, "!", CloudConnectionError("reset")])
