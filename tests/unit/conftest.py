@@ -8,11 +8,17 @@ events and traces with `hybridllm.clock.now()`, the event loop's clock, so a tra
 exact virtual milliseconds: such a test asserts order, counts and the script's own times, never a
 wall-clock bound. Worker-thread calls (`anyio.to_thread.run_sync`) run inline there, so the clock
 cannot jump while a thread works. Every other async unit test runs on asyncio.
+
+No unit test may wait on the real clock: one that spends more than `REAL_SLEEP_LIMIT_S` of real
+time in sleeps (`time.sleep`, `anyio.sleep`, `asyncio.sleep`; overlapping sleeps count once)
+fails, and says to move it to the virtual clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -22,6 +28,7 @@ import pytest
 from trio.testing import MockClock
 
 T = TypeVar("T")
+REAL_SLEEP_LIMIT_S = 1.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,3 +58,55 @@ async def run_inline(func: Callable[..., T], *args: Any, **_: Any) -> T:
 def _threads_inline(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if virtual(request):
         monkeypatch.setattr(anyio.to_thread, "run_sync", run_inline)
+
+
+class RealSleeps:
+    """The real seconds during which at least one sleep of the test was under way."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._asleep = 0
+        self._since = 0.0
+
+    def _enter(self) -> None:
+        if self._asleep == 0:
+            self._since = time.perf_counter()
+        self._asleep += 1
+
+    def _leave(self) -> None:
+        self._asleep -= 1
+        if self._asleep == 0:
+            self.total_s += time.perf_counter() - self._since
+
+    def timed(self, sleep: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        async def timed_sleep(*args: Any, **kwargs: Any) -> T:
+            self._enter()
+            try:
+                return await sleep(*args, **kwargs)
+            finally:
+                self._leave()
+
+        return timed_sleep
+
+    def timed_sync(self, sleep: Callable[[float], None]) -> Callable[[float], None]:
+        def timed_sleep(seconds: float) -> None:
+            self._enter()
+            try:
+                sleep(seconds)
+            finally:
+                self._leave()
+
+        return timed_sleep
+
+
+@pytest.fixture(autouse=True)
+def _no_real_waiting(monkeypatch: pytest.MonkeyPatch) -> Iterator[RealSleeps]:
+    sleeps = RealSleeps()
+    monkeypatch.setattr(anyio, "sleep", sleeps.timed(anyio.sleep))
+    monkeypatch.setattr(asyncio, "sleep", sleeps.timed(asyncio.sleep))
+    monkeypatch.setattr(time, "sleep", sleeps.timed_sync(time.sleep))
+    yield sleeps
+    assert sleeps.total_s <= REAL_SLEEP_LIMIT_S, (
+        f"this unit test slept {sleeps.total_s:.2f} s on the real clock (at most "
+        f"{REAL_SLEEP_LIMIT_S} s): run it on the virtual clock (@pytest.mark.virtual_clock)"
+    )
