@@ -29,7 +29,7 @@ from hybridllm import (
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.routing import LiveState, RequestFacts, decide
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 MSGS = [{"role": "user", "content": "hi"}]
 AUTH = "authentication failed (401): check OPENAI_API_KEY or api_key="
 
