@@ -25,11 +25,11 @@ local engine with the reason.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import anyio
 
+from hybridllm.clock import now
 from hybridllm.engines import validate
 from hybridllm.engines.queue import RANK
 from hybridllm.errors import CloudQueueTimeoutError
@@ -46,7 +46,7 @@ class ConcurrencyLimit:
         max_concurrency: int | None,
         queue_timeout_s: float | None = None,
         *,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = now,
     ) -> None:
         if max_concurrency is not None:
             validate.integer("max_concurrency", max_concurrency, minimum=1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from hybridllm import errors
+from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted, _Preempted
 from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
@@ -269,7 +268,7 @@ class LlamaCppEngine:
         draft = self._draft_for(request)
         new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
         self._queue.check()  # past a bound: QueueFullError now, before the "queued" mark
-        yield Mark("queued", time.perf_counter())
+        yield Mark("queued", clock.now())
         turn = await self._queue.acquire(
             self.estimate_s(new_tokens, prepared.max_tokens), request.priority
         )
@@ -279,12 +278,12 @@ class LlamaCppEngine:
             self.busy = True
             new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
             self._queue.active = (
-                time.perf_counter(),
+                clock.now(),
                 self.estimate_s(new_tokens, prepared.max_tokens),
             )
-            yield Mark("started", time.perf_counter())
+            yield Mark("started", clock.now())
             while True:  # a preemptible prefill gives the device up between chunks
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 try:
                     fill = partial(session.prefill, prepared, draft=draft, yield_if=_yields(turn))
                     gen = await self._on_thread(session, fill)
@@ -294,18 +293,18 @@ class LlamaCppEngine:
                     self._queue.release()
                     await self._queue.acquire(turn.estimate_s, turn=turn)
                     holding, self.busy = True, True
-            t1 = time.perf_counter()
+            t1 = clock.now()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
             while True:
-                self._queue.active = (time.perf_counter(), self._left_s(gen))
+                self._queue.active = (clock.now(), self._left_s(gen))
                 async with contextlib.aclosing(self._decode(session, gen, turn)) as deltas:
                     async for delta in deltas:
                         yield delta
                 if gen.finish_reason is not None or not turn.preempt.is_set():
                     break
                 # preempted (engines.queue): give the turn back, wait again, go on from here
-                paused_at, done = time.perf_counter(), gen.completion_tokens
+                paused_at, done = clock.now(), gen.completion_tokens
                 yield Mark("paused", paused_at)
                 await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 self.busy, holding = False, False
@@ -314,7 +313,7 @@ class LlamaCppEngine:
                 await self._queue.acquire(self._left_s(gen), turn=turn)
                 holding, self.busy = True, True
                 while True:  # preempted again during the prefill: wait again (same pause)
-                    t0 = time.perf_counter()
+                    t0 = clock.now()
                     try:
                         again = partial(session.resume, gen, draft, _yields(turn))
                         prefilled = await self._on_thread(session, again)
@@ -324,9 +323,9 @@ class LlamaCppEngine:
                         self._queue.release()
                         await self._queue.acquire(self._left_s(gen), turn=turn)
                         holding, self.busy = True, True
-                self._learn_prefill(prefilled, time.perf_counter() - t0)
+                self._learn_prefill(prefilled, clock.now() - t0)
                 yield Resumed(
-                    time.perf_counter(),
+                    clock.now(),
                     paused_at=paused_at,
                     reason=turn.preempt_reason,
                     delivered_tokens=done,
@@ -336,7 +335,7 @@ class LlamaCppEngine:
                 gen.finish_reason or "stop",
                 len(prepared.tokens),
                 gen.completion_tokens,
-                time.perf_counter(),
+                clock.now(),
                 cached_prompt_tokens=gen.reused_tokens,
             )
         finally:
@@ -344,7 +343,7 @@ class LlamaCppEngine:
                 if gen is not None and holding:
                     await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 else:  # stopped in the queue or during prefill: the llama thread let go now
-                    self.stopped_at = time.perf_counter()
+                    self.stopped_at = clock.now()
                 self.busy = False
                 if holding:
                     self._queue.release()
@@ -385,11 +384,11 @@ class LlamaCppEngine:
                         break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
-                        post(partial(push, Delta(text, time.perf_counter())))
+                        post(partial(push, Delta(text, clock.now())))
                     if text is None or gen.finish_reason is not None:
                         break
             finally:
-                self.stopped_at = time.perf_counter()
+                self.stopped_at = clock.now()
 
         def ended() -> None:
             send.close()

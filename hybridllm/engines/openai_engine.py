@@ -31,7 +31,7 @@ import anyio
 import httpx2
 import openai
 
-from hybridllm import errors
+from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import (
     EngineInfo,
@@ -282,15 +282,15 @@ class OpenAIEngine:
         completion_tokens: int | None = None
         limited = self.limit.max_concurrency is not None
         if limited:
-            yield Mark("queued", time.perf_counter())
+            yield Mark("queued", clock.now())
         await self.limit.acquire(request.priority)  # CloudQueueTimeoutError past the timeout
-        held_from = time.perf_counter()
+        held_from = clock.now()
         if limited:
             yield Mark("started", held_from)
         self._active += 1
         stream: openai.AsyncStream[Any] | None = None
         try:
-            yield RequestSent(time.perf_counter(), limit=limit)
+            yield RequestSent(clock.now(), limit=limit)
             try:
                 raw = await client.chat.completions.with_raw_response.create(
                     model=self.model,
@@ -298,7 +298,7 @@ class OpenAIEngine:
                     stream=True,
                     **kwargs,
                 )
-                yield Mark("first_byte", time.perf_counter())
+                yield Mark("first_byte", clock.now())
                 stream = cast("openai.AsyncStream[Any]", raw.parse())
                 events = stream.__aiter__()
                 while (chunk := await _next_event(events, self._read_timeout_s)) is not _END:
@@ -318,7 +318,7 @@ class OpenAIEngine:
                                 raise TypeError(f"delta content is {type(text).__name__}")
                             received = True
                             n_deltas += 1
-                            yield Delta(text, time.perf_counter())
+                            yield Delta(text, clock.now())
                         if choice.finish_reason:
                             if not isinstance(choice.finish_reason, str):
                                 raise TypeError(
@@ -362,12 +362,12 @@ class OpenAIEngine:
                 finish,
                 prompt_tokens,
                 completion_tokens,
-                time.perf_counter(),
+                clock.now(),
                 usage_estimated=estimated,
             )
         finally:
             self._active -= 1
-            self.limit.release(time.perf_counter() - held_from)
+            self.limit.release(clock.now() - held_from)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()

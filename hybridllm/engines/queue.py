@@ -6,7 +6,7 @@ A local engine runs one generation at a time; the others wait. Each request has 
 one step for every `age_s` seconds it has waited (default 5 s; a background request that has
 waited 10 s is served like an interactive one, and before the interactive ones that came after
 it), so nothing waits without end behind a stream of more urgent requests. The rule reads the
-queue's clock (`clock=`, `time.perf_counter` by default), so tests can drive it.
+queue's clock (`clock=`, `hybridllm.clock.now` by default), so tests can drive it.
 
 Preemption: when an interactive request arrives while a background request holds the engine,
 the holder's `Turn.preempt` is set. The local engine cuts the decode step or prefill chunk under
@@ -36,12 +36,12 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 
+from hybridllm.clock import now
 from hybridllm.errors import ConfigError, QueueFullError
 from hybridllm.events import Priority
 
@@ -84,7 +84,7 @@ class BoundedQueue:
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
         age_s: float = DEFAULT_AGE_S,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = now,
     ) -> None:
         if max_queue is not None and (
             isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0
@@ -139,7 +139,7 @@ class BoundedQueue:
         )
         if self.active is not None and not self._preempts(priority):
             started, est = self.active
-            wait += max(0.0, est - (time.perf_counter() - started))
+            wait += max(0.0, est - (now() - started))
         return wait
 
     def unavailable(self) -> str | None:

@@ -1,7 +1,9 @@
 """`ScriptedEngine`: a test double that plays a script with exact timing.
 
 For unit tests of orchestration timing only (deadlines, cancellation, event order). It is never a
-stand-in for the real engines in integration tests.
+stand-in for the real engines in integration tests. Its sleeps are the event loop's and its stamps
+`hybridllm.clock.now()`, so on a virtual clock (`hybridllm.testing`) a script plays in no real
+time and the trace shows its exact times.
 
     engine = ScriptedEngine("local", tokens=["Hel", "lo"], ttft_s=0.05, tpot_s=0.01)
     engine = ScriptedEngine("cloud", script=[0.2, "Hi", 0.01, "!", CloudConnectionError("reset")])
@@ -17,11 +19,11 @@ of the requests ahead), through the same `BoundedQueue` as `LlamaCppEngine`, so 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
+from hybridllm import clock
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
@@ -110,22 +112,22 @@ class ScriptedEngine:
         queue = self.queue
         if queue is not None:
             await queue.acquire(self.duration_s, request.priority)  # QueueFullError past a bound
-            queue.active = (time.perf_counter(), self.duration_s)
+            queue.active = (clock.now(), self.duration_s)
         self.requests.append(request)  # the requests that got their turn
         self.active += 1
         n = 0
         try:
-            yield RequestSent(time.perf_counter())
+            yield RequestSent(clock.now())
             for step in self.script:
                 if isinstance(step, BaseException):
                     raise step
                 if isinstance(step, str):
                     n += 1
                     self.emitted += 1
-                    yield Delta(step, time.perf_counter())
+                    yield Delta(step, clock.now())
                 else:
                     await anyio.sleep(step)
-            yield Finish("stop", None, n, time.perf_counter())
+            yield Finish("stop", None, n, clock.now())
         finally:
             self.active -= 1
             self.closed_streams += 1

@@ -42,7 +42,6 @@ around the guard.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -61,6 +60,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from hybridllm import clock
 from hybridllm.engines.base import (
     Engine,
     EngineInfo,
@@ -420,7 +420,7 @@ class GuardedEngine:
                         finish = chunk
                     yield chunk
             if reservation is not None and deltas > reservation.max_tokens:
-                yield Finish("length", None, None, time.perf_counter(), usage_estimated=True)
+                yield Finish("length", None, None, clock.now(), usage_estimated=True)
         except CloudStatusError as exc:
             billed = exc.received_content  # an error status before any content is not billed
             raise

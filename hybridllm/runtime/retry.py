@@ -14,12 +14,12 @@ that one is the rescue from then on (the race's timer starts it at the deadline)
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
 
+from hybridllm import clock
 from hybridllm.errors import EngineError, RateLimitError
 
 __all__ = ["RetryPolicy", "Tries"]
@@ -35,7 +35,7 @@ class Tries:
 
 class RetryPolicy:
     """`retries`: the most retries of one stream; `deadline_at`: the request's first-token
-    deadline as a `time.perf_counter()` time (None: none); backoff `base_s * 2**n`, at most
+    deadline as a `clock.now()` time (None: none); backoff `base_s * 2**n`, at most
     `max_s`, jittered to 50-100%."""
 
     def __init__(
@@ -61,7 +61,7 @@ class RetryPolicy:
         else:
             wait = min(self.max_s, self.base_s * 2.0**retried) * (0.5 + random.random() / 2)
         if first_token_due and self.deadline_at is not None:
-            if time.perf_counter() + wait > self.deadline_at:
+            if clock.now() + wait > self.deadline_at:
                 return None
         return wait
 

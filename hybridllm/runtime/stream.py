@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from functools import partial
@@ -29,7 +28,7 @@ from typing import Any, Self
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from hybridllm import errors, logs
+from hybridllm import clock, errors, logs
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import (
     Chunk,
@@ -105,7 +104,7 @@ class RequestRun:
                     self.trace.error = f"{type(exc).__name__}: {exc}"
                     self.emit(_Failure(exc))
         finally:
-            self.trace.t_done = self.trace.t_done or time.perf_counter()
+            self.trace.t_done = self.trace.t_done or clock.now()
             self._send.close()
             self.finished.set()
 
@@ -128,7 +127,7 @@ class RequestRun:
             self.trace.started.append(engine.name)
         self.trace.engine = engine.name
         self.trace.route_reason = reason
-        self.emit(Route(time.perf_counter(), engine.name, reason))
+        self.emit(Route(clock.now(), engine.name, reason))
         if self._cloud_unavailable is not None:
             self.say_unavailable(self._cloud_unavailable)
 
@@ -136,7 +135,7 @@ class RequestRun:
         """Tell the app, once per stream, that the cloud is off for a configuration reason."""
         if not self._said_unavailable:
             self._said_unavailable = True
-            self.emit(CloudUnavailable(time.perf_counter(), reason))
+            self.emit(CloudUnavailable(clock.now(), reason))
 
     def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
         """Hand one chunk of the serving engine to the trace and the app."""
@@ -186,7 +185,7 @@ class RequestRun:
         trace.cached_prompt_tokens = finish.cached_prompt_tokens
         trace.usage_estimated = estimated
         trace.done(finish.reason, finish.t)
-        now = time.perf_counter()
+        now = clock.now()
         self.emit(Usage(now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated))
         self.emit(Done(now, finish.reason, trace))
 

@@ -1,7 +1,8 @@
 """The figures of one request, measured at the client.
 
-All times come from `time.perf_counter()`. TTFT runs from the `stream()` call to the first
-token that carries content; role-only chunks, keep-alives and empty deltas never count.
+All times come from `hybridllm.clock.now()` (the event loop's clock). TTFT runs from the
+`stream()` call to the first token that carries content; role-only chunks, keep-alives and
+empty deltas never count.
 
 Money: every cloud request of this request that the cloud guard's ledger settled (a guard with
 `prices=`) is in `spent`, with the role it played (`SpendRole`: the plan that starts an engine
@@ -13,12 +14,12 @@ counted so far; one never sent is released and costs nothing).
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from hybridllm import clock
 from hybridllm.events import EngineName, TokenLimit
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class Spend:
 @dataclass(frozen=True, slots=True)
 class Pause:
     """The local engine paused the answer for a more urgent request (preemption) and went on
-    later: when (perf_counter times), why, the tokens generated before, and the tokens it
+    later: when (`hybridllm.clock.now()` times), why, the tokens generated before, and the tokens it
     prefilled again to resume (the prompt and those tokens, less the cached prefix)."""
 
     paused_at: float
@@ -69,7 +70,7 @@ class Pause:
 
 @dataclass
 class HandoffRecord:
-    """Where a `handoff` plan moved the answer (times are `time.perf_counter()`)."""
+    """Where a `handoff` plan moved the answer (times are `hybridllm.clock.now()`)."""
 
     asked_t: float  # the cloud was asked to continue from the text delivered then
     local_chars: int  # ... that many characters, all from the local engine: the seam
@@ -83,7 +84,7 @@ class HandoffRecord:
 class Switch:
     """The answer moved mid-stream to the other engine, which continued from the delivered text
     (a failover, a stall, a preemption on the device, a failed verification): when
-    (`time.perf_counter()`), from and to which engine, why (words for people), the characters
+    (`clock.now()`), from and to which engine, why (words for people), the characters
     delivered before the seam, and the class of the error that caused it (to branch on)."""
 
     at: float
@@ -154,7 +155,7 @@ class Speculation:
 
 @dataclass
 class Trace:
-    t_start: float = field(default_factory=time.perf_counter)
+    t_start: float = field(default_factory=clock.now)
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     engine: EngineName | None = None
@@ -202,7 +203,7 @@ class Trace:
 
     def mark(self, name: str, t: float | None = None) -> None:
         """Record the first time a phase was seen (later repeats are ignored)."""
-        self.marks.setdefault(name, time.perf_counter() if t is None else t)
+        self.marks.setdefault(name, clock.now() if t is None else t)
 
     def settled(self, usage: TokenUsage, usd: float, overrun_usd: float = 0.0) -> None:
         """The cloud guard settled one of this request's cloud requests (its settle hook); the
@@ -225,7 +226,7 @@ class Trace:
         t: float | None = None,
     ) -> Switch:
         """Record a mid-stream switch caused by `exc` (`reason`: its text unless given)."""
-        at = time.perf_counter() if t is None else t
+        at = clock.now() if t is None else t
         why = str(exc) if reason is None else reason
         switch = Switch(at, from_engine, to_engine, why, delivered_chars, type(exc))
         self.switches.append(switch)
@@ -238,7 +239,7 @@ class Trace:
 
     def done(self, finish_reason: str, t: float | None = None) -> None:
         self.finish_reason = finish_reason
-        self.t_done = time.perf_counter() if t is None else t
+        self.t_done = clock.now() if t is None else t
         self.mark("done", self.t_done)
 
     # ---- figures --------------------------------------------------------------------------

@@ -7,6 +7,18 @@
 - :class:`HybridServer`: hybridllm's own OpenAI-compatible server (`hybridllm serve`, with vLLM's
   ``prompt_logprobs``) on loopback, as a subprocess: the stand-in cloud.
 - :class:`ScriptedEngine`: an engine that plays a timed script, for unit tests of orchestration.
+
+Timing tests without waiting or flaking: run them on a virtual clock. hybridllm stamps every
+event and trace with `hybridllm.clock.now()`, the running event loop's clock, so on anyio's trio
+backend with trio's ``MockClock(autojump_threshold=0)`` a scripted sleep, a deadline or a hedge
+timer takes no real time, and ``trace.ttft_ms`` is exactly the script's time::
+
+    @pytest.fixture
+    def anyio_backend():
+        return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+The clock jumps whenever every task waits, also while a worker thread works: on it, run
+``anyio.to_thread.run_sync`` calls inline (hybridllm's own unit tests do, `tests/unit/conftest.py`).
 """
 
 from hybridllm.engines.scripted import ScriptedEngine

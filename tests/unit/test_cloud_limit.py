@@ -108,13 +108,14 @@ async def test_the_forecast_subtracts_how_long_the_holder_has_run() -> None:
     assert limit.in_flight == 0 and limit.expected_wait_s() == 0.0
 
 
+@pytest.mark.virtual_clock  # tests/unit/conftest.py
 async def test_retry_after_holds_requests_and_shows_in_the_forecast() -> None:
     limit = ConcurrencyLimit("cloud", 4)
     limit.note_retry_after(0.2)
-    assert 0.15 < limit.expected_wait_s() <= 0.2
+    assert limit.expected_wait_s() == pytest.approx(0.2)
     with anyio.fail_after(2):
         waited = await limit.acquire()  # held by the Retry-After, though every slot is free
-    assert waited >= 0.19 and limit.in_flight == 1
+    assert waited == pytest.approx(0.2) and limit.in_flight == 1
     assert limit.expected_wait_s() == 0.0
 
 

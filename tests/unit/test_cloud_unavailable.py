@@ -21,7 +21,7 @@ from hybridllm.errors import AuthenticationError, CloudError, CloudUnavailableEr
 from hybridllm.routing import LiveState, RequestFacts, decide
 from hybridllm.testing import ScriptedEngine
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 MSGS = [{"role": "user", "content": "hi"}]
 AUTH = "authentication failed (401): check OPENAI_API_KEY or api_key="
 

@@ -24,6 +24,7 @@ from hybridllm import (
     RefusedError,
     Route,
     Token,
+    clock,
 )
 from hybridllm.engines.base import EngineInfo, GenerationRequest
 from hybridllm.errors import (
@@ -147,11 +148,11 @@ class ReportingEngine:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         if self.fail_unsent:
             raise CloudConnectionError("connect refused")
-        yield RequestSent(time.perf_counter())
+        yield RequestSent(clock.now())
         for tok in self.tokens:
             await anyio.sleep(0.001)
-            yield Delta(tok, time.perf_counter())
-        yield Finish("stop", self.prompt_tokens, len(self.tokens), time.perf_counter())
+            yield Delta(tok, clock.now())
+        yield Finish("stop", self.prompt_tokens, len(self.tokens), clock.now())
 
 
 async def drain(engine: GuardedEngine, request: GenerationRequest, take: int | None = None) -> None:

@@ -69,17 +69,21 @@ class _Session:
 
 
 def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
+    """The rule, on a fake clock that each rotation's prefill moves on by 20 ms: a rotation
+    starts only if it would end by `by`, at the pace of those before it."""
+    from types import SimpleNamespace
 
     from hybridllm.engines import _llama_signals
 
     calls: list[int] = []
+    clock = [100.0]
 
     def probs(llm: object, tokens: list[int], reuse: int, ids: list[int]) -> list[float]:
         calls.append(len(tokens))
-        time.sleep(0.02)
+        clock[0] += 0.02
         return [0.7, 0.1, 0.1, 0.1]
 
+    monkeypatch.setattr(_llama_signals, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(_llama_signals, "_option_probs", probs)
     monkeypatch.setattr(_llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
     monkeypatch.setattr(_llama_signals, "_reuse", lambda session, tokens: 0)
@@ -87,12 +91,18 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
     letters = option_letters(PROMPT)
     rotate = _llama_signals._rotated
     assert len(rotate(_Session(), msgs, PROMPT, letters, 4)) == 3  # no time limit: all three
+    assert len(calls) == 3
     # time for one rotation and a half: the second would end late, so it is not started and
     # none is used
     calls.clear()
-    by = time.perf_counter() + 0.03
-    assert rotate(_Session(), msgs, PROMPT, letters, 4, by) == []
+    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.03) == []
     assert len(calls) == 1
+    # time for two: the third would end late
     calls.clear()
-    assert rotate(_Session(), msgs, PROMPT, letters, 4, time.perf_counter() - 1) == []
+    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.05) == []
+    assert len(calls) == 2
+    calls.clear()
+    assert len(rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.065)) == 3  # time for 3
+    calls.clear()
+    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] - 1) == []
     assert calls == []  # past already: not one prefill

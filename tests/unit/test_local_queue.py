@@ -1,11 +1,10 @@
 """A bounded local queue: `max_queue` waiting requests and `max_queue_wait_s` of waiting at most.
 Past either, a request goes to the cloud when the policy allows it (the route says why) or fails
 at once with `QueueFullError`, never waiting without end. `ScriptedEngine(serial=True)` plays
-one request at a time through the same `BoundedQueue` as `LlamaCppEngine`."""
+one request at a time through the same `BoundedQueue` as `LlamaCppEngine`. On the virtual clock
+(tests/unit/conftest.py): "at once" is no virtual time at all, a wait is the scripts' own time."""
 
 from __future__ import annotations
-
-import time
 
 import anyio
 import pytest
@@ -16,7 +15,7 @@ from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import QueueFullError
 from hybridllm.testing import ScriptedEngine
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
 REQ = GenerationRequest([{"role": "user", "content": "hi"}])
 
 
@@ -30,17 +29,17 @@ async def test_an_unbounded_serial_engine_queues_in_order() -> None:
 
     async def one() -> None:
         await play(engine)
-        ends.append(time.perf_counter())
+        ends.append(anyio.current_time())
 
-    t0 = time.perf_counter()
+    t0 = anyio.current_time()
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(one)
         await anyio.sleep(0.01)
         info = engine.info()
-        assert info.queue_depth == 4 and info.expected_wait_s == pytest.approx(0.19, abs=0.03)
+        assert info.queue_depth == 4 and info.expected_wait_s == pytest.approx(0.04 + 3 * 0.05)
         assert info.unavailable is None
-    assert ends[-1] - t0 >= 0.19  # one at a time
+    assert [t - t0 for t in ends] == pytest.approx([0.05, 0.10, 0.15, 0.20])  # one at a time
 
 
 async def test_max_queue_refuses_at_once_past_the_bound() -> None:
@@ -48,11 +47,11 @@ async def test_max_queue_refuses_at_once_past_the_bound() -> None:
     outcomes: list[str] = []
 
     async def one() -> None:
-        t = time.perf_counter()
+        t = anyio.current_time()
         try:
             outcomes.append(await play(engine))
         except QueueFullError as exc:
-            assert time.perf_counter() - t < 0.05  # at once, not after waiting
+            assert anyio.current_time() == t  # at once, not after waiting
             assert exc.max_queue == 3 and exc.waiting == 3 and exc.engine == "local"
             assert not exc.retryable and isinstance(exc, EngineError)
             outcomes.append("full")
@@ -72,10 +71,10 @@ async def test_max_queue_wait_refuses_an_expected_wait_at_once() -> None:
         tg.start_soon(play, engine)
         await anyio.sleep(0.01)
         assert "max_queue_wait_s=0.1 s" in (engine.info().unavailable or "")
-        t = time.perf_counter()
+        t = anyio.current_time()
         with pytest.raises(QueueFullError, match="max_queue_wait_s"):
             await play(engine)
-        assert time.perf_counter() - t < 0.05
+        assert anyio.current_time() == t  # at once
 
 
 async def test_a_wait_longer_than_estimated_ends_at_the_limit() -> None:
@@ -84,17 +83,17 @@ async def test_a_wait_longer_than_estimated_ends_at_the_limit() -> None:
 
     async def running() -> None:  # estimated at nothing, it runs on
         await queue.acquire(0.0)
-        queue.active = (time.perf_counter(), 0.0)
+        queue.active = (anyio.current_time(), 0.0)
         await release.wait()
         queue.release()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(running)
         await anyio.sleep(0.01)
-        t = time.perf_counter()
+        t = anyio.current_time()
         with pytest.raises(QueueFullError, match="waited 0.05 s") as caught:
             await queue.acquire(0.0)
-        assert 0.04 < time.perf_counter() - t < 0.5 and caught.value.waiting == 0
+        assert anyio.current_time() - t == pytest.approx(0.05) and caught.value.waiting == 0
         assert queue.pending == {}
         release.set()
     await queue.acquire(0.0)  # the lock was not left held by the one that gave up
@@ -120,9 +119,9 @@ async def test_a_full_local_queue_sends_the_request_to_the_cloud() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.complete, "first")
             await anyio.sleep(0.02)
-            t = time.perf_counter()
+            t = anyio.current_time()
             second = await client.complete("second")
-            assert time.perf_counter() - t < 0.15  # did not wait for the local engine
+            assert anyio.current_time() - t == pytest.approx(0.01)  # the cloud's script alone
     assert second.trace.engine == "cloud" and second.trace.started == ["cloud"]
     assert "local: queue full (0 waiting, max_queue=0) -> cloud" in second.trace.decision
     assert len(local.requests) == 1
@@ -139,11 +138,11 @@ async def test_without_a_cloud_a_full_queue_fails_at_once() -> None:
         async with client, anyio.create_task_group() as tg:
             tg.start_soon(client.complete, "first")
             await anyio.sleep(0.02)
-            t = time.perf_counter()
+            t = anyio.current_time()
             async with client.stream("second") as s:
                 with pytest.raises(QueueFullError):
                     _ = [tok async for tok in s]
-            assert time.perf_counter() - t < 0.05
+            assert anyio.current_time() == t  # at once
             assert "no other engine -> local (fails)" in s.trace.route_reason
             assert s.trace.error_type is QueueFullError
     assert not cloud.requests

@@ -71,6 +71,24 @@ def test_transport_errors() -> None:
     assert isinstance(err, errors.CloudConnectionError) and err.received_content
 
 
-def test_every_error_is_a_hybrid_error() -> None:
-    for exc in (status_error(401), openai.APIConnectionError(request=REQ), ValueError("x")):
-        assert isinstance(map_error(exc, received_content=False), errors.HybridError)
+@pytest.mark.parametrize(
+    ("exc", "cls", "retryable", "words"),
+    [
+        (status_error(401), errors.AuthenticationError, False, "failure 401"),
+        (
+            openai.APIConnectionError(request=REQ),
+            errors.CloudConnectionError,
+            True,
+            "cannot reach the cloud endpoint http://127.0.0.1/v1: APIConnectionError",
+        ),
+        (ValueError("not json"), errors.CloudProtocolError, False, "ValueError: not json"),
+    ],
+)
+def test_every_error_maps_to_its_own_type(
+    exc: Exception, cls: type[errors.CloudError], retryable: bool, words: str
+) -> None:
+    """Anything else (a malformed stream) is a protocol error, never a retryable one."""
+    err = map_error(exc, received_content=False, url="http://127.0.0.1/v1")
+    assert type(err) is cls and isinstance(err, errors.HybridError)
+    assert err.retryable is retryable and not err.received_content and err.engine == "cloud"
+    assert words in str(err)

@@ -4,8 +4,6 @@ is the queue's own (`clock=`), driven here by hand: these tests are deterministi
 
 from __future__ import annotations
 
-import time
-
 import anyio
 import pytest
 from anyio.abc import TaskGroup
@@ -18,7 +16,7 @@ from hybridllm.errors import InvalidArgumentError, PolicyError
 from hybridllm.events import Priority
 from hybridllm.policy import resolve_policy
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 
 
 class Clock:
@@ -141,7 +139,7 @@ async def test_an_aged_background_holder_is_not_preempted() -> None:
 async def test_expected_wait_for_an_interactive_request_skips_a_preemptible_holder() -> None:
     q = BoundedQueue("local")
     await q.acquire(8.0, "background")
-    q.active = (time.perf_counter(), 8.0)
+    q.active = (q.clock(), 8.0)  # the queue's clock: hybridllm.clock.now()
     assert q.expected_wait_s("interactive") == 0.0
     assert q.expected_wait_s("normal") == pytest.approx(8.0, abs=0.1)
     assert q.expected_wait_s() == pytest.approx(8.0, abs=0.1)

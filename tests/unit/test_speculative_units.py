@@ -46,7 +46,7 @@ from hybridllm.routing.decide import LiveState, RequestFacts, decide
 from hybridllm.runtime.speculation import Outlook, expected_tokens
 from hybridllm.testing import ScriptedEngine
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 
 
 def entry(

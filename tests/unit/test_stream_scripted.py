@@ -1,7 +1,8 @@
 """Unit tests of the client/stream orchestration with `ScriptedEngine` (a scripted test double).
 
 These check timing logic, event order and cleanup; the real engines are covered by the
-integration tests.
+integration tests. They run on the virtual clock (tests/unit/conftest.py): the trace's figures
+are the script's own times, exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hybridllm.errors import CloudConnectionError
 from hybridllm.events import DeadlineMissed
 from hybridllm.testing import ScriptedEngine
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
 
 
 def scripted_local(**kw: object) -> ScriptedEngine:
@@ -39,9 +40,9 @@ async def test_ttft_tpot_and_gaps_follow_the_script() -> None:
         s = client.stream("hi")
         assert [t async for t in s] == ["a", "b", "c", "d"]
     tr = s.trace
-    assert tr.ttft_ms is not None and 95 <= tr.ttft_ms < 200
-    assert len(tr.itl_ms) == 3 and all(25 <= g < 120 for g in tr.itl_ms)
-    assert tr.tpot_ms is not None and 25 <= tr.tpot_ms < 120
+    assert tr.ttft_ms == pytest.approx(100)
+    assert tr.itl_ms == pytest.approx([30, 30, 30])
+    assert tr.tpot_ms == pytest.approx(30) and tr.total_ms == pytest.approx(190)
     assert tr.engine == "local" and tr.finish_reason == "stop"
     assert tr.completion_tokens == 4
 
@@ -58,7 +59,7 @@ async def test_empty_deltas_are_not_tokens() -> None:
     async with HybridClient(local=engine) as client:
         s = client.stream("hi")
         assert [t async for t in s] == ["real"]
-    assert s.trace.ttft_ms is not None and s.trace.ttft_ms >= 95
+    assert s.trace.ttft_ms == pytest.approx(100)  # the empty delta at 50 ms is no token
 
 
 async def test_ttft_counts_from_the_stream_call() -> None:
@@ -67,7 +68,7 @@ async def test_ttft_counts_from_the_stream_call() -> None:
         s = client.stream("hi")
         await anyio.sleep(0.2)  # the app is slow to start iterating: the request already ran
         assert [t async for t in s] == ["a"]
-    assert s.trace.ttft_ms is not None and s.trace.ttft_ms < 150
+    assert s.trace.ttft_ms == pytest.approx(50)  # when the token came, not when it was read
 
 
 async def test_break_closes_the_engine_stream() -> None:
@@ -77,17 +78,17 @@ async def test_break_closes_the_engine_stream() -> None:
             break
         await anyio.sleep(0.02)
         assert engine.closed_streams == 1 and engine.active == 0
-        assert engine.emitted < 10
+        assert engine.emitted == 1  # stopped before its next token, due 10 ms later
 
 
 async def test_cancelled_consumer_closes_the_engine_stream() -> None:
     engine = scripted_local(tokens=["t"] * 100, tpot_s=0.01)
     async with HybridClient(local=engine) as client:
-        with anyio.move_on_after(0.05):
+        with anyio.move_on_after(0.055):  # tokens at 0, 10, ..., 50 ms; then the cancel
             async for _ in client.stream("hi"):
                 pass
         await anyio.sleep(0.02)
-        assert engine.active == 0 and engine.emitted < 20
+        assert engine.active == 0 and engine.emitted == 6
 
 
 async def test_async_with_waits_for_the_engine_to_let_go() -> None:

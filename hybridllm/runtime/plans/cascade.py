@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from functools import partial
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from hybridllm import errors
+from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
@@ -106,7 +105,7 @@ async def cascade(
     whole = settings.judge == "answer"
     budget = math.inf if whole else settings.hold_s
     if deadline_s is not None:
-        budget = min(budget, deadline_s - (time.perf_counter() - trace.t_start))
+        budget = min(budget, deadline_s - (clock.now() - trace.t_start))
     n_answer = request.max_tokens if whole else settings.hold_tokens
     text = float(router.score(request.messages))
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
@@ -118,7 +117,7 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            t0 = time.perf_counter()
+            t0 = clock.now()
             sig = None
             failed: Exception | None = None
             with anyio.move_on_after(max(budget, 0.0)):
@@ -128,7 +127,7 @@ async def cascade(
                     )
                 except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
                     failed = exc
-            held_ms = (time.perf_counter() - t0) * 1e3
+            held_ms = (clock.now() - t0) * 1e3
             info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
@@ -250,11 +249,11 @@ async def _release(
     run.route(local, why)
     held, stopped = _until_stop(sig.answer, request.stop)
     if held:
-        run.deliver(local.name, Delta(held, time.perf_counter()))
+        run.deliver(local.name, Delta(held, clock.now()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
     if sig.ended or stopped or used >= request.max_tokens:
         finish = Finish("stop" if sig.ended or stopped else "length", sig.prompt_tokens, used,
-                        time.perf_counter())  # fmt: skip
+                        clock.now())  # fmt: skip
         run.complete(local.name, finish)
         return
     rest = dataclasses.replace(
@@ -293,7 +292,7 @@ async def _fail_over(
 ) -> None:
     """The released local answer failed: the cloud continues from the delivered text (once, as
     the race plan's mid-stream failover does); if it fails too, no engine could answer."""
-    trace, delivered, now = run.trace, run.delivered_text, time.perf_counter()
+    trace, delivered, now = run.trace, run.delivered_text, clock.now()
     attempts: list[tuple[str, BaseException, float]] = [
         (local.name, exc, (now - trace.t_start) * 1e3)
     ]
@@ -314,7 +313,7 @@ async def _fail_over(
     try:
         await relay_watched(run, cloud, cont, handle, stall_s)
     except (errors.EngineError, errors.RefusedError) as exc2:
-        attempts.append((cloud.name, exc2, (time.perf_counter() - trace.t_start) * 1e3))
+        attempts.append((cloud.name, exc2, (clock.now() - trace.t_start) * 1e3))
         raise errors.AllEnginesFailedError(attempts, received_content=True) from exc2
     run.complete(cloud.name, finishes[-1] if finishes else None)
 
@@ -364,7 +363,7 @@ async def _serve_buffered(
                 local, request, stall_s = fallback
                 if local.name not in run.trace.started:
                     run.trace.started.append(local.name)
-                run.emit(Fallback(time.perf_counter(), cloud.name, local.name, str(item)))
+                run.emit(Fallback(clock.now(), cloud.name, local.name, str(item)))
                 await single(run, local, request, f"{why}; it failed ({item}) -> local",
                              stall_s=stall_s)  # fmt: skip
                 return

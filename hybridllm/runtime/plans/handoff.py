@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Literal
@@ -52,6 +51,7 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from hybridllm import clock
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import AllEnginesFailedError, EngineError, StallError
 from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish, Handoff, Mark
@@ -243,7 +243,7 @@ class _Handoff:
             self.over = True
 
     def _on_error(self, cid: int, exc: Exception) -> None:
-        ms = (time.perf_counter() - self.run.trace.t_start) * 1e3
+        ms = (clock.now() - self.run.trace.t_start) * 1e3
         self.attempts.append((self.engine_of[cid].name, exc, ms))
         if cid == self.cloud_id and self.phase == "hold":
             self.abandon(f"cloud failed: {exc}")
@@ -278,9 +278,7 @@ class _Handoff:
         """Fix T0 (the text delivered now), stop the local engine there and ask the cloud to
         continue from T0 (see the module)."""
         trace = self.run.trace
-        trace.handoff = HandoffRecord(
-            time.perf_counter(), len(self.run.delivered_text), self.local_tokens
-        )
+        trace.handoff = HandoffRecord(clock.now(), len(self.run.delivered_text), self.local_tokens)
         self.phase = "hold"
         self.scopes[self.local_id].cancel()
         if failed is not None:
@@ -295,7 +293,7 @@ class _Handoff:
         self.timer.cancel()
         self.phase, self.serving = "cloud", self.cloud_id
         rec = self.run.trace.handoff
-        rec.switched_t, rec.outcome = time.perf_counter(), "switched"
+        rec.switched_t, rec.outcome = clock.now(), "switched"
         self.run.trace.engine = "cloud"
         why = f"cloud continues after {rec.local_tokens} local tokens ({rec.local_chars} chars)"
         self.run.emit(
@@ -321,7 +319,7 @@ class _Handoff:
         old = self.serving
         self.scopes[old].cancel()
         delivered = self.run.delivered_text
-        now = time.perf_counter()
+        now = clock.now()
         self.run.trace.switched("cloud", "local", exc, len(delivered), t=now)
         self.run.emit(Fallback(now, "cloud", "local", f"cloud failed mid-stream: {exc}"))
         n = self.run.trace.n_tokens
@@ -368,7 +366,7 @@ class _Handoff:
 
     async def deadline_task(self, deadline_s: float) -> None:
         with self.deadline_scope:
-            await anyio.sleep(max(0.0, self.run.trace.t_start + deadline_s - time.perf_counter()))
+            await anyio.sleep(max(0.0, self.run.trace.t_start + deadline_s - clock.now()))
             self._post(f"{_DEADLINE} no local token within {deadline_s * 1e3:.0f} ms")
 
     async def _timer_task(self) -> None:

@@ -27,11 +27,11 @@ import contextlib
 import dataclasses
 import itertools
 import math
-import time
 
 import anyio
 from anyio.abc import TaskGroup
 
+from hybridllm import clock
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import (
     AllEnginesFailedError,
@@ -293,7 +293,7 @@ class _Race:
         if parallel:
             event, role = ParallelStart, "parallel"
             trace.parallel_start, trace.parallel_engine = why, self.fallback.name
-        self.run.emit(event(time.perf_counter(), self.primary.name, self.fallback.name, why))
+        self.run.emit(event(clock.now(), self.primary.name, self.fallback.name, why))
         self.start(self.fallback, self.request, role)
 
     def crown(self, cid: int) -> None:
@@ -303,7 +303,7 @@ class _Race:
         self.winner = cid
         self.timer.cancel()
         late = self.deadline_fired or (
-            self.deadline_at is not None and time.perf_counter() > self.deadline_at
+            self.deadline_at is not None and clock.now() > self.deadline_at
         )
         first_crown = not self.run.delivered_text and not self.failovers
         if late and first_crown and self.contenders[cid].engine is not self.primary:
@@ -336,7 +336,7 @@ class _Race:
         trace.switched(old.engine.name, other.name, exc, len(delivered))
         self.run.emit(
             Fallback(
-                time.perf_counter(),
+                clock.now(),
                 old.engine.name,
                 other.name,
                 f"{old.engine.name} failed mid-stream: {exc}",
@@ -352,7 +352,7 @@ class _Race:
         return True
 
     def record_failure(self, cid: int, exc: Exception) -> None:
-        ms = (time.perf_counter() - self.run.trace.t_start) * 1e3
+        ms = (clock.now() - self.run.trace.t_start) * 1e3
         self.attempts.append((self.contenders[cid].engine.name, exc, ms))
 
     def all_failed(self) -> AllEnginesFailedError:
@@ -391,7 +391,7 @@ class _Race:
             at = hedge_s if hedge_first else start_s
             if at is None:
                 return
-            await anyio.sleep(max(0.0, self.run.trace.t_start + at - time.perf_counter()))
+            await anyio.sleep(max(0.0, self.run.trace.t_start + at - clock.now()))
             kind = "hedge: no" if hedge_first else "no"
             why = f"{kind} token from {self.primary.name} within {at * 1e3:.0f} ms"
             if not hedge_first and deadline_s is not None and at < deadline_s:

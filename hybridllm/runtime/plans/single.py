@@ -10,11 +10,11 @@ over.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import anyio
 
+from hybridllm import clock
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
@@ -53,7 +53,7 @@ async def relay_watched(
     def watched(chunk: Chunk) -> None:
         nonlocal last
         if isinstance(chunk, Delta | Resumed):
-            last = time.perf_counter()
+            last = clock.now()
         elif isinstance(chunk, Mark) and chunk.name == "paused":
             last = None  # preempted on the device: waiting for its turn is not a stall
         handle(chunk)
@@ -61,7 +61,7 @@ async def relay_watched(
     async def watch(scope: anyio.CancelScope) -> None:
         nonlocal stalled
         while True:
-            wait = stall_s if last is None else last + stall_s - time.perf_counter()
+            wait = stall_s if last is None else last + stall_s - clock.now()
             if last is not None and wait <= 0:
                 stalled = True
                 scope.cancel()

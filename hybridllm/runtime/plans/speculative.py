@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import codecs
 import random
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -55,7 +54,7 @@ from typing import Protocol
 
 import anyio
 
-from hybridllm import errors
+from hybridllm import clock, errors
 from hybridllm.engines._llama_draft import Drafted, LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
 from hybridllm.engines.verify import Round, Sampling, Unverifiable, Verdict, Verifier
@@ -177,7 +176,7 @@ async def _loop(
         pipelined = setup.ahead and verifier.token_level and not sampled  # greedy rounds only
         if spec.rounds == 0 and pipelined and not setup.show_drafts:
             k = 0  # round 0: the cloud's first token at its own TTFT, drafting ahead meanwhile
-        t0 = time.perf_counter()
+        t0 = clock.now()
         made = ahead.next_draft(ctx) if ahead is not None and k > 0 else None
         if made is not None:
             spec.ahead_used += 1
@@ -186,12 +185,12 @@ async def _loop(
         drafted = made or (
             await drafter.draft(ctx, k, request.temperature, request.top_p, rng) if k else Drafted()
         )
-        t1 = time.perf_counter()
+        t1 = clock.now()
         ids = drafted.ids[:-1] if drafted.eos else drafted.ids
         pieces = _pieces(drafter, ctx, ids)
         draft_text = "".join(pieces)
         if setup.show_drafts and draft_text:
-            run.emit(Draft(time.perf_counter(), draft_text))
+            run.emit(Draft(clock.now(), draft_text))
         sampling = (
             Sampling(request.temperature, request.top_p, rng, drafted.dists, vocab)
             if sampled else None
@@ -209,14 +208,14 @@ async def _loop(
                 verdict, ahead = await _verify(setup, verifier, round_), None
         except Unverifiable as exc:
             if setup.show_drafts and draft_text:
-                run.emit(Retract(time.perf_counter(), draft_text))
+                run.emit(Retract(clock.now(), draft_text))
             why = f"the verifier cannot judge this round: {exc}"
             return await _plain(run, setup, request, committed, n_out, why)
         except (errors.EngineError, errors.RefusedError, errors.StallError) as exc:
             if setup.show_drafts and draft_text:
-                run.emit(Retract(time.perf_counter(), draft_text))
+                run.emit(Retract(clock.now(), draft_text))
             return await _fail_over(run, setup, request, committed, n_out, exc)
-        t2 = time.perf_counter()
+        t2 = clock.now()
         if setup.show_drafts and len(verdict.accepted_text) < len(draft_text):
             run.emit(Retract(t2, draft_text[len(verdict.accepted_text) :]))
         spec.rounds += 1
@@ -330,7 +329,7 @@ def _apply_stop(committed: str, text: str, stops: tuple[str, ...]) -> tuple[str,
 
 
 def _finish(run: RequestRun, reason: str, prompt_tokens: int, n_out: int) -> None:
-    run.complete("cloud", Finish(reason, prompt_tokens, n_out, time.perf_counter()))
+    run.complete("cloud", Finish(reason, prompt_tokens, n_out, clock.now()))
 
 
 async def _plain(
@@ -369,7 +368,7 @@ async def _fail_over(
     spec = run.trace.speculation
     if spec is not None:
         spec.switched, spec.switched_at = why, len(committed)
-    now = time.perf_counter()
+    now = clock.now()
     run.trace.fallback_reason = why
     run.trace.switched("cloud", "local", exc, len(committed), reason=why, t=now)
     run.trace.started.append("local")
