@@ -44,7 +44,7 @@ PRIORITIES: tuple[Priority, ...] = ("interactive", "normal", "background")
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Base of every event; `t` is `time.perf_counter()` when the event was produced."""
+    """Base of every event; `t` is `hybridllm.clock.now()` when the event was produced."""
 
     t: float
 

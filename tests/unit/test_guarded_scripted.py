@@ -331,7 +331,8 @@ class OverBilling(ReportingEngine):
 async def test_a_prediction_is_reserved_as_output() -> None:
     """Predicted Outputs bill rejected prediction tokens as output: the reservation holds them,
     so a cap that covers `max_tokens` alone refuses a request with a long prediction."""
-    from hybridllm import BudgetExceededError, OpenAIOptions
+    from hybridllm import OpenAIOptions
+    from hybridllm.errors import BudgetExceededError
 
     ledger = Ledger()
     inner: Any = ReportingEngine(["a"])

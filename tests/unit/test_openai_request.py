@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from hybridllm import GenerationRequest, HybridClient, InvalidArgumentError, OpenAIEngine
+from hybridllm import GenerationRequest, HybridClient, OpenAIEngine
 from hybridllm.engines.base import estimate_prompt_tokens
 from hybridllm.engines.validate import MAX_TOKENS
+from hybridllm.errors import InvalidArgumentError
 from hybridllm.events import TokenLimit
 
 pytestmark = pytest.mark.anyio

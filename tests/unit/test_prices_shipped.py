@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm import ConfigError, HybridClient, PolicyError, Prices, ScriptedEngine
+from hybridllm import ConfigError, HybridClient, Prices
+from hybridllm.errors import PolicyError
 from hybridllm.guard.prices import ModelPrice
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

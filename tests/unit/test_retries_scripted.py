@@ -10,17 +10,11 @@ from typing import Any
 
 import pytest
 
-from hybridllm import (
-    AuthenticationError,
-    HybridClient,
-    Policy,
-    RateLimitError,
-    ScriptedEngine,
-    ServerError,
-    Token,
-)
+from hybridllm import HybridClient, Policy, Token
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
+from hybridllm.errors import AuthenticationError, RateLimitError, ServerError
 from hybridllm.events import Chunk
+from hybridllm.testing import ScriptedEngine
 from tests.unit.test_cascade_scripted import (
     FakeRouter,
     SignalScriptedEngine,
@@ -105,7 +99,7 @@ async def test_the_cascade_retries_the_cloud_it_defers_to() -> None:
     pol = cascade_policy(retries=1)
     tokens, trace = await answer(local, cloud, pol, plan="cascade", router=FakeRouter(0.9))
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "C1"), ("cloud", "C2")]
-    assert trace.cascade["decision"] == "cloud"
+    assert trace.cascade.decision == "cloud"
     assert len(cloud.requests) == 2 and trace.retries == 1
 
 

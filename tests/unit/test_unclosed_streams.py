@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from hybridllm import HybridClient, Policy, ScriptedEngine, ServerError
+from hybridllm import HybridClient, Policy
+from hybridllm.errors import ServerError
+from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 Use = Callable[[HybridClient], Awaitable[object]]
