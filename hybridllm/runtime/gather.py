@@ -25,7 +25,6 @@ import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from hybridllm import errors
 from hybridllm.engines.base import (
@@ -35,14 +34,15 @@ from hybridllm.engines.base import (
     count_prompt_tokens,
     prompt_token_bound,
 )
+from hybridllm.engines.capabilities import ReadsSignals
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds
 from hybridllm.guard.privacy_ner import default_scanner
-from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
+from hybridllm.policy import PlanName, Policy
+from hybridllm.routing.decide import Decision, LiveState, RequestFacts, RoutePreview, decide
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
@@ -168,22 +168,25 @@ class Routing:
             bound = prompt_token_bound(request.messages)  # what the reservation will hold
             verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
-        circuit_open = False
-        if cloud_ok and fits and "cloud" in breakers and not infos["cloud"].unavailable:
-            breaker = breakers["cloud"]
-            circuit_open = not (breaker.would_allow() if preview else breaker.allow())
+        cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
+        circuit_open = cloud_ok and _open(breakers.get("cloud"), preview)
+        # the local circuit matters only where a cloud could take the request instead
+        local_ok = "local" in engines and cloud_ok and not circuit_open
         return LiveState(
             available=frozenset(engines),
             latency=latency,
             local_queue_s=queue,
             cloud_queue_s=waits.get("cloud", 0.0),
             cloud_circuit_open=circuit_open,
+            local_circuit_open=local_ok and _open(breakers.get("local"), preview),
             budget_fits=fits,
             budget_detail=detail,
             continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
             unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
             parallel_recent=self.parallel_recent(policy.name),
             speculation=self.speculation_outlook(request, policy, engines),
+            reads_signals=frozenset(n for n, e in engines.items() if isinstance(e, ReadsSignals)),
+            has_router=self.router is not None,
         )
 
     def speculation_outlook(
@@ -220,20 +223,28 @@ class Routing:
         forced: EngineName | None = None,
         *,
         preview: bool = False,
-        plan: Literal["speculative"] | None = None,
-    ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Gather and decide. `preview`: nothing will be sent, so leave the circuit (and the
-        policy's count of parallel cloud starts) as it is. `plan`: the plan the caller asks."""
-        facts = self.facts(request, policy, forced, engines)
-        if plan is not None:
-            facts = replace(facts, plan=plan)
+        plan: PlanName | None = None,
+        streamed: bool = True,
+    ) -> RoutePreview:
+        """Gather and decide. `preview`: nothing will be sent, so leave the circuits (and the
+        policy's count of parallel cloud starts) as they are. `plan`: the plan the caller asks;
+        `streamed` False: the answer is taken whole (`complete()`)."""
+        facts = replace(self.facts(request, policy, forced, engines), plan=plan, streamed=streamed)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
         if not preview:
             self.note_decision(policy.name, decision)
             if decision.primary is not None and decision.primary in engines:
                 _announce(engines[decision.primary], request)
-        return decision, facts, state
+        return RoutePreview(decision, facts, state)
+
+
+def _open(breaker: CircuitBreaker | None, preview: bool) -> bool:
+    """Is the circuit open for this request? A request (`preview` False) takes a half-open
+    circuit's probe when it is let through; a preview only reads the circuit."""
+    if breaker is None:
+        return False
+    return not (breaker.would_allow() if preview else breaker.allow())
 
 
 def _cloud_bound(
@@ -309,18 +320,15 @@ def refusal_error(
     request: GenerationRequest,
     guard: GuardedEngine | None,
 ) -> errors.HybridError:
-    """The documented type for a request no engine may serve: `PrivacyRefusedError` when the
-    privacy scan kept it from the cloud, `BudgetRefusedError` (with the cap's figures) when the
-    budget did, else `RequestRefusedError`. The first two are `RequestRefusedError`s too."""
+    """The documented type for a request no engine may serve, from the decision's typed cause
+    (`Decision.refusal`): `PrivacyRefusedError` when the privacy scan kept it from the cloud,
+    `BudgetRefusedError` (with the cap's figures) when the budget did, else
+    `RequestRefusedError`. The first two are `RequestRefusedError`s too."""
     reasons = decision.reasons
     found = facts.privacy_kinds
-    privacy = any(
-        r.startswith("privacy: ") and r.endswith(("blocked by the policy", "local only"))
-        for r in reasons
-    )
-    if found and policy.privacy != "off" and privacy:
+    if decision.refusal == "privacy" and found:
         return errors.PrivacyRefusedError(tuple(sorted(found)), reasons=reasons)
-    if guard is not None and any(r.startswith("budget: cannot cover") for r in reasons):
+    if decision.refusal == "budget" and guard is not None:
         bound = prompt_token_bound(request.messages)
         refusal = guard.refusal(policy.name, bound, request.max_tokens)
         if refusal is not None:

@@ -176,11 +176,7 @@ async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:
 async def test_explain_decision_without_sending() -> None:
     local, cloud = pair()
     async with HybridClient(local=local, cloud=cloud) as client:
-        from hybridllm.engines.base import GenerationRequest
-
-        decision, facts, state = client.decide(
-            GenerationRequest([{"role": "user", "content": "hi"}]), Policy(prefer="cloud")
-        )
+        decision, facts, state = client.decide("hi", Policy(prefer="cloud"))
     assert decision.primary == "cloud" and facts.prompt_tokens > 0
     assert not local.requests and not cloud.requests
 
@@ -201,8 +197,6 @@ async def test_the_shipped_router_is_loaded_by_default_and_scores_requests() -> 
 
 
 async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> None:
-    from hybridllm.engines.base import GenerationRequest
-
     local = ScriptedEngine("local", tokens=["l"])
     pol = Policy(name="l", prefer="local")
     long = "word " * 400
@@ -211,8 +205,7 @@ async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> 
         client.routing.note_local([{"role": "user", "content": long}])  # as after a local run
 
         def predicted(text: str) -> float:
-            req = GenerationRequest([{"role": "user", "content": text}])
-            return client.decide(req, pol)[2].latency["local"].ttft_s
+            return client.decide(text, pol).state.latency["local"].ttft_s
 
         shared = predicted(long + "and one more question?")
         fresh = predicted("other " * 334 + "and one more question?")  # same length, no prefix
