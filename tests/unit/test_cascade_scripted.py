@@ -378,3 +378,16 @@ def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
     pol = Policy(name="c", plans=("single", "cascade"), target_cloud_share=0.3)
     assert _cut(both, pol, _judged_by(both, "answer")) == 0.35
     assert _cut(both, pol, _judged_by(both, "prefix")) == 0.2
+
+
+async def test_a_policys_plan_runs_the_cascade_as_a_calls_plan_does_scripted() -> None:
+    """`plan = "cascade"` in a policy (here a policy object, as a file gives it) runs the
+    cascade under `prefer = "local"`, where only asking for it does."""
+    local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    asking = policy(prefer="local", plan="cascade")
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=asking)
+        plain = await client.complete("hi", policy=policy(prefer="local"))
+    assert done.trace.cascade is not None and done.trace.cascade["decision"] == "local"
+    assert done.text == "Hello" and plain.trace.cascade is None and local.signal_calls == 1

@@ -20,6 +20,9 @@ from hybridllm import (
     Route,
     ScriptedEngine,
 )
+from hybridllm.events import EngineName
+from hybridllm.routing.inputs import Prediction
+from hybridllm.runtime.latency import LatencyModel
 
 pytestmark = pytest.mark.anyio
 
@@ -261,3 +264,64 @@ async def test_a_failed_request_is_logged_with_its_error_type(tmp_path: object) 
     with DecisionLog(path) as log:
         (row,) = log.rows()
     assert row["error_kind"] == "CloudConnectionError" and row["route"] == "cloud"
+
+
+# ---- a policy's `plan` (as a file sets it) works like a call's `plan=` (issue 24) ---------------
+
+
+class SignalsEngine(ScriptedEngine):
+    """A scripted local engine that can read its own signals (`ReadsSignals`), never asked to."""
+
+    async def signals(self, messages: object, n_answer: int = 8, **_: object) -> object:
+        raise AssertionError("a preview reads no signals")
+
+
+def asking(base: Policy, plan: str) -> Policy:
+    """`base` with its `plan` field set as a policy file sets it (listed in plans, nothing
+    else changed: unlike `Policy.with_plan`, a hedge gets no delay)."""
+    plans = base.plans if plan in base.plans else (*base.plans, plan)
+    return Policy(**{**base.model_dump(), "plan": plan, "plans": plans})
+
+
+class History(LatencyModel):
+    """A latency model with a history: a heavy-tailed cloud (an automatic hedge pays) and a
+    fast local engine."""
+
+    TAIL = (0.1, 0.12, 0.13, 0.15, 0.15, 0.16, 0.18, 0.2, 0.22, 0.25, 0.3, 0.5, 3.0, 10.0)
+
+    def knows(self, name: EngineName) -> bool:
+        return True
+
+    def predict(
+        self, name: EngineName, prompt_tokens: float, max_tokens: int, *, queue_s: float = 0.0
+    ) -> Prediction:
+        if name == "local":
+            return Prediction("local", 0.05, 0.05, 1.0, 1.0, 0.05, samples=10)
+        tail = self.TAIL
+        return Prediction("cloud", 0.15, 0.45, 1.2, 2.5, 0.05, samples=len(tail), ttft_samples=tail)
+
+
+@pytest.mark.parametrize(
+    ("plan", "prefer", "expected"),
+    [
+        ("hedge", "cloud", "hedge"),
+        ("speculative", "local", "speculative"),
+        ("handoff", "local", "handoff"),
+        ("cascade", "local", "cascade"),
+    ],
+)
+async def test_a_policys_plan_is_decided_as_the_calls_plan(
+    plan: str, prefer: str, expected: str
+) -> None:
+    base = Policy(name="p", prefer=prefer, router_threshold=0.5, ttft_deadline_ms=600)  # type: ignore[arg-type]
+    local, cloud = SignalsEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+    client = HybridClient(local=local, cloud=cloud, router=FixedRouter(), latency=History())
+    # temperature > 0 with top_p = 1: speculation would not pay, so only asking runs it
+    kw = {"temperature": 0.7, "top_p": 1.0}
+    by_policy = client.decide("q", asking(base, plan), **kw).decision  # type: ignore[arg-type]
+    by_call = client.decide("q", base, plan=plan, **kw).decision  # type: ignore[arg-type]
+    neither = client.decide("q", base, **kw).decision  # type: ignore[arg-type]
+    assert by_policy.plan == by_call.plan == expected
+    assert (by_policy.primary, by_policy.fallback) == (by_call.primary, by_call.fallback)
+    assert by_policy.hedge_s == by_call.hedge_s
+    assert neither.plan == "single" and not local.requests and not cloud.requests

@@ -532,3 +532,40 @@ def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
     assert decide(scored(0.2, streamed=False), whole, ABLE).cascade_judge == "answer"
     assert decide(scored(0.2, streamed=True), whole, ABLE).cascade_judge == "prefix"
     assert decide(scored(0.2, streamed=False), CASCADING, ABLE).cascade_judge == "prefix"
+
+
+# ---- a policy's `plan` works like a call's `plan=` (issue 24, section 6) -------------------------
+
+
+def test_a_policys_plan_hedge_hedges_auto_as_the_calls_does() -> None:
+    base = Policy(name="t", prefer="cloud", ttft_deadline_ms=600)
+    file_like = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, plan="hedge")
+    state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
+    by_policy = decide(RequestFacts(10, 8), file_like, state)
+    by_call = decide(RequestFacts(10, 8), base.with_plan("hedge"), state)
+    assert by_policy.plan == by_call.plan == "hedge"
+    assert by_policy.hedge_s == by_call.hedge_s and by_policy.hedge_s is not None
+    assert decide(RequestFacts(10, 8), base, state).plan == "single"  # not asked: no hedge
+
+
+def test_a_policys_plan_speculative_is_asked_for_as_the_calls_is() -> None:
+    listed = Policy(name="s", plans=("single", "speculative"))
+    asking = listed.model_copy(update={"plan": "speculative"})
+    state = LiveState(speculation=(False, "acceptance 0.20"))
+    d = decide(RequestFacts(20, 64), asking, state)
+    assert d.plan == "speculative" and "asked by the policy" in d.reason
+    assert decide(RequestFacts(20, 64, plan="speculative"), listed, state).plan == "speculative"
+    assert decide(RequestFacts(20, 64), listed, state).plan != "speculative"  # only if it pays
+
+
+def test_a_policys_plan_cascade_runs_under_any_preference_as_the_calls_does() -> None:
+    local_first = CASCADING.model_copy(update={"prefer": "local"})
+    asking = local_first.model_copy(update={"plan": "cascade"})
+    d = decide(scored(0.2), asking, ABLE)
+    assert d.plan == "cascade" and "asked by the policy" in d.reason
+    assert decide(scored(0.2), local_first, ABLE).plan == "single"  # not asked, not "auto"
+
+
+def test_a_calls_plan_overrides_the_policys() -> None:
+    asking = CASCADING.model_copy(update={"plan": "cascade"})
+    assert decide(scored(0.2, plan="single"), asking, ABLE).plan == "single"
