@@ -325,3 +325,37 @@ async def test_a_policys_plan_is_decided_as_the_calls_plan(
     assert (by_policy.primary, by_policy.fallback) == (by_call.primary, by_call.fallback)
     assert by_policy.hedge_s == by_call.hedge_s
     assert neither.plan == "single" and not local.requests and not cloud.requests
+
+
+# ---- the local circuit is read (issue 24, section 6) ---------------------------------------------
+
+
+async def test_a_local_engine_that_keeps_missing_deadlines_leaves_requests_to_the_cloud() -> None:
+    from hybridllm.errors import DeadlineMissError
+
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, policy=Policy(name="p")) as client:
+        for _ in range(2):  # as the race records a local engine that lost past the deadline
+            client.breakers["local"].record(DeadlineMissError("no token", engine="local"))
+        preview = client.decide("q")
+        done = await client.complete("q")
+    assert preview.state.local_circuit_open and preview.decision.engines == ("cloud",)
+    assert done.trace.engine == "cloud" and "local circuit open -> cloud" in done.trace.decision
+    assert not local.requests
+
+
+async def test_a_preview_leaves_the_local_circuits_probe_to_the_next_request() -> None:
+    from hybridllm.errors import DeadlineMissError
+    from hybridllm.runtime.health import CircuitBreaker
+
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, policy=Policy(name="p")) as client:
+        breaker = client.breakers["local"] = CircuitBreaker(miss_reset_after_s=0.0)
+        for _ in range(2):  # opened by misses, half-open at once
+            breaker.record(DeadlineMissError("no token", engine="local"))
+        assert breaker.state == "half-open"
+        for _ in range(3):
+            assert client.decide("q").decision.primary == "local"  # the probe would go through
+        assert breaker.would_allow()  # no preview took it
+        done = await client.complete("q")  # takes the probe; its success closes the circuit
+    assert done.trace.engine == "local" and breaker.state == "closed"

@@ -569,3 +569,35 @@ def test_a_policys_plan_cascade_runs_under_any_preference_as_the_calls_does() ->
 def test_a_calls_plan_overrides_the_policys() -> None:
     asking = CASCADING.model_copy(update={"plan": "cascade"})
     assert decide(scored(0.2, plan="single"), asking, ABLE).plan == "single"
+
+
+# ---- the local circuit (issue 24, section 6) -----------------------------------------------------
+
+LOCAL_OPEN = LiveState(latency=BOTH.latency, local_circuit_open=True)
+
+
+def test_an_open_local_circuit_gives_the_request_to_the_cloud() -> None:
+    d = decide(RequestFacts(50, 64), CHAT, LOCAL_OPEN)
+    assert (d.primary, d.fallback) == ("cloud", None) and d.plan == "single"
+    assert "local circuit open -> cloud" in d.reasons
+    assert not any(r.startswith("no local engine") for r in d.reasons)  # said once, by the rule
+
+
+@pytest.mark.parametrize(
+    ("facts_", "policy", "state"),
+    [
+        (RequestFacts(50, 64, forced="local"), CHAT, LOCAL_OPEN),  # forced
+        (RequestFacts(50, 64), Policy(name="l", allow_cloud=False), LOCAL_OPEN),  # no cloud
+        (
+            RequestFacts(50, 64, privacy_kinds=frozenset({"email"})),
+            Policy(name="k", privacy="keep-local"),
+            LOCAL_OPEN,
+        ),  # privacy keeps it
+        (RequestFacts(50, 64), CHAT, replace(LOCAL_OPEN, available=frozenset({"local"}))),
+    ],
+)
+def test_an_open_local_circuit_still_tries_the_only_engine_left(
+    facts_: RequestFacts, policy: Policy, state: LiveState
+) -> None:
+    d = decide(facts_, policy, state)
+    assert d.engines == ("local",) and any("local circuit open, but" in r for r in d.reasons)
