@@ -359,3 +359,30 @@ async def test_a_preview_leaves_the_local_circuits_probe_to_the_next_request() -
         assert breaker.would_allow()  # no preview took it
         done = await client.complete("q")  # takes the probe; its success closes the circuit
     assert done.trace.engine == "local" and breaker.state == "closed"
+
+
+# ---- the preview and the stream go through one admission (issue 24, section 6) -----------------
+
+
+async def test_the_preview_applies_the_clients_privacy_floor_as_the_stream_does() -> None:
+    local, cloud = pair()
+    pol = Policy(name="open", prefer="cloud", privacy="off")
+    prompt = "mail the summary to ann@example.org"
+    async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
+        preview = client.decide(prompt)
+        done = await client.complete(prompt)
+    assert preview.facts.privacy_kinds and "email" in preview.facts.privacy_kinds
+    assert preview.decision.engines == ("local",) and done.trace.engine == "local"
+    assert done.trace.decision == preview.decision.reasons and not cloud.requests
+
+
+async def test_decide_takes_what_stream_takes() -> None:
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud) as client:
+        by_name = client.decide("hi", "chat")
+        by_keyword = client.decide([{"role": "user", "content": "hi"}], policy="chat")
+        forced = client.decide("hi", engine="cloud", max_tokens=3, priority="background")
+    assert by_name == by_keyword and by_name.decision.primary is not None
+    assert forced.decision.engines == ("cloud",) and forced.facts.max_tokens == 3
+    decision, facts, state = forced  # it unpacks as the 3-tuple it was
+    assert decision is forced.decision and state is forced.state and facts is forced.facts
