@@ -11,7 +11,6 @@ import pytest
 from hybridllm import (
     ContextOverflowError,
     Done,
-    GenerationRequest,
     HybridClient,
     LlamaCppEngine,
     ModelCorruptError,
@@ -274,7 +273,7 @@ async def test_routing_counts_prompt_tokens_with_the_real_tokenizer(model_path: 
         assert count_prompt_tokens(MIXED, client.engines.values()) == counted
         async with client.stream(MIXED, max_tokens=2, temperature=0) as s:
             usage = [e async for e in s.events() if isinstance(e, Usage)]
-        _, facts, _ = client.decide(GenerationRequest(messages=MIXED), client.policy)
+        facts = client.decide(MIXED).facts
     assert usage[0].prompt_tokens == counted == facts.prompt_tokens
     est = estimate_prompt_tokens(MIXED)
     print(f"\nmixed-script prompt: tokenizer {counted}, estimate {est}")
