@@ -8,10 +8,12 @@ prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_tok
 upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
-queue, the budget verdict, the cloud circuit, the engines that cannot take a request now
-(`EngineInfo.unavailable`: a cloud without a usable key, a local queue at its bound), and how
-many of the policy's last `PARALLEL_WINDOW` requests started the cloud in parallel (for
-`Policy.parallel_cloud_share`; each decided request, not a preview, is noted here).
+queue, the budget verdict, the cloud and local circuits, which engines read their own signals
+(`engines.capabilities.ReadsSignals`) and whether there is a router (for the cascade), the
+engines that cannot take a request now (`EngineInfo.unavailable`: a cloud without a usable key,
+a local queue at its bound), and how many of the policy's last `PARALLEL_WINDOW` requests
+started the cloud in parallel (for `Policy.parallel_cloud_share`; each decided request, not a
+preview, is noted here).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
 guard's ledger, `privacy_kinds` its `PrivacyScan` (the NER layer only for a request that could
@@ -146,21 +148,10 @@ class Routing:
         breakers: Mapping[EngineName, CircuitBreaker],
         preview: bool = False,
     ) -> LiveState:
-        """The live state for `decide()`. A request (`preview=False`) takes a half-open cloud
-        circuit's probe when it is let through; a preview only reads the circuit."""
+        """The live state for `decide()`. A request (`preview=False`) takes a half-open
+        circuit's probe when it is let through; a preview only reads the circuits."""
         infos = {name: engine.info() for name, engine in engines.items()}
         waits = {name: _wait(info, request) for name, info in infos.items()}
-        queue = waits.get("local", 0.0)
-        latency: dict[EngineName, Prediction] = {}
-        for name, engine in engines.items():
-            q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
-            n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
-            if self.latency.knows(name):
-                latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
-            else:
-                own = engine.predict_ttft_s(request)
-                if own is not None:
-                    latency[name] = Prediction(name, own, own, own, own, 0.0, q, source="engine")
         clean = facts.privacy_kinds == frozenset()
         cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
         fits, detail = True, ""
@@ -174,8 +165,8 @@ class Routing:
         local_ok = "local" in engines and cloud_ok and not circuit_open
         return LiveState(
             available=frozenset(engines),
-            latency=latency,
-            local_queue_s=queue,
+            latency=self.predictions(facts, request, engines, waits),
+            local_queue_s=waits.get("local", 0.0),
             cloud_queue_s=waits.get("cloud", 0.0),
             cloud_circuit_open=circuit_open,
             local_circuit_open=local_ok and _open(breakers.get("local"), preview),
@@ -188,6 +179,27 @@ class Routing:
             reads_signals=frozenset(n for n, e in engines.items() if isinstance(e, ReadsSignals)),
             has_router=self.router is not None,
         )
+
+    def predictions(
+        self,
+        facts: RequestFacts,
+        request: GenerationRequest,
+        engines: Mapping[EngineName, Engine],
+        waits: Mapping[EngineName, float],
+    ) -> dict[EngineName, Prediction]:
+        """Each engine's predicted latency: the latency model's once it knows the engine, else
+        the engine's own estimate."""
+        latency: dict[EngineName, Prediction] = {}
+        for name, engine in engines.items():
+            q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
+            n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
+            if self.latency.knows(name):
+                latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
+            else:
+                own = engine.predict_ttft_s(request)
+                if own is not None:
+                    latency[name] = Prediction(name, own, own, own, own, 0.0, q, source="engine")
+        return latency
 
     def speculation_outlook(
         self, request: GenerationRequest, policy: Policy, engines: Mapping[EngineName, Engine]

@@ -29,6 +29,9 @@
    2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
    `local_tokens` the local work.
 
+`routing.decide` chooses this plan (`Decision.plan == "cascade"`, from the policy, the plan
+asked for, the router's presence and the local engine's `ReadsSignals` capability; under
+`complete()` `Decision.cascade_judge` may be "answer"); `build_cascade` only builds it.
 Every cloud request goes through the engine the client gives (the guard: privacy, budget).
 The decision, held time and signals are in `trace.cascade` (and the decision log).
 """
