@@ -32,7 +32,7 @@ The rules, in order (each one that applies adds a reason):
    may forbid it (`parallel_cloud = false`) or cap its share of the policy's recent requests
    (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
    the deadline itself (`Decision.fallback_lead` False).
-4. Decode speed (`decode.py`): with a `tpot_target_ms`, a local primary predicted to decode
+4. Decode speed (`decode_speed.py`): with a `tpot_target_ms`, a local primary predicted to decode
    slower than the target on a long answer (max_tokens >= `LONG_ANSWER_TOKENS`) hands the answer
    to the cloud after its first tokens ("handoff", where the policy allows that plan) or gives
    the cloud the request (when the cloud meets the deadline); `plan = "handoff"` asks for the
@@ -57,7 +57,7 @@ from typing import Literal, NamedTuple
 
 from hybridllm.events import EngineName
 from hybridllm.policy import PlanName, Policy
-from hybridllm.routing.decode import decode_rule
+from hybridllm.routing.decode_speed import decode_rule
 from hybridllm.routing.hedging import choose_hedge_delay
 from hybridllm.routing.inputs import Prediction
 
