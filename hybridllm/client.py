@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, TypedDict, Unpack
+from typing import Literal, Self, Unpack
 
 import anyio
 import anyio.to_thread
@@ -30,15 +30,16 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors
 from hybridllm.engines import validate
-from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
-from hybridllm.events import EngineName, Priority
+from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
-from hybridllm.policy import PlanName, Policy, PolicyCache
-from hybridllm.routing.decide import Decision, RoutePreview
+from hybridllm.policy import Policy, PolicyCache
+from hybridllm.routing.decision import Decision, RoutePreview
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
+from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
     GuardBudget,
     Routing,
@@ -54,39 +55,6 @@ from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 
 Messages = str | Sequence[Mapping[str, str]]
-
-
-class RequestArgs(TypedDict, total=False):
-    """The keyword arguments of one request, the same for `stream()`, `complete()`, `decide()`
-    and the blocking forms (the list lives here only). Each is checked before anything is sent
-    (`engines.validate`): `engine` "local", "cloud" or None (forces that engine);
-    `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop` non-empty
-    strings; `seed` 0 to 2**32 - 1; `options` typed engine options (`LlamaOptions`, ...), each
-    engine reads its own; `priority` the request's class in a busy engine's queue (None: the
-    policy's); `plan` a plan to run where it can ("handoff": local starts, cloud continues;
-    "cascade": the local model's confidence decides; "speculative": local drafts, cloud
-    verifies; "hedge"; None: the policy's `plan`, else the decision picks); `show_drafts`: the
-    speculative plan's Draft/Retract events. None leaves the policy's setting."""
-
-    engine: Literal["local", "cloud"] | None
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    stop: str | Sequence[str] | None
-    seed: int | None
-    options: Sequence[EngineOptions]
-    priority: Priority | None
-    plan: PlanName | None
-    show_drafts: bool | None
-
-
-class StreamArgs(RequestArgs, total=False):
-    """`RequestArgs` and `policy`: a name, a path or a `Policy` (None: the client's)."""
-
-    policy: str | Path | Policy | None
-
-
-_ARG_NAMES = frozenset(StreamArgs.__optional_keys__)
 
 
 @dataclass(frozen=True)
@@ -287,10 +255,10 @@ class HybridClient:
     ) -> tuple[RoutePreview, Policy, GenerationRequest]:
         """The one admission of a request (`stream()`, `complete()`, `decide()`): its checked
         arguments, the effective policy, the request and the decision."""
-        _known_names(args)
+        check_names(args)
         msgs = validate.messages(messages)
         pol = self._effective(validate.policy_ref(args.get("policy")), args)
-        request = self._request(msgs, pol, args)
+        request = build_request(msgs, pol, args)
         forced = args.get("engine")
         if forced is not None:
             validate.one_of("engine", forced, ("local", "cloud"))
@@ -309,23 +277,6 @@ class HybridClient:
         if route.decision.primary is None:  # the documented type: privacy, budget, or else
             raise refusal_error(route.decision, route.facts, pol, request, self._guard)
         return route, pol, request
-
-    def _request(
-        self, messages: tuple[Message, ...], pol: Policy, args: RequestArgs
-    ) -> GenerationRequest:
-        """The request: the call's arguments over the policy's defaults."""
-        max_tokens, temperature = args.get("max_tokens"), args.get("temperature")
-        top_p, stop, priority = args.get("top_p"), args.get("stop"), args.get("priority")
-        return GenerationRequest(
-            messages=messages,
-            max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
-            temperature=pol.temperature if temperature is None else temperature,
-            top_p=pol.top_p if top_p is None else top_p,
-            stop=pol.stop if stop is None else validate.stop(stop),
-            seed=args.get("seed"),
-            options=args.get("options", ()),  # type: ignore[arg-type]  # checked and copied
-            priority=pol.priority if priority is None else priority,  # the queue's class
-        )
 
     def _effective(self, policy: str | Path | Policy | None, args: RequestArgs) -> Policy:
         """The policy as this client applies it to one request: the call's `plan=` (added to
@@ -503,13 +454,6 @@ def _log_decision(
         fallback=trace.fallback_reason is not None or bool(trace.switches),
         cascade=trace.cascade,
     )
-
-
-def _known_names(args: Mapping[str, object]) -> None:
-    """A keyword argument a request does not take is refused by name (mypy catches it too)."""
-    for name in sorted(set(args) - _ARG_NAMES):
-        known = ", ".join(sorted(_ARG_NAMES))
-        raise errors.InvalidArgumentError(name, args[name], f"a known keyword argument ({known})")
 
 
 def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

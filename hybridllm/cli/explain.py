@@ -32,7 +32,7 @@ from hybridllm.guard.privacy import kinds as kinds_of
 from hybridllm.guard.privacy_ner import NER_KINDS, default_scanner
 from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, RoutePreview
+from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker

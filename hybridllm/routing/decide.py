@@ -4,11 +4,12 @@ Inputs: the request's facts (prompt and output tokens, the router's score, the k
 data found, the plan asked for, whether the answer is streamed), the policy, and the live state
 (latency predictions per engine, whether the budget covers the worst-case cloud cost, the
 circuits, the local queue, which engines read their own signals, the router's presence). Output:
-a frozen `Decision`. Code acts on its typed fields only: the plan, the primary engine, the
-fallback (or None), the first-token deadline, the hedge delay, the load rule that fired
-(`LoadRule`; `fallback_now`: the fallback starts at once), whether the router's score asked for
-the cloud (`by_router`), a refusal's cause (`RefusalCause`). Its `reasons` are words for people,
-never read back: rewording one changes no error type and no plan.
+a frozen `Decision` (these types: `routing/decision.py`). Code acts on its typed fields only:
+the plan, the primary engine, the fallback (or None), the first-token deadline, the hedge delay,
+the load rule that fired (`LoadRule`; `fallback_now`: the fallback starts at once), whether the
+router's score asked for the cloud (`by_router`), a refusal's cause (`RefusalCause`). Its
+`reasons` are words for people, never read back: rewording one changes no error type and no
+plan.
 
 The rules, in order (each one that applies adds a reason):
 
@@ -38,8 +39,8 @@ The rules, in order (each one that applies adds a reason):
    the cloud the request (when the cloud meets the deadline); `plan = "handoff"` asks for the
    handoff outright.
 5. The plan: "handoff" (4.); "hedge" when the policy asks for one (a fixed delay, or "auto": the
-   delay `routing.hedging` prices against the primary's TTFT distribution once it has a
-   history), else "single" (fallback at the deadline or on failure); "speculative" (asked for,
+   delay `routing.hedging.hedge_delay` prices against the primary's TTFT distribution once it
+   has a history), else "single" (fallback at the deadline or on failure); "speculative" (asked for,
    or listed and expected to pay: local drafts, cloud verifies); "cascade" (asked for, or listed
    under `prefer = "auto"`, where the local engine reads its own signals and there is a router:
    the local engine holds its first tokens, or under `complete()` with `cascade_judge =
@@ -51,133 +52,28 @@ The rules, in order (each one that applies adds a reason):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Literal, NamedTuple
 
 from hybridllm.events import EngineName
 from hybridllm.policy import PlanName, Policy
+from hybridllm.routing.decision import (
+    Decision,
+    LiveState,
+    LoadRule,
+    PlanKind,
+    RefusalCause,
+    RequestFacts,
+    RoutePreview,
+)
 from hybridllm.routing.decode_speed import decode_rule
-from hybridllm.routing.hedging import choose_hedge_delay
-from hybridllm.routing.inputs import Prediction
+from hybridllm.routing.hedging import hedge_delay
 
-PlanKind = Literal["single", "hedge", "handoff", "cascade", "speculative", "refuse"]
-# why no engine may serve: a privacy finding kept the request from the cloud; the budget could
-# not cover the cloud request; the engine the caller forced is not allowed; no engine the client
-# has is allowed (the policy, no privacy scanner)
-RefusalCause = Literal["privacy", "budget", "forced_not_allowed", "no_engine"]
-# the load rule that fired (3.): a swap for the local queue, for the cloud's concurrency queue,
-# or for a fallback predicted to meet the deadline; a parallel start of the fallback at once;
-# a parallel cloud start the policy holds back until the deadline itself
-LoadRule = Literal[
-    "local_queue", "cloud_queue", "faster_fallback", "parallel_start", "parallel_held"
-]
+# the decision's types live in `routing.decision`; importable from here too, as before
+__all__ = ["Decision", "LiveState", "RequestFacts", "RoutePreview", "decide"]
+
 # what took the cloud out of the engines that may serve (a refusal's cause comes from it)
 _Removal = Literal["policy", "privacy", "no_scanner", "budget", "circuit"]
-AUTO_HEDGE_MIN_SAMPLES = 5
-
-
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
-    """What is known about the request itself."""
-
-    prompt_tokens: int
-    max_tokens: int
-    router_score: float | None = None  # P(the local answer is wrong); None: no router
-    router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
-    # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
-    privacy_kinds: frozenset[str] | None = frozenset()
-    forced: EngineName | None = None  # the caller named the engine
-    # the plan the caller asked for (a call's `plan=`); None: the policy's `plan`, if any
-    plan: PlanName | None = None
-    # the answer is shown as it comes (`stream()`); False: taken whole (`complete()`), so a
-    # cascade may judge the whole local answer
-    streamed: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class LiveState:
-    """What is known about the engines right now."""
-
-    available: frozenset[EngineName] = frozenset({"local", "cloud"})
-    latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
-    local_queue_s: float = 0.0
-    # the wait for a slot under the cloud engine's concurrency limit (or a 429's Retry-After);
-    # already in the cloud's latency prediction, named here for the reason
-    cloud_queue_s: float = 0.0
-    cloud_circuit_open: bool = False
-    # the local engine's circuit (`runtime.health`): open, a cloud that may serve takes the
-    # request; the local engine is still tried when it is the only one left
-    local_circuit_open: bool = False
-    budget_fits: bool = True  # the worst-case cloud cost fits every cap
-    budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
-    # the engines that can continue a started answer (the engines' `supports_continuation`)
-    continues: frozenset[EngineName] = frozenset({"local", "cloud"})
-    # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
-    unavailable: Mapping[EngineName, str] = field(default_factory=dict)
-    # this policy's recent requests in this client: (how many started the cloud in parallel,
-    # how many there were), for `Policy.parallel_cloud_share`
-    parallel_recent: tuple[int, int] = (0, 0)
-    # would the speculative plan pay now, and why (None: no speculation state)
-    speculation: tuple[bool, str] | None = None
-    # the engines that read their own confidence signals (`engines.capabilities.ReadsSignals`)
-    reads_signals: frozenset[EngineName] = frozenset()
-    has_router: bool = False  # the client has a router (the cascade needs its stage 2)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Where a request runs. Code acts on the typed fields; `reasons` are words for people,
-    never read back."""
-
-    plan: PlanKind
-    primary: EngineName | None
-    fallback: EngineName | None
-    deadline_s: float | None
-    hedge_s: float | None
-    reasons: tuple[str, ...]
-    failover: bool = False  # a failure mid-answer moves the answer to the other engine
-    # engines this request could have used, left out as unavailable: (engine, why)
-    unavailable: tuple[tuple[EngineName, str], ...] = ()
-    # the fallback may start ahead of the deadline by its own predicted time to a first token;
-    # False: at the deadline itself (a cloud the policy does not start in parallel)
-    fallback_lead: bool = True
-    refusal: RefusalCause | None = None  # why nothing may serve (plan "refuse")
-    by_router: bool = False  # the router's score asked for the cloud
-    load: LoadRule | None = None  # the load rule that fired
-    load_reason: str = ""  # its words (a parallel start is announced with them)
-    # what a cascade judges: the held first tokens ("prefix") or, with nothing streamed and
-    # `cascade_judge = "answer"`, the whole local answer; None: not a cascade
-    cascade_judge: Literal["prefix", "answer"] | None = None
-
-    @property
-    def fallback_now(self) -> bool:
-        """The fallback starts at once, in parallel (the primary is predicted to miss the
-        deadline)."""
-        return self.load == "parallel_start"
-
-    @property
-    def parallel_cloud(self) -> bool:
-        """The cloud starts at once beside the local engine (a cloud request paid for)."""
-        return self.fallback_now and self.fallback == "cloud"
-
-    @property
-    def reason(self) -> str:
-        return "; ".join(self.reasons)
-
-    @property
-    def engines(self) -> tuple[EngineName, ...]:
-        """Every engine this decision may send the request to."""
-        return tuple(e for e in (self.primary, self.fallback) if e is not None)
-
-
-class RoutePreview(NamedTuple):
-    """Where a request would run and why (`HybridClient.decide()`, `hybridllm explain`): the
-    decision, the request's facts and the live state it was decided from."""
-
-    decision: Decision
-    facts: RequestFacts
-    state: LiveState
 
 
 def _ms(s: float) -> str:
@@ -248,7 +144,7 @@ def _serve(
         )
     hedge_s = None
     if load.rule != "parallel_start" and not handoff:
-        hedge_s = _hedge(policy, primary, fallback, state, reasons, deadline, load.lead, asked)
+        hedge_s = hedge_delay(policy, primary, fallback, state, reasons, deadline, load.lead, asked)
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(
@@ -497,71 +393,6 @@ def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
         f"policy {policy.name!r} caps parallel cloud starts at {cap:.0%} of its requests "
         f"({started} of the last {seen})"
     )
-
-
-def _hedge(
-    policy: Policy,
-    primary: EngineName,
-    fallback: EngineName | None,
-    state: LiveState,
-    reasons: list[str],
-    deadline: float | None,
-    lead: bool,
-    asked: PlanName | None,
-) -> float | None:
-    """The hedge delay: the policy's, or "auto" (also for `plan = "hedge"` without a delay,
-    as `Policy.with_plan` sets it); None: no hedge."""
-    delay = policy.hedge_after_ms
-    if delay is None and asked == "hedge":
-        delay = "auto"
-    if fallback is None or delay is None or "hedge" not in (*policy.plans, asked):
-        return None
-    if delay != "auto":
-        hedge_s = delay / 1000.0
-        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
-        return hedge_s
-    return _auto_hedge(policy, primary, fallback, state, reasons, deadline, lead)
-
-
-def _auto_hedge(
-    policy: Policy,
-    primary: EngineName,
-    fallback: EngineName,
-    state: LiveState,
-    reasons: list[str],
-    deadline: float | None,
-    lead: bool,
-) -> float | None:
-    """The hedge delay `routing.hedging` prices against the primary's TTFT history."""
-    mine, theirs = state.latency.get(primary), state.latency.get(fallback)
-    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES or not mine.ttft_samples:
-        return None  # not enough history yet: the deadline alone applies
-    if theirs is None:
-        return None
-    backup = theirs.ttft_samples or (theirs.ttft_s,)
-    price = weight = 0.0
-    if fallback == "local":
-        weight = policy.hedge_device_weight
-        cost = f"device time until the first token x {weight:g}"
-    else:
-        price = policy.hedge_cloud_price_ms / 1000.0
-        cost = f"a cloud request priced at {_ms(price)}"
-    cap = None
-    if deadline is not None:
-        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
-    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
-    if c.delay_s is None:
-        reasons.append(
-            f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "
-            f"hedge costs {cost})"
-        )
-        return None
-    reasons.append(
-        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token (expected p99 "
-        f"TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
-        f"requests; a hedge costs {cost})"
-    )
-    return c.delay_s
 
 
 def _speculative(

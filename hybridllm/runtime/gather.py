@@ -44,7 +44,8 @@ from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds
 from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.policy import PlanName, Policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, RoutePreview, decide
+from hybridllm.routing.decide import decide
+from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel

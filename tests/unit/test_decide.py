@@ -22,7 +22,7 @@ from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import Budget
 from hybridllm.routing import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.decide import RefusalCause
+from hybridllm.routing.decision import RefusalCause
 from hybridllm.routing.inputs import Prediction
 
 ENGINES: tuple[EngineName, ...] = ("local", "cloud")

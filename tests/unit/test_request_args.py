@@ -13,7 +13,7 @@ import pytest
 
 from hybridllm import HybridClient, Policy, ScriptedEngine
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.routing.decide import RoutePreview
+from hybridllm.routing.decision import RoutePreview
 
 pytestmark = pytest.mark.anyio
 

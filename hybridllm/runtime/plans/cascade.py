@@ -52,7 +52,7 @@ from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
+from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import collector, relay_watched, single
 from hybridllm.runtime.stream import RequestRun

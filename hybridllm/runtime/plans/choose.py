@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
+from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.cascade import build_cascade
 from hybridllm.runtime.plans.handoff import handoff_plan
 from hybridllm.runtime.plans.race import race
