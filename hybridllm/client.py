@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal, Self, Unpack
 
 import anyio
 import anyio.to_thread
@@ -31,15 +31,16 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors, logs
 from hybridllm.engines import validate
-from hybridllm.engines.base import Engine, EngineOptions, GenerationRequest, Message
-from hybridllm.events import EngineName, Priority
+from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
-from hybridllm.policy import PlanName, Policy, PolicyCache
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts
+from hybridllm.policy import Policy, PolicyCache
+from hybridllm.routing.decision import Decision, RoutePreview
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
+from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
     GuardBudget,
     Routing,
@@ -49,7 +50,7 @@ from hybridllm.runtime.gather import (
 )
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans.cascade import nothing_streamed, score_messages
+from hybridllm.runtime.plans.cascade import score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
@@ -200,67 +201,31 @@ class HybridClient:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def stream(
-        self,
-        messages: Messages,
-        *,
-        policy: str | Path | Policy | None = None,
-        engine: Literal["local", "cloud"] | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: str | Sequence[str] | None = None,
-        seed: int | None = None,
-        options: Sequence[EngineOptions] = (),
-        priority: Priority | None = None,
-        plan: PlanName | None = None,
-        show_drafts: bool | None = None,
-    ) -> Stream:
+    def stream(self, messages: Messages, **args: Unpack[StreamArgs]) -> Stream:
         """Start a request now and return its `Stream` (TTFT is measured from this call).
-        `options`: typed engine options (`LlamaOptions`, ...); each engine reads its own.
-        `priority`: the request's class in a busy engine's queue (None: the policy's).
-        `plan`: run this plan where it can ("handoff": local starts, cloud continues;
-        "speculative": local drafts, cloud verifies, `show_drafts` adds Draft/Retract events).
+        `messages`: a non-blank prompt or a list of {"role", "content"} mappings whose last
+        user message is not blank; the keyword arguments: `StreamArgs`. A bad argument raises
+        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request."""
+        return self._start(messages, args, streamed=True)
 
-        Every argument is checked before anything is sent (`engines.validate`): `messages` a
-        non-blank prompt or a list of {"role", "content"} mappings whose last user message is
-        not blank; `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop`
-        non-empty strings; `seed` 0 to 2**32 - 1; `engine` "local", "cloud" or None; `policy` a
-        name, a path or a `Policy` (None: the client's). A bad one raises
-        `InvalidArgumentError` (a `ConfigError`) naming it; no engine sees the request.
-        `plan="cascade"`: the local model's confidence decides (`runtime/plans/cascade.py`)."""
+    def _start(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> Stream:
+        """`stream()`, and `complete()` (`streamed` False: the answer is taken whole)."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
-        msgs = validate.messages(messages)
-        policy = validate.policy_ref(policy)
-        pol = self._effective(self.policy if policy is None else self.policies.get(policy))
-        pol = pol if plan is None else pol.with_plan(plan)
-        if show_drafts is not None:
-            pol = pol.model_copy(update={"show_drafts": validate.flag("show_drafts", show_drafts)})
-        request = GenerationRequest(
-            messages=msgs,
-            max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
-            temperature=pol.temperature if temperature is None else temperature,
-            top_p=pol.top_p if top_p is None else top_p,
-            stop=pol.stop if stop is None else validate.stop(stop),
-            seed=seed,
-            options=options,  # type: ignore[arg-type]  # GenerationRequest checks and copies
-            priority=pol.priority if priority is None else priority,  # the queue's class
-        )
-        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
-        context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
-        spec: Literal["speculative"] | None = "speculative" if plan == "speculative" else None
-        decision, facts, state = self.decide(request, pol, engine, preview=False, plan=spec)
-        log.debug("request %s: %r, %r", trace.request_id, decision, facts)
+        route, pol, request = self._admit(messages, args, preview=False, streamed=streamed)
+        decision, state = route.decision, route.state
+        log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(request.messages))
         trace.decision = decision.reasons
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
-        how = self._plan(decision, request, context, pol, lead, plan)
+        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
+        context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
+        how = self._plan(decision, request, context, pol, lead)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
@@ -270,44 +235,71 @@ class HybridClient:
         if self.decision_log is not None:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
+        score = route.facts.router_score
         self._tg.start_soon(
-            self._drive, run, how, facts.prompt_tokens, request, pol.name, facts.router_score
+            self._drive, run, how, route.facts.prompt_tokens, request, pol.name, score
         )
         return Stream(run, recv)
 
-    def _effective(self, policy: Policy) -> Policy:
-        """The policy as this client applies it: the client's privacy mode is a floor, and the
-        policy's `[budget]` caps go to the cloud guard (scoped by the policy's name)."""
-        if self.privacy != "off" and policy.privacy == "off":
-            policy = policy.model_copy(update={"privacy": self.privacy})
-        if self._guard is not None:  # a cap it cannot cost is a PolicyError
-            self._guard.set_scoped_caps(policy.name, policy_caps(policy))
-        return policy
-
     def decide(
         self,
-        request: GenerationRequest,
-        policy: Policy,
-        forced: str | None = None,
-        *,
-        preview: bool = True,
-        plan: Literal["speculative"] | None = None,
-    ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Where `request` would run now under `policy`, and why (nothing is sent). A preview
-        leaves the cloud circuit as it is (a half-open circuit keeps its probe for the next
-        request); `stream()` decides with `preview=False`."""
+        messages: Messages,
+        policy: str | Path | Policy | None = None,
+        **args: Unpack[RequestArgs],
+    ) -> RoutePreview:
+        """Where this request would run now, and why; nothing is sent. It takes what `stream()`
+        takes and goes through the same admission (`_admit`: the client's privacy floor, the
+        policy's plan, the request's defaults), so the preview is the decision `stream()`
+        would make. A preview leaves the circuits as they are (a half-open circuit keeps its
+        probe for the next request). A request no engine may serve raises its refusal
+        (`PrivacyRefusedError`, `BudgetRefusedError`, `RequestRefusedError`)."""
+        full: StreamArgs = {**args, "policy": policy}
+        return self._admit(messages, full, preview=True)[0]
+
+    def _admit(
+        self, messages: Messages, args: StreamArgs, *, preview: bool, streamed: bool = True
+    ) -> tuple[RoutePreview, Policy, GenerationRequest]:
+        """The one admission of a request (`stream()`, `complete()`, `decide()`): its checked
+        arguments, the effective policy, the request and the decision."""
+        check_names(args)
+        msgs = validate.messages(messages)
+        pol = self._effective(validate.policy_ref(args.get("policy")), args)
+        request = build_request(msgs, pol, args)
+        forced = args.get("engine")
         if forced is not None:
             validate.one_of("engine", forced, ("local", "cloud"))
             if forced not in self.engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
-        name: EngineName | None = "local" if forced == "local" else "cloud" if forced else None
-        decision, facts, state = self.routing.decide(
-            request, policy, self.engines, self.breakers, name, preview=preview, plan=plan
+        route = self.routing.decide(
+            request,
+            pol,
+            self.engines,
+            self.breakers,
+            forced,
+            preview=preview,
+            plan=args.get("plan"),
+            streamed=streamed,
         )
-        if decision.primary is None:  # the documented type: privacy, budget, or else
-            log.info("refused at routing%s: %s", " (preview)" * preview, decision.reason)
-            raise refusal_error(decision, facts, policy, request, self._guard)
-        return decision, facts, state
+        if route.decision.primary is None:  # the documented type: privacy, budget, or else
+            log.info("refused at routing%s: %s", " (preview)" * preview, route.decision.reason)
+            raise refusal_error(route.decision, route.facts, pol, request, self._guard)
+        return route, pol, request
+
+    def _effective(self, policy: str | Path | Policy | None, args: RequestArgs) -> Policy:
+        """The policy as this client applies it to one request: the call's `plan=` (added to
+        its plans, `Policy.with_plan`) and `show_drafts=`; the client's privacy mode is a
+        floor; the policy's `[budget]` caps go to the cloud guard (scoped by its name)."""
+        pol = self.policy if policy is None else self.policies.get(policy)
+        plan, show_drafts = args.get("plan"), args.get("show_drafts")
+        if plan is not None:
+            pol = pol.with_plan(plan)
+        if show_drafts is not None:
+            pol = pol.model_copy(update={"show_drafts": validate.flag("show_drafts", show_drafts)})
+        if self.privacy != "off" and pol.privacy == "off":
+            pol = pol.model_copy(update={"privacy": self.privacy})
+        if self._guard is not None:  # a cap it cannot cost is a PolicyError
+            self._guard.set_scoped_caps(pol.name, policy_caps(pol))
+        return pol
 
     def _plan(
         self,
@@ -316,12 +308,11 @@ class HybridClient:
         context: RequestContext,
         policy: Policy,
         fallback_ttft_s: float | None,
-        plan: PlanName | None = None,
     ) -> Plan:
         engines = self.engines
         if self._guard is not None:  # every path of this plan carries the request's context
             engines["cloud"] = self._guard.bind(context)
-        return choose_plan(decision, engines, request, policy, fallback_ttft_s, plan, self.routing)
+        return choose_plan(decision, engines, request, policy, fallback_ttft_s, self.routing)
 
     async def _drive(
         self,
@@ -368,10 +359,10 @@ class HybridClient:
         msgs = validate.messages(messages)
         return await score_messages(self.routing.router, self.engines.get("local"), msgs)
 
-    async def complete(self, messages: Messages, **kwargs: Any) -> Completion:
-        """The whole answer at once, with its trace."""
-        with nothing_streamed():  # a cascade may judge the whole local answer
-            s = self.stream(messages, **kwargs)
+    async def complete(self, messages: Messages, **args: Unpack[StreamArgs]) -> Completion:
+        """The whole answer at once, with its trace (the arguments of `stream()`). Nothing is
+        streamed, so a cascade may judge the whole local answer (`cascade_judge`)."""
+        s = self._start(messages, args, streamed=False)
         async with s:
             text = "".join([token async for token in s])
         return Completion(text, s.trace)
@@ -419,10 +410,11 @@ class HybridClient:
             self._portal, self._portal_cm, self._sync_cm = portal, portal_cm, client_cm
         return self._portal
 
-    def stream_sync(self, messages: Messages, **kwargs: Any) -> Iterator[str]:
-        """Blocking token iterator for scripts without an event loop."""
+    def stream_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Iterator[str]:
+        """Blocking token iterator for scripts without an event loop (the arguments of
+        `stream()`)."""
         portal = self._blocking_portal()
-        s: Stream = portal.call(partial(self.stream, messages, **kwargs))
+        s: Stream = portal.call(partial(self.stream, messages, **args))
         try:
             while True:
                 try:
@@ -433,9 +425,10 @@ class HybridClient:
         finally:
             portal.call(s.aclose)
 
-    def complete_sync(self, messages: Messages, **kwargs: Any) -> Completion:
+    def complete_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Completion:
+        """The whole answer at once, blocking (the arguments of `stream()`)."""
         portal = self._blocking_portal()
-        result: Completion = portal.call(partial(self.complete, messages, **kwargs))
+        result: Completion = portal.call(partial(self.complete, messages, **args))
         return result
 
 

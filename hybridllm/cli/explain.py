@@ -9,9 +9,10 @@ state, including the router: its score for the prompt (or `--router-score`) agai
 threshold the policy asks for (`router_threshold`, or from the router's calibration for
 `target_cloud_share` / `quality_floor`; `--threshold` states one instead). The router is the
 shipped artifact (or `--router DIR`), loaded only if the decision needs it; `--no-router`
-decides without one. Latency predictions come from the latency model's priors; `--local-model`
-loads the local engine to use its warm-up figures (a short prefill and a few decode steps; no
-answer is generated).
+decides without one. The stated local engine reads its own signals, as the real one does, so a
+policy that runs the cascade shows it (plan "cascade"). Latency predictions come from the latency
+model's priors; `--local-model` loads the local engine to use its warm-up figures (a short
+prefill and a few decode steps; no answer is generated).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.errors import ConfigError
@@ -30,11 +32,14 @@ from hybridllm.guard.privacy import kinds as kinds_of
 from hybridllm.guard.privacy_ner import NER_KINDS, default_scanner
 from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts
+from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.gather import Routing
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+
+if TYPE_CHECKING:
+    from hybridllm.engines._llama_signals import LocalSignals
 
 PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS) | NER_KINDS
 
@@ -72,6 +77,27 @@ class OfflineEngine:
 
     async def aclose(self) -> None:
         return None
+
+
+class OfflineLocalEngine(OfflineEngine):
+    """The stated local engine: like the real one, it reads its own confidence signals
+    (`engines.capabilities.ReadsSignals`), so the decision shows a cascade where one would
+    run; nothing is ever read here."""
+
+    async def signals(
+        self,
+        messages: Sequence[Message],
+        n_answer: int = 8,
+        *,
+        rotations_within_s: float | None = None,
+    ) -> LocalSignals:
+        raise ConfigError("hybridllm explain reads no signals")
+
+
+def offline_engine(name: EngineName, expected_wait_s: float = 0.0) -> OfflineEngine:
+    """The stated engine for `name` (the local one reads its own signals)."""
+    kind = OfflineLocalEngine if name == "local" else OfflineEngine
+    return kind(name, expected_wait_s)
 
 
 class StatedRouter:
@@ -187,7 +213,7 @@ def explain(
     privacy_kinds: frozenset[str] | None = frozenset(),
     budget_fits: bool = True,
     max_tokens: int | None = None,
-) -> tuple[Decision, RequestFacts, LiveState]:
+) -> RoutePreview:
     """Decide for `prompt` as a `HybridClient` with these engines, router and state would.
 
     `router_score` states the score in place of `router`'s; `router_threshold` replaces the
@@ -206,7 +232,7 @@ def explain(
         budget=None if budget_fits else _Exhausted(),
         privacy=None if privacy_kinds is None else _scan_with(privacy_kinds),
     )
-    offline = {e: OfflineEngine(e, queue_s if e == "local" else 0.0) for e in engines}
+    offline = {e: offline_engine(e, queue_s if e == "local" else 0.0) for e in engines}
     breakers = {e: CircuitBreaker() for e in engines}
     if cloud_circuit_open and "cloud" in breakers:
         breakers["cloud"].opened_at = time.monotonic()
@@ -284,6 +310,10 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "fallback_lead": decision.fallback_lead,
             "deadline_s": decision.deadline_s,
             "hedge_s": decision.hedge_s,
+            "load_rule": decision.load,
+            "by_router": decision.by_router,
+            "refusal": decision.refusal,
+            "cascade_judge": decision.cascade_judge,
             "reasons": list(decision.reasons),
             "prompt_tokens": facts.prompt_tokens,
             "max_tokens": facts.max_tokens,

@@ -17,9 +17,10 @@ from hybridllm._lazy import lazy
 from hybridllm.routing.decide import decide as decide
 
 _NAMES = {
-    "Decision": "hybridllm.routing.decide",
-    "LiveState": "hybridllm.routing.decide",
-    "RequestFacts": "hybridllm.routing.decide",
+    "Decision": "hybridllm.routing.decision",
+    "LiveState": "hybridllm.routing.decision",
+    "RequestFacts": "hybridllm.routing.decision",
+    "RoutePreview": "hybridllm.routing.decision",
     "BudgetGate": "hybridllm.routing.inputs",
     "BudgetVerdict": "hybridllm.routing.inputs",
     "PrivacyScan": "hybridllm.routing.inputs",
@@ -33,10 +34,11 @@ __getattr__, __dir__ = lazy(__name__, _NAMES)
 __all__ = sorted([*_NAMES, "decide"])
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
-    from hybridllm.routing.decide import (
+    from hybridllm.routing.decision import (
         Decision as Decision,
         LiveState as LiveState,
         RequestFacts as RequestFacts,
+        RoutePreview as RoutePreview,
     )
     from hybridllm.routing.heads import Calibration as Calibration
     from hybridllm.routing.inputs import (

@@ -1,10 +1,15 @@
 """`decide()`: where one request runs and why, as a pure function of plain facts.
 
 Inputs: the request's facts (prompt and output tokens, the router's score, the kinds of personal
-data found), the policy, and the live state (latency predictions per engine, whether the budget
-covers the worst-case cloud cost, the cloud circuit, the local queue). Output: a frozen
-`Decision`: the plan, the primary engine, the fallback (or None), the first-token deadline, the
-hedge delay, whether the fallback starts at once, and reasons a person can read.
+data found, the plan asked for, whether the answer is streamed), the policy, and the live state
+(latency predictions per engine, whether the budget covers the worst-case cloud cost, the
+circuits, the local queue, which engines read their own signals, the router's presence). Output:
+a frozen `Decision` (these types: `routing/decision.py`). Code acts on its typed fields only:
+the plan, the primary engine, the fallback (or None), the first-token deadline, the hedge delay,
+the load rule that fired (`LoadRule`; `fallback_now`: the fallback starts at once), whether the
+router's score asked for the cloud (`by_router`), a refusal's cause (`RefusalCause`). Its
+`reasons` are words for people, never read back: rewording one changes no error type and no
+plan.
 
 The rules, in order (each one that applies adds a reason):
 
@@ -14,11 +19,12 @@ The rules, in order (each one that applies adds a reason):
    privacy finding (keep-local, or privacy on without a scanner: no cloud; block: refuse), the
    budget (cannot cover the worst case: no cloud, or refuse when `on_exceeded = "fail"` and the
    cloud was asked for), the cloud circuit (open: no cloud, unless forced or the only engine),
-   an unavailable engine (`LiveState.unavailable`: a cloud without a usable API key, a local
-   queue at its bound): left out with its reason when another engine may serve, else kept (it
-   fails at once with its typed error: `CloudUnavailableError`, `QueueFullError`). A cloud left
-   out that the request could have used is named in `Decision.unavailable` (the stream says so
-   with a `CloudUnavailable` event).
+   the local circuit (open: the cloud serves where it may, unless the local engine is forced or
+   the only one), an unavailable engine (`LiveState.unavailable`: a cloud without a usable API
+   key, a local queue at its bound): left out with its reason when another engine may serve,
+   else kept (it fails at once with its typed error: `CloudUnavailableError`, `QueueFullError`).
+   A cloud left out that the request could have used is named in `Decision.unavailable` (the
+   stream says so with a `CloudUnavailable` event).
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
    primary predicted past the deadline while the other's p95 meets it, swaps the two; a
    primary predicted past the deadline otherwise keeps its place but the other one starts in
@@ -27,126 +33,82 @@ The rules, in order (each one that applies adds a reason):
    may forbid it (`parallel_cloud = false`) or cap its share of the policy's recent requests
    (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
    the deadline itself (`Decision.fallback_lead` False).
-4. Decode speed (`decode.py`): with a `tpot_target_ms`, a local primary predicted to decode
+4. Decode speed (`decode_speed.py`): with a `tpot_target_ms`, a local primary predicted to decode
    slower than the target on a long answer (max_tokens >= `LONG_ANSWER_TOKENS`) hands the answer
    to the cloud after its first tokens ("handoff", where the policy allows that plan) or gives
-   the cloud the request (when the cloud meets the deadline); `plan = "handoff"` (policy or call)
-   asks for the handoff outright.
+   the cloud the request (when the cloud meets the deadline); `plan = "handoff"` asks for the
+   handoff outright.
 5. The plan: "handoff" (4.); "hedge" when the policy asks for one (a fixed delay, or "auto": the
-   delay `routing.hedging` prices against the primary's TTFT distribution once it has a
-   history), else "single" (fallback at the deadline or on failure); "refuse" when nothing may
-   serve. A failure mid-answer moves the answer to the other engine only when both engines can
-   continue a started answer (`LiveState.continues`).
+   delay `routing.hedging.hedge_delay` prices against the primary's TTFT distribution once it
+   has a history), else "single" (fallback at the deadline or on failure); "speculative" (asked for,
+   or listed and expected to pay: local drafts, cloud verifies); "cascade" (asked for, or listed
+   under `prefer = "auto"`, where the local engine reads its own signals and there is a router:
+   the local engine holds its first tokens, or under `complete()` with `cascade_judge =
+   "answer"` its whole answer, and the router's stage 2 decides who answers); "refuse" when
+   nothing may serve. The plan asked for is the call's `plan=` (`RequestFacts.plan`), else the
+   policy's `plan`. A failure mid-answer moves the answer to the other engine only when both
+   engines can continue a started answer (`LiveState.continues`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import replace
+from typing import Literal, NamedTuple
 
 from hybridllm.events import EngineName
-from hybridllm.policy import Policy
-from hybridllm.routing.decode import decode_rule
-from hybridllm.routing.hedging import choose_hedge_delay
-from hybridllm.routing.inputs import Prediction
+from hybridllm.policy import PlanName, Policy
+from hybridllm.routing.decision import (
+    Decision,
+    LiveState,
+    LoadRule,
+    PlanKind,
+    RefusalCause,
+    RequestFacts,
+    RoutePreview,
+)
+from hybridllm.routing.decode_speed import decode_rule
+from hybridllm.routing.hedging import hedge_delay
 
-PlanKind = Literal["single", "hedge", "handoff", "speculative", "refuse"]
-AUTO_HEDGE_MIN_SAMPLES = 5
+# the decision's types live in `routing.decision`; importable from here too, as before
+__all__ = ["Decision", "LiveState", "RequestFacts", "RoutePreview", "decide"]
 
-
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
-    """What is known about the request itself."""
-
-    prompt_tokens: int
-    max_tokens: int
-    router_score: float | None = None  # P(the local answer is wrong); None: no router
-    router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
-    # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
-    privacy_kinds: frozenset[str] | None = frozenset()
-    forced: EngineName | None = None  # the caller named the engine
-    plan: Literal["speculative"] | None = None  # the caller asked for this plan
-
-
-@dataclass(frozen=True, slots=True)
-class LiveState:
-    """What is known about the engines right now."""
-
-    available: frozenset[EngineName] = frozenset({"local", "cloud"})
-    latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
-    local_queue_s: float = 0.0
-    # the wait for a slot under the cloud engine's concurrency limit (or a 429's Retry-After);
-    # already in the cloud's latency prediction, named here for the reason
-    cloud_queue_s: float = 0.0
-    cloud_circuit_open: bool = False
-    budget_fits: bool = True  # the worst-case cloud cost fits every cap
-    budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
-    # the engines that can continue a started answer (the engines' `supports_continuation`)
-    continues: frozenset[EngineName] = frozenset({"local", "cloud"})
-    # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
-    unavailable: Mapping[EngineName, str] = field(default_factory=dict)
-    # this policy's recent requests in this client: (how many started the cloud in parallel,
-    # how many there were), for `Policy.parallel_cloud_share`
-    parallel_recent: tuple[int, int] = (0, 0)
-    # would the speculative plan pay now, and why (None: no speculation state)
-    speculation: tuple[bool, str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    plan: PlanKind
-    primary: EngineName | None
-    fallback: EngineName | None
-    deadline_s: float | None
-    hedge_s: float | None
-    # start the fallback at once, in parallel (the primary is predicted to miss the deadline);
-    # the last reason then says so
-    fallback_now: bool
-    reasons: tuple[str, ...]
-    failover: bool = False  # a failure mid-answer moves the answer to the other engine
-    # engines this request could have used, left out as unavailable: (engine, why)
-    unavailable: tuple[tuple[EngineName, str], ...] = ()
-    # the fallback may start ahead of the deadline by its own predicted time to a first token;
-    # False: at the deadline itself (a cloud the policy does not start in parallel)
-    fallback_lead: bool = True
-
-    @property
-    def parallel_cloud(self) -> bool:
-        """The cloud starts at once beside the local engine (a cloud request paid for)."""
-        return self.fallback_now and self.fallback == "cloud"
-
-    @property
-    def reason(self) -> str:
-        return "; ".join(self.reasons)
-
-    @property
-    def engines(self) -> tuple[EngineName, ...]:
-        """Every engine this decision may send the request to."""
-        return tuple(e for e in (self.primary, self.fallback) if e is not None)
+# what took the cloud out of the engines that may serve (a refusal's cause comes from it)
+_Removal = Literal["policy", "privacy", "no_scanner", "budget", "circuit"]
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
 
 
-def _refuse(reasons: list[str], deadline: float | None) -> Decision:
-    return Decision("refuse", None, None, deadline, None, False, tuple(reasons))
+def _refuse(reasons: list[str], deadline: float | None, cause: RefusalCause) -> Decision:
+    return Decision("refuse", None, None, deadline, None, tuple(reasons), refusal=cause)
+
+
+def _cause(removed: _Removal | None, otherwise: RefusalCause) -> RefusalCause:
+    """A refusal's cause: the privacy finding or the budget that took the cloud out, else
+    `otherwise`."""
+    return removed if removed == "privacy" or removed == "budget" else otherwise
 
 
 def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     reasons: list[str] = []
     deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
-    want = _wanted(facts, policy, reasons)
-    explained = _restrict(facts, policy, state, allowed, want, reasons)
-    if explained is None:
-        return _refuse(reasons, deadline)
+    asked = facts.plan if facts.plan is not None else policy.plan
+    want, by_router = _wanted(facts, policy, reasons)
+    refused, removed = _restrict(facts, policy, state, allowed, want, reasons)
+    if refused:
+        return _refuse(reasons, deadline, _cause(removed, "no_engine"))
+    local_off = _local_circuit(facts, state, allowed, reasons)
     left_out = _unavailable(facts, state, allowed, reasons)
-    explained = explained or any(e == "cloud" for e, _ in left_out)
-    decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline)
-    decision = _speculative(decision, facts, policy, state, reasons)
-    if left_out and decision.primary is not None:
+    explained = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
+    decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline, asked)
+    if decision.primary is None:
+        return replace(decision, refusal=_cause(removed, decision.refusal or "no_engine"))
+    decision = replace(decision, by_router=by_router)
+    decision = _speculative(decision, facts, policy, state, reasons, asked)
+    decision = _cascade(decision, facts, policy, state, reasons, asked)
+    if left_out:
         decision = replace(decision, unavailable=left_out)
     return decision
 
@@ -160,81 +122,102 @@ def _serve(
     explained: bool,
     reasons: list[str],
     deadline: float | None,
+    asked: PlanName | None,
 ) -> Decision:
     """3. and 4.: the serving engine, its fallback, the load rules and the plan."""
+    picked = _pick(facts, allowed, want, explained, reasons, deadline)
+    if isinstance(picked, Decision):
+        return picked
+    load = picked if deadline is None else _load(picked, deadline, policy, state, reasons)
+    primary, fallback, handoff = load.primary, load.fallback, False
+    if fallback is not None and load.rule != "parallel_start":  # 4. decode speed
+        primary, fallback, handoff = decode_rule(
+            facts.max_tokens,
+            policy,
+            primary,
+            fallback,
+            state.latency,
+            state.continues,
+            deadline,
+            reasons,
+            asked,
+        )
+    hedge_s = None
+    if load.rule != "parallel_start" and not handoff:
+        hedge_s = hedge_delay(policy, primary, fallback, state, reasons, deadline, load.lead, asked)
+    plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
+    failover = _failover(primary, fallback, state, reasons)
+    return Decision(
+        plan,
+        primary,
+        fallback,
+        deadline,
+        hedge_s,
+        tuple(reasons),
+        failover,
+        fallback_lead=load.lead,
+        load=load.rule,
+        load_reason=load.why,
+    )
 
-    # the engine that serves
+
+def _pick(
+    facts: RequestFacts,
+    allowed: list[EngineName],
+    want: EngineName,
+    explained: bool,
+    reasons: list[str],
+    deadline: float | None,
+) -> Decision | _Load:
+    """The engine that serves and its fallback, before load; a forced engine (alone) or a
+    refusal is already the decision."""
     if facts.forced is not None:
         if facts.forced not in allowed:
             reasons.append(f"engine={facts.forced} is not allowed -> refused")
-            return _refuse(reasons, deadline)
-        return Decision("single", facts.forced, None, deadline, None, False, tuple(reasons))
+            return _refuse(reasons, deadline, "forced_not_allowed")
+        return Decision("single", facts.forced, None, deadline, None, tuple(reasons))
     if not allowed:
         reasons.append("no engine this client has is allowed -> refused")
-        return _refuse(reasons, deadline)
+        return _refuse(reasons, deadline, "no_engine")
     preferred = want
     if want not in allowed:
         preferred = allowed[0]
         if not explained:
             reasons.append(f"no {want} engine -> {preferred}")
     others = [e for e in allowed if e != preferred]
-    primary, fallback = preferred, (others[0] if others else None)
-
-    # 3. load: who can meet the deadline
-    fallback_now, lead = False, True
-    if deadline is not None and fallback is not None:
-        primary, fallback, fallback_now, lead = _load(
-            primary, fallback, deadline, policy, state, reasons
-        )
-    elif deadline is not None and primary == "local" and state.local_queue_s > deadline:
-        reasons.append(
-            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}, "
-            "but no other engine is allowed -> local"
-        )
-
-    # 4. decode speed: hand off to the cloud, or give it the request
-    handoff = False
-    if fallback is not None and not fallback_now:
-        primary, fallback, handoff = decode_rule(
-            facts.max_tokens, policy, primary, fallback, state.latency, state.continues,
-            deadline, reasons,
-        )  # fmt: skip
-
-    # 5. the plan
-    hedge_s = None
-    if not fallback_now and not handoff:
-        hedge_s = _hedge(policy, primary, fallback, state, reasons, deadline, lead)
-    plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
-    failover = fallback is not None
-    cannot = [e for e in (primary, fallback) if e is not None and e not in state.continues]
-    if failover and cannot:
-        failover = False
-        why = f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer"
-        # a parallel start's reason stays the last one (the plan announces the start with it)
-        reasons.insert(len(reasons) - 1 if fallback_now else len(reasons), why)
-    return Decision(
-        plan, primary, fallback, deadline, hedge_s, fallback_now, tuple(reasons), failover,
-        fallback_lead=lead,
-    )  # fmt: skip
+    return _Load(preferred, others[0] if others else None)
 
 
-def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineName:
-    """The engine the caller, the policy or the router asks for, before any constraint."""
+def _failover(
+    primary: EngineName, fallback: EngineName | None, state: LiveState, reasons: list[str]
+) -> bool:
+    """May a failure mid-answer move the answer to the other engine (both can continue)?"""
+    if fallback is None:
+        return False
+    cannot = [e for e in (primary, fallback) if e not in state.continues]
+    if cannot:
+        reasons.append(f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer")
+    return not cannot
+
+
+def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> tuple[EngineName, bool]:
+    """The engine the caller, the policy or the router asks for, before any constraint, and
+    whether the router's score asked for the cloud."""
     if facts.forced is not None:
         reasons.append(f"engine={facts.forced} forced by the caller")
-        return facts.forced
+        return facts.forced, False
     if policy.prefer != "auto" or policy.fallback_order is not None:
-        want = policy.order[0]
-        reasons.append(f"policy {policy.name!r} prefers {want}")
-        return want
+        first = policy.order[0]
+        reasons.append(f"policy {policy.name!r} prefers {first}")
+        return first, False
     score, cut = facts.router_score, facts.router_threshold
     if score is None or cut is None:
         reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
-        return "local"
-    want = "cloud" if score >= cut else "local"
+        return "local", False
+    want: EngineName = "cloud" if score >= cut else "local"
     rel = ">=" if score >= cut else "<"
     reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
-    return want
+    return want, want == "cloud"
 
 
 def _restrict(
@@ -244,44 +227,62 @@ def _restrict(
     allowed: list[EngineName],
     want: EngineName,
     reasons: list[str],
-) -> bool | None:
+) -> tuple[bool, _Removal | None]:
     """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit. Returns
-    None to refuse, True when a reason already explains the cloud's removal."""
+    (refuse now, what removed the cloud, or None)."""
+    removed: _Removal | None = None
 
-    def drop(reason: str) -> bool:
+    def drop(why: _Removal, reason: str) -> _Removal:
         reasons.append(reason)
         if "cloud" in allowed:
             allowed.remove("cloud")
-        return True
+        return why
 
-    explained = False
     if not policy.cloud_allowed and "cloud" in state.available:
-        explained = drop(f"policy {policy.name!r}: never leaves the device -> local")
+        removed = drop("policy", f"policy {policy.name!r}: never leaves the device -> local")
     kinds = facts.privacy_kinds
     if kinds is None and policy.privacy != "off":
-        explained = drop("privacy: no detector to scan the prompt -> local only")
+        removed = drop("no_scanner", "privacy: no detector to scan the prompt -> local only")
     elif kinds and policy.privacy == "off":
         reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
     elif kinds:
         found = ", ".join(sorted(kinds))
         if policy.privacy == "block":
             reasons.append(f"privacy: {found} found -> blocked by the policy")
-            return None
-        explained = drop(f"privacy: {found} found -> local only")
+            return True, "privacy"
+        removed = drop("privacy", f"privacy: {found} found -> local only")
     if "cloud" in allowed and not state.budget_fits:
         detail = f" ({state.budget_detail})" if state.budget_detail else ""
         if policy.budget.on_exceeded == "fail" and want == "cloud":
             reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
-            return None
-        explained = drop(f"budget: cannot cover the cloud request{detail} -> local")
+            return True, "budget"
+        removed = drop("budget", f"budget: cannot cover the cloud request{detail} -> local")
     if "cloud" in allowed and state.cloud_circuit_open:
         if facts.forced == "cloud":
             reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
         elif "local" in allowed:
-            explained = drop("cloud circuit open -> local")
+            removed = drop("circuit", "cloud circuit open -> local")
         else:  # nothing else could answer: try it rather than fail without trying
             reasons.append("cloud circuit open, but no other engine -> cloud")
-    return explained
+    return False, removed
+
+
+def _local_circuit(
+    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[str]
+) -> bool:
+    """An open local circuit leaves the request to the cloud where the cloud may serve; a
+    forced local engine, or the only one left, is still tried. True: the local engine is out."""
+    if not state.local_circuit_open or "local" not in allowed:
+        return False
+    if facts.forced == "local":
+        reasons.append("local circuit open, but engine=local forced -> local")
+    elif "cloud" in allowed:
+        allowed.remove("local")
+        reasons.append("local circuit open -> cloud")
+        return True
+    else:
+        reasons.append("local circuit open, but no other engine -> local")
+    return False
 
 
 def _unavailable(
@@ -305,55 +306,66 @@ def _unavailable(
     return tuple(left_out)
 
 
+class _Load(NamedTuple):
+    """The engines after the load rules: who serves, who follows, the rule that fired (with its
+    words), and whether the fallback may start ahead of the deadline."""
+
+    primary: EngineName
+    fallback: EngineName | None
+    rule: LoadRule | None = None
+    why: str = ""
+    lead: bool = True
+
+
 def _load(
-    primary: EngineName,
-    fallback: EngineName,
-    deadline: float,
-    policy: Policy,
-    state: LiveState,
-    reasons: list[str],
-) -> tuple[EngineName, EngineName, bool, bool]:
-    """Swap the engines, or start both at once, when the primary cannot make the deadline.
-    Returns (primary, fallback, start the fallback at once, may it start ahead of the
-    deadline)."""
+    start: _Load, deadline: float, policy: Policy, state: LiveState, reasons: list[str]
+) -> _Load:
+    """3. Swap the engines, or start both at once, when the primary cannot make the deadline."""
+    primary, fallback = start.primary, start.fallback
     if primary == "local" and state.local_queue_s > deadline:
-        reasons.append(
-            f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)} -> {fallback}"
-        )
-        return fallback, primary, False, True
+        queue = f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}"
+        if fallback is None:
+            reasons.append(f"{queue}, but no other engine is allowed -> local")
+            return start
+        return _fired(reasons, _Load(fallback, primary, "local_queue", f"{queue} -> {fallback}"))
+    if fallback is None:
+        return start
     if primary == "cloud" and _cloud_queue_misses(deadline, state):
-        cloud = state.latency["cloud"]
-        reasons.append(
+        why = (
             f"cloud queue {_ms(state.cloud_queue_s)} (concurrency limit) puts its TTFT at "
-            f"{_ms(cloud.ttft_s)} > deadline {_ms(deadline)} -> {fallback}"
+            f"{_ms(state.latency['cloud'].ttft_s)} > deadline {_ms(deadline)} -> {fallback}"
         )
-        return fallback, primary, False, True
+        return _fired(reasons, _Load(fallback, primary, "cloud_queue", why))
     # a cloud the policy never starts in parallel waits for the deadline itself
     lead = fallback != "cloud" or policy.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
-        return primary, fallback, False, lead
+        return _Load(primary, fallback, lead=lead)
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
-        reasons.append(
+        why = (
             f"{primary} predicted TTFT {_ms(mine.ttft_s)} > deadline {_ms(deadline)}, "
             f"{fallback} p95 {_ms(theirs.ttft_p95_s)} meets it -> {fallback}"
         )
-        return fallback, primary, False, True
+        return _fired(reasons, _Load(fallback, primary, "faster_fallback", why))
     missed = (
         f"{primary} is preferred but predicted at {_ms(mine.ttft_s)} against the "
         f"{_ms(deadline)} deadline"
     )
     held = None if fallback != "cloud" else _parallel_cloud_held(policy, state)
     if held is not None:
-        reasons.append(f"{missed}; {held}: the cloud starts only at the deadline")
-        return primary, fallback, False, False
+        why = f"{missed}; {held}: the cloud starts only at the deadline"
+        return _fired(reasons, _Load(primary, fallback, "parallel_held", why, lead=False))
     if fallback == "cloud":
         now = "the cloud starts in parallel now (it costs a cloud request; the first token wins)"
     else:
         now = "the local engine starts in parallel now (the first token wins)"
-    reasons.append(f"{missed}: {now}")
-    return primary, fallback, True, True
+    return _fired(reasons, _Load(primary, fallback, "parallel_start", f"{missed}: {now}"))
+
+
+def _fired(reasons: list[str], load: _Load) -> _Load:
+    reasons.append(load.why)
+    return load
 
 
 def _cloud_queue_misses(deadline: float, state: LiveState) -> bool:
@@ -383,60 +395,17 @@ def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
     )
 
 
-def _hedge(
+def _speculative(
+    decision: Decision,
+    facts: RequestFacts,
     policy: Policy,
-    primary: EngineName,
-    fallback: EngineName | None,
     state: LiveState,
     reasons: list[str],
-    deadline: float | None = None,
-    lead: bool = True,
-) -> float | None:
-    if fallback is None or policy.hedge_after_ms is None or "hedge" not in policy.plans:
-        return None
-    if policy.hedge_after_ms != "auto":
-        hedge_s = policy.hedge_after_ms / 1000.0
-        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
-        return hedge_s
-    mine, theirs = state.latency.get(primary), state.latency.get(fallback)
-    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES or not mine.ttft_samples:
-        return None  # not enough history yet: the deadline alone applies
-    if theirs is None:
-        return None
-    backup = theirs.ttft_samples or (theirs.ttft_s,)
-    price = weight = 0.0
-    if fallback == "local":
-        weight = policy.hedge_device_weight
-        cost = f"device time until the first token x {weight:g}"
-    else:
-        price = policy.hedge_cloud_price_ms / 1000.0
-        cost = f"a cloud request priced at {_ms(price)}"
-    cap = None
-    if deadline is not None:
-        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
-    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
-    if c.delay_s is None:
-        reasons.append(
-            f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "
-            f"hedge costs {cost})"
-        )
-        return None
-    reasons.append(
-        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token (expected p99 "
-        f"TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
-        f"requests; a hedge costs {cost})"
-    )
-    return c.delay_s
-
-
-def _speculative(
-    decision: Decision, facts: RequestFacts, policy: Policy, state: LiveState, reasons: list[str]
+    plan: PlanName | None,
 ) -> Decision:
     """5. The speculative plan, when asked for or allowed and expected to pay."""
-    asked = facts.plan == "speculative"
+    asked = plan == "speculative"
     if not asked and "speculative" not in policy.plans:
-        return decision
-    if decision.primary is None:
         return decision
     if facts.forced is not None or set(decision.engines) != {"local", "cloud"}:
         if asked:
@@ -447,11 +416,81 @@ def _speculative(
     if not asked and not pays:
         reasons.append(f"no speculative plan: {why}")
         return replace(decision, reasons=tuple(reasons))
-    reasons.append(
-        f"speculative: {'asked by the caller' if asked else 'expected to pay'} ({why}); "
-        "local drafts, cloud verifies"
-    )
-    return Decision(
-        "speculative", "cloud", "local", decision.deadline_s, None, False, tuple(reasons),
+    by = "expected to pay" if not asked else f"asked by the {_asker(facts)}"
+    reasons.append(f"speculative: {by} ({why}); local drafts, cloud verifies")
+    return replace(
+        decision,
+        plan="speculative",
+        primary="cloud",
+        fallback="local",
+        hedge_s=None,
+        reasons=tuple(reasons),
         failover="local" in state.continues,
-    )  # fmt: skip
+        fallback_lead=True,
+        load=None,
+        load_reason="",
+    )
+
+
+def _asker(facts: RequestFacts) -> str:
+    return "caller" if facts.plan is not None else "policy"
+
+
+def _cascade(
+    decision: Decision,
+    facts: RequestFacts,
+    policy: Policy,
+    state: LiveState,
+    reasons: list[str],
+    plan: PlanName | None,
+) -> Decision:
+    """5. The cascade (`runtime/plans/cascade.py`): the local engine holds its first tokens
+    while the router's stage 2 reads its confidence. Asked for (`plan = "cascade"`), or listed
+    in the policy's plans under `prefer = "auto"`; it runs where both engines may serve, the
+    local one reads its own signals, there is a router, and the local engine is in play by
+    choice (serving first, or moved to the cloud by the router's score alone: not by load,
+    privacy, budget or a circuit)."""
+    if plan not in ("cascade", None) or "cascade" not in (*policy.plans, plan):
+        return decision
+    if plan is None and policy.prefer != "auto":
+        return decision
+    missing = _cascade_missing(decision, state)
+    if missing is not None:
+        if plan == "cascade":
+            reasons.append(f"plan=cascade, but {missing} -> {decision.plan}")
+            return replace(decision, reasons=tuple(reasons))
+        return decision
+    judge = "prefix" if facts.streamed else policy.cascade_judge
+    held = f"its first tokens (up to {policy.cascade_hold_tokens})"
+    if judge == "answer":
+        held = "its whole answer (nothing is streamed)"
+    by = "expected by the policy" if plan is None else f"asked by the {_asker(facts)}"
+    reasons.append(
+        f"cascade ({by}): the local engine holds {held} while the router reads its confidence; "
+        "confident -> local goes on, else -> cloud"
+    )
+    return replace(
+        decision,
+        plan="cascade",
+        primary="local",
+        fallback="cloud",
+        hedge_s=None,
+        reasons=tuple(reasons),
+        fallback_lead=True,
+        load=None,
+        load_reason="",
+        cascade_judge=judge,
+    )
+
+
+def _cascade_missing(decision: Decision, state: LiveState) -> str | None:
+    """What keeps the cascade from running, in words; None: nothing."""
+    if not state.has_router:
+        return "the client has no router"
+    if "local" not in state.reads_signals:
+        return "the local engine cannot read its own signals"
+    if set(decision.engines) != {"local", "cloud"}:
+        return "it needs both engines allowed"
+    if decision.primary != "local" and not decision.by_router:
+        return "the cloud serves first for a reason other than the router's score"
+    return None

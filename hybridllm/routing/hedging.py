@@ -22,6 +22,10 @@ or loses (`price` = `hedge_cloud_price_ms`, `weight` 0). In a heavy tail the p99
 for each ms the hedge moves earlier, so a cheap hedge goes early (a device that is free hedges
 at once) and a dear one waits where the primary's density is low (past its body), or not at
 all.
+
+`hedge_delay` is the hedge step of `decide()`: the policy's fixed delay, or "auto" (also for
+`plan = "hedge"` without a delay), priced here once the primary has `AUTO_HEDGE_MIN_SAMPLES`
+requests of history.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from hybridllm.events import EngineName
+
+if TYPE_CHECKING:
+    from hybridllm.policy import PlanName, Policy
+    from hybridllm.routing.decision import LiveState
+
+AUTO_HEDGE_MIN_SAMPLES = 5  # an automatic hedge waits for this much of the primary's history
 TAIL_QUANTILE = 0.99
 BACKUP_POINTS = 5  # the backup's distribution, reduced to this many quantiles (speed)
 CANDIDATES = 24  # delays tried: 0, the primary's quantiles, the cap
@@ -95,3 +107,75 @@ def choose_hedge_delay(
         if loss < best_loss - 1e-3:  # at least a ms better than waiting longer
             best_d, best_loss, best_tail, best_fire = d, loss, tail, fire
     return HedgeChoice(best_d, best_tail, baseline, best_fire)
+
+
+# ---- the hedge step of `decide()` ------------------------------------------------------------
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
+
+
+def hedge_delay(
+    policy: Policy,
+    primary: EngineName,
+    fallback: EngineName | None,
+    state: LiveState,
+    reasons: list[str],
+    deadline: float | None,
+    lead: bool,
+    asked: PlanName | None,
+) -> float | None:
+    """The hedge delay: the policy's, or "auto" (also for `plan = "hedge"` without a delay,
+    as `Policy.with_plan` sets it); None: no hedge."""
+    delay = policy.hedge_after_ms
+    if delay is None and asked == "hedge":
+        delay = "auto"
+    if fallback is None or delay is None or "hedge" not in (*policy.plans, asked):
+        return None
+    if delay != "auto":
+        hedge_s = delay / 1000.0
+        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
+        return hedge_s
+    return _auto_hedge(policy, primary, fallback, state, reasons, deadline, lead)
+
+
+def _auto_hedge(
+    policy: Policy,
+    primary: EngineName,
+    fallback: EngineName,
+    state: LiveState,
+    reasons: list[str],
+    deadline: float | None,
+    lead: bool,
+) -> float | None:
+    """The hedge delay `routing.hedging` prices against the primary's TTFT history."""
+    mine, theirs = state.latency.get(primary), state.latency.get(fallback)
+    if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES or not mine.ttft_samples:
+        return None  # not enough history yet: the deadline alone applies
+    if theirs is None:
+        return None
+    backup = theirs.ttft_samples or (theirs.ttft_s,)
+    price = weight = 0.0
+    if fallback == "local":
+        weight = policy.hedge_device_weight
+        cost = f"device time until the first token x {weight:g}"
+    else:
+        price = policy.hedge_cloud_price_ms / 1000.0
+        cost = f"a cloud request priced at {_ms(price)}"
+    cap = None
+    if deadline is not None:
+        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
+    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
+    if c.delay_s is None:
+        reasons.append(
+            f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "
+            f"hedge costs {cost})"
+        )
+        return None
+    reasons.append(
+        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token (expected p99 "
+        f"TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
+        f"requests; a hedge costs {cost})"
+    )
+    return c.delay_s

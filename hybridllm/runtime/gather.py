@@ -8,10 +8,12 @@ prompt, which llama.cpp keeps in its KV cache; the budget asks about `prompt_tok
 upper bound its reservation will hold), which engines can continue a started answer, the router's
 score and the policy's threshold, the kinds of personal data found, each engine's predicted
 latency (the latency model once it knows the engine, else the engine's own estimate), the local
-queue, the budget verdict, the cloud circuit, the engines that cannot take a request now
-(`EngineInfo.unavailable`: a cloud without a usable key, a local queue at its bound), and how
-many of the policy's last `PARALLEL_WINDOW` requests started the cloud in parallel (for
-`Policy.parallel_cloud_share`; each decided request, not a preview, is noted here).
+queue, the budget verdict, the cloud and local circuits, which engines read their own signals
+(`engines.capabilities.ReadsSignals`) and whether there is a router (for the cascade), the
+engines that cannot take a request now (`EngineInfo.unavailable`: a cloud without a usable key,
+a local queue at its bound), and how many of the policy's last `PARALLEL_WINDOW` requests
+started the cloud in parallel (for `Policy.parallel_cloud_share`; each decided request, not a
+preview, is noted here).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
 guard's ledger, `privacy_kinds` its `PrivacyScan` (the NER layer only for a request that could
@@ -21,11 +23,11 @@ into ledger caps. Routing sees only the protocols; this room imports both sides.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from hybridllm import errors
 from hybridllm.engines.base import (
@@ -35,14 +37,16 @@ from hybridllm.engines.base import (
     count_prompt_tokens,
     prompt_token_bound,
 )
+from hybridllm.engines.capabilities import ReadsSignals
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds
 from hybridllm.guard.privacy_ner import default_scanner
-from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision, LiveState, RequestFacts, decide
+from hybridllm.policy import PlanName, Policy
+from hybridllm.routing.decide import decide
+from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
@@ -146,11 +150,47 @@ class Routing:
         breakers: Mapping[EngineName, CircuitBreaker],
         preview: bool = False,
     ) -> LiveState:
-        """The live state for `decide()`. A request (`preview=False`) takes a half-open cloud
-        circuit's probe when it is let through; a preview only reads the circuit."""
+        """The live state for `decide()`. A request (`preview=False`) takes a half-open
+        circuit's probe when it is let through; a preview only reads the circuits."""
         infos = {name: engine.info() for name, engine in engines.items()}
         waits = {name: _wait(info, request) for name, info in infos.items()}
-        queue = waits.get("local", 0.0)
+        clean = facts.privacy_kinds == frozenset()
+        cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
+        fits, detail = True, ""
+        if cloud_ok and self.budget is not None:
+            bound = prompt_token_bound(request.messages)  # what the reservation will hold
+            verdict = self.budget.check(policy, bound, facts.max_tokens)
+            fits, detail = verdict.fits, verdict.detail
+        cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
+        circuit_open = cloud_ok and _open(breakers.get("cloud"), preview)
+        # the local circuit matters only where a cloud could take the request instead
+        local_ok = "local" in engines and cloud_ok and not circuit_open
+        return LiveState(
+            available=frozenset(engines),
+            latency=self.predictions(facts, request, engines, waits),
+            local_queue_s=waits.get("local", 0.0),
+            cloud_queue_s=waits.get("cloud", 0.0),
+            cloud_circuit_open=circuit_open,
+            local_circuit_open=local_ok and _open(breakers.get("local"), preview),
+            budget_fits=fits,
+            budget_detail=detail,
+            continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
+            unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
+            parallel_recent=self.parallel_recent(policy.name),
+            speculation=self.speculation_outlook(request, policy, engines),
+            reads_signals=frozenset(n for n, e in engines.items() if _reads_signals(type(e))),
+            has_router=self.router is not None,
+        )
+
+    def predictions(
+        self,
+        facts: RequestFacts,
+        request: GenerationRequest,
+        engines: Mapping[EngineName, Engine],
+        waits: Mapping[EngineName, float],
+    ) -> dict[EngineName, Prediction]:
+        """Each engine's predicted latency: the latency model's once it knows the engine, else
+        the engine's own estimate."""
         latency: dict[EngineName, Prediction] = {}
         for name, engine in engines.items():
             q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
@@ -161,30 +201,7 @@ class Routing:
                 own = engine.predict_ttft_s(request)
                 if own is not None:
                     latency[name] = Prediction(name, own, own, own, own, 0.0, q, source="engine")
-        clean = facts.privacy_kinds == frozenset()
-        cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
-        fits, detail = True, ""
-        if cloud_ok and self.budget is not None:
-            bound = prompt_token_bound(request.messages)  # what the reservation will hold
-            verdict = self.budget.check(policy, bound, facts.max_tokens)
-            fits, detail = verdict.fits, verdict.detail
-        circuit_open = False
-        if cloud_ok and fits and "cloud" in breakers and not infos["cloud"].unavailable:
-            breaker = breakers["cloud"]
-            circuit_open = not (breaker.would_allow() if preview else breaker.allow())
-        return LiveState(
-            available=frozenset(engines),
-            latency=latency,
-            local_queue_s=queue,
-            cloud_queue_s=waits.get("cloud", 0.0),
-            cloud_circuit_open=circuit_open,
-            budget_fits=fits,
-            budget_detail=detail,
-            continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
-            unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
-            parallel_recent=self.parallel_recent(policy.name),
-            speculation=self.speculation_outlook(request, policy, engines),
-        )
+        return latency
 
     def speculation_outlook(
         self, request: GenerationRequest, policy: Policy, engines: Mapping[EngineName, Engine]
@@ -220,20 +237,35 @@ class Routing:
         forced: EngineName | None = None,
         *,
         preview: bool = False,
-        plan: Literal["speculative"] | None = None,
-    ) -> tuple[Decision, RequestFacts, LiveState]:
-        """Gather and decide. `preview`: nothing will be sent, so leave the circuit (and the
-        policy's count of parallel cloud starts) as it is. `plan`: the plan the caller asks."""
-        facts = self.facts(request, policy, forced, engines)
-        if plan is not None:
-            facts = replace(facts, plan=plan)
+        plan: PlanName | None = None,
+        streamed: bool = True,
+    ) -> RoutePreview:
+        """Gather and decide. `preview`: nothing will be sent, so leave the circuits (and the
+        policy's count of parallel cloud starts) as they are. `plan`: the plan the caller asks;
+        `streamed` False: the answer is taken whole (`complete()`)."""
+        facts = replace(self.facts(request, policy, forced, engines), plan=plan, streamed=streamed)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
         if not preview:
             self.note_decision(policy.name, decision)
             if decision.primary is not None and decision.primary in engines:
                 _announce(engines[decision.primary], request)
-        return decision, facts, state
+        return RoutePreview(decision, facts, state)
+
+
+@functools.cache
+def _reads_signals(kind: type[Engine]) -> bool:
+    """Does this kind of engine read its own signals (`ReadsSignals`)? Asked once per class: a
+    protocol check costs tens of µs, more than the rest of the decision."""
+    return issubclass(kind, ReadsSignals)
+
+
+def _open(breaker: CircuitBreaker | None, preview: bool) -> bool:
+    """Is the circuit open for this request? A request (`preview` False) takes a half-open
+    circuit's probe when it is let through; a preview only reads the circuit."""
+    if breaker is None:
+        return False
+    return not (breaker.would_allow() if preview else breaker.allow())
 
 
 def _cloud_bound(
@@ -309,18 +341,15 @@ def refusal_error(
     request: GenerationRequest,
     guard: GuardedEngine | None,
 ) -> errors.RefusedError:
-    """The documented type for a request no engine may serve, each a `RefusedError` with the
-    decision's reasons: `PrivacyBlockedError` when the privacy scan kept it from the cloud,
-    `BudgetExceededError` (the guard's, with the cap's figures) when the budget did."""
+    """The documented type for a request no engine may serve, from the decision's typed cause
+    (`Decision.refusal`), each a `RefusedError` with the decision's reasons:
+    `PrivacyBlockedError` when the privacy scan kept it from the cloud, `BudgetExceededError`
+    (the guard's, with the cap's figures) when the budget did."""
     reasons = decision.reasons
     found = facts.privacy_kinds
-    privacy = any(
-        r.startswith("privacy: ") and r.endswith(("blocked by the policy", "local only"))
-        for r in reasons
-    )
-    if found and policy.privacy != "off" and privacy:
+    if decision.refusal == "privacy" and found:
         return errors.PrivacyBlockedError(tuple(sorted(found)), reasons=reasons)
-    if guard is not None and any(r.startswith("budget: cannot cover") for r in reasons):
+    if decision.refusal == "budget" and guard is not None:
         bound = prompt_token_bound(request.messages)
         refusal = guard.refusal(policy.name, bound, request.max_tokens)
         if refusal is not None:

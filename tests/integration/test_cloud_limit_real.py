@@ -12,7 +12,6 @@ import anyio
 import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
-from hybridllm.engines.base import GenerationRequest
 from hybridllm.errors import CloudQueueTimeoutError
 from hybridllm.runtime.stream import Stream
 from hybridllm.testing import FaultProxy
@@ -82,8 +81,7 @@ async def test_routing_goes_local_when_the_cloud_queue_would_miss_the_deadline(
         for _ in range(3):  # learn the cloud (past its cold start) and its slot hold time
             await client.complete(COUNT, engine="cloud", max_tokens=60, temperature=0.0)
         assert engine.limit.hold_s is not None and engine.limit.hold_s > 0.6
-        say_hi = GenerationRequest([{"role": "user", "content": "Say hi."}], max_tokens=8)
-        decision, _, _ = client.decide(say_hi, policy)
+        decision = client.decide("Say hi.", policy, max_tokens=8).decision
         assert decision.primary == "cloud", decision.reasons  # a free slot: the cloud serves
         async with client.stream(COUNT, engine="cloud", max_tokens=120) as long:
             await long.__anext__()  # it holds the only slot

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from hybridllm import Done, GenerationRequest, HybridClient, LlamaCppEngine, Route, Token, Usage
+from hybridllm import Done, HybridClient, LlamaCppEngine, Route, Token, Usage
 from hybridllm.errors import ContextOverflowError, ModelCorruptError, ModelNotFoundError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -264,7 +264,7 @@ async def test_routing_counts_prompt_tokens_with_the_real_tokenizer(model_path: 
         assert count_prompt_tokens(MIXED, client.engines.values()) == counted
         async with client.stream(MIXED, max_tokens=2, temperature=0) as s:
             usage = [e async for e in s.events() if isinstance(e, Usage)]
-        _, facts, _ = client.decide(GenerationRequest(messages=MIXED), client.policy)
+        facts = client.decide(MIXED).facts
     assert usage[0].prompt_tokens == counted == facts.prompt_tokens
     est = estimate_prompt_tokens(MIXED)
     print(f"\nmixed-script prompt: tokenizer {counted}, estimate {est}")

@@ -168,14 +168,48 @@ async def test_a_call_plan_runs_the_cascade_the_policy_does_not_list_scripted() 
     assert done.trace.cascade is not None and plain.trace.cascade is None
 
 
+class FromSignals:
+    """A stage-2 model that reads one of the local engine's signals (1 - first_p) and, when
+    combined, adds the mean log-probability of the held answer."""
+
+    def __init__(self, combined: bool) -> None:
+        self.combined = combined
+
+    def score(self, logits: Any, signals: dict[str, float]) -> float:
+        own = 1.0 - signals["first_p"]
+        return own - signals["lp_mean"] if self.combined else own
+
+
 async def test_router_score_reports_stage1_stage2_and_the_local_cost_scripted() -> None:
+    """Stage 2 is scored from the signals the local engine read (its answer "Hel": three
+    tokens at -0.1, -0.2, -0.3), and its cost is the engine's own."""
     local = SignalScriptedEngine(hold_s=0.01, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
-    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.7, 0.3)) as client:
+    router = FakeRouter(0.7)
+    router.stage2 = {"signals": FromSignals(False), "combined": FromSignals(True)}  # type: ignore[dict-item]
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:
         score = await client.router_score("hi")
-    assert (score.text, score.local, score.value) == (0.7, 0.3, 0.3)
-    assert score.signals["first_p"] == 0.9 and math.isnan(score.signals["option_p"])
-    assert score.cost_ms == pytest.approx(10.0)
+    assert local.signal_calls == 1 and score.text == 0.7
+    assert score.local == pytest.approx(0.1) and score.value == pytest.approx(0.3)
+    assert score.signals["answer_tokens"] == 3.0 and math.isnan(score.signals["option_p"])
+    assert score.cost_ms == pytest.approx(local.hold_s * 1e3) and score.model == "combined"
+
+
+async def test_the_preview_shows_the_cascade_the_stream_runs_scripted() -> None:
+    """`decide()` picks the cascade (both engines, a router, a local engine that reads its own
+    signals): `client.decide()` shows it, and `stream()` runs it."""
+    local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        preview = client.decide("hi", policy())
+        s = client.stream("hi", policy=policy())
+        tokens = [e async for e in s.events() if isinstance(e, Token)]
+    assert preview.decision.plan == "cascade" and preview.state.reads_signals == {"local"}
+    assert s.trace.decision == preview.decision.reasons and s.trace.cascade is not None
+    assert "".join(t.text for t in tokens) == "Hello"
+    plain = ScriptedEngine("local", tokens=["L"])  # reads no signals: no cascade
+    async with HybridClient(local=plain, cloud=cloud, router=FakeRouter(0.1)) as client:
+        assert client.decide("hi", policy()).decision.plan == "single"
 
 
 async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> None:
@@ -344,3 +378,16 @@ def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
     pol = Policy(name="c", plans=("single", "cascade"), target_cloud_share=0.3)
     assert _cut(both, pol, _judged_by(both, "answer")) == 0.35
     assert _cut(both, pol, _judged_by(both, "prefix")) == 0.2
+
+
+async def test_a_policys_plan_runs_the_cascade_as_a_calls_plan_does_scripted() -> None:
+    """`plan = "cascade"` in a policy (here a policy object, as a file gives it) runs the
+    cascade under `prefer = "local"`, where only asking for it does."""
+    local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
+    cloud = ScriptedEngine("cloud", tokens=["C"])
+    asking = policy(prefer="local", plan="cascade")
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
+        done = await client.complete("hi", policy=asking)
+        plain = await client.complete("hi", policy=policy(prefer="local"))
+    assert done.trace.cascade is not None and done.trace.cascade["decision"] == "local"
+    assert done.text == "Hello" and plain.trace.cascade is None and local.signal_calls == 1

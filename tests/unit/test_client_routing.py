@@ -11,6 +11,9 @@ import pytest
 
 from hybridllm import Cap, HybridClient, ModelPrice, Policy, Prices, Route
 from hybridllm.errors import BudgetExceededError, PrivacyBlockedError
+from hybridllm.events import EngineName
+from hybridllm.routing.inputs import Prediction
+from hybridllm.runtime.latency import LatencyModel
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
@@ -169,11 +172,7 @@ async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:
 async def test_explain_decision_without_sending() -> None:
     local, cloud = pair()
     async with HybridClient(local=local, cloud=cloud) as client:
-        from hybridllm.engines.base import GenerationRequest
-
-        decision, facts, state = client.decide(
-            GenerationRequest([{"role": "user", "content": "hi"}]), Policy(prefer="cloud")
-        )
+        decision, facts, state = client.decide("hi", Policy(prefer="cloud"))
     assert decision.primary == "cloud" and facts.prompt_tokens > 0
     assert not local.requests and not cloud.requests
 
@@ -194,8 +193,6 @@ async def test_the_shipped_router_is_loaded_by_default_and_scores_requests() -> 
 
 
 async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> None:
-    from hybridllm.engines.base import GenerationRequest
-
     local = ScriptedEngine("local", tokens=["l"])
     pol = Policy(name="l", prefer="local")
     long = "word " * 400
@@ -204,8 +201,7 @@ async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> 
         client.routing.note_local([{"role": "user", "content": long}])  # as after a local run
 
         def predicted(text: str) -> float:
-            req = GenerationRequest([{"role": "user", "content": text}])
-            return client.decide(req, pol)[2].latency["local"].ttft_s
+            return client.decide(text, pol).state.latency["local"].ttft_s
 
         shared = predicted(long + "and one more question?")
         fresh = predicted("other " * 334 + "and one more question?")  # same length, no prefix
@@ -261,3 +257,125 @@ async def test_a_failed_request_is_logged_with_its_error_type(tmp_path: object) 
     with DecisionLog(path) as log:
         (row,) = log.rows()
     assert row["error_kind"] == "CloudConnectionError" and row["route"] == "cloud"
+
+
+# ---- a policy's `plan` (as a file sets it) works like a call's `plan=` (issue 24) ---------------
+
+
+class SignalsEngine(ScriptedEngine):
+    """A scripted local engine that can read its own signals (`ReadsSignals`), never asked to."""
+
+    async def signals(self, messages: object, n_answer: int = 8, **_: object) -> object:
+        raise AssertionError("a preview reads no signals")
+
+
+def asking(base: Policy, plan: str) -> Policy:
+    """`base` with its `plan` field set as a policy file sets it (listed in plans, nothing
+    else changed: unlike `Policy.with_plan`, a hedge gets no delay)."""
+    plans = base.plans if plan in base.plans else (*base.plans, plan)
+    return Policy(**{**base.model_dump(), "plan": plan, "plans": plans})
+
+
+class History(LatencyModel):
+    """A latency model with a history: a heavy-tailed cloud (an automatic hedge pays) and a
+    fast local engine."""
+
+    TAIL = (0.1, 0.12, 0.13, 0.15, 0.15, 0.16, 0.18, 0.2, 0.22, 0.25, 0.3, 0.5, 3.0, 10.0)
+
+    def knows(self, name: EngineName) -> bool:
+        return True
+
+    def predict(
+        self, name: EngineName, prompt_tokens: float, max_tokens: int, *, queue_s: float = 0.0
+    ) -> Prediction:
+        if name == "local":
+            return Prediction("local", 0.05, 0.05, 1.0, 1.0, 0.05, samples=10)
+        tail = self.TAIL
+        return Prediction("cloud", 0.15, 0.45, 1.2, 2.5, 0.05, samples=len(tail), ttft_samples=tail)
+
+
+@pytest.mark.parametrize(
+    ("plan", "prefer", "expected"),
+    [
+        ("hedge", "cloud", "hedge"),
+        ("speculative", "local", "speculative"),
+        ("handoff", "local", "handoff"),
+        ("cascade", "local", "cascade"),
+    ],
+)
+async def test_a_policys_plan_is_decided_as_the_calls_plan(
+    plan: str, prefer: str, expected: str
+) -> None:
+    base = Policy(name="p", prefer=prefer, router_threshold=0.5, ttft_deadline_ms=600)  # type: ignore[arg-type]
+    local, cloud = SignalsEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+    client = HybridClient(local=local, cloud=cloud, router=FixedRouter(), latency=History())
+    # temperature > 0 with top_p = 1: speculation would not pay, so only asking runs it
+    kw = {"temperature": 0.7, "top_p": 1.0}
+    by_policy = client.decide("q", asking(base, plan), **kw).decision  # type: ignore[arg-type]
+    by_call = client.decide("q", base, plan=plan, **kw).decision  # type: ignore[arg-type]
+    neither = client.decide("q", base, **kw).decision  # type: ignore[arg-type]
+    assert by_policy.plan == by_call.plan == expected
+    assert (by_policy.primary, by_policy.fallback) == (by_call.primary, by_call.fallback)
+    assert by_policy.hedge_s == by_call.hedge_s
+    assert neither.plan == "single" and not local.requests and not cloud.requests
+
+
+# ---- the local circuit is read (issue 24, section 6) ---------------------------------------------
+
+
+async def test_a_local_engine_that_keeps_missing_deadlines_leaves_requests_to_the_cloud() -> None:
+    from hybridllm.errors import DeadlineMissError
+
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, policy=Policy(name="p")) as client:
+        for _ in range(2):  # as the race records a local engine that lost past the deadline
+            client.breakers["local"].record(DeadlineMissError("no token", engine="local"))
+        preview = client.decide("q")
+        done = await client.complete("q")
+    assert preview.state.local_circuit_open and preview.decision.engines == ("cloud",)
+    assert done.trace.engine == "cloud" and "local circuit open -> cloud" in done.trace.decision
+    assert not local.requests
+
+
+async def test_a_preview_leaves_the_local_circuits_probe_to_the_next_request() -> None:
+    from hybridllm.errors import DeadlineMissError
+    from hybridllm.runtime.health import CircuitBreaker
+
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud, policy=Policy(name="p")) as client:
+        breaker = client.breakers["local"] = CircuitBreaker(miss_reset_after_s=0.0)
+        for _ in range(2):  # opened by misses, half-open at once
+            breaker.record(DeadlineMissError("no token", engine="local"))
+        assert breaker.state == "half-open"
+        for _ in range(3):
+            assert client.decide("q").decision.primary == "local"  # the probe would go through
+        assert breaker.would_allow()  # no preview took it
+        done = await client.complete("q")  # takes the probe; its success closes the circuit
+    assert done.trace.engine == "local" and breaker.state == "closed"
+
+
+# ---- the preview and the stream go through one admission (issue 24, section 6) -----------------
+
+
+async def test_the_preview_applies_the_clients_privacy_floor_as_the_stream_does() -> None:
+    local, cloud = pair()
+    pol = Policy(name="open", prefer="cloud", privacy="off")
+    prompt = "mail the summary to ann@example.org"
+    async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
+        preview = client.decide(prompt)
+        done = await client.complete(prompt)
+    assert preview.facts.privacy_kinds and "email" in preview.facts.privacy_kinds
+    assert preview.decision.engines == ("local",) and done.trace.engine == "local"
+    assert done.trace.decision == preview.decision.reasons and not cloud.requests
+
+
+async def test_decide_takes_what_stream_takes() -> None:
+    local, cloud = pair()
+    async with HybridClient(local=local, cloud=cloud) as client:
+        by_name = client.decide("hi", "chat")
+        by_keyword = client.decide([{"role": "user", "content": "hi"}], policy="chat")
+        forced = client.decide("hi", engine="cloud", max_tokens=3, priority="background")
+    assert by_name == by_keyword and by_name.decision.primary is not None
+    assert forced.decision.engines == ("cloud",) and forced.facts.max_tokens == 3
+    decision, facts, state = forced  # it unpacks as the 3-tuple it was
+    assert decision is forced.decision and state is forced.state and facts is forced.facts

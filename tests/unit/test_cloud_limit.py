@@ -193,9 +193,13 @@ def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
     client.routing.latency.seed("local", prefill_tps=1e4, tpot_s=0.02, overhead_s=0.2)
     policy = Policy(name="burst", prefer="cloud", ttft_deadline_ms=600)
     req = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=8)
-    primaries = [client.decide(req, policy, preview=False)[0].primary for _ in range(8)]
+
+    def decided() -> str | None:  # as stream() decides (a preview would announce nothing)
+        return client.routing.decide(req, policy, client.engines, client.breakers).decision.primary
+
+    primaries = [decided() for _ in range(8)]
     # 2 free slots, then 2 more after each 0.4 s hold: with 0.1 s to a first token, the
     # fifth would start at 0.8 s, past the 0.6 s deadline
     assert primaries == ["cloud"] * 4 + ["local"] * 4, primaries
-    assert client.decide(req, policy)[0].primary == "local"  # a preview announces nothing
+    assert client.decide("hi", policy, max_tokens=8).decision.primary == "local"  # a preview
     assert len(cloud.limit._expected) == 4

@@ -3,13 +3,19 @@ readable reasons of the main cases."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybridllm import Policy
+from hybridllm import Cap, GuardedEngine, Ledger, ModelPrice, Policy, Prices, errors
+from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import Budget
 from hybridllm.routing import Decision, LiveState, RequestFacts, decide
+from hybridllm.routing.decision import RefusalCause
 from hybridllm.routing.inputs import Prediction
+from hybridllm.testing import ScriptedEngine
 
 ENGINES: tuple[EngineName, ...] = ("local", "cloud")
 
@@ -332,3 +338,258 @@ def test_handoff_needs_the_cloud() -> None:
     pol = Policy(name="t", prefer="local", privacy="keep-local").with_plan("handoff")
     d = decide(RequestFacts(20, 256, privacy_kinds=frozenset({"email"})), pol, LiveState())
     assert d.plan == "single" and d.engines == ("local",)
+
+
+# ---- typed fields: code acts on them, never on the reasons (issue 24) ---------------------------
+
+REFUSALS: list[tuple[RequestFacts, Policy, LiveState, RefusalCause]] = [
+    # a privacy finding under "block"
+    (
+        RequestFacts(9, 8, privacy_kinds=frozenset({"email"})),
+        Policy(privacy="block"),
+        LiveState(),
+        "privacy",
+    ),
+    # keep-local with only a cloud engine
+    (
+        RequestFacts(9, 8, privacy_kinds=frozenset({"iban"})),
+        Policy(privacy="keep-local"),
+        LiveState(available=frozenset({"cloud"})),
+        "privacy",
+    ),
+    # the budget, with on_exceeded = "fail"
+    (
+        RequestFacts(9, 8),
+        Policy(prefer="cloud", budget=Budget(on_exceeded="fail")),
+        LiveState(budget_fits=False),
+        "budget",
+    ),
+    # a forced cloud the budget cannot cover
+    (RequestFacts(9, 8, forced="cloud"), Policy(), LiveState(budget_fits=False), "budget"),
+    # a forced cloud the policy keeps off
+    (
+        RequestFacts(9, 8, forced="cloud"),
+        Policy(allow_cloud=False),
+        LiveState(),
+        "forced_not_allowed",
+    ),
+    # a cloud-only client under a device-only policy
+    (
+        RequestFacts(9, 8),
+        Policy(allow_cloud=False),
+        LiveState(available=frozenset({"cloud"})),
+        "no_engine",
+    ),
+]
+
+
+@pytest.mark.parametrize(("f", "p", "s", "cause"), REFUSALS)
+def test_a_refusal_carries_its_typed_cause(
+    f: RequestFacts, p: Policy, s: LiveState, cause: RefusalCause
+) -> None:
+    d = decide(f, p, s)
+    assert d.plan == "refuse" and d.primary is None and d.refusal == cause
+
+
+@pytest.mark.parametrize(("f", "p", "s", "cause"), REFUSALS)
+def test_rewording_the_reasons_changes_no_error_type(
+    f: RequestFacts, p: Policy, s: LiveState, cause: RefusalCause
+) -> None:
+    """The refusal's error type comes from `Decision.refusal`: reasons in other words (or none
+    a parser would know) give the same type."""
+    from hybridllm.runtime.gather import refusal_error
+
+    request = GenerationRequest([{"role": "user", "content": "hi"}])
+    d = decide(f, p, s)
+    reworded = replace(d, reasons=tuple(f"in other words {i}" for i in range(len(d.reasons))))
+    error = refusal_error(d, f, p, request, None)
+    assert type(refusal_error(reworded, f, p, request, None)) is type(error)
+    expected = errors.PrivacyRefusedError if cause == "privacy" else errors.RequestRefusedError
+    assert type(error) is expected  # no guard here: a budget refusal has no figures to give
+    if cause == "budget":  # with a guard whose cap no request fits: the figures come along
+        guard = GuardedEngine(
+            ScriptedEngine("cloud"),
+            privacy="off",
+            ledger=Ledger(),
+            prices=Prices(
+                models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)}
+            ),
+            caps=[Cap(None, "request", 1e-6)],
+        )
+        assert isinstance(refusal_error(d, f, p, request, guard), errors.BudgetRefusedError)
+        assert isinstance(refusal_error(reworded, f, p, request, guard), errors.BudgetRefusedError)
+
+
+def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None:
+    """The race announces a parallel start with `Decision.load_reason`, wherever that reason
+    stands among the others and however the others read."""
+    from functools import partial
+
+    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.plans.choose import choose_plan
+
+    state = LiveState(latency={"local": pred("local", 0.9)}, continues=frozenset({"local"}))
+    d = decide(RequestFacts(1000, 64), CHAT, state)
+    assert d.load == "parallel_start" and d.fallback_now
+    assert "the cloud starts in parallel now" in d.load_reason
+    reworded = replace(d, reasons=("in other words",))
+    engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
+    request = GenerationRequest([{"role": "user", "content": "hi"}])
+    plan = choose_plan(reworded, dict(engines), request, CHAT, None, Routing())
+    assert isinstance(plan, partial) and plan.keywords["fallback_now"] == d.load_reason
+
+
+HELD = {"parallel_cloud": False}
+
+
+@pytest.mark.parametrize(
+    ("state", "update", "rule"),
+    [
+        (LiveState(latency=BOTH.latency, local_queue_s=2.1), {}, "local_queue"),
+        (
+            LiveState(latency={"local": pred("local", 0.9), "cloud": pred("cloud", 0.3, 0.45)}),
+            {},
+            "faster_fallback",
+        ),
+        (LiveState(latency={"local": pred("local", 0.9)}), {}, "parallel_start"),
+        (LiveState(latency={"local": pred("local", 0.9)}), HELD, "parallel_held"),
+        (BOTH, {}, None),
+    ],
+)
+def test_the_load_rule_that_fired_is_a_typed_field(
+    state: LiveState, update: dict[str, object], rule: str | None
+) -> None:
+    d = decide(RequestFacts(1000, 64), CHAT.model_copy(update=update), state)
+    assert d.load == rule and (d.load_reason in d.reasons if rule else d.load_reason == "")
+    assert d.fallback_now == (rule == "parallel_start")
+    assert d.fallback_lead == (rule != "parallel_held")
+
+
+def test_by_router_says_the_routers_score_asked_for_the_cloud() -> None:
+    hard = decide(RequestFacts(50, 64, router_score=0.81, router_threshold=0.62), CHAT, BOTH)
+    easy = decide(RequestFacts(50, 64, router_score=0.2, router_threshold=0.62), CHAT, BOTH)
+    cloudy = decide(RequestFacts(50, 64), Policy(prefer="cloud"), BOTH)
+    assert hard.by_router and not easy.by_router and not cloudy.by_router
+    assert cloudy.primary == "cloud"  # the cloud first by preference is not the router's doing
+
+
+# ---- the cascade, decided here from facts (issue 24) ---------------------------------------------
+
+CASCADING = Policy(name="c", plans=("single", "hedge", "cascade"), router_threshold=0.5)
+ABLE = LiveState(latency=BOTH.latency, reads_signals=frozenset({"local"}), has_router=True)
+
+
+def scored(score: float, **kw: object) -> RequestFacts:
+    return RequestFacts(50, 64, router_score=score, router_threshold=0.5, **kw)  # type: ignore[arg-type]
+
+
+def test_a_policy_listing_the_cascade_runs_it_where_the_local_engine_reads_signals() -> None:
+    for score in (0.2, 0.9):  # local first, or moved to the cloud by the router's score alone
+        d = decide(scored(score), CASCADING, ABLE)
+        assert d.plan == "cascade" and (d.primary, d.fallback) == ("local", "cloud")
+        assert d.by_router == (score >= 0.5) and d.cascade_judge == "prefix"
+        assert d.failover and d.hedge_s is None and not d.fallback_now
+
+
+@pytest.mark.parametrize(
+    ("facts_", "policy", "state"),
+    [
+        (scored(0.2), CASCADING, replace(ABLE, has_router=False)),  # no router
+        (scored(0.2), CASCADING, replace(ABLE, reads_signals=frozenset())),  # no signals
+        (scored(0.2), Policy(name="p", router_threshold=0.5), ABLE),  # not listed
+        (scored(0.2), CASCADING.model_copy(update={"prefer": "local"}), ABLE),  # not "auto"
+        (scored(0.2, forced="local"), CASCADING, ABLE),  # one engine forced
+        (scored(0.2, plan="hedge"), CASCADING, ABLE),  # another plan asked for
+        (scored(0.2), CASCADING, replace(ABLE, local_queue_s=9.0)),  # load moved it
+        (scored(0.2), CASCADING, replace(ABLE, available=frozenset({"local"}))),  # one engine
+    ],
+)
+def test_the_cascade_runs_only_where_its_conditions_hold(
+    facts_: RequestFacts, policy: Policy, state: LiveState
+) -> None:
+    pol = policy.model_copy(update={"ttft_deadline_ms": 500})
+    assert decide(facts_, pol, state).plan != "cascade"
+
+
+def test_a_cascade_asked_for_runs_under_any_preference_and_says_when_it_cannot() -> None:
+    local_first = CASCADING.model_copy(update={"prefer": "local"})
+    asked = decide(scored(0.2, plan="cascade"), local_first, ABLE)
+    assert asked.plan == "cascade" and "asked by the caller" in asked.reason
+    cannot = decide(scored(0.2, plan="cascade"), local_first, replace(ABLE, has_router=False))
+    assert cannot.plan == "single" and "plan=cascade, but the client has no router" in cannot.reason
+
+
+def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
+    whole = CASCADING.model_copy(update={"cascade_judge": "answer"})
+    assert decide(scored(0.2, streamed=False), whole, ABLE).cascade_judge == "answer"
+    assert decide(scored(0.2, streamed=True), whole, ABLE).cascade_judge == "prefix"
+    assert decide(scored(0.2, streamed=False), CASCADING, ABLE).cascade_judge == "prefix"
+
+
+# ---- a policy's `plan` works like a call's `plan=` (issue 24, section 6) -------------------------
+
+
+def test_a_policys_plan_hedge_hedges_auto_as_the_calls_does() -> None:
+    base = Policy(name="t", prefer="cloud", ttft_deadline_ms=600)
+    file_like = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, plan="hedge")
+    state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
+    by_policy = decide(RequestFacts(10, 8), file_like, state)
+    by_call = decide(RequestFacts(10, 8), base.with_plan("hedge"), state)
+    assert by_policy.plan == by_call.plan == "hedge"
+    assert by_policy.hedge_s == by_call.hedge_s and by_policy.hedge_s is not None
+    assert decide(RequestFacts(10, 8), base, state).plan == "single"  # not asked: no hedge
+
+
+def test_a_policys_plan_speculative_is_asked_for_as_the_calls_is() -> None:
+    listed = Policy(name="s", plans=("single", "speculative"))
+    asking = listed.model_copy(update={"plan": "speculative"})
+    state = LiveState(speculation=(False, "acceptance 0.20"))
+    d = decide(RequestFacts(20, 64), asking, state)
+    assert d.plan == "speculative" and "asked by the policy" in d.reason
+    assert decide(RequestFacts(20, 64, plan="speculative"), listed, state).plan == "speculative"
+    assert decide(RequestFacts(20, 64), listed, state).plan != "speculative"  # only if it pays
+
+
+def test_a_policys_plan_cascade_runs_under_any_preference_as_the_calls_does() -> None:
+    local_first = CASCADING.model_copy(update={"prefer": "local"})
+    asking = local_first.model_copy(update={"plan": "cascade"})
+    d = decide(scored(0.2), asking, ABLE)
+    assert d.plan == "cascade" and "asked by the policy" in d.reason
+    assert decide(scored(0.2), local_first, ABLE).plan == "single"  # not asked, not "auto"
+
+
+def test_a_calls_plan_overrides_the_policys() -> None:
+    asking = CASCADING.model_copy(update={"plan": "cascade"})
+    assert decide(scored(0.2, plan="single"), asking, ABLE).plan == "single"
+
+
+# ---- the local circuit (issue 24, section 6) -----------------------------------------------------
+
+LOCAL_OPEN = LiveState(latency=BOTH.latency, local_circuit_open=True)
+
+
+def test_an_open_local_circuit_gives_the_request_to_the_cloud() -> None:
+    d = decide(RequestFacts(50, 64), CHAT, LOCAL_OPEN)
+    assert (d.primary, d.fallback) == ("cloud", None) and d.plan == "single"
+    assert "local circuit open -> cloud" in d.reasons
+    assert not any(r.startswith("no local engine") for r in d.reasons)  # said once, by the rule
+
+
+@pytest.mark.parametrize(
+    ("facts_", "policy", "state"),
+    [
+        (RequestFacts(50, 64, forced="local"), CHAT, LOCAL_OPEN),  # forced
+        (RequestFacts(50, 64), Policy(name="l", allow_cloud=False), LOCAL_OPEN),  # no cloud
+        (
+            RequestFacts(50, 64, privacy_kinds=frozenset({"email"})),
+            Policy(name="k", privacy="keep-local"),
+            LOCAL_OPEN,
+        ),  # privacy keeps it
+        (RequestFacts(50, 64), CHAT, replace(LOCAL_OPEN, available=frozenset({"local"}))),
+    ],
+)
+def test_an_open_local_circuit_still_tries_the_only_engine_left(
+    facts_: RequestFacts, policy: Policy, state: LiveState
+) -> None:
+    d = decide(facts_, policy, state)
+    assert d.engines == ("local",) and any("local circuit open, but" in r for r in d.reasons)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm.cli.explain import OfflineEngine, explain
+from hybridllm.cli.explain import explain, offline_engine
 from hybridllm.cli.main import main
-from hybridllm.engines.base import GenerationRequest
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.router import Router
 from hybridllm.runtime.latency import LatencyModel
@@ -156,7 +155,6 @@ def test_explain_decides_as_the_client_does(
     prompt: str, policy: Policy | str, queue_s: float, circuit_open: bool, router: object
 ) -> None:
     from hybridllm import HybridClient
-    from hybridllm.client import normalize_messages
 
     pol = policy if isinstance(policy, Policy) else resolve_policy(policy)
     scorer = Router.load() if router == "shipped" else router
@@ -164,12 +162,29 @@ def test_explain_decides_as_the_client_does(
     latency = LatencyModel()
     latency.seed("local")  # explain predicts from the priors: a client seeded with them
     latency.seed("cloud")
-    client = HybridClient(local=OfflineEngine("local", queue_s), cloud=ScriptedEngine("cloud"),
+    client = HybridClient(local=offline_engine("local", queue_s), cloud=ScriptedEngine("cloud"),
                           router=scorer, latency=latency)  # fmt: skip
     if circuit_open:
         client.breakers["cloud"].opened_at = time.monotonic()
-    request = GenerationRequest(normalize_messages(prompt), max_tokens=pol.max_tokens)
-    theirs = client.decide(request, pol)
+    theirs = client.decide(prompt, pol)
     ours = explain(prompt, pol, router=scorer, queue_s=queue_s, cloud_circuit_open=circuit_open)
     assert ours == theirs
-    assert ours[1].router_threshold is not None or scorer is None
+    assert ours.facts.router_threshold is not None or scorer is None
+
+
+def test_explain_shows_that_a_cascade_would_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "cascading.toml").write_text(
+        'extends = "chat"\nplans = ["single", "hedge", "cascade"]\n'
+    )
+    argv = ("x", "--policy", "cascading", "--policy-dir", str(tmp_path), "--router-score", "0.1")
+    code, out = run(capsys, *argv)
+    assert code == 0 and "decision  cascade: local, then cloud" in out
+    assert "the local engine holds its first tokens (up to 8) while the router reads" in out
+    _, out = run(capsys, *argv, "--json")
+    data = json.loads(out)
+    assert data["plan"] == "cascade" and data["cascade_judge"] == "prefix"
+    assert data["refusal"] is None and data["load_rule"] is None
+    _, out = run(capsys, "x", "--policy", "cascading", "--policy-dir", str(tmp_path), "--no-router")
+    assert "decision  single: local, then cloud" in out  # no router: no cascade

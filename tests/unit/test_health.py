@@ -47,20 +47,17 @@ def test_would_allow_reads_the_state_and_leaves_the_probe() -> None:
 async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> None:
     """`client.decide()` (nothing is sent) reads the circuit without taking its probe: the next
     real request still probes the cloud, and its success closes the circuit."""
-    from hybridllm.engines.base import GenerationRequest
-
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
     local = ScriptedEngine("local", tokens=["local"])
     policy = Policy(name="cloudy", prefer="cloud")
-    req = GenerationRequest([{"role": "user", "content": "q"}])
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         breaker = client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=0.05)
         breaker.record(CloudConnectionError("refused"))
-        decision, _, state = client.decide(req, policy)
+        decision, _, state = client.decide("q", policy)
         assert state.cloud_circuit_open and decision.primary == "local"
         await anyio.sleep(0.06)
         for _ in range(3):  # previews, as `explain` makes them
-            decision, _, state = client.decide(req, policy)
+            decision, _, state = client.decide("q", policy)
             assert not state.cloud_circuit_open and decision.primary == "cloud"
         assert breaker.state == "half-open"
         res = await client.complete("q")

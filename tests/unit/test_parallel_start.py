@@ -54,11 +54,11 @@ def test_a_parallel_cloud_start_is_one_plain_reason_with_its_cost() -> None:
     )
 
 
-def test_the_parallel_reason_stays_last_for_the_plan_to_announce() -> None:
+def test_the_parallel_start_is_a_typed_rule_with_its_own_words_for_the_plan() -> None:
     state = LiveState(latency=MISS.latency, continues=frozenset({"local"}))
     d = decide(FACTS, VOICE, state)
-    assert d.fallback_now and not d.failover
-    assert "the cloud starts in parallel now" in d.reasons[-1]
+    assert d.load == "parallel_start" and d.fallback_now and not d.failover
+    assert "the cloud starts in parallel now" in d.load_reason and d.load_reason in d.reasons
     assert "no mid-stream failover: cloud cannot continue an answer" in d.reasons
 
 

@@ -121,7 +121,6 @@ async def test_routing_and_the_latency_model_use_the_engine_count() -> None:
     local = ScriptedEngine("local", tokens=["a"], token_count=777)
     cloud = ScriptedEngine("cloud", tokens=["b"])
     async with HybridClient(local=local, cloud=cloud, policy=Policy(name="p")) as client:
-        request = GenerationRequest(messages=[{"role": "user", "content": "東京"}])
-        _, facts, state = client.decide(request, client.policy)
+        _, facts, state = client.decide("東京")
     assert facts.prompt_tokens == 777
     assert state.continues == frozenset({"local", "cloud"})

@@ -29,17 +29,18 @@
    2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
    `local_tokens` the local work.
 
+`routing.decide` chooses this plan (`Decision.plan == "cascade"`, from the policy, the plan
+asked for, the router's presence and the local engine's `ReadsSignals` capability; under
+`complete()` `Decision.cascade_judge` may be "answer"); `build_cascade` only builds it.
 Every cloud request goes through the engine the client gives (the guard: privacy, budget).
 The decision, held time and signals are in `trace.cascade` (and the decision log).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
-from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,15 +51,16 @@ from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
+from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import collector, relay_watched, single
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import CascadeRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
+    from hybridllm.routing.inputs import Scorer
     from hybridllm.routing.score import RouterScore
 
 
@@ -71,21 +73,6 @@ class CascadeSettings:
     hedge: bool = False
     judge: Literal["prefix", "answer"] = "prefix"  # "answer": the whole local answer
     failover: bool = True  # a released local answer that fails goes on in the cloud
-
-
-# set around `stream()` by `complete()`: nothing is streamed, so the whole answer may be judged
-_NOTHING_STREAMED: ContextVar[bool] = ContextVar("hybridllm_nothing_streamed", default=False)
-
-
-@contextlib.contextmanager
-def nothing_streamed() -> Iterator[None]:
-    """Around the `stream()` call inside `complete()`: the caller takes the whole answer at once,
-    so a cascade may judge the whole local answer (`cascade_judge = "answer"`)."""
-    token = _NOTHING_STREAMED.set(True)
-    try:
-        yield
-    finally:
-        _NOTHING_STREAMED.reset(token)
 
 
 async def cascade(
@@ -374,40 +361,17 @@ async def _serve_buffered(
     run.complete(cloud.name, finish)
 
 
-def cascade_for(
-    plan: str | None,
+def build_cascade(
     decision: Decision,
     engines: dict[EngineName, Engine],
     request: GenerationRequest,
     policy: Policy,
-    router: Any,
-) -> Callable[[RequestRun], Awaitable[None]] | None:
-    """The cascade for this request, or None: the decision's own plan runs.
-
-    `plan="cascade"` asks for it (the policy must list it in `plans`); a policy that lists it
-    uses it for every request it routes by the router. It runs only where both engines may
-    serve, the local one can read its own signals, there is a router, and the decision left the
-    local engine in play by choice (serving first, or moved to the cloud by the router's score
-    alone, not by load, privacy, budget or circuit)."""
-    if plan is not None and plan not in policy.plans:
-        raise errors.ConfigError(
-            f"plan {plan!r} is not allowed by policy {policy.name!r} (plans: {list(policy.plans)})"
-        )
-    if plan not in ("cascade", None) or "cascade" not in policy.plans or router is None:
-        return None
-    local, cloud = engines.get("local"), engines.get("cloud")
-    if local is None or cloud is None or not hasattr(local, "signals"):
-        return None
-    if set(decision.engines) != {"local", "cloud"}:
-        return None
-    by_router = any(
-        r.startswith("router score") and r.endswith("-> cloud") for r in decision.reasons
-    )
-    if decision.primary != "local" and not by_router:
-        return None
-    if plan is None and policy.prefer != "auto":
-        return None
-    judge = policy.cascade_judge if _NOTHING_STREAMED.get() else "prefix"
+    router: Scorer,
+) -> Callable[[RequestRun], Awaitable[None]]:
+    """The cascade plan for a decision whose plan is "cascade" (`routing.decide` chose it:
+    both engines may serve, the local one reads its own signals, there is a router);
+    `decision.cascade_judge` says what the router's stage 2 judges."""
+    judge = decision.cascade_judge or "prefix"
     settings = CascadeSettings(
         hold_tokens=policy.cascade_hold_tokens,
         hold_s=policy.cascade_hold_ms / 1000.0,
@@ -417,11 +381,17 @@ def cascade_for(
         judge=judge,
         failover=decision.failover,
     )
+    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
     return partial(
-        cascade, local=local, cloud=cloud, request=request, router=router, settings=settings,
+        cascade,
+        local=engines["local"],
+        cloud=engines["cloud"],
+        request=request,
+        router=router,
+        settings=settings,
         deadline_s=decision.deadline_s,
-        stall_s=None if policy.stall_ms is None else policy.stall_ms / 1000.0,
-    )  # fmt: skip
+        stall_s=stall_s,
+    )
 
 
 def _judged_by(router: Any, judge: str) -> str:

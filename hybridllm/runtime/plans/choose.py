@@ -1,5 +1,6 @@
-"""Which plan runs a decided request: the one place that maps a `Decision` (and a call's
-`plan=`) to a plan function, so the client stays a thin shell around it."""
+"""Which plan runs a decided request: the one place that maps a `Decision` to a plan function,
+so the client stays a thin shell around it. The plan itself is chosen by `decide()`; this only
+builds what `Decision.plan` names."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
-from hybridllm.runtime.plans.cascade import cascade_for
+from hybridllm.routing.decision import Decision
+from hybridllm.runtime.plans.cascade import build_cascade
 from hybridllm.runtime.plans.handoff import handoff_plan
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import single
@@ -32,17 +33,16 @@ def choose_plan(
     request: GenerationRequest,
     policy: Policy,
     fallback_ttft_s: float | None,
-    plan: str | None,
     routing: Routing,
 ) -> Plan:
     """The plan for this request. `engines` are the ones this request may use (the cloud one
     already bound to the request's guard context)."""
     assert decision.primary is not None
-    cascaded = cascade_for(plan, decision, engines, request, policy, routing.router)
-    if cascaded is not None:
-        return cascaded
     target = engines[decision.primary]
     stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    if decision.plan == "cascade":
+        assert routing.router is not None  # decide() chooses the cascade only with a router
+        return build_cascade(decision, engines, request, policy, routing.router)
     if decision.plan == "speculative":
         return speculative_plan(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
@@ -64,8 +64,8 @@ def choose_plan(
         reason=decision.reason,
         hedge_s=decision.hedge_s,
         stall_s=stall_s,
-        # with fallback_now the load rule's reason is the last one (no hedge follows it)
-        fallback_now=decision.reasons[-1] if decision.fallback_now else None,
+        # a parallel start is announced with the load rule's own words
+        fallback_now=decision.load_reason if decision.fallback_now else None,
         fallback_ttft_s=fallback_ttft_s,
         failover=decision.failover,
     )

@@ -13,8 +13,8 @@ the cloud decodes faster:
   is none): the local engine becomes the fallback;
 - else keeps the local engine (the first token matters more), and says why.
 
-`plan = "handoff"` (the policy's, or a call's `plan=`) asks for the handoff whatever the speeds,
-wherever both engines may serve: the local engine then starts, the cloud continues.
+`plan = "handoff"` (a call's `plan=`, else the policy's `plan`) asks for the handoff whatever
+the speeds, wherever both engines may serve: the local engine then starts, the cloud continues.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hybridllm.events import EngineName
-from hybridllm.policy import Policy
+from hybridllm.policy import PlanName, Policy
 from hybridllm.routing.inputs import Prediction
 
 LONG_ANSWER_TOKENS = 64  # an answer allowed this many tokens or more counts as long
@@ -44,11 +44,13 @@ def decode_rule(
     continues: frozenset[EngineName],
     deadline: float | None,
     reasons: list[str],
+    asked: PlanName | None,
 ) -> tuple[EngineName, EngineName, bool]:
-    """(primary, fallback, hand off?) after the decode-speed rule; each change adds a reason."""
+    """(primary, fallback, hand off?) after the decode-speed rule; each change adds a reason.
+    `asked`: the plan asked for (the call's, else the policy's)."""
     after = f"local starts, cloud continues after {policy.handoff_after_tokens} tokens"
-    can = "handoff" in policy.plans and "cloud" in continues
-    if policy.plan == "handoff":
+    can = "handoff" in (*policy.plans, asked) and "cloud" in continues
+    if asked == "handoff":
         if not can:
             reasons.append("plan=handoff, but the cloud cannot continue an answer -> no handoff")
             return primary, fallback, False

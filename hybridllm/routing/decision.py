@@ -1,0 +1,139 @@
+"""What `decide()` (`routing.decide`) reads and returns: the request's facts (`RequestFacts`),
+the live state of the engines (`LiveState`), and the `Decision`, whose typed fields are what the
+code acts on (its `reasons` are words for people, never read back); `RoutePreview` bundles the
+three for a preview (`HybridClient.decide()`, `hybridllm explain`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from hybridllm.events import EngineName
+from hybridllm.policy import PlanName
+from hybridllm.routing.inputs import Prediction
+
+__all__ = [
+    "Decision",
+    "LiveState",
+    "LoadRule",
+    "PlanKind",
+    "RefusalCause",
+    "RequestFacts",
+    "RoutePreview",
+]
+
+PlanKind = Literal["single", "hedge", "handoff", "cascade", "speculative", "refuse"]
+# why no engine may serve: a privacy finding kept the request from the cloud; the budget could
+# not cover the cloud request; the engine the caller forced is not allowed; no engine the client
+# has is allowed (the policy, no privacy scanner)
+RefusalCause = Literal["privacy", "budget", "forced_not_allowed", "no_engine"]
+# the load rule that fired (3.): a swap for the local queue, for the cloud's concurrency queue,
+# or for a fallback predicted to meet the deadline; a parallel start of the fallback at once;
+# a parallel cloud start the policy holds back until the deadline itself
+LoadRule = Literal[
+    "local_queue", "cloud_queue", "faster_fallback", "parallel_start", "parallel_held"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known about the request itself."""
+
+    prompt_tokens: int
+    max_tokens: int
+    router_score: float | None = None  # P(the local answer is wrong); None: no router
+    router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
+    # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
+    privacy_kinds: frozenset[str] | None = frozenset()
+    forced: EngineName | None = None  # the caller named the engine
+    # the plan the caller asked for (a call's `plan=`); None: the policy's `plan`, if any
+    plan: PlanName | None = None
+    # the answer is shown as it comes (`stream()`); False: taken whole (`complete()`), so a
+    # cascade may judge the whole local answer
+    streamed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """What is known about the engines right now."""
+
+    available: frozenset[EngineName] = frozenset({"local", "cloud"})
+    latency: Mapping[EngineName, Prediction] = field(default_factory=dict)
+    local_queue_s: float = 0.0
+    # the wait for a slot under the cloud engine's concurrency limit (or a 429's Retry-After);
+    # already in the cloud's latency prediction, named here for the reason
+    cloud_queue_s: float = 0.0
+    cloud_circuit_open: bool = False
+    # the local engine's circuit (`runtime.health`): open, a cloud that may serve takes the
+    # request; the local engine is still tried when it is the only one left
+    local_circuit_open: bool = False
+    budget_fits: bool = True  # the worst-case cloud cost fits every cap
+    budget_detail: str = ""  # e.g. "day cap 0.50 USD, left 0.01 USD"
+    # the engines that can continue a started answer (the engines' `supports_continuation`)
+    continues: frozenset[EngineName] = frozenset({"local", "cloud"})
+    # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
+    unavailable: Mapping[EngineName, str] = field(default_factory=dict)
+    # this policy's recent requests in this client: (how many started the cloud in parallel,
+    # how many there were), for `Policy.parallel_cloud_share`
+    parallel_recent: tuple[int, int] = (0, 0)
+    # would the speculative plan pay now, and why (None: no speculation state)
+    speculation: tuple[bool, str] | None = None
+    # the engines that read their own confidence signals (`engines.capabilities.ReadsSignals`)
+    reads_signals: frozenset[EngineName] = frozenset()
+    has_router: bool = False  # the client has a router (the cascade needs its stage 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request runs. Code acts on the typed fields; `reasons` are words for people,
+    never read back."""
+
+    plan: PlanKind
+    primary: EngineName | None
+    fallback: EngineName | None
+    deadline_s: float | None
+    hedge_s: float | None
+    reasons: tuple[str, ...]
+    failover: bool = False  # a failure mid-answer moves the answer to the other engine
+    # engines this request could have used, left out as unavailable: (engine, why)
+    unavailable: tuple[tuple[EngineName, str], ...] = ()
+    # the fallback may start ahead of the deadline by its own predicted time to a first token;
+    # False: at the deadline itself (a cloud the policy does not start in parallel)
+    fallback_lead: bool = True
+    refusal: RefusalCause | None = None  # why nothing may serve (plan "refuse")
+    by_router: bool = False  # the router's score asked for the cloud
+    load: LoadRule | None = None  # the load rule that fired
+    load_reason: str = ""  # its words (a parallel start is announced with them)
+    # what a cascade judges: the held first tokens ("prefix") or, with nothing streamed and
+    # `cascade_judge = "answer"`, the whole local answer; None: not a cascade
+    cascade_judge: Literal["prefix", "answer"] | None = None
+
+    @property
+    def fallback_now(self) -> bool:
+        """The fallback starts at once, in parallel (the primary is predicted to miss the
+        deadline)."""
+        return self.load == "parallel_start"
+
+    @property
+    def parallel_cloud(self) -> bool:
+        """The cloud starts at once beside the local engine (a cloud request paid for)."""
+        return self.fallback_now and self.fallback == "cloud"
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    @property
+    def engines(self) -> tuple[EngineName, ...]:
+        """Every engine this decision may send the request to."""
+        return tuple(e for e in (self.primary, self.fallback) if e is not None)
+
+
+class RoutePreview(NamedTuple):
+    """Where a request would run and why (`HybridClient.decide()`, `hybridllm explain`): the
+    decision, the request's facts and the live state it was decided from."""
+
+    decision: Decision
+    facts: RequestFacts
+    state: LiveState

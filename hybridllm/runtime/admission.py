@@ -1,0 +1,76 @@
+"""Admission: the checked arguments of one request (`HybridClient.stream()`, `complete()`,
+`decide()` and the blocking forms) and the `GenerationRequest` they make over the policy's
+defaults. The client applies the effective policy and decides (`HybridClient._admit`); the
+keyword arguments are listed here only (`StreamArgs`), so mypy checks every form alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal, TypedDict
+
+from hybridllm import errors
+from hybridllm.engines import validate
+from hybridllm.engines.base import EngineOptions, GenerationRequest, Message
+from hybridllm.events import Priority
+from hybridllm.policy import PlanName, Policy
+
+__all__ = ["ARG_NAMES", "RequestArgs", "StreamArgs", "build_request", "check_names"]
+
+
+class RequestArgs(TypedDict, total=False):
+    """The keyword arguments of one request, the same for `stream()`, `complete()`, `decide()`
+    and the blocking forms (the list lives here only). Each is checked before anything is sent
+    (`engines.validate`): `engine` "local", "cloud" or None (forces that engine);
+    `max_tokens` an int >= 1; `temperature` 0 to 2; `top_p` in (0, 1]; `stop` non-empty
+    strings; `seed` 0 to 2**32 - 1; `options` typed engine options (`LlamaOptions`, ...), each
+    engine reads its own; `priority` the request's class in a busy engine's queue (None: the
+    policy's); `plan` a plan to run where it can ("handoff": local starts, cloud continues;
+    "cascade": the local model's confidence decides; "speculative": local drafts, cloud
+    verifies; "hedge"; None: the policy's `plan`, else the decision picks); `show_drafts`: the
+    speculative plan's Draft/Retract events. None leaves the policy's setting."""
+
+    engine: Literal["local", "cloud"] | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    stop: str | Sequence[str] | None
+    seed: int | None
+    options: Sequence[EngineOptions]
+    priority: Priority | None
+    plan: PlanName | None
+    show_drafts: bool | None
+
+
+class StreamArgs(RequestArgs, total=False):
+    """`RequestArgs` and `policy`: a name, a path or a `Policy` (None: the client's)."""
+
+    policy: str | Path | Policy | None
+
+
+ARG_NAMES = frozenset(StreamArgs.__optional_keys__)
+
+
+def check_names(args: Mapping[str, object]) -> None:
+    """A keyword argument a request does not take is refused by name (mypy catches it too)."""
+    for name in sorted(set(args) - ARG_NAMES):
+        known = ", ".join(sorted(ARG_NAMES))
+        raise errors.InvalidArgumentError(name, args[name], f"a known keyword argument ({known})")
+
+
+def build_request(
+    messages: tuple[Message, ...], pol: Policy, args: RequestArgs
+) -> GenerationRequest:
+    """The request: the call's arguments over the policy's defaults."""
+    max_tokens, temperature = args.get("max_tokens"), args.get("temperature")
+    top_p, stop, priority = args.get("top_p"), args.get("stop"), args.get("priority")
+    return GenerationRequest(
+        messages=messages,
+        max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
+        temperature=pol.temperature if temperature is None else temperature,
+        top_p=pol.top_p if top_p is None else top_p,
+        stop=pol.stop if stop is None else validate.stop(stop),
+        seed=args.get("seed"),
+        options=args.get("options", ()),  # type: ignore[arg-type]  # checked and copied
+        priority=pol.priority if priority is None else priority,  # the queue's class
+    )
