@@ -252,7 +252,7 @@ class HybridClient:
         policy's plan, the request's defaults), so the preview is the decision `stream()`
         would make. A preview leaves the circuits as they are (a half-open circuit keeps its
         probe for the next request). A request no engine may serve raises its refusal
-        (`PrivacyRefusedError`, `BudgetRefusedError`, `RequestRefusedError`)."""
+        (a `RefusedError`: `PrivacyBlockedError`, `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
         return self._admit(messages, full, preview=True)[0]
 

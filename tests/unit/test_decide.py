@@ -404,7 +404,7 @@ def test_rewording_the_reasons_changes_no_error_type(
     reworded = replace(d, reasons=tuple(f"in other words {i}" for i in range(len(d.reasons))))
     error = refusal_error(d, f, p, request, None)
     assert type(refusal_error(reworded, f, p, request, None)) is type(error)
-    expected = errors.PrivacyRefusedError if cause == "privacy" else errors.RequestRefusedError
+    expected = errors.PrivacyBlockedError if cause == "privacy" else errors.RefusedError
     assert type(error) is expected  # no guard here: a budget refusal has no figures to give
     if cause == "budget":  # with a guard whose cap no request fits: the figures come along
         guard = GuardedEngine(
@@ -416,8 +416,8 @@ def test_rewording_the_reasons_changes_no_error_type(
             ),
             caps=[Cap(None, "request", 1e-6)],
         )
-        assert isinstance(refusal_error(d, f, p, request, guard), errors.BudgetRefusedError)
-        assert isinstance(refusal_error(reworded, f, p, request, guard), errors.BudgetRefusedError)
+        assert isinstance(refusal_error(d, f, p, request, guard), errors.BudgetExceededError)
+        assert isinstance(refusal_error(reworded, f, p, request, guard), errors.BudgetExceededError)
 
 
 def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None:
