@@ -44,6 +44,7 @@ from hybridllm.local.tune import Tuning, load_tuning
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from hybridllm.engines._llama_draft import LocalDrafter
     from hybridllm.engines._llama_signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -253,6 +254,12 @@ class LlamaCppEngine:
         from hybridllm.engines._llama_signals import engine_signals
 
         return await engine_signals(self, messages, n_answer, rotations_within_s)
+
+    def drafter(self) -> LocalDrafter:
+        """A drafting handle for one speculative request (`engines.capabilities.Drafts`)."""
+        from hybridllm.engines._llama_draft import LocalDrafter  # numpy: once a plan drafts
+
+        return LocalDrafter(self)
 
     # ---- streaming ------------------------------------------------------------------------
 

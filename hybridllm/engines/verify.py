@@ -44,21 +44,16 @@ plan passes the outgoing texts, the prompt-token bound and the output bound with
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import httpx2
-
 from hybridllm import errors
 from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
+from hybridllm.engines.capabilities import Post
 from hybridllm.engines.spec_sampling import Dist
 
 Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
-
-
-Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-Around = Callable[[str, dict[str, Any], Post], Awaitable[dict[str, Any]]]
 
 
 class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
@@ -128,41 +123,9 @@ class Verifier(Protocol):
         """Whether it can judge sampled drafts (speculative sampling)."""
         ...
 
-    async def verify(self, round_: Round) -> Verdict: ...
-
-
-@dataclass
-class _Http:
-    """POSTs to the endpoint. `around`, while set (the probe), wraps every call: the cloud
-    guard's reservation and settlement of what it bills."""
-
-    client: httpx2.AsyncClient
-    model: str
-    around: Around | None = None
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self.around is not None:
-            return await self.around(path, body, self._post)
-        return await self._post(path, body)
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resp = await self.client.post(path, json={"model": self.model, **body})
-        except httpx2.TimeoutException as exc:
-            raise errors.CloudTimeoutError(f"verification timed out: {exc}") from exc
-        except httpx2.HTTPError as exc:
-            raise errors.CloudConnectionError(f"verification call failed: {exc}") from exc
-        if resp.status_code >= 400:
-            cls = errors.ServerError if resp.status_code >= 500 else errors.CloudStatusError
-            raise cls(f"verification refused: {resp.text[:200]}",
-                      status_code=resp.status_code)  # fmt: skip
-        try:
-            data = resp.json()
-        except ValueError as exc:
-            raise errors.CloudProtocolError(f"verification: not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise errors.CloudProtocolError("verification: the answer is not a JSON object")
-        return data
+    async def verify(self, round_: Round, post: Post) -> Verdict:
+        """Judge `round_` with one request sent by `post` (the cloud guard's, for this round)."""
+        ...
 
 
 def _usage(data: Mapping[str, Any]) -> tuple[int, int, bool]:
@@ -197,18 +160,17 @@ def _best(dist: Mapping[str, float]) -> tuple[str, float | None]:
 class EchoVerifier:
     """llama-cpp-python's `/v1/completions` with `echo`, `logprobs` and `max_tokens: 1`."""
 
-    http: _Http
     shift: int = 1  # the reading when an answer does not tell (see `echo_shift`)
     dialect: Dialect = "echo-logprobs"
     token_level: bool = False
     samples: bool = False
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
             "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0.0,
         }  # fmt: skip
-        data = await self.http.post("completions", body)
+        data = await post("completions", body)
         return read_echo(data, round_, echo_shift(data, self.shift))
 
 
@@ -304,13 +266,12 @@ def echo_shift(data: Mapping[str, Any], default: int | None = None) -> int | Non
 class PredictionVerifier:
     """Chat completions with `prediction={"type": "content", "content": draft}`."""
 
-    http: _Http
     dialect: Dialect = "predicted-outputs"
     token_level: bool = False
     samples: bool = False
     counts: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "rejected": 0})
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         messages = [dict(m) for m in round_.messages]
         if round_.committed_text:
             messages += [{"role": "assistant", "content": round_.committed_text},
@@ -320,7 +281,7 @@ class PredictionVerifier:
             "max_tokens": len(round_.draft_ids) + 1,
             "prediction": {"type": "content", "content": round_.draft_text},
         }  # fmt: skip
-        return self.read(await self.http.post("chat/completions", body), round_)
+        return self.read(await post("chat/completions", body), round_)
 
     def read(self, data: Mapping[str, Any], round_: Round) -> Verdict:
         choice = _choice(data)

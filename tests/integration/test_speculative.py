@@ -209,7 +209,9 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
     fixed token sequence; the committed text must be exactly that sequence's text."""
     import json as _json
 
-    from hybridllm.engines.verify import Probed, _Http
+    import openai
+
+    from hybridllm.engines.verify import Probed
     from hybridllm.engines.verify_vllm import PromptLogprobsVerifier
 
     local = LlamaCppEngine(model_path, warm_up=False)
@@ -245,11 +247,15 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
         return httpx2.Response(200, json=body)
 
     want_text = "".join(piece(t) for t in target)
-    mock = httpx2.AsyncClient(transport=httpx2.MockTransport(handler), base_url="http://m/v1/")
+    mock = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
     cloud = OpenAIEngine(base_url="http://m/v1", api_key="x", model="vllm-mock")
+    # the engine's own client on the mock: verification goes through it
+    cloud._client = openai.AsyncOpenAI(
+        base_url="http://m/v1", api_key="x", max_retries=0, http_client=mock
+    )
     client = HybridClient(local, cloud, router=None)
     client.routing.speculation.verifiers[("http://m/v1", "vllm-mock")] = Probed(
-        PromptLogprobsVerifier(_Http(mock, "vllm-mock")), "prompt-logprobs (MockTransport)"
+        PromptLogprobsVerifier(), "prompt-logprobs (MockTransport)"
     )
     async with client:
         # a fixed k: the plan never steps aside to plain streaming (the mock cannot stream)
