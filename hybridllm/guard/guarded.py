@@ -27,7 +27,7 @@ request's plan (retry, hedge, failover) carries the same context.
 
 The wrapper exposes the `Engine` protocol, and forwards through itself the capabilities a plan
 needs of the engine it wraps (`engines.capabilities`): `verification_post` (a verifier's request,
-as a `guarded_call`) and `verification_endpoint`. A method it does not guard does
+as a `guarded_call`), `verification_endpoint` and `set_api_key`. A method it does not guard does
 not exist on it, so new cloud paths go through `stream()` or `guarded_call()`, never around the
 guard; `wrapped()` names the engine guarded, to read (its info, its limit), not to send through.
 """
@@ -60,7 +60,7 @@ from hybridllm.engines.base import (
     chat_messages,
     prompt_token_bound,
 )
-from hybridllm.engines.capabilities import Endpoint, Outgoing, VerifiesAtEndpoint
+from hybridllm.engines.capabilities import Endpoint, Outgoing, SetsApiKey, VerifiesAtEndpoint
 from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
@@ -213,6 +213,12 @@ class GuardedEngine:
     def wrapped(self) -> Engine:
         """The cloud engine guarded, to read (its info, its limit): never send through it."""
         return self.inner
+
+    def set_api_key(self, api_key: str) -> None:
+        """The guarded engine's `set_api_key` (`ConfigError` when it takes no key)."""
+        if not isinstance(self.inner, SetsApiKey):
+            raise ConfigError(f"the cloud engine ({type(self.inner).__name__}) takes no API key")
+        self.inner.set_api_key(api_key)
 
     # ---- verifying drafts: the guarded engine's, through the guard ----------------------------
 

@@ -38,7 +38,7 @@ from hybridllm.engines.capabilities import (
     Wraps,
 )
 from hybridllm.engines.scripted import ScriptedEngine
-from hybridllm.errors import AuthenticationError, CloudUnavailableError
+from hybridllm.errors import AuthenticationError, CloudUnavailableError, ConfigError
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.policy import Policy
 from hybridllm.runtime.gather import Routing
@@ -140,7 +140,7 @@ async def test_verification_goes_through_the_cloud_engines_client_with_a_key_set
             assert spec is not None and spec.verifier == "predicted-outputs", spec
             assert first == "ok" and spec.rounds == 1
             assert client.cloud is not None
-            cloud.set_api_key("key-two")
+            client.cloud.set_api_key("key-two")  # type: ignore[attr-defined]
             async with client.stream("hi again", plan="speculative", temperature=0) as s:
                 second = "".join([t async for t in s])
     assert second == "ok"
@@ -164,6 +164,18 @@ async def test_a_refused_key_in_verification_stops_the_engine_as_a_stream_would(
             await cloud.verification_post("completions", {"prompt": "x", "max_tokens": 1})
         await cloud.aclose()
     assert len(seen) == 1
+
+
+async def test_set_api_key_on_the_guard_reaches_the_engine_or_says_it_takes_none() -> None:
+    engine = OpenAIEngine(base_url="http://127.0.0.1:9/v1", model="m")  # no key: unavailable
+    guard = GuardedEngine(engine, privacy="off")
+    assert engine.unavailable is not None
+    guard.set_api_key("sk-new")
+    assert engine.api_key == "sk-new" and engine.unavailable is None
+    with pytest.raises(ConfigError, match="non-empty"):
+        guard.set_api_key(" ")
+    with pytest.raises(ConfigError, match="takes no API key"):
+        GuardedEngine(ScriptedEngine("cloud"), privacy="off").set_api_key("sk-new")
 
 
 async def test_the_guard_scans_reserves_and_settles_each_verification_request() -> None:
