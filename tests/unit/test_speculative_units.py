@@ -158,6 +158,44 @@ def test_echo_rows_are_read_as_the_answer_shows_and_the_first_disagreement_ends_
         read_echo(ECHO2, agree, 0)
 
 
+# the real llama_cpp.server's echo answer with Qwen2.5-Coder 0.5B (no BOS token: the rows are
+# shifted, and the generated token " colors" has no entry of its own)
+QWEN_ECHO = {
+    "choices": [{"index": 0, "finish_reason": "length", "text": (
+        "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n"
+        "Here are three colors"), "logprobs": {
+        "tokens": ["", "user", "\n", "List", " three", " colors", ".", "", "\n", "", "assistant",
+                   "\n", "Here", " are", " three"],
+        "top_logprobs": [
+        None, {" 在": -2.6, " I": -2.81, "user": -11.6}, {"import": -1.87, "#": -2.25, "\n": -5.04},
+        {" of": -1.34, " all": -1.39, "List": -13.93},
+        {" different": -2.76, " things": -2.86, " three": -9.46},
+        {" that": -0.83, " in": -2.5, " colors": -12.62},
+        {"#": -1.98, "import": -2.59, ".": -8.04}, {"\n": -0.0, "": -8.93},
+        {"#": -1.54, "import": -2.24, "\n": -4.91}, {"\n": -0.0, "\n\n": -7.67, "": -10.68},
+        {" Three": -1.02, "Certainly": -1.88, "assistant": -17.24},
+        {"3": -1.6, "Three": -2.04, "\n": -10.4}, {" are": -0.02, " is": -4.58, "Here": -21.69},
+        {" three": -0.0, " the": -6.61, " are": -13.22},
+        {" colors": -0.12, " color": -3.59, " three": -8.34},
+        ]}}],
+    "usage": {"prompt_tokens": 15, "completion_tokens": 1, "total_tokens": 16},
+}
+
+
+def test_echo_rows_without_bos_name_the_generated_token_by_the_row_that_chose_it() -> None:
+    assert echo_shift(QWEN_ECHO) == 1
+    prompt = "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n"
+    whole = Round(prompt, "Here", [], [1, 2], [" are", " three"])
+    v = read_echo(QWEN_ECHO, whole, 1)
+    assert (v.accepted, v.accepted_text, v.text) == (2, " are three", " are three colors")
+    assert v.gap == pytest.approx(3.47)
+    # the first disagreement ends the round with the cloud's own choice there
+    other = json.loads(json.dumps(QWEN_ECHO))
+    other["choices"][0]["logprobs"]["top_logprobs"][13] = {" four": -0.1, " three": -2.5}
+    v = read_echo(other, whole, 1)
+    assert (v.accepted, v.accepted_text, v.text) == (1, " are", " are four")
+
+
 @contextlib.asynccontextmanager
 async def replay(routes: dict[str, Any], model: str = "m") -> AsyncIterator[OpenAIEngine]:
     """An `OpenAIEngine` whose own client replays documented answers by path (a MockTransport;
