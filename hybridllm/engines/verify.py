@@ -40,8 +40,10 @@ tokens it accepted and rejected; rejected ones are billed as output (they are in
 `completion_tokens`). Closed APIs cannot score given tokens, so this is the only dialect they
 offer, and the round's committed text is simply the cloud's text.
 
-Every call of a verifier goes through the cloud guard (`GuardedEngine.guarded_call`): the
-plan passes the outgoing texts, the prompt-token bound and the output bound with the call.
+A verifier holds no connection: each call gets the `post` that sends its one request, the
+cloud guard's `verification_post` (privacy scan, reservation and settlement; the plan declares
+the round's text and bounds in an `Outgoing`), which sends it through the cloud engine's own
+client (`OpenAIEngine.verification_post`: its key, its timeouts, a refused key noticed there).
 """
 
 from __future__ import annotations
