@@ -232,3 +232,17 @@ async def test_routing_counts_a_request_in_the_guarded_engines_limit() -> None:
     breakers: Any = {}
     Routing().decide(request, Policy(), engines, breakers)
     assert announced == ["interactive"]
+
+
+async def test_the_speculative_plan_asks_capabilities_and_streams_plainly_without_them() -> None:
+    cases = {
+        "none: the local engine cannot draft": ScriptedEngine("local"),
+        "none: the cloud engine cannot verify drafts": DraftingScripted("local"),
+    }
+    for why, local in cases.items():
+        cloud = ScriptedEngine("cloud", tokens=["plain", " answer"])
+        async with HybridClient(local, cloud, router=None) as client:
+            async with client.stream("hi", plan="speculative", temperature=0) as s:
+                text = "".join([t async for t in s])
+        assert s.trace.speculation is not None and s.trace.speculation.verifier == why
+        assert text == "plain answer" and s.trace.engine == "cloud"
