@@ -104,7 +104,8 @@ async def cascade(
     """Run `request` as a cascade (see the module's text)."""
     if not isinstance(local, ReadsSignals):  # `cascade_for` runs a cascade only with one
         raise errors.ConfigError(
-            f"a cascade needs a local engine that reads its own signals, not {local.name!r}"
+            f"a cascade needs a local engine that reads its own signals ({type(local).__name__}"
+            " does not)"
         )
     trace = run.trace
     whole = settings.judge == "answer"
