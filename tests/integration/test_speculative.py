@@ -108,7 +108,7 @@ async def test_committed_text_is_the_verifiers_greedy_text(
     qwen_server: LlamaServer, model_path: Path
 ) -> None:
     """Every round is judged (the plan never streams plainly), and what it commits is Qwen's
-    greedy text: two Latin-script prompts, kept short (a one-line system prompt, 10 tokens, a
+    greedy text: two Latin-script prompts, kept short (a one-line system prompt, 6 tokens, a
     fixed k), one probe."""
     fixed = Policy(name="fixed-k", speculative_k=8)  # never steps aside for pay
     async with client_for(qwen_server.url, model_path, alias="qwen") as client:
@@ -116,7 +116,7 @@ async def test_committed_text_is_the_verifiers_greedy_text(
             messages = [{"role": "system", "content": "Be brief."},
                         {"role": "user", "content": prompt}]  # fmt: skip
             async with client.stream(messages, policy=fixed, plan="speculative",
-                                     show_drafts=True, max_tokens=10, temperature=0) as s:
+                                     show_drafts=True, max_tokens=6, temperature=0) as s:
                 events = [e async for e in s.events()]
             spec = s.trace.speculation
             assert spec is not None and spec.verifier.startswith("echo-logprobs"), spec
