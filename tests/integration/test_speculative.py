@@ -113,8 +113,10 @@ async def test_committed_text_is_the_verifiers_greedy_text(
     fixed = Policy(name="fixed-k", speculative_k=8)  # never steps aside for pay
     async with client_for(qwen_server.url, model_path, alias="qwen") as client:
         for kind, prompt in PROMPTS.items():
-            messages = [{"role": "system", "content": "Be brief."},
-                        {"role": "user", "content": prompt}]  # fmt: skip
+            messages = [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": prompt},
+            ]
             async with client.stream(messages, policy=fixed, plan="speculative",
                                      show_drafts=True, max_tokens=6, temperature=0) as s:
                 events = [e async for e in s.events()]
