@@ -19,7 +19,6 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -29,27 +28,12 @@ from hybridllm import errors
 from hybridllm.engines._llama_session import LlamaSession, _Aborted
 from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import Message
-from hybridllm.engines.spec_sampling import Dist, nucleus_of_logits, sample
+from hybridllm.engines.capabilities import Drafted
+from hybridllm.engines.spec_sampling import nucleus_of_logits, sample
 from hybridllm.local import loader
 
 if TYPE_CHECKING:
     from hybridllm.engines.llamacpp import LlamaCppEngine
-
-
-@dataclass
-class Drafted:
-    """One round's draft: token ids, each one's probability under the drafter (1.0 when
-    greedy), q at each position (sampled drafts only), whether the last one ends the answer,
-    and the time spent."""
-
-    ids: list[int] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)
-    dists: list[Dist] = field(default_factory=list)
-    eos: bool = False
-    reused: int = 0  # context tokens found in the KV cache (not evaluated again)
-    evaluated: int = 0  # context tokens evaluated this round (the new tail)
-    steps: int = 0  # one-token decode steps
-    seconds: float = 0.0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -116,7 +100,7 @@ def draft_sync(
 
 
 class LocalDrafter:
-    """The speculative plan's handle on a `LlamaCppEngine`: template, tokenizer, drafting.
+    """The speculative plan's `Drafter` on a `LlamaCppEngine`: template, tokenizer, drafting.
 
     Each round holds the engine's queue lock only while it drafts, so other local requests can
     run between rounds (they may evict the cached context; the next round then evaluates it
@@ -135,6 +119,10 @@ class LocalDrafter:
         if session is None:
             raise errors.ClientStateError("the local engine was closed")
         return session
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.session.llm.n_vocab())
 
     @property
     def tokenizer_id(self) -> str:

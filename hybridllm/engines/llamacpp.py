@@ -44,6 +44,7 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from hybridllm.engines._llama_signals import LocalSignals
+    from hybridllm.engines.capabilities import Drafter
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
@@ -252,6 +253,12 @@ class LlamaCppEngine:
         from hybridllm.engines._llama_signals import engine_signals
 
         return await engine_signals(self, messages, n_answer, rotations_within_s)
+
+    def drafter(self) -> Drafter:
+        """A drafting handle for one speculative request (`engines.capabilities.Drafts`)."""
+        from hybridllm.engines._llama_draft import LocalDrafter  # numpy: once a plan drafts
+
+        return LocalDrafter(self)
 
     # ---- streaming ------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from hybridllm.engines.base import (
     chat_messages,
     estimate_prompt_tokens,
 )
+from hybridllm.engines.capabilities import Endpoint, Outgoing
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
 from hybridllm.events import (
@@ -54,6 +55,7 @@ from hybridllm.events import (
 )
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
+OPENAI_BASE_URL = "https://api.openai.com/v1"  # the openai SDK's own default
 Continuation = Literal["instruction", "continue_final_message"]
 CONTINUATIONS: tuple[Continuation, ...] = ("instruction", "continue_final_message")
 CONTINUE_FINAL = {"continue_final_message": True, "add_generation_prompt": False}
@@ -328,19 +330,7 @@ class OpenAIEngine:
             except errors.HybridError:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
-                error = map_error(exc, received_content=received, url=self.base_url)
-                if isinstance(error, errors.RateLimitError) and error.retry_after is not None:
-                    self.limit.note_retry_after(error.retry_after)  # routing sees the wait
-                if isinstance(error, errors.AuthenticationError) and key == self.api_key:
-                    # the key in use was refused (not one replaced while this request ran)
-                    code = error.status_code
-                    self._stop(
-                        errors.CloudUnavailableError(
-                            f"authentication failed ({code}): check OPENAI_API_KEY or api_key=",
-                            status_code=code,
-                        )
-                    )
-                raise error from exc
+                raise self._noted(exc, key, received) from exc
             except (ValueError, TypeError, AttributeError) as exc:  # malformed SSE / JSON
                 raise errors.CloudProtocolError(
                     f"malformed stream from {self.base_url or 'the endpoint'}: {exc}",
@@ -371,6 +361,56 @@ class OpenAIEngine:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+    def _noted(self, exc: BaseException, key: str | None, received: bool) -> errors.CloudError:
+        """`exc` in hybridllm's tree, noticed: a 429's Retry-After holds the queue, a refused
+        key (`key`, the one sent, still in use) stops the engine."""
+        error = map_error(exc, received_content=received, url=self.base_url)
+        if isinstance(error, errors.RateLimitError) and error.retry_after is not None:
+            self.limit.note_retry_after(error.retry_after)  # routing sees the wait
+        if isinstance(error, errors.AuthenticationError) and key == self.api_key:
+            # the key in use was refused (not one replaced while this request ran)
+            code = error.status_code
+            self._stop(
+                errors.CloudUnavailableError(
+                    f"authentication failed ({code}): check OPENAI_API_KEY or api_key=",
+                    status_code=code,
+                )
+            )
+        return error
+
+    # ---- verifying drafts (`engines.capabilities.VerifiesAtEndpoint`) -------------------------
+
+    def verification_endpoint(self) -> Endpoint:
+        """The endpoint drafts are verified at: this engine's base URL and model."""
+        return Endpoint(str(self.base_url or OPENAI_BASE_URL), self.model)
+
+    async def verification_post(
+        self, path: str, body: Mapping[str, Any], outgoing: Outgoing | None = None
+    ) -> dict[str, Any]:
+        """POST a verifier's request (`engines.verify`: `completions`, `chat/completions`)
+        through this engine's own client: its key (a new one from `set_api_key()` included),
+        its timeouts, a refused key noticed as in `stream()`. `outgoing` is for a guard around
+        the engine; the body goes as it is, with the engine's model."""
+        if self._unavailable is not None:  # nothing is sent with a missing or refused key
+            raise errors.CloudUnavailableError(
+                self._unavailable.reason, status_code=self._unavailable.status_code
+            )
+        if self._client is None:
+            await self.start()
+        assert self._client is not None
+        client, key = self._client, self.api_key
+        try:
+            data = await client.post(
+                "/" + path.lstrip("/"), cast_to=object, body={"model": self.model, **body}
+            )
+        except (openai.OpenAIError, httpx2.HTTPError) as exc:
+            raise self._noted(exc, key, False) from exc
+        except ValueError as exc:  # the body is not JSON
+            raise errors.CloudProtocolError(f"verification: not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise errors.CloudProtocolError("verification: the answer is not a JSON object")
+        return data
 
 
 def _check_args(

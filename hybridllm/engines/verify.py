@@ -14,13 +14,16 @@ Verifier (one `verify(round) -> Verdict` per dialect)
 (d) none: `verify_probe.probe()` returns no verifier and the reason; the plan then streams
 plainly.
 
-Dialect (a). llama-cpp-python 0.3.36 builds echo log-probabilities from its score rows: the
-entry for token i carries row i, which is the distribution AFTER token i (`top_logprobs[i]`
-predicts token i+1), unless the prompt starts with the BOS token (SmolLM2: BOS is
-`<|im_start|>`, so every ChatML prompt does), which the server drops from the list, shifting
-the rows so that entry i predicts token i itself; later BOS entries are left out too. Which of
-the two holds (`shift` 1 or 0) is read from each answer: the generated token (greedy) is the
-argmax of the row that predicted it, and the right reading predicts most echoed tokens. Token
+Dialect (a). llama-cpp-python 0.3.36 builds echo log-probabilities by pairing the entries
+(prompt tokens, then the generated one) with its score rows, one row per evaluated prompt token,
+row i being the distribution AFTER prompt token i. A prompt that starts with the BOS token
+(SmolLM2: BOS is `<|im_start|>`, so every ChatML prompt does) loses that token's entry, so entry
+i carries the row that predicts token i itself (`shift` 0) and the generated token keeps its
+entry. Any other prompt (Qwen has no BOS token) keeps every entry, so entry i's row predicts
+token i+1 (`shift` 1) and the pairing runs out of rows before the generated token: it has no
+entry, and the last entry's row is the one that chose it. Later BOS entries are left out, with
+their rows. Which reading holds is read from each answer: the right one predicts most echoed
+tokens, and the row it says chose the generated (greedy) token names it. Token
 strings are detokenized with special tokens as "" and broken UTF-8 dropped, so the verdict is
 text-level: the server's own tokenization of the drafted text decides, and the cloud's greedy
 string is committed. Where those strings cannot say what was meant (a greedy token of "",
@@ -37,28 +40,25 @@ tokens it accepted and rejected; rejected ones are billed as output (they are in
 `completion_tokens`). Closed APIs cannot score given tokens, so this is the only dialect they
 offer, and the round's committed text is simply the cloud's text.
 
-Every call of a verifier goes through the cloud guard (`GuardedEngine.guarded_call`): the
-plan passes the outgoing texts, the prompt-token bound and the output bound with the call.
+A verifier holds no connection: each call gets the `post` that sends its one request, the
+cloud guard's `verification_post` (privacy scan, reservation and settlement; the plan declares
+the round's text and bounds in an `Outgoing`), which sends it through the cloud engine's own
+client (`OpenAIEngine.verification_post`: its key, its timeouts, a refused key noticed there).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import httpx2
-
 from hybridllm import errors
 from hybridllm.engines.base import CONTINUE_INSTRUCTION, Message
+from hybridllm.engines.capabilities import Post
 from hybridllm.engines.spec_sampling import Dist
 
 Dialect = Literal["echo-logprobs", "prompt-logprobs", "predicted-outputs"]
-
-
-Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-Around = Callable[[str, dict[str, Any], Post], Awaitable[dict[str, Any]]]
 
 
 class Unverifiable(Exception):  # noqa: N818 - a verdict, not a failure of the endpoint
@@ -128,41 +128,9 @@ class Verifier(Protocol):
         """Whether it can judge sampled drafts (speculative sampling)."""
         ...
 
-    async def verify(self, round_: Round) -> Verdict: ...
-
-
-@dataclass
-class _Http:
-    """POSTs to the endpoint. `around`, while set (the probe), wraps every call: the cloud
-    guard's reservation and settlement of what it bills."""
-
-    client: httpx2.AsyncClient
-    model: str
-    around: Around | None = None
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self.around is not None:
-            return await self.around(path, body, self._post)
-        return await self._post(path, body)
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resp = await self.client.post(path, json={"model": self.model, **body})
-        except httpx2.TimeoutException as exc:
-            raise errors.CloudTimeoutError(f"verification timed out: {exc}") from exc
-        except httpx2.HTTPError as exc:
-            raise errors.CloudConnectionError(f"verification call failed: {exc}") from exc
-        if resp.status_code >= 400:
-            cls = errors.ServerError if resp.status_code >= 500 else errors.CloudStatusError
-            raise cls(f"verification refused: {resp.text[:200]}",
-                      status_code=resp.status_code)  # fmt: skip
-        try:
-            data = resp.json()
-        except ValueError as exc:
-            raise errors.CloudProtocolError(f"verification: not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise errors.CloudProtocolError("verification: the answer is not a JSON object")
-        return data
+    async def verify(self, round_: Round, post: Post) -> Verdict:
+        """Judge `round_` with one request sent by `post` (the cloud guard's, for this round)."""
+        ...
 
 
 def _usage(data: Mapping[str, Any]) -> tuple[int, int, bool]:
@@ -197,18 +165,17 @@ def _best(dist: Mapping[str, float]) -> tuple[str, float | None]:
 class EchoVerifier:
     """llama-cpp-python's `/v1/completions` with `echo`, `logprobs` and `max_tokens: 1`."""
 
-    http: _Http
     shift: int = 1  # the reading when an answer does not tell (see `echo_shift`)
     dialect: Dialect = "echo-logprobs"
     token_level: bool = False
     samples: bool = False
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
             "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0.0,
         }  # fmt: skip
-        data = await self.http.post("completions", body)
+        data = await post("completions", body)
         return read_echo(data, round_, echo_shift(data, self.shift))
 
 
@@ -221,8 +188,7 @@ def read_echo(data: Mapping[str, Any], round_: Round, shift: int | None) -> Verd
     if not tokens or len(top) != len(tokens) or shift is None:
         raise errors.CloudProtocolError("verification: echo answer without log-probabilities")
     p_tok, c_tok, reported = _usage(data)
-    n_gen = 1 if c_tok >= 1 or choice.get("finish_reason") == "length" else 0
-    n_prompt = len(tokens) - n_gen
+    n_prompt = _prompt_entries(choice, len(tokens), c_tok, shift)
     draft = round_.draft_text
     # where the draft starts in the echoed prompt (entries' texts, concatenated)
     starts, pos = [], 0
@@ -248,15 +214,29 @@ def read_echo(data: Mapping[str, Any], round_: Round, shift: int | None) -> Verd
                 )
             return _verdict(round_, accepted_text, want, False, p_tok, c_tok, gap, reported)
         accepted_text += tokens[j][max(0, boundary - starts[j]) :]
-    # every drafted token agreed: the cloud's own token is the generated one
-    if n_gen:
-        dist = top[n_prompt - shift] if n_prompt - shift >= 0 else None
-        gap = _best(dist)[1] if dist else None
-        own = tokens[-1]
-        if own == "":
-            raise Unverifiable("the generated token reads as nothing (a split character)")
-        return _verdict(round_, accepted_text, own, False, p_tok, c_tok, gap, reported)
-    return _verdict(round_, accepted_text, "", True, p_tok, c_tok, None, reported)
+    if not _generated(choice, c_tok):  # the answer ended right after the draft
+        return _verdict(round_, accepted_text, "", True, p_tok, c_tok, None, reported)
+    # every drafted token agreed: the cloud's own token is the generated one, named by its
+    # entry, or (it has none: shift 1) by the row that chose it
+    dist = top[n_prompt - shift] if n_prompt - shift >= 0 else None
+    gap = _best(dist)[1] if dist else None
+    own = tokens[n_prompt] if n_prompt < len(tokens) else (_best(dist)[0] if dist else "")
+    if own == "":
+        raise Unverifiable("the generated token reads as nothing (a split character)")
+    return _verdict(round_, accepted_text, own, False, p_tok, c_tok, gap, reported)
+
+
+def _generated(choice: Mapping[str, Any], completion_tokens: int) -> bool:
+    """Whether the answer generated a token (an end of the answer generates none)."""
+    return completion_tokens >= 1 or choice.get("finish_reason") == "length"
+
+
+def _prompt_entries(
+    choice: Mapping[str, Any], n_entries: int, completion_tokens: int, shift: int
+) -> int:
+    """How many entries are the echoed prompt's: all but the generated token's, which has an
+    entry only when the rows are not shifted (see the module)."""
+    return n_entries - (1 if shift == 0 and _generated(choice, completion_tokens) else 0)
 
 
 def _verdict(
@@ -273,23 +253,27 @@ def _verdict(
 
 
 def echo_shift(data: Mapping[str, Any], default: int | None = None) -> int | None:
-    """Which rows predict which tokens in an echo answer: 0 (entry i's row predicts token i) or
-    1 (it predicts token i+1). Each reading scores the echoed tokens its rows predict, plus a
-    bonus when the row it says predicted the generated (greedy) token does. None (or
-    `default`): neither reading predicts the text (e.g. a server without --logits_all)."""
+    """Which rows predict which tokens in an echo answer: 0 (entry i's row predicts token i, and
+    the generated token has an entry) or 1 (it predicts token i+1, and the generated token has
+    none). Each reading scores the echoed prompt tokens its rows predict, plus a bonus when the
+    row it says chose the generated (greedy) token names it. None (or `default`): neither
+    reading predicts the text (e.g. a server without --logits_all)."""
     choice = _choice(data)
     lp = choice.get("logprobs") or {}
     tokens, top = list(lp.get("tokens") or []), list(lp.get("top_logprobs") or [])
     if len(tokens) < 4 or len(top) != len(tokens):
         return default
-    n_gen = 1 if (_usage(data)[1] >= 1 or choice.get("finish_reason") == "length") else 0
-    last = len(tokens) - n_gen  # the echoed prompt's entries
+    c_tok = _usage(data)[1]
+    text = str(choice.get("text") or "")
     scores = {}
     for shift in (0, 1):
+        last = _prompt_entries(choice, len(tokens), c_tok, shift)
         pairs = [(top[i - shift], tokens[i]) for i in range(2, last)]
         hits = sum(1 for d, t in pairs if d and _best(d)[0] == t)
-        gen = top[last - shift] if n_gen else None
-        bonus = 0.5 if gen and _best(gen)[0] == tokens[-1] else 0.0
+        chose = top[last - shift] if _generated(choice, c_tok) and last - shift >= 0 else None
+        named = _best(chose)[0] if chose else ""
+        gen = tokens[last] == named if last < len(tokens) else text.endswith(named)
+        bonus = 0.5 if named and gen else 0.0
         scores[shift] = hits / max(1, len(pairs)) + bonus
     shift = max(scores, key=lambda s: scores[s])
     if scores[shift] >= 0.5 and scores[shift] > scores[1 - shift]:
@@ -304,13 +288,12 @@ def echo_shift(data: Mapping[str, Any], default: int | None = None) -> int | Non
 class PredictionVerifier:
     """Chat completions with `prediction={"type": "content", "content": draft}`."""
 
-    http: _Http
     dialect: Dialect = "predicted-outputs"
     token_level: bool = False
     samples: bool = False
     counts: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "rejected": 0})
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         messages = [dict(m) for m in round_.messages]
         if round_.committed_text:
             messages += [{"role": "assistant", "content": round_.committed_text},
@@ -320,7 +303,7 @@ class PredictionVerifier:
             "max_tokens": len(round_.draft_ids) + 1,
             "prediction": {"type": "content", "content": round_.draft_text},
         }  # fmt: skip
-        return self.read(await self.http.post("chat/completions", body), round_)
+        return self.read(await post("chat/completions", body), round_)
 
     def read(self, data: Mapping[str, Any], round_: Round) -> Verdict:
         choice = _choice(data)

@@ -7,16 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import httpx2
-
 from hybridllm import errors
+from hybridllm.engines.capabilities import Post
 from hybridllm.engines.verify import (
-    Around,
     EchoVerifier,
     PredictionVerifier,
     Probed,
     _choice,
-    _Http,
     echo_shift,
 )
 from hybridllm.engines.verify_vllm import probe_vllm
@@ -25,36 +22,25 @@ _PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
 
 
 async def probe(
-    client: httpx2.AsyncClient, model: str, local_ids: Sequence[int] | None = None,
-    local_pieces: Sequence[str] = (), around: Around | None = None,
-) -> Probed:  # fmt: skip
-    """Find the endpoint's dialect with small fixed requests (no user data): vLLM's
-    `prompt_logprobs` (token-level when `local_ids`, the local tokenizer's ids of the probe
-    text, come back decoded as `local_pieces`), then echo log-probabilities, then Predicted
-    Outputs; None with the reasons when none answers."""
-    http = _Http(client, model, around)
-    try:
-        return await _probe(http, local_ids, local_pieces)
-    finally:
-        http.around = None  # the verifier found keeps this http: its rounds are guarded apart
-
-
-async def _probe(
-    http: _Http, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
+    post: Post, local_ids: Sequence[int] | None = None, local_pieces: Sequence[str] = ()
 ) -> Probed:
+    """Find the endpoint's dialect with small fixed requests (no user data), each sent by
+    `post` (the cloud guard's): vLLM's `prompt_logprobs` (token-level when `local_ids`, the
+    local tokenizer's ids of the probe text, come back decoded as `local_pieces`), then echo
+    log-probabilities, then Predicted Outputs; None with the reasons when none answers."""
     why: list[str] = []
     body: dict[str, Any] = {
         "prompt": _PROBE_TEXT, "echo": True, "logprobs": 2, "max_tokens": 1,
         "temperature": 0.0, "prompt_logprobs": 1,
     }  # fmt: skip
     try:
-        data = await http.post("completions", body)
+        data = await post("completions", body)
         choice = _choice(data)
         if isinstance(choice.get("prompt_logprobs"), list):
-            return await probe_vllm(http, local_ids, local_pieces)
+            return await probe_vllm(post, local_ids, local_pieces)
         shift = echo_shift(data)
         if shift is not None and echo_shift(data, None) is not None:
-            return Probed(EchoVerifier(http, shift), f"echo-logprobs (rows shifted by {shift})")
+            return Probed(EchoVerifier(shift), f"echo-logprobs (rows shifted by {shift})")
         why.append(
             "completions: no prompt_logprobs, and echo log-probabilities do not predict the "
             "echoed text (llama_cpp.server needs --logits_all true)"
@@ -64,15 +50,14 @@ async def _probe(
     except errors.HybridError as exc:
         why.append(f"completions: {exc}")
     try:
-        pv = PredictionVerifier(http)
-        data = await http.post("chat/completions", {
+        data = await post("chat/completions", {
             "messages": [{"role": "user", "content": "Reply with the word OK."}],
             "max_tokens": 2, "temperature": 0.0,
             "prediction": {"type": "content", "content": "OK"},
         })  # fmt: skip
         details = (data.get("usage") or {}).get("completion_tokens_details") or {}
         if "accepted_prediction_tokens" in details:
-            return Probed(pv, "predicted-outputs")
+            return Probed(PredictionVerifier(), "predicted-outputs")
         why.append("chat: no prediction token counts in the usage")
     except errors.RefusedError:  # the guard said no: not an answer about the dialect
         raise

@@ -45,6 +45,7 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines import spec_sampling as ss
+from hybridllm.engines.capabilities import Post
 from hybridllm.engines.verify import (
     Dialect,
     Probed,
@@ -53,7 +54,6 @@ from hybridllm.engines.verify import (
     Verdict,
     _best,
     _choice,
-    _Http,
     _usage,
     _verdict,
 )
@@ -67,7 +67,6 @@ class PromptLogprobsVerifier:
     """vLLM's `/v1/completions` with `prompt_logprobs` on a token-id prompt. `raw`: the
     server's log-probabilities are raw (needed for sampled rounds)."""
 
-    http: _Http
     raw: bool = True
     top: int = TOP  # log-probabilities asked per position in sampled rounds
     dialect: Dialect = "prompt-logprobs"
@@ -77,7 +76,7 @@ class PromptLogprobsVerifier:
     def samples(self) -> bool:
         return self.raw
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         s = round_.sampling
         body: dict[str, Any] = {
             "prompt": [*round_.context_ids, *round_.draft_ids], "max_tokens": 1,
@@ -87,8 +86,8 @@ class PromptLogprobsVerifier:
         if s is not None:  # the cloud draws the bonus token itself (seeded from ours)
             body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=self.top,
                         logprobs=1, seed=s.rng.randrange(2**31))  # fmt: skip
-            return read_sampled(await self.http.post("completions", body), round_, self.top)
-        return read_prompt_logprobs(await self.http.post("completions", body), round_)
+            return read_sampled(await post("completions", body), round_, self.top)
+        return read_prompt_logprobs(await post("completions", body), round_)
 
 
 def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
@@ -193,18 +192,17 @@ def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Ve
 class TextLogprobsVerifier:
     """vLLM's `prompt_logprobs` on a text prompt: the server's tokenization decides."""
 
-    http: _Http
     dialect: Dialect = "prompt-logprobs"
     token_level: bool = False
     samples: bool = False
 
-    async def verify(self, round_: Round) -> Verdict:
+    async def verify(self, round_: Round, post: Post) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
             "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
             "return_token_ids": True,
         }  # fmt: skip
-        return read_text_logprobs(await self.http.post("completions", body), round_)
+        return read_text_logprobs(await post("completions", body), round_)
 
 
 def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
@@ -269,17 +267,17 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
 
 
 async def probe_vllm(
-    http: _Http, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
+    post: Post, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
 ) -> Probed:
     """Which reading of dialect (b) fits: token-level when the server's names for the local
     tokenizer's ids of the probe text are the local pieces, else text-level."""
-    text_level = Probed(TextLogprobsVerifier(http), "prompt-logprobs, text-level "
+    text_level = Probed(TextLogprobsVerifier(), "prompt-logprobs, text-level "
                         "(the cloud's tokenizer differs from the local one)")  # fmt: skip
     if not local_ids:
         return text_level
     base = {"prompt": list(local_ids), "max_tokens": 1, "prompt_logprobs": 1, "top_p": 1.0}
     try:
-        data = await http.post("completions", {**base, "temperature": 1.0})
+        data = await post("completions", {**base, "temperature": 1.0})
         plp = _choice(data).get("prompt_logprobs") or []
     except errors.RefusedError:  # the guard said no: not an answer about the dialect
         raise
@@ -291,20 +289,20 @@ async def probe_vllm(
         seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
     if len(seen) != len(local_ids) - 1 or seen != list(local_pieces[1:]):
         return text_level
-    raw, top = await _raw(http, base, plp)
+    raw, top = await _raw(post, base, plp)
     words = "raw log-probabilities" if raw else "processed log-probabilities: greedy rounds only"
-    return Probed(PromptLogprobsVerifier(http, raw=raw, top=top),
+    return Probed(PromptLogprobsVerifier(raw=raw, top=top),
                   f"prompt-logprobs (shared tokenizer, {words}, top {top})")  # fmt: skip
 
 
-async def _raw(http: _Http, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
+async def _raw(post: Post, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
     """Whether the server's prompt log-probabilities ignore the temperature (raw ones), and
     how many per position it gives (`WIDE` where it allows that many, else `TOP`)."""
     other: dict[str, Any] | None = None
     top = WIDE
     for asked in (WIDE, 1):
         try:
-            other = _choice(await http.post("completions", {
+            other = _choice(await post("completions", {
                 **base, "temperature": 0.5, "prompt_logprobs": asked}))  # fmt: skip
             break
         except errors.RefusedError:  # the guard said no: not an answer about the dialect

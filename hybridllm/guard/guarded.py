@@ -34,9 +34,11 @@ is wire-only): the client passes a `RequestContext` (the policy's scope, its pri
 it, by binding the guard to it for one request (`guard.bind(context)`), so every path of that
 request's plan (retry, hedge, failover) carries the same context.
 
-The wrapper exposes only the `Engine` protocol: a method it does not guard does not exist on it,
-so new cloud paths must go through `stream()` or `guarded_call()` (a verification round), never
-around the guard.
+The wrapper exposes the `Engine` protocol, and forwards through itself the capabilities a plan
+needs of the engine it wraps (`engines.capabilities`): `verification_post` (a verifier's request,
+as a `guarded_call`), `verification_endpoint` and `set_api_key`. A method it does not guard does
+not exist on it, so new cloud paths go through `stream()` or `guarded_call()`, never around the
+guard; `wrapped()` names the engine guarded, to read (its info, its limit), not to send through.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from collections.abc import (
 from contextlib import aclosing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -69,6 +71,7 @@ from hybridllm.engines.base import (
     chat_messages,
     prompt_token_bound,
 )
+from hybridllm.engines.capabilities import Endpoint, Outgoing, SetsApiKey, VerifiesAtEndpoint
 from hybridllm.engines.options import OpenAIOptions
 from hybridllm.errors import (
     BudgetExceededError,
@@ -161,6 +164,15 @@ def _strings(where: str, value: object) -> Iterator[tuple[str, str]]:
             yield from _strings(f"{where}[{i}]", v)
 
 
+def _usage(data: Mapping[str, Any]) -> TokenUsage | None:
+    """The usage a JSON answer reports (None: none, or not counts)."""
+    u = data.get("usage")
+    if not isinstance(u, Mapping):
+        return None
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    return TokenUsage(p, c) if isinstance(p, int) and isinstance(c, int) else None
+
+
 def usd(amount: float) -> str:
     """An amount with enough decimals to tell small ones apart ($0.0000312, not $0.0000)."""
     if amount == 0:
@@ -234,6 +246,43 @@ class GuardedEngine:
     def bind(self, context: RequestContext) -> BoundGuard:
         """This guard as one request's engine: every stream it sends carries `context`."""
         return BoundGuard(self, context)
+
+    def wrapped(self) -> Engine:
+        """The cloud engine guarded, to read (its info, its limit): never send through it."""
+        return self.inner
+
+    def set_api_key(self, api_key: str) -> None:
+        """The guarded engine's `set_api_key` (`ConfigError` when it takes no key)."""
+        if not isinstance(self.inner, SetsApiKey):
+            raise ConfigError(f"the cloud engine ({type(self.inner).__name__}) takes no API key")
+        self.inner.set_api_key(api_key)
+
+    # ---- verifying drafts: the guarded engine's, through the guard ----------------------------
+
+    def verification_endpoint(self) -> Endpoint | None:
+        inner = self.inner
+        return inner.verification_endpoint() if isinstance(inner, VerifiesAtEndpoint) else None
+
+    async def verification_post(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        outgoing: Outgoing | None = None,
+        context: RequestContext | None = None,
+    ) -> dict[str, Any]:
+        """The guarded engine's `verification_post` as a `guarded_call`: `outgoing` (None:
+        read from the body) scanned and reserved, the answer's usage settled."""
+        inner = self.inner
+        if not isinstance(inner, VerifiesAtEndpoint):
+            raise ConfigError(f"the cloud engine ({type(inner).__name__}) cannot verify drafts")
+        sent = outgoing or Outgoing.of_body(body)
+
+        async def call() -> tuple[dict[str, Any], TokenUsage | None]:
+            data = await inner.verification_post(path, body)
+            return data, _usage(data)
+
+        bounds = sent.prompt_tokens, sent.max_tokens
+        return await self.guarded_call(sent.texts, *bounds, call, context)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -490,6 +539,18 @@ class BoundGuard:
     ) -> T:
         """`GuardedEngine.guarded_call` under this request's context."""
         return await self.guard.guarded_call(texts, prompt_tokens, max_tokens, call, self.context)
+
+    def wrapped(self) -> Engine:
+        return self.guard.wrapped()
+
+    def verification_endpoint(self) -> Endpoint | None:
+        return self.guard.verification_endpoint()
+
+    async def verification_post(
+        self, path: str, body: Mapping[str, Any], outgoing: Outgoing | None = None
+    ) -> dict[str, Any]:
+        """`GuardedEngine.verification_post` under this request's context."""
+        return await self.guard.verification_post(path, body, outgoing, self.context)
 
     async def aclose(self) -> None:
         pass

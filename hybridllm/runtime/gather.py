@@ -37,8 +37,13 @@ from hybridllm.engines.base import (
     count_prompt_tokens,
     prompt_token_bound,
 )
-from hybridllm.engines.capabilities import ReadsSignals
-from hybridllm.engines.limit import ConcurrencyLimit
+from hybridllm.engines.capabilities import (
+    Drafts,
+    LimitsConcurrency,
+    ReadsSignals,
+    VerifiesAtEndpoint,
+    Wraps,
+)
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
@@ -104,11 +109,11 @@ class Routing:
     def seed_from(self, engines: Mapping[EngineName, Engine]) -> None:
         """Use warm-up figures (prefill rate, step time) as the latency model's priors."""
         for name, engine in engines.items():
-            tps = getattr(engine, "prefill_tps", None)
-            tpot = getattr(engine, "tpot_s", None)
-            if isinstance(tps, float) and tps > 0:
-                overhead = tpot if isinstance(tpot, float) else None
-                self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=overhead)
+            info = engine.info()
+            tps, decode_tps = info.prefill_tps, info.decode_tps
+            if tps is not None and tps > 0:
+                tpot = 1.0 / decode_tps if decode_tps else None
+                self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=tpot)
 
     def facts(
         self,
@@ -213,8 +218,12 @@ class Routing:
         sampled = request.temperature > 0
         if sampled and request.top_p >= 1.0:
             return False, "temperature > 0 with top_p = 1 (speculative sampling needs top_p < 1)"
-        inner = getattr(engines["cloud"], "inner", engines["cloud"])
-        key = (str(getattr(inner, "base_url", "")), str(getattr(inner, "model", "")))
+        cloud, local = engines["cloud"], engines["local"]
+        key = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
+        if key is None:
+            return False, "the cloud engine cannot verify drafts"
+        if not isinstance(local, Drafts):
+            return False, "the local engine cannot draft"
         probed = spec.known(key)
         if probed is None:
             return True, "the cloud's verification dialect is probed on this request"
@@ -281,9 +290,9 @@ def _announce(engine: Engine, request: GenerationRequest) -> None:
     """The request goes to `engine` first: an engine with a concurrency limit counts it in its
     queue's forecast from now on (`ConcurrencyLimit.expect`), so the next decisions of a burst
     made at once see it before it reaches the queue."""
-    limit = getattr(getattr(engine, "inner", engine), "limit", None)
-    if isinstance(limit, ConcurrencyLimit):
-        limit.expect(request.priority)
+    inner = engine.wrapped() if isinstance(engine, Wraps) else engine
+    if isinstance(inner, LimitsConcurrency):
+        inner.limit.expect(request.priority)
 
 
 def _wait(info: EngineInfo, request: GenerationRequest) -> float:

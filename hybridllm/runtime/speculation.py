@@ -17,23 +17,14 @@ billed prompt tokens per committed token.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
-import httpx2
 
-from hybridllm.engines._llama_draft import LocalDrafter
-from hybridllm.engines.base import prompt_token_bound
-from hybridllm.engines.verify import Around, Post, Probed
+from hybridllm.engines.capabilities import Drafter, Endpoint, Post
+from hybridllm.engines.verify import Probed
 from hybridllm.engines.verify_probe import probe
-from hybridllm.guard.budget import TokenUsage
 
-Guarded = Callable[
-    [Iterable[tuple[str, str]], int, int, Callable[[], Awaitable[tuple[Any, TokenUsage | None]]]],
-    Awaitable[Any],
-]
 K_MIN, K_MAX, K_START = 1, 16, 8
 PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming
 MIN_ROUNDS = 3  # rounds seen before the plan may decide it does not pay
@@ -126,7 +117,6 @@ class SpeculationState:
     verifiers: dict[tuple[str, str], Probed] = field(default_factory=dict)
     outlooks: dict[tuple[str, str], Outlook] = field(default_factory=dict)
     _locks: dict[tuple[str, str], anyio.Lock] = field(default_factory=dict)
-    clients: dict[tuple[str, str], httpx2.AsyncClient] = field(default_factory=dict)
 
     def outlook(self, key: tuple[str, str]) -> Outlook:
         return self.outlooks.setdefault(key, Outlook())
@@ -134,76 +124,23 @@ class SpeculationState:
     def known(self, key: tuple[str, str]) -> Probed | None:
         return self.verifiers.get(key)
 
-    async def verifier(
-        self,
-        key: tuple[str, str],
-        api_key: str | None,
-        drafter: LocalDrafter,
-        guarded: Guarded | None = None,
-    ) -> Probed:
+    async def verifier(self, key: Endpoint, post: Post, drafter: Drafter) -> Probed:
         """The endpoint's verifier, probed on first use (one probe at a time per endpoint);
-        each probe request goes through `guarded` (the cloud guard: its fixed text is scanned,
-        its tokens reserved and settled). A guard's refusal is raised, not remembered."""
+        each probe request is sent by `post` (the cloud guard's `verification_post`: its fixed
+        text is scanned, its tokens reserved and settled). A guard's refusal is raised, not
+        remembered."""
         found = self.verifiers.get(key)
         if found is not None:
             return found
-        lock = self._locks.setdefault(key, anyio.Lock())
-        async with lock:
+        async with self._locks.setdefault(key, anyio.Lock()):
             found = self.verifiers.get(key)
             if found is None:
-                base_url, model = key
-                client = self.clients.get(key)
-                if client is None:
-                    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-                    client = httpx2.AsyncClient(
-                        base_url=base_url.rstrip("/") + "/",
-                        headers=headers,
-                        timeout=httpx2.Timeout(120.0, connect=5.0),
-                    )
-                    self.clients[key] = client
                 ids = drafter.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")
-                pieces = [drafter.piece([t], ids[:i]).decode("utf-8", "ignore")
-                          for i, t in enumerate(ids)]  # fmt: skip
-                found = await probe(client, model, ids, pieces,
-                                    _through(guarded) if guarded else None)  # fmt: skip
-                self.verifiers[key] = found
+                pieces = [
+                    drafter.piece([t], ids[:i]).decode("utf-8", "ignore") for i, t in enumerate(ids)
+                ]
+                found = self.verifiers[key] = await probe(post, ids, pieces)
         return found
 
     async def aclose(self) -> None:
-        clients, self.clients = self.clients, {}
-        for client in clients.values():
-            await client.aclose()
-
-
-def _through(guarded: Guarded) -> Around:
-    """Each probe request through the guard: its outgoing text, a bound of its prompt tokens
-    and its `max_tokens` reserved, the usage it reports settled."""
-
-    async def around(path: str, body: dict[str, Any], post: Post) -> dict[str, Any]:
-        prompt = body.get("prompt")
-        messages = body.get("messages")
-        if isinstance(messages, list):
-            texts = [str(m.get("content", "")) for m in messages]
-            bound = prompt_token_bound(messages)
-        elif isinstance(prompt, str):
-            texts, bound = [prompt], prompt_token_bound([{"role": "user", "content": prompt}])
-        else:  # token ids (of the same fixed probe text)
-            texts, bound = [], len(prompt) if isinstance(prompt, list) else 64
-        max_out = int(body.get("max_tokens", 16))
-        predicted = body.get("prediction")  # Predicted Outputs: rejected ones bill as output
-        if isinstance(predicted, dict):
-            max_out += len(str(predicted.get("content", "")).encode("utf-8"))
-
-        async def call() -> tuple[dict[str, Any], TokenUsage | None]:
-            data = await post(path, body)
-            u = data.get("usage") or {}
-            p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-            ok = isinstance(p, int) and isinstance(c, int)
-            return data, TokenUsage(p, c) if ok else None  # type: ignore[arg-type]
-
-        result: dict[str, Any] = await guarded(
-            [("verification.probe", t) for t in texts], bound, max_out, call
-        )
-        return result
-
-    return around
+        """Nothing to close: verification goes through the cloud engine's own client."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from hybridllm.engines._llama_draft import Drafted
+from hybridllm.engines.capabilities import Drafted
 from hybridllm.engines.verify import Verdict
 from hybridllm.runtime.plans._ahead import Ahead, verify_with_ahead
 

@@ -18,14 +18,17 @@ Shapes replayed:
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import httpx2
+import openai
 import pytest
 
-from hybridllm import GuardedEngine, Ledger, ModelPrice, Policy, Prices
+from hybridllm import GuardedEngine, Ledger, ModelPrice, OpenAIEngine, Policy, Prices
 from hybridllm.engines.verify import (
     EchoVerifier,
     PredictionVerifier,
@@ -103,7 +106,7 @@ def test_predicted_outputs_commit_the_clouds_own_text_and_count_accepted_tokens(
                   "completion_tokens_details": {"accepted_prediction_tokens": 2,
                                                 "rejected_prediction_tokens": 1}},
     }  # fmt: skip
-    pv = PredictionVerifier(None)  # type: ignore[arg-type]  # read() only
+    pv = PredictionVerifier()
     v = pv.read(answer, ROUND)
     assert (v.accepted, v.accepted_text, v.text, v.finished) == (2, "d0d1", "d0d1 other", False)
     assert (v.prompt_tokens, v.completion_tokens) == (40, 5)  # rejected ones are in the 5
@@ -147,8 +150,77 @@ def test_echo_rows_are_read_as_the_answer_shows_and_the_first_disagreement_ends_
         read_echo(ECHO2, agree, 0)
 
 
-def replay(routes: dict[str, Any]) -> httpx2.AsyncClient:
-    """A MockTransport replaying documented answers by path (status 404 elsewhere)."""
+# the real llama_cpp.server's echo answer with Qwen2.5-Coder 0.5B (no BOS token: the rows are
+# shifted, and the generated token " colors" has no entry of its own)
+QWEN_ECHO = {
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "text": (
+                "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n"
+                "Here are three colors"
+            ),
+            "logprobs": {
+                "tokens": [
+                    "",
+                    "user",
+                    "\n",
+                    "List",
+                    " three",
+                    " colors",
+                    ".",
+                    "",
+                    "\n",
+                    "",
+                    "assistant",
+                    "\n",
+                    "Here",
+                    " are",
+                    " three",
+                ],
+                "top_logprobs": [
+                    None,
+                    {" 在": -2.6, " I": -2.81, "user": -11.6},
+                    {"import": -1.87, "#": -2.25, "\n": -5.04},
+                    {" of": -1.34, " all": -1.39, "List": -13.93},
+                    {" different": -2.76, " things": -2.86, " three": -9.46},
+                    {" that": -0.83, " in": -2.5, " colors": -12.62},
+                    {"#": -1.98, "import": -2.59, ".": -8.04},
+                    {"\n": -0.0, "": -8.93},
+                    {"#": -1.54, "import": -2.24, "\n": -4.91},
+                    {"\n": -0.0, "\n\n": -7.67, "": -10.68},
+                    {" Three": -1.02, "Certainly": -1.88, "assistant": -17.24},
+                    {"3": -1.6, "Three": -2.04, "\n": -10.4},
+                    {" are": -0.02, " is": -4.58, "Here": -21.69},
+                    {" three": -0.0, " the": -6.61, " are": -13.22},
+                    {" colors": -0.12, " color": -3.59, " three": -8.34},
+                ],
+            },
+        }
+    ],
+    "usage": {"prompt_tokens": 15, "completion_tokens": 1, "total_tokens": 16},
+}
+
+
+def test_echo_rows_without_bos_name_the_generated_token_by_the_row_that_chose_it() -> None:
+    assert echo_shift(QWEN_ECHO) == 1
+    prompt = "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n"
+    whole = Round(prompt, "Here", [], [1, 2], [" are", " three"])
+    v = read_echo(QWEN_ECHO, whole, 1)
+    assert (v.accepted, v.accepted_text, v.text) == (2, " are three", " are three colors")
+    assert v.gap == pytest.approx(3.47)
+    # the first disagreement ends the round with the cloud's own choice there
+    other = json.loads(json.dumps(QWEN_ECHO))
+    other["choices"][0]["logprobs"]["top_logprobs"][13] = {" four": -0.1, " three": -2.5}
+    v = read_echo(other, whole, 1)
+    assert (v.accepted, v.accepted_text, v.text) == (1, " are", " are four")
+
+
+@contextlib.asynccontextmanager
+async def replay(routes: dict[str, Any], model: str = "m") -> AsyncIterator[OpenAIEngine]:
+    """An `OpenAIEngine` whose own client replays documented answers by path (a MockTransport;
+    status 404 elsewhere): verification goes through the engine's client as in production."""
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
@@ -160,7 +232,15 @@ def replay(routes: dict[str, Any]) -> httpx2.AsyncClient:
                 return httpx2.Response(200, json=data)
         return httpx2.Response(404, json={"detail": "Not Found"})
 
-    return httpx2.AsyncClient(transport=httpx2.MockTransport(handler), base_url="http://x/v1/")
+    engine = OpenAIEngine(base_url="http://x/v1", api_key="k", model=model)
+    transport = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    engine._client = openai.AsyncOpenAI(
+        base_url="http://x/v1", api_key="k", max_retries=0, http_client=transport
+    )
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
 
 
 def vllm_probe(body: dict[str, Any]) -> dict[str, Any]:
@@ -174,10 +254,10 @@ def vllm_probe(body: dict[str, Any]) -> dict[str, Any]:
 
 async def test_probe_finds_each_dialect_or_says_why_none() -> None:
     async with replay({"/completions": vllm_probe}) as c:
-        found = await probe(c, "m", [5, 6, 7], ["<5>", "<6>", "<7>"])
+        found = await probe(c.verification_post, [5, 6, 7], ["<5>", "<6>", "<7>"])
         assert isinstance(found.verifier, PromptLogprobsVerifier), found.reason
         assert found.verifier.raw and "raw log-probabilities" in found.reason
-        other = await probe(c, "m", [5, 6, 7], ["a", "b", "c"])  # another tokenizer
+        other = await probe(c.verification_post, [5, 6, 7], ["a", "b", "c"])  # another one
         assert isinstance(other.verifier, TextLogprobsVerifier), other.reason
         assert "text-level" in other.reason
     openai_like = {
@@ -190,17 +270,17 @@ async def test_probe_finds_each_dialect_or_says_why_none() -> None:
         "/completions": 404,
     }  # fmt: skip
     async with replay(openai_like) as c:
-        found = await probe(c, "m")
+        found = await probe(c.verification_post)
         assert isinstance(found.verifier, PredictionVerifier), found.reason
     async with replay({"/completions": 500, "/chat/completions": {
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "OK"}}],
             "usage": {"prompt_tokens": 12, "completion_tokens": 1}}}) as c:  # fmt: skip
-        none = await probe(c, "m")
+        none = await probe(c.verification_post)
     assert none.verifier is None
-    assert "completions: HTTP 500: verification refused" in none.reason
+    assert "completions: HTTP 500: no" in none.reason
     assert "no prediction token counts" in none.reason
     async with replay({"/completions": ECHO}) as c:
-        echo = await probe(c, "m")
+        echo = await probe(c.verification_post)
     assert isinstance(echo.verifier, EchoVerifier)
 
 
@@ -329,15 +409,14 @@ class _FakeDrafter:
 async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> None:
     from hybridllm.runtime.speculation import SpeculationState
 
-    prices = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+    prices = Prices(models={"m": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
     ledger = Ledger()
-    guard = GuardedEngine(ScriptedEngine("cloud"), ledger=ledger, prices=prices)  # keep-local
     state = SpeculationState()
-    key = ("http://x/v1", "m")
     async with replay({"/completions": vllm_probe}) as c:
-        state.clients[key] = c
-        found = await state.verifier(key, None, _FakeDrafter(), guard.guarded_call)  # type: ignore[arg-type]
-        state.clients.clear()
+        guard = GuardedEngine(c, ledger=ledger, prices=prices)  # keep-local
+        key = guard.verification_endpoint()
+        assert key == ("http://x/v1", "m")
+        found = await state.verifier(key, guard.verification_post, _FakeDrafter())  # type: ignore[arg-type]
     assert found.verifier is not None, found.reason
     usd = ledger.spend("day").settled_usd
     # two requests (the dialect; the local token ids, which read as another tokenizer here),
@@ -348,23 +427,50 @@ async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> N
     assert ledger.spend("day").reserved_usd == 0
 
 
+class _DraftingScripted(ScriptedEngine):
+    """A scripted local engine that declares the drafting capability (never asked to draft)."""
+
+    def drafter(self) -> Any:
+        raise AssertionError("routing only reads the capability")
+
+
 def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
     from hybridllm.engines.base import GenerationRequest
     from hybridllm.engines.verify import Probed
     from hybridllm.runtime.gather import Routing
 
     routing = Routing()
-    engines: Any = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
+    cloud = OpenAIEngine(base_url="http://x/v1", api_key="k", model="m")
+    engines: Any = {"local": _DraftingScripted("local"), "cloud": cloud}
     msgs = [{"role": "user", "content": "hi"}]
     wide = GenerationRequest(msgs, temperature=0.8, top_p=1.0)  # type: ignore[arg-type]
     pays, why = routing.speculation_outlook(wide, Policy(), engines) or (None, "")
     assert pays is False and "top_p = 1" in why
-    key = ("", "scripted")  # where ScriptedEngine("cloud") would be verified
-    routing.speculation.verifiers[key] = Probed(EchoVerifier(None), "echo-logprobs")  # type: ignore[arg-type]
+    key = ("http://x/v1", "m")  # where the cloud engine verifies
+    routing.speculation.verifiers[key] = Probed(EchoVerifier(), "echo-logprobs")
     sampled = GenerationRequest(msgs, temperature=0.8, top_p=0.9)  # type: ignore[arg-type]
     pays, why = routing.speculation_outlook(sampled, Policy(), engines) or (None, "")
     assert pays is False and "raw token-level" in why
     greedy = GenerationRequest(msgs, temperature=0.0)  # type: ignore[arg-type]
     assert (routing.speculation_outlook(greedy, Policy(), engines) or (None,))[0] is True
-    routing.speculation.verifiers[key] = Probed(PromptLogprobsVerifier(None), "prompt-logprobs")  # type: ignore[arg-type]
+    routing.speculation.verifiers[key] = Probed(PromptLogprobsVerifier(), "prompt-logprobs")
     assert (routing.speculation_outlook(sampled, Policy(), engines) or (None,))[0] is True
+
+
+def test_routing_expects_speculation_only_from_engines_that_draft_and_verify() -> None:
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.runtime.gather import Routing
+
+    greedy = GenerationRequest([{"role": "user", "content": "hi"}], temperature=0.0)
+    cloud = OpenAIEngine(base_url="http://x/v1", api_key="k", model="m")
+    guarded = GuardedEngine(ScriptedEngine("cloud"), privacy="off")
+    cases = {
+        "the cloud engine cannot verify drafts": (_DraftingScripted("local"), guarded),
+        "the local engine cannot draft": (ScriptedEngine("local"), cloud),
+    }
+    for why, (local, remote) in cases.items():
+        engines: Any = {"local": local, "cloud": remote}
+        assert Routing().speculation_outlook(greedy, Policy(), engines) == (False, why)
+    engines = {"local": _DraftingScripted("local"), "cloud": GuardedEngine(cloud, privacy="off")}
+    pays, why = Routing().speculation_outlook(greedy, Policy(), engines) or (None, "")
+    assert pays is True and "probed on this request" in why

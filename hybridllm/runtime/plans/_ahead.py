@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from hybridllm.engines._llama_draft import Drafted, LocalDrafter
+from hybridllm.engines.capabilities import Drafted, Drafter
 from hybridllm.engines.verify import Verdict
 
 
@@ -53,7 +53,7 @@ class Ahead:
 
 async def verify_with_ahead(
     verify: Callable[[], Awaitable[Verdict]],
-    drafter: LocalDrafter,
+    drafter: Drafter,
     assumed: Sequence[int],
     n_draft: int,
     k_next: int,

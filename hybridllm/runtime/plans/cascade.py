@@ -49,6 +49,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.engines.capabilities import ReadsSignals
 from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
 from hybridllm.policy import Policy
 from hybridllm.routing.decision import Decision
@@ -88,6 +89,11 @@ async def cascade(
     reason: str = "cascade",
 ) -> None:
     """Run `request` as a cascade (see the module's text)."""
+    if not isinstance(local, ReadsSignals):  # `cascade_for` runs a cascade only with one
+        raise errors.ConfigError(
+            f"a cascade needs a local engine that reads its own signals ({type(local).__name__}"
+            " does not)"
+        )
     trace = run.trace
     whole = settings.judge == "answer"
     budget = math.inf if whole else settings.hold_s
@@ -109,7 +115,7 @@ async def cascade(
             failed: Exception | None = None
             with anyio.move_on_after(max(budget, 0.0)):
                 try:
-                    sig = await local.signals(  # type: ignore[attr-defined]
+                    sig = await local.signals(
                         request.messages, n_answer, rotations_within_s=_rotations_within(budget)
                     )
                 except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
@@ -423,7 +429,7 @@ async def score_messages(
 
     if router is None:
         raise errors.ConfigError("router_score needs a router (the client has none)")
-    if local is None or not hasattr(local, "signals"):
+    if not isinstance(local, ReadsSignals):
         return router_score(router, messages, None)
     sig = await local.signals(messages, n_answer)
     return router_score(router, messages, sig.values, sig.cost_ms)

@@ -55,11 +55,16 @@ from typing import Protocol
 import anyio
 
 from hybridllm import clock, errors
-from hybridllm.engines._llama_draft import Drafted, LocalDrafter
 from hybridllm.engines.base import Engine, GenerationRequest, prompt_token_bound
+from hybridllm.engines.capabilities import (
+    Drafted,
+    Drafter,
+    Drafts,
+    Outgoing,
+    VerifiesAtEndpoint,
+)
 from hybridllm.engines.verify import Round, Sampling, Unverifiable, Verdict, Verifier
 from hybridllm.events import Delta, Draft, EngineName, Fallback, Finish, Retract
-from hybridllm.guard.budget import TokenUsage
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
@@ -89,41 +94,30 @@ class SpeculativeSetup:
     ahead: bool = True  # draft the next round while this one is verified (`_ahead`)
 
 
-def _endpoint(cloud: Engine) -> tuple[tuple[str, str] | None, str | None, str]:
-    inner = getattr(getattr(cloud, "guard", cloud), "inner", cloud)
-    base_url = getattr(inner, "base_url", None)
-    if not base_url:
-        return None, None, "the cloud engine has no base_url to verify with"
-    return (str(base_url), str(getattr(inner, "model", ""))), getattr(inner, "api_key", None), ""
-
-
 async def speculative(
     run: RequestRun, setup: SpeculativeSetup, request: GenerationRequest, reason: str
 ) -> None:
     run.route(setup.cloud, reason)
     spec = run.trace.speculation = Speculation()
-    local = setup.local
+    local, cloud = setup.local, setup.cloud
     if request.temperature > 0 and request.top_p >= 1.0:
         spec.verifier = (
             "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
             "vocabulary, which top-N log-probabilities cannot give exactly"
         )
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    from hybridllm.engines.llamacpp import LlamaCppEngine  # the local engine's own module
-
-    if not isinstance(local, LlamaCppEngine):
-        spec.verifier = "none: the local engine cannot draft (not a LlamaCppEngine)"
+    if not isinstance(local, Drafts):
+        spec.verifier = "none: the local engine cannot draft"
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    key, api_key, why = _endpoint(setup.cloud)
-    drafter = LocalDrafter(local)
+    drafter = local.drafter()
     await drafter.start()
-    if key is None:
-        spec.verifier = f"none: {why}"
+    endpoint = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
+    if endpoint is None or not isinstance(cloud, VerifiesAtEndpoint):
+        spec.verifier = "none: the cloud engine cannot verify drafts"
         return await _plain(run, setup, request, "", 0, spec.verifier)
     spend_role.set("probe")
     try:
-        guarded = getattr(setup.cloud, "guarded_call", None)
-        probed = await setup.state.verifier(key, api_key, drafter, guarded)
+        probed = await setup.state.verifier(endpoint, cloud.verification_post, drafter)
     except errors.RefusedError as exc:  # the probe itself was refused by the guard
         run.trace.refusals.append(f"cloud: {exc}")
         spec.verifier = f"none: probing refused by the guard: {exc}"
@@ -137,20 +131,20 @@ async def speculative(
             f"sampling; the cloud offers {probed.reason}"
         )
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    outlook = setup.state.outlook(key)
+    outlook = setup.state.outlook(endpoint)
     if setup.k is None:  # known not to pay here: stream plainly from the start (or explore)
         pays, words = outlook.pays(setup.cloud_tpot_s)
         if not pays and not outlook.explore():
             return await _plain(run, setup, request, "", 0, f"speculation does not pay: {words}")
-    await _loop(run, setup, request, drafter, probed.verifier, outlook, spec)
+    await _loop(run, setup, request, drafter, (probed.verifier, cloud), outlook, spec)
 
 
 async def _loop(
     run: RequestRun,
     setup: SpeculativeSetup,
     request: GenerationRequest,
-    drafter: LocalDrafter,
-    verifier: Verifier,
+    drafter: Drafter,
+    judge: tuple[Verifier, VerifiesAtEndpoint],
     outlook: Outlook,
     spec: Speculation,
 ) -> None:
@@ -162,7 +156,8 @@ async def _loop(
     spend_role.set("verification")
     sampled = request.temperature > 0
     rng = random.Random(request.seed)  # seeded: the same drafts and decisions for a seed
-    vocab = drafter.session.llm.n_vocab()
+    verifier = judge[0]
+    vocab = drafter.n_vocab
     spec.rule = (
         f"speculative sampling (temperature {request.temperature:g}, top_p "
         f"{request.top_p:g}): keep x with min(1, p/q), else draw from norm(max(0, p - q))"
@@ -201,11 +196,11 @@ async def _loop(
             if pipelined and not drafted.eos:
                 k_next = max(1, min(setup.k or outlook.best_k(), K_MAX))
                 verdict, ahead = await verify_with_ahead(
-                    partial(_verify, setup, verifier, round_), drafter, [*ctx, *ids],
+                    partial(_verify, setup, judge, round_), drafter, [*ctx, *ids],
                     len(ids), k_next,
                 )  # fmt: skip
             else:
-                verdict, ahead = await _verify(setup, verifier, round_), None
+                verdict, ahead = await _verify(setup, judge, round_), None
         except Unverifiable as exc:
             if setup.show_drafts and draft_text:
                 run.emit(Retract(clock.now(), draft_text))
@@ -273,37 +268,31 @@ def _should_switch(
     return None
 
 
-async def _verify(setup: SpeculativeSetup, verifier: Verifier, round_: Round) -> Verdict:
+async def _verify(
+    setup: SpeculativeSetup, judge: tuple[Verifier, VerifiesAtEndpoint], round_: Round
+) -> Verdict:
+    """One round through the cloud's `verification_post` (the guard's: the round's whole
+    text scanned, its prompt-token bound and k + 1 output tokens reserved, usage settled)."""
+    verifier, cloud = judge
     full = round_.prompt_text + round_.committed_text + round_.draft_text
-    texts = [("verification.prompt", full)]
-    bound = max(prompt_token_bound([{"role": "user", "content": full}]),
-                len(round_.context_ids) + len(round_.draft_ids))  # fmt: skip
+    bound = max(
+        prompt_token_bound([{"role": "user", "content": full}]),
+        len(round_.context_ids) + len(round_.draft_ids),
+    )
     max_out = len(round_.draft_ids) + 1
     if verifier.dialect == "predicted-outputs":  # rejected prediction tokens bill as output
         max_out += len(round_.draft_text.encode("utf-8"))
-
-    async def call() -> tuple[Verdict, TokenUsage | None]:
-        v = await verifier.verify(round_)
-        usage = TokenUsage(v.prompt_tokens, v.completion_tokens) if v.usage_reported else None
-        return v, usage
-
-    guarded = getattr(setup.cloud, "guarded_call", None)
-
-    async def go() -> Verdict:
-        if guarded is None:
-            return (await call())[0]
-        result: Verdict = await guarded(texts, bound, max_out, call)
-        return result
-
+    outgoing = Outgoing((("verification.prompt", full),), bound, max_out)
+    post = partial(cloud.verification_post, outgoing=outgoing)
     if setup.stall_s is None:
-        return await go()
+        return await verifier.verify(round_, post)
     with anyio.move_on_after(setup.stall_s) as scope:
-        return await go()
+        return await verifier.verify(round_, post)
     assert scope.cancelled_caught
     raise errors.StallError.after(setup.stall_s, "cloud")
 
 
-def _pieces(drafter: LocalDrafter, ctx: list[int], ids: list[int]) -> list[str]:
+def _pieces(drafter: Drafter, ctx: list[int], ids: list[int]) -> list[str]:
     """Each drafted token's text as it follows the context (a character split over tokens
     goes to the token that completes it)."""
     dec = codecs.getincrementaldecoder("utf-8")(errors="ignore")
@@ -314,7 +303,7 @@ def _pieces(drafter: LocalDrafter, ctx: list[int], ids: list[int]) -> list[str]:
     return out
 
 
-def _text_of(drafter: LocalDrafter, ctx: list[int], ids: Sequence[int]) -> str:
+def _text_of(drafter: Drafter, ctx: list[int], ids: Sequence[int]) -> str:
     return "".join(_pieces(drafter, ctx, list(ids)))
 
 
