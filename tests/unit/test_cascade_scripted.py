@@ -389,5 +389,5 @@ async def test_a_policys_plan_runs_the_cascade_as_a_calls_plan_does_scripted() -
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         done = await client.complete("hi", policy=asking)
         plain = await client.complete("hi", policy=policy(prefer="local"))
-    assert done.trace.cascade is not None and done.trace.cascade["decision"] == "local"
+    assert done.trace.cascade is not None and done.trace.cascade.decision == "local"
     assert done.text == "Hello" and plain.trace.cascade is None and local.signal_calls == 1
