@@ -115,7 +115,7 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            self._guard.preload_privacy = self.policy.privacy != "off"
+            self._guard.preload_privacy = self.policy.privacy.mode != "off"
         gate = (
             None if self._guard is None or self._guard.ledger is None else GuardBudget(self._guard)
         )
@@ -237,18 +237,18 @@ class HybridClient:
         pol = self._effective(self.policy if policy is None else self.policies.get(policy))
         pol = pol if plan is None else pol.with_plan(plan)
         if show_drafts is not None:
-            pol = pol.model_copy(update={"show_drafts": validate.flag("show_drafts", show_drafts)})
+            pol = pol.with_(speculative={"show_drafts": validate.flag("show_drafts", show_drafts)})
         request = GenerationRequest(
             messages=msgs,
-            max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
-            temperature=pol.temperature if temperature is None else temperature,
-            top_p=pol.top_p if top_p is None else top_p,
-            stop=pol.stop if stop is None else validate.stop(stop),
+            max_tokens=pol.sampling.max_tokens if max_tokens is None else max_tokens,
+            temperature=pol.sampling.temperature if temperature is None else temperature,
+            top_p=pol.sampling.top_p if top_p is None else top_p,
+            stop=pol.sampling.stop if stop is None else validate.stop(stop),
             seed=seed,
             options=options,  # type: ignore[arg-type]  # GenerationRequest checks and copies
             priority=pol.priority if priority is None else priority,  # the queue's class
         )
-        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
+        privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
         spec: Literal["speculative"] | None = "speculative" if plan == "speculative" else None
         decision, facts, state = self.decide(request, pol, engine, preview=False, plan=spec)
@@ -272,8 +272,7 @@ class HybridClient:
     def _effective(self, policy: Policy) -> Policy:
         """The policy as this client applies it: the client's privacy mode is a floor, and the
         policy's `[budget]` caps go to the cloud guard (scoped by the policy's name)."""
-        if self.privacy != "off" and policy.privacy == "off":
-            policy = policy.model_copy(update={"privacy": self.privacy})
+        policy = policy.under_client(self.privacy)
         guard = self._guard
         if guard is not None:
             caps = policy_caps(policy)

@@ -136,7 +136,11 @@ def _refuse(reasons: list[str], deadline: float | None) -> Decision:
 
 def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     reasons: list[str] = []
-    deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
+    deadline = (
+        None
+        if policy.routing.ttft_deadline_ms is None
+        else policy.routing.ttft_deadline_ms / 1000.0
+    )
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
     want = _wanted(facts, policy, reasons)
     explained = _restrict(facts, policy, state, allowed, want, reasons)
@@ -223,7 +227,7 @@ def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> EngineNa
     if facts.forced is not None:
         reasons.append(f"engine={facts.forced} forced by the caller")
         return facts.forced
-    if policy.prefer != "auto" or policy.fallback_order is not None:
+    if policy.routing.prefer != "auto" or policy.routing.fallback_order is not None:
         want = policy.order[0]
         reasons.append(f"policy {policy.name!r} prefers {want}")
         return want
@@ -258,13 +262,13 @@ def _restrict(
     if not policy.cloud_allowed and "cloud" in state.available:
         explained = drop(f"policy {policy.name!r}: never leaves the device -> local")
     kinds = facts.privacy_kinds
-    if kinds is None and policy.privacy != "off":
+    if kinds is None and policy.privacy.mode != "off":
         explained = drop("privacy: no detector to scan the prompt -> local only")
-    elif kinds and policy.privacy == "off":
+    elif kinds and policy.privacy.mode == "off":
         reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
     elif kinds:
         found = ", ".join(sorted(kinds))
-        if policy.privacy == "block":
+        if policy.privacy.mode == "block":
             reasons.append(f"privacy: {found} found -> blocked by the policy")
             return None
         explained = drop(f"privacy: {found} found -> local only")
@@ -329,7 +333,7 @@ def _load(
         )
         return fallback, primary, False, True
     # a cloud the policy never starts in parallel waits for the deadline itself
-    lead = fallback != "cloud" or policy.parallel_cloud
+    lead = fallback != "cloud" or policy.hedge.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
         return primary, fallback, False, lead
@@ -369,9 +373,9 @@ def _cloud_queue_misses(deadline: float, state: LiveState) -> bool:
 
 def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
     """Why the policy keeps the cloud from starting beside the local engine now, or None."""
-    if not policy.parallel_cloud:
+    if not policy.hedge.parallel_cloud:
         return f"policy {policy.name!r} forbids a parallel cloud start (parallel_cloud = false)"
-    cap = policy.parallel_cloud_share
+    cap = policy.hedge.parallel_cloud_share
     if cap is None:
         return None
     started, seen = state.parallel_recent
@@ -392,10 +396,10 @@ def _hedge(
     deadline: float | None = None,
     lead: bool = True,
 ) -> float | None:
-    if fallback is None or policy.hedge_after_ms is None or "hedge" not in policy.plans:
+    if fallback is None or policy.hedge.after_ms is None or "hedge" not in policy.plans:
         return None
-    if policy.hedge_after_ms != "auto":
-        hedge_s = policy.hedge_after_ms / 1000.0
+    if policy.hedge.after_ms != "auto":
+        hedge_s = policy.hedge.after_ms / 1000.0
         reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
         return hedge_s
     mine, theirs = state.latency.get(primary), state.latency.get(fallback)
@@ -406,10 +410,10 @@ def _hedge(
     backup = theirs.ttft_samples or (theirs.ttft_s,)
     price = weight = 0.0
     if fallback == "local":
-        weight = policy.hedge_device_weight
+        weight = policy.hedge.device_weight
         cost = f"device time until the first token x {weight:g}"
     else:
-        price = policy.hedge_cloud_price_ms / 1000.0
+        price = policy.hedge.cloud_price_ms / 1000.0
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
     if deadline is not None:

@@ -253,7 +253,7 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
     )
     async with client:
         # a fixed k: the plan never steps aside to plain streaming (the mock cannot stream)
-        fixed = Policy(name="fixed-k", speculative_k=4)
+        fixed = Policy(name="fixed-k", speculative={"k": 4})
         r = await client.complete(
             "Say a fact.", policy=fixed, plan="speculative", max_tokens=64, temperature=0
         )

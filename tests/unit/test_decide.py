@@ -44,16 +44,18 @@ def policies(draw: st.DrawFn) -> Policy:
     share = draw(st.one_of(st.none(), unit)) if parallel else None
     return Policy(
         name="p",
-        prefer=prefer,
-        allow_cloud=allow_cloud,
-        fallback_order=order,
         plans=plans,
-        hedge_after_ms=hedge,
-        ttft_deadline_ms=draw(st.one_of(st.none(), st.floats(min_value=1.0, max_value=5000.0))),
-        privacy=draw(st.sampled_from(["off", "keep-local", "block"])),
         budget=Budget(on_exceeded=draw(st.sampled_from(["local", "fail"]))),
-        parallel_cloud=parallel,
-        parallel_cloud_share=share,
+        routing={
+            "prefer": prefer,
+            "allow_cloud": allow_cloud,
+            "fallback_order": order,
+            "ttft_deadline_ms": draw(
+                st.one_of(st.none(), st.floats(min_value=1.0, max_value=5000.0))
+            ),
+        },
+        hedge={"after_ms": hedge, "parallel_cloud": parallel, "parallel_cloud_share": share},
+        privacy={"mode": draw(st.sampled_from(["off", "keep-local", "block"]))},
     )
 
 
@@ -114,19 +116,19 @@ def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
         assert d.fallback is not None and d.plan == "single"
     # a parallel cloud start only where the policy allows one, within its share, and said
     if d.parallel_cloud:
-        assert p.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
+        assert p.hedge.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
         started, seen = s.parallel_recent
-        cap = p.parallel_cloud_share
+        cap = p.hedge.parallel_cloud_share
         assert cap is None or (started + 1) / (seen + 1) <= cap
     if not d.fallback_lead:
         assert d.fallback == "cloud" and not d.fallback_now
     # deterministic: a pure function of its inputs
     assert decide(f, p, s) == d
     # a policy that keeps requests on the device never yields a cloud engine
-    if not p.cloud_allowed or p.privacy != "off" and f.privacy_kinds != frozenset():
+    if not p.cloud_allowed or p.privacy.mode != "off" and f.privacy_kinds != frozenset():
         assert not touches_cloud(d)
     # privacy "block" with a finding refuses
-    if p.privacy == "block" and f.privacy_kinds:
+    if p.privacy.mode == "block" and f.privacy_kinds:
         assert d.plan == "refuse" and any("privacy" in r for r in d.reasons)
     # a budget that cannot cover the worst case never yields a cloud request
     if not s.budget_fits:
@@ -153,7 +155,7 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
         and p.cloud_allowed
         and "cloud" in p.order
         and "local" in p.order
-        and not (p.privacy != "off" and f.privacy_kinds != frozenset())
+        and not (p.privacy.mode != "off" and f.privacy_kinds != frozenset())
         and s.budget_fits
         and not s.cloud_circuit_open
         and f.forced is None
@@ -171,7 +173,7 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
 
 # ---- readable reasons for the main cases ---------------------------------------------------------
 
-CHAT = Policy(name="chat", prefer="auto", ttft_deadline_ms=500)
+CHAT = Policy(name="chat", routing={"prefer": "auto", "ttft_deadline_ms": 500})
 BOTH = LiveState(latency={"local": pred("local", 0.2), "cloud": pred("cloud", 0.3, 0.45)})
 
 
@@ -184,14 +186,14 @@ def test_router_score_picks_the_engine() -> None:
 
 
 def test_privacy_finding_keeps_the_request_local() -> None:
-    pol = CHAT.model_copy(update={"privacy": "keep-local"})
+    pol = CHAT.with_(privacy={"mode": "keep-local"})
     d = decide(RequestFacts(50, 64, 0.9, 0.5, frozenset({"email"})), pol, BOTH)
     assert d.engines == ("local",) and "privacy: email found -> local only" in d.reasons
 
 
 def test_budget_goes_local_or_refuses() -> None:
     state = LiveState(budget_fits=False, budget_detail="day cap 0.50 USD, left 0.01 USD")
-    cloudy = Policy(name="b", prefer="cloud")
+    cloudy = Policy(name="b", routing={"prefer": "cloud"})
     d = decide(RequestFacts(50, 64), cloudy, state)
     assert d.engines == ("local",)
     assert "budget: cannot cover the cloud request (day cap 0.50 USD, left 0.01 USD) -> local" in (
@@ -224,7 +226,7 @@ def test_unknown_cloud_latency_starts_both_at_once() -> None:
 
 
 def test_slow_cloud_swaps_to_local() -> None:
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     state = LiveState(latency={"local": pred("local", 0.2, 0.3), "cloud": pred("cloud", 2.0)})
     d = decide(RequestFacts(50, 64), pol, state)
     assert (d.primary, d.fallback) == ("local", "cloud")
@@ -232,7 +234,7 @@ def test_slow_cloud_swaps_to_local() -> None:
 
 
 def test_open_circuit_goes_local_at_once() -> None:
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     d = decide(RequestFacts(50, 64), pol, LiveState(cloud_circuit_open=True))
     assert d.engines == ("local",) and "cloud circuit open -> local" in d.reasons
 
@@ -249,7 +251,9 @@ CLOUD_TAIL = [0.1, 0.12, 0.13, 0.15, 0.15, 0.16, 0.18, 0.2, 0.22, 0.25, 0.3, 0.3
 
 
 def test_auto_hedge_waits_for_history() -> None:
-    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     young = LiveState(
         latency={"cloud": heavy("cloud", CLOUD_TAIL[:3]), "local": pred("local", 0.05)}
     )
@@ -257,7 +261,9 @@ def test_auto_hedge_waits_for_history() -> None:
 
 
 def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> None:
-    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     d = decide(RequestFacts(10, 8), pol, state)
     assert d.plan == "hedge" and d.hedge_s is not None and d.hedge_s < 0.1
@@ -266,7 +272,9 @@ def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> No
 
 def test_auto_hedge_with_a_dear_cloud_backup_waits_or_skips() -> None:
     local = heavy("local", [0.1 + 0.002 * i for i in range(20)], ttft=0.12)  # a tight local
-    pol = Policy(name="t", prefer="local", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "local", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     d = decide(
         RequestFacts(10, 8), pol, LiveState(latency={"local": local, "cloud": pred("cloud", 0.2)})
     )
@@ -291,7 +299,9 @@ SLOW_LOCAL = {"local": speed("local", 0.1, 0.06), "cloud": speed("cloud", 0.3, 0
 
 
 def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    pol = Policy(
+        name="t", plans=("single", "handoff"), routing={"prefer": "local", "tpot_target_ms": 40}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.plan == "handoff" and d.primary == "local" and d.fallback == "cloud"
     assert "local decodes at 60 ms/token, slower than the 40 ms target" in d.reason
@@ -299,19 +309,25 @@ def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
 
 
 def test_slow_local_decode_without_handoff_gives_the_cloud_the_request() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=500)
+    pol = Policy(
+        name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 500}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.plan == "single" and d.primary == "cloud" and d.reason.endswith("-> cloud")
 
 
 def test_slow_local_decode_keeps_local_when_the_cloud_misses_the_deadline() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=200)
+    pol = Policy(
+        name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 200}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.primary == "local" and "misses the 200 ms deadline -> local" in d.reason
 
 
 def test_short_answers_and_fast_local_decode_stay_local() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    pol = Policy(
+        name="t", plans=("single", "handoff"), routing={"prefer": "local", "tpot_target_ms": 40}
+    )
     short = decide(RequestFacts(20, 16), pol, LiveState(latency=SLOW_LOCAL))
     assert short.plan == "single" and short.primary == "local" and "decodes" not in short.reason
     fast = {"local": speed("local", 0.1, 0.03), "cloud": speed("cloud", 0.3, 0.01)}
@@ -320,7 +336,7 @@ def test_short_answers_and_fast_local_decode_stay_local() -> None:
 
 
 def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> None:
-    pol = Policy(name="t", prefer="cloud").with_plan("handoff")
+    pol = Policy(name="t", routing={"prefer": "cloud"}).with_plan("handoff")
     d = decide(RequestFacts(20, 8), pol, LiveState())
     assert d.plan == "handoff" and (d.primary, d.fallback) == ("local", "cloud")
     assert "plan=handoff" in d.reason
@@ -329,6 +345,8 @@ def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> N
 
 
 def test_handoff_needs_the_cloud() -> None:
-    pol = Policy(name="t", prefer="local", privacy="keep-local").with_plan("handoff")
+    pol = Policy(name="t", routing={"prefer": "local"}, privacy={"mode": "keep-local"}).with_plan(
+        "handoff"
+    )
     d = decide(RequestFacts(20, 256, privacy_kinds=frozenset({"email"})), pol, LiveState())
     assert d.plan == "single" and d.engines == ("local",)

@@ -55,7 +55,7 @@ async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> Non
 
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="cloudy", prefer="cloud")
+    policy = Policy(name="cloudy", routing={"prefer": "cloud"})
     req = GenerationRequest([{"role": "user", "content": "q"}])
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         breaker = client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=0.05)
@@ -83,7 +83,7 @@ def test_configuration_errors_do_not_open_the_circuit() -> None:
 async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="cloudy", prefer="cloud")
+    policy = Policy(name="cloudy", routing={"prefer": "cloud"})
     async with HybridClient(local=local, cloud=down, policy=policy) as client:
         client.breakers["cloud"] = CircuitBreaker(threshold=2, reset_after_s=60)
         for _ in range(2):  # the cloud fails before its first token: the local engine answers
@@ -99,7 +99,7 @@ async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
 @pytest.mark.anyio
 async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
-    async with HybridClient(cloud=down, policy=Policy(retries=0)) as client:
+    async with HybridClient(cloud=down, policy=Policy(routing={"retries": 0})) as client:
         client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=60)
         for _ in range(2):
             with pytest.raises(CloudConnectionError):

@@ -172,7 +172,9 @@ async def test_policy_preference_and_private_mode() -> None:
     async with HybridClient(local=local, cloud=cloud) as client:
         assert (await client.complete("hi", policy="long-writing")).trace.engine == "cloud"
         assert (await client.complete("hi", policy="code-completion")).trace.engine == "local"
-        assert (await client.complete("hi", policy=Policy(prefer="cloud"))).trace.engine == "cloud"
+        assert (
+            await client.complete("hi", policy=Policy(routing={"prefer": "cloud"}))
+        ).trace.engine == "cloud"
         with pytest.raises(PolicyError, match="device"):
             client.stream("hi", policy="private", engine="cloud")
     async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["c"])) as client:

@@ -42,7 +42,7 @@ def choose_plan(
     if cascaded is not None:
         return cascaded
     target = engines[decision.primary]
-    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
     if decision.plan == "speculative":
         return speculative_plan(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
@@ -53,7 +53,7 @@ def choose_plan(
             engine=target,
             request=request,
             reason=decision.reason,
-            retries=policy.retries,
+            retries=policy.routing.retries,
             deadline_s=decision.deadline_s,
             stall_s=stall_s,
         )
