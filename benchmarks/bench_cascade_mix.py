@@ -121,7 +121,7 @@ async def matched_policies(
     here = {"stage 1": cut_at(text, SHARE), "cascade": cut_at(combined, SHARE)}
     print(f"thresholds putting {SHARE:.0%} of this workload above them: stage 1 "
           f"{here['stage 1']:.3f}, combined {here['cascade']:.3f}")  # fmt: skip
-    return {k: p.model_copy(update={"target_cloud_share": None, "router_threshold": c})
+    return {k: p.with_(routing={"target_cloud_share": None, "router_threshold": c})
             for (k, c), p in zip(here.items(), (base, casc), strict=True)}  # fmt: skip
 
 
@@ -140,10 +140,14 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
     items = [lab.Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], KINDS[r["kind"]])
              for r in rows]  # fmt: skip
     router = Router.load()
-    base = Policy(name="mix", plans=("single",), target_cloud_share=SHARE, temperature=0.0,
-                  max_tokens=24)  # fmt: skip
+    base = Policy(
+        name="mix",
+        plans=("single",),
+        routing={"target_cloud_share": SHARE},
+        sampling={"temperature": 0.0, "max_tokens": 24},
+    )
     casc = base.model_copy(update={"plans": ("single", "cascade")})
-    judged = casc.model_copy(update={"cascade_judge": "answer"})
+    judged = casc.with_(cascade={"judge": "answer"})
     to_cloud = set(random.Random(seed + 1).sample(range(len(items)), round(SHARE * len(items))))
     t_start = time.perf_counter()
     with HybridServer(resolve_model(CLOUD, pull=True), alias="cloud", api_key="sk-bench",
@@ -163,8 +167,8 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
             if any(r.endswith("here") for r in runs):
                 matched = await matched_policies(client, items, base, casc)
             if "cascade answer @30% here" in runs:
-                keep = judged.model_copy(update={"target_cloud_share": None,
-                                                 "router_threshold": 1.0})  # fmt: skip
+                cut = {"target_cloud_share": None, "router_threshold": 1.0}
+                keep = judged.with_(routing=cut)
                 values = []
                 for it in items:
                     r = await client.complete(it.prompt, policy=keep, plan="cascade",
@@ -173,7 +177,7 @@ async def main(n: int, seed: int, threads: int | None, runs: list[str], split: s
                 cut = cut_at(values, SHARE)
                 print(f"whole-answer threshold putting {SHARE:.0%} of this workload above it: "
                       f"{cut:.3f}", flush=True)  # fmt: skip
-                matched["cascade answer"] = keep.model_copy(update={"router_threshold": cut})
+                matched["cascade answer"] = keep.with_(routing={"router_threshold": cut})
             results: dict[str, list[tuple[bool, str, float, float]]] = {}
             judges: dict[str, Counter[str]] = {}
             for name in runs:

@@ -71,7 +71,7 @@ async def run(path: Path, base_url: str, limit: int | None, args: argparse.Names
     row = Row("no limit" if limit is None else f"limit {limit}")
     cloud = OpenAIEngine(base_url=base_url, api_key=API_KEY, model=ALIAS, max_concurrency=limit)
     local = LlamaCppEngine(path, n_ctx=1024, n_threads=1)
-    policy = Policy(name="burst", prefer="cloud", ttft_deadline_ms=args.deadline_ms)
+    policy = Policy(name="burst", routing={"prefer": "cloud", "ttft_deadline_ms": args.deadline_ms})
     served: Counter[str] = Counter()
     async with HybridClient(local=local, cloud=cloud, router=None) as client:
         for i in range(3):  # warm-up: the latency model, the slot hold time

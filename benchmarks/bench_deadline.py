@@ -260,9 +260,13 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     def make_local() -> LlamaCppEngine:
         return LlamaCppEngine(local_path, n_ctx=2048, n_threads=1)
 
-    base = Policy(name="bench", prefer="cloud", retries=0, max_tokens=MAX_TOKENS, temperature=0)
-    race = base.model_copy(update={"name": "race", "ttft_deadline_ms": args.deadline_ms})
-    hedge = race.model_copy(update={"name": "hedge", "hedge_after_ms": "auto"})
+    base = Policy(
+        name="bench",
+        routing={"prefer": "cloud", "retries": 0},
+        sampling={"max_tokens": MAX_TOKENS, "temperature": 0},
+    )
+    race = base.with_(name="race", routing={"ttft_deadline_ms": args.deadline_ms})
+    hedge = race.with_(name="hedge", hedge={"after_ms": "auto"})
     results: list[Series] = []
     with (
         LlamaServer(cloud_path, alias=ALIAS, api_key=API_KEY, n_ctx=1024, n_threads=1) as server,
@@ -297,7 +301,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             *(
                 (
                     f"hybridllm race + hedge {ms:g} ms",
-                    race.model_copy(update={"name": f"hedge{ms:g}", "hedge_after_ms": ms}),
+                    race.with_(name=f"hedge{ms:g}", hedge={"after_ms": ms}),
                 )
                 for ms in args.hedge_ms
             ),

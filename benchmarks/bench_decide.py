@@ -109,7 +109,7 @@ def run(n: int, router_kind: str, seed: int) -> dict[str, Any]:
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     breakers = {"local": CircuitBreaker(), "cloud": CircuitBreaker()}
     names = ["chat", "code-completion", "translation", "voice-assistant", "batch", "private"]
-    policies = [resolve_policy(name).model_copy(update={"privacy": "keep-local"}) for name in names]
+    policies = [resolve_policy(name).with_(privacy={"mode": "keep-local"}) for name in names]
     reqs = prompts(rng, 500)
     for r in reqs[:200]:  # warm caches (regex compile, first calls)
         routing.decide(r, policies[0], engines, breakers)

@@ -111,9 +111,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     local_path = resolve_model("qwen2.5-coder-0.5b-instruct", pull=True)
     cloud_path = resolve_model("smollm2-135m-instruct", pull=True)
     pol = Policy(
-        name="bench", prefer="local", max_tokens=MAX_TOKENS, temperature=0, retries=0,
-        handoff_after_tokens=args.after, handoff_warm_cloud=args.warm,
-    )  # fmt: skip
+        name="bench",
+        routing={"prefer": "local", "retries": 0},
+        sampling={"max_tokens": MAX_TOKENS, "temperature": 0},
+        handoff={"after_tokens": args.after, "warm_cloud": args.warm},
+    )
     runs: dict[str, list[dict[str, object]]] = {"local only": [], "cloud only": [], "handoff": []}
     server = HybridServer if args.server == "serve" else LlamaServer
     with server(cloud_path, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as srv:

@@ -124,21 +124,22 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     delays = [dist(rng) for _ in range(n)]
     path = resolve_model("smollm2-135m-instruct", pull=True)
     base = Policy(
-        name="bench", prefer="cloud", retries=0, max_tokens=MAX_TOKENS, temperature=0,
-        ttft_deadline_ms=args.deadline_ms,
-    )  # fmt: skip
+        name="bench",
+        routing={"prefer": "cloud", "retries": 0, "ttft_deadline_ms": args.deadline_ms},
+        sampling={"max_tokens": MAX_TOKENS, "temperature": 0},
+    )
     rows: list[dict[str, object]] = []
     detail: dict[str, list[dict[str, object]]] = {}
     strategies: list[tuple[str, Policy | None]] = [
         (f"deadline race {args.deadline_ms:.0f} ms, no hedge", base),
         *(
-            (f"fixed hedge {ms:g} ms", base.model_copy(update={"hedge_after_ms": float(ms)}))
+            (f"fixed hedge {ms:g} ms", base.with_(hedge={"after_ms": float(ms)}))
             for ms in (0, 50, 100, 200)
         ),
-        ("auto hedge (priced)", base.model_copy(update={"hedge_after_ms": "auto"})),
+        ("auto hedge (priced)", base.with_(hedge={"after_ms": "auto"})),
         (
             "auto hedge, device time 5x dearer",
-            base.model_copy(update={"hedge_after_ms": "auto", "hedge_device_weight": 5.0}),
+            base.with_(hedge={"after_ms": "auto", "device_weight": 5.0}),
         ),
         (f"timeout {args.deadline_ms:.0f} ms -> local (LiteLLM-style)", None),
     ]

@@ -87,8 +87,13 @@ async def main(n: int) -> None:
             print(line(name, cost) + f"  prompt tokens p50 {statistics.median(tokens):.0f}")
             print(line("  of which multiple choice", choice))
         _llama_signals.ROTATIONS = ROTATIONS
-        pol = Policy(name="b", plans=("single", "hedge", "cascade"), max_tokens=16,
-                     temperature=0.0, router_threshold=0.0, cascade_hold_ms=30000.0)  # fmt: skip
+        pol = Policy(
+            name="b",
+            plans=("single", "hedge", "cascade"),
+            sampling={"max_tokens": 16, "temperature": 0.0},
+            routing={"router_threshold": 0.0},
+            cascade={"hold_ms": 30000.0},
+        )
         held, ttft = [], []
         for p in ps[2 * n : 3 * n]:
             r = await client.complete(p, policy=pol, plan="cascade")
@@ -98,7 +103,7 @@ async def main(n: int) -> None:
             ttft.append(r.trace.ttft_ms or 0.0)
         print(line("cascade defers: hold before the cloud starts", held))
         print(line("cascade defers: TTFT (cloud stand-in at 0 ms)", ttft))
-        rel = pol.model_copy(update={"router_threshold": 1.0})
+        rel = pol.with_(routing={"router_threshold": 1.0})
         casc, plain = [], []
         for i, p in enumerate(ps[3 * n :]):
             if i % 2:

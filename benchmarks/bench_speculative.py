@@ -127,7 +127,7 @@ async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict
     elif mode.startswith("spec-k"):  # a fixed k: the reference (no stepping aside); "-seq":
         # no drafting ahead during verification; "-r0": drafts not shown (round 0 first)
         k, *flags = mode.removeprefix("spec-k").split("-")
-        pol = Policy(name=mode, speculative_k=int(k), speculative_ahead="seq" not in flags)
+        pol = Policy(name=mode, speculative={"k": int(k), "ahead": "seq" not in flags})
         kw.update(policy=pol, plan="speculative", show_drafts="r0" not in flags)
     else:
         kw["engine"] = mode

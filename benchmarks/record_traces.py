@@ -97,7 +97,11 @@ async def main(args: argparse.Namespace) -> list[dict[str, object]]:
     cloud_path = resolve_model(args.cloud_model, pull=True)
     steady = heavy_tail(median_ms=150, p99_ms=1500)
     rows: list[dict[str, object]] = []
-    policy = Policy(name="traces", max_tokens=args.max_tokens, temperature=0, retries=0)
+    policy = Policy(
+        name="traces",
+        sampling={"max_tokens": args.max_tokens, "temperature": 0},
+        routing={"retries": 0},
+    )
     with (
         LlamaServer(cloud_path, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
         FaultProxy(upstream=("127.0.0.1", server.port)) as proxy,

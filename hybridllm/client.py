@@ -120,7 +120,7 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            self._guard.preload_privacy = self.policy.privacy != "off"
+            self._guard.preload_privacy = self.policy.privacy.mode != "off"
         gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
@@ -223,14 +223,14 @@ class HybridClient:
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
-        privacy: PrivacyMode = "off" if pol.privacy == "off" else "keep-local"
+        privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
         how = self._plan(decision, request, context, pol, lead)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
         due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
-        retry = RetryPolicy(pol.retries, due)
-        run = RequestRun(trace, send, self._outcome, cloud_off, pol.ttft_deadline_ms, retry)
+        retry = RetryPolicy(pol.routing.retries, due)
+        run = RequestRun(trace, send, self._outcome, cloud_off, pol.routing.ttft_deadline_ms, retry)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:
@@ -294,9 +294,9 @@ class HybridClient:
         if plan is not None:
             pol = pol.with_plan(plan)
         if show_drafts is not None:
-            pol = pol.model_copy(update={"show_drafts": validate.flag("show_drafts", show_drafts)})
-        if self.privacy != "off" and pol.privacy == "off":
-            pol = pol.model_copy(update={"privacy": self.privacy})
+            pol = pol.with_(speculative={"show_drafts": validate.flag("show_drafts", show_drafts)})
+        if self.privacy != "off" and pol.privacy.mode == "off":
+            pol = pol.with_(privacy={"mode": self.privacy})
         if self._guard is not None:  # a cap it cannot cost is a PolicyError
             self._guard.set_scoped_caps(pol.name, policy_caps(pol))
         return pol

@@ -1,29 +1,37 @@
-"""Policies: per-scenario settings as validated, frozen data.
+"""Policies: per-scenario settings as validated, frozen data, in tables.
 
 A policy is a TOML file: a preset in `policies/`, or a user file in a directory on the policy
 path (`policy_dirs=` / `--policy-dir`, then `$HYBRIDLLM_POLICY_PATH`, then the presets). A file
 may build on another with `extends = "chat"` (looked up beside the file, then on the path; a file
 extending the name it shadows gets the next one down; tables are merged key by key). Loading is
-the second half of this module. Every field is optional:
+the second half of this module. Every field is optional; one name per knob:
 
-    ttft_deadline_ms, tpot_target_ms, stall_ms, max_tokens     latency budget and output length
-    router_threshold | target_cloud_share | quality_floor      how the router's score is read
-    prefer, allow_cloud, plans, fallback_order, hedge_after_ms  where and how a request runs
-    priority = "interactive" | "normal" | "background"          its class in a busy engine's queue
-    plan, handoff_after_tokens, handoff_warm_cloud              a plan to run; handoff's local part
-    hedge_device_weight, hedge_cloud_price_ms                   what an automatic hedge costs
-    show_drafts, max_verify_overhead, speculative_k,            the speculative plan
-    speculative_ahead
-    cascade_hold_tokens, cascade_hold_ms, cascade_hedge, cascade_judge   the cascade plan
-    parallel_cloud, parallel_cloud_share                        paid cloud starts beside local
-    [budget] per_request_usd, per_day_usd, per_month_usd, on_exceeded
-    privacy = "off" | "keep-local" | "block"
-    temperature, top_p, stop, retries                           sampling and retry defaults
+    name, description, priority, plans, plan              top level: what it is, which plans run
+    [sampling]    temperature, top_p, stop, max_tokens
+    [routing]     prefer, allow_cloud, fallback_order, ttft_deadline_ms, tpot_target_ms,
+                  stall_ms, retries, router_threshold | target_cloud_share | quality_floor
+    [hedge]       after_ms, device_weight, cloud_price_ms, parallel_cloud, parallel_cloud_share
+    [handoff]     after_tokens, warm_cloud
+    [cascade]     hold_tokens, hold_ms, hedge, judge
+    [speculative] show_drafts, max_prompt_overhead, k, ahead
+    [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
+    [privacy]     mode = "off" | "keep-local" | "block"
 
-Checked the same way from a file and from Python (`Policy(temperature=5)`): numbers are finite
-(no NaN, no inf), counts are ints (not bools, floats or strings), and a bad field is a
-`PolicyError` naming it (`.field`), never pydantic's own error. Ranges: temperature 0 to 2, top_p
-in (0, 1], max_tokens >= 1, retries 0 to 10, deadlines and delays > 0 ms (hedge >= 0), router
+Python builds the same shape: `Policy(routing={"prefer": "cloud"}, hedge={"after_ms": 200})`,
+or from a preset with a few fields changed: `Policy.preset("chat").with_(routing={...})`. A flat
+field of the old form (`hedge_after_ms = 200`, `Policy(prefer="cloud")`) is a `PolicyError`
+naming its new place; `hybridllm policy migrate FILE` rewrites an old file (`MOVED`).
+
+How the client's own settings combine with a policy's (`Policy.under_client`, the one place):
+the client's `privacy=` is a floor (the stricter of the two modes wins: off < keep-local <
+block); the client's `budget_caps=` hold beside the policy's `[budget]` caps (every cap must
+hold); everything else is the policy's, and a call's arguments (`max_tokens=`, `plan=`, ...)
+override the policy for that call.
+
+Checked the same way from a file and from Python: numbers are finite (no NaN, no inf), counts
+are ints (not bools, floats or strings), and a bad field is a `PolicyError` naming it (`.field`,
+dotted: "hedge.after_ms"), never pydantic's own error. Ranges: temperature 0 to 2, top_p in
+(0, 1], max_tokens >= 1, retries 0 to 10, deadlines and delays > 0 ms (hedge >= 0), router
 threshold / cloud share / quality floor 0 to 1, budget caps >= 0 USD, stop strings non-empty.
 """
 
@@ -72,140 +80,45 @@ def _described(exc: ValidationError, model: type[BaseModel]) -> tuple[str, list[
     loc = [str(x) for x in err["loc"]]
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        if loc[:1] == ["budget"] and len(loc) > 1:
-            model = Budget
+        if len(loc) > 1 and loc[0] in TABLES:
+            model = TABLES[loc[0]]
         msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
     elif loc:
         msg += f" (got {err['input']!r})"
     return msg, loc
 
 
-class Budget(BaseModel):
-    """Spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a request the
-    budget cannot cover: "local" serves it on the device, "fail" refuses it."""
+def _number(v: object) -> object:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise ValueError("must be a number")
+    return v
+
+
+def _count(v: object) -> object:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise ValueError("must be an int")
+    return v
+
+
+class _Table(BaseModel):
+    """One table of a policy: frozen, no unknown keys, finite numbers."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     if not TYPE_CHECKING:  # type checkers keep pydantic's own signature
         __init__ = _init
 
-    per_request_usd: float | None = Field(default=None, ge=0)
-    per_day_usd: float | None = Field(default=None, ge=0)
-    per_month_usd: float | None = Field(default=None, ge=0)
-    on_exceeded: Literal["local", "fail"] = "local"
 
+class Sampling(_Table):
+    """`[sampling]`: the defaults of a request's sampling (a call's arguments override them)."""
 
-class Policy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    if not TYPE_CHECKING:  # type checkers keep pydantic's own signature
-        __init__ = _init
-
-    name: str = "default"
-    description: str = ""
-    prefer: Literal["local", "cloud", "auto"] = "auto"
-    allow_cloud: bool = True
-    # engines that may serve, in order (first: primary unless routing moves it); None: from
-    # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
-    fallback_order: tuple[EngineChoice, ...] | None = None
-    plans: tuple[PlanName, ...] = ("single", "hedge")
-    # the speculative plan: `Draft`/`Retract` events on `s.events()`; and a cap on the prompt
-    # tokens its verification rounds bill per committed token (past it: plain cloud streaming)
-    show_drafts: bool = Field(default=False, strict=True)
-    max_verify_overhead: float | None = Field(default=None, gt=0)
-    # drafts per round, fixed (1 to 16; None: k adapts to the measured acceptance and round
-    # trip). A fixed k is the caller's choice: the plan does not step aside when it stops paying
-    speculative_k: int | None = Field(default=None, ge=1, le=16)
-    # draft the next round while this one is verified (the device is idle during the round
-    # trip); off where device and cloud share cores, or to save the device's work
-    speculative_ahead: bool = Field(default=True, strict=True)
-    ttft_deadline_ms: float | None = Field(default=None, gt=0)
-    # the decode speed the scenario needs (ms per output token after the first)
-    tpot_target_ms: float | None = Field(default=None, gt=0)
-    # start the backup this long after the call even before the deadline; "auto": the delay
-    # that minimises the expected p99 TTFT plus the hedge's price (`routing.hedging`), from the
-    # primary's observed TTFT distribution (once a few requests have been seen)
-    hedge_after_ms: float | Literal["auto"] | None = None
-    # the price of an automatic hedge, in ms of p99 TTFT it must buy: a local hedge costs device
-    # time only (this weight times its predicted time to a first token; 0: free); a cloud hedge
-    # costs a cloud request paid for (this many ms)
-    hedge_device_weight: float = Field(default=1.0, ge=0.0)
-    hedge_cloud_price_ms: float = Field(default=1000.0, ge=0.0)
-    # the plan to run when it can (None: the decision picks); `stream(plan=...)` sets it per call
-    plan: PlanName | None = None
-    # handoff: the local engine delivers this many tokens, then the cloud continues
-    handoff_after_tokens: int = Field(default=4, ge=1)
-    # handoff: ask the cloud for one token of the prompt at once, so that its prefix cache holds
-    # the prompt when the continuation comes (the seam is then about a decode step); costs a
-    # cloud request (the prompt's input tokens and one output token). It pays where the cloud
-    # caches prefixes of this prompt's length: a self-hosted vLLM with prefix caching, `hybridllm
-    # serve`; OpenAI caches prompts of 1024 tokens or more only. The cloud is then asked at the
-    # first local token after the warm-up answered (handoff_after_tokens at most)
-    handoff_warm_cloud: bool = Field(default=False, strict=True)
-    # When the local engine serves first but is predicted to miss the deadline, the cloud
-    # starts in parallel at once (the first token wins): a cloud request paid for even when the
-    # local engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the
-    # deadline itself (not ahead of it by its own predicted first-token time), or when the local
-    # engine fails. `parallel_cloud_share`: at most this share of this policy's recent requests
-    # (`runtime.gather.PARALLEL_WINDOW`, in this client) may start the cloud in parallel; past it
-    # the cloud waits for the deadline. A hedge (`hedge_after_ms`) is the policy's own explicit
-    # choice and still applies.
-    parallel_cloud: bool = Field(default=True, strict=True)
-    parallel_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
-    # the request's class in a busy engine's queue: served by class, then by arrival (waiting
-    # ages a request one class up per `BoundedQueue.age_s`); an interactive request preempts a
-    # background one decoding on the device (`engines.queue`). Per call: `stream(priority=)`
-    priority: Priority = "normal"
-    # a serving engine silent for longer than this mid-answer counts as failed (failover)
-    stall_ms: float | None = Field(default=None, gt=0)
-    # retries of retryable failures before the first token (never past the deadline)
-    retries: int = Field(default=2, ge=0, le=10)
-    max_tokens: int = Field(default=256, ge=1)
-    # the router's score is P(local answer is wrong); at most one of these says how to read it
-    router_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    target_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
-    quality_floor: float | None = Field(default=None, ge=0.0, le=1.0)
-    # the cascade plan (runtime/plans/cascade.py): the local engine holds back at most this many
-    # first tokens, for at most this long (counted against ttft_deadline_ms), while the router's
-    # stage 2 reads its confidence; cascade_hedge: the cloud starts at once where stage 1 alone
-    # would send the prompt to the cloud (cancelled if the local model turns out confident)
-    cascade_hold_tokens: int = Field(default=8, ge=1, le=64)
-    cascade_hold_ms: float = Field(default=1500.0, gt=0)
-    cascade_hedge: bool = Field(default=False, strict=True)
-    # what the cascade judges under `complete()` (nothing is streamed): "prefix", the held first
-    # tokens as with `stream()`; "answer", the whole local answer (greedy, up to max_tokens) is
-    # written first and judged by stage 2 over all its tokens, the cloud asked only if it fails
-    cascade_judge: Literal["prefix", "answer"] = "prefix"
-    budget: Budget = Budget()
-    privacy: Literal["off", "keep-local", "block"] = "off"
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
+    max_tokens: int = Field(default=256, ge=1)
 
-    @field_validator(
-        "ttft_deadline_ms", "tpot_target_ms", "stall_ms", "router_threshold",
-        "target_cloud_share", "quality_floor", "temperature", "top_p", "hedge_device_weight",
-        "hedge_cloud_price_ms", mode="before",
-    )  # fmt: skip
-    @classmethod
-    def _number(cls, v: object) -> object:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise ValueError("must be a number")
-        return v
-
-    @field_validator("retries", "max_tokens", "handoff_after_tokens", mode="before")
-    @classmethod
-    def _count(cls, v: object) -> object:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError("must be an int")
-        return v
-
-    @field_validator("speculative_k", mode="before")
-    @classmethod
-    def _maybe_count(cls, v: object) -> object:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ValueError("must be an int")
-        return v
+    _numbers = field_validator("temperature", "top_p", mode="before")(_number)
+    _counts = field_validator("max_tokens", mode="before")(_count)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -216,34 +129,48 @@ class Policy(BaseModel):
             raise ValueError("each stop string must be a non-empty string")
         return v
 
-    @field_validator("hedge_after_ms", mode="before")
-    @classmethod
-    def _hedge_delay(cls, v: object) -> object:
-        if v is None or v == "auto":
-            return v
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
-            raise ValueError('must be a delay in ms >= 0 (finite), or "auto"')
-        return float(v)
+
+_ROUTING_NUMBERS = (
+    "ttft_deadline_ms",
+    "tpot_target_ms",
+    "stall_ms",
+    "router_threshold",
+    "target_cloud_share",
+    "quality_floor",
+)
+_ROUTING_FIELDS = ("prefer", "allow_cloud", "fallback_order", "retries", *_ROUTING_NUMBERS)
+
+
+class Routing(_Table):
+    """`[routing]`: where a request may run, its deadlines, and how the router's score is read
+    (at most one of `router_threshold`, `target_cloud_share`, `quality_floor`; the score is
+    P(the local answer is wrong))."""
+
+    prefer: Literal["local", "cloud", "auto"] = "auto"
+    allow_cloud: bool = True
+    # engines that may serve, in order (first: primary unless routing moves it); None: from
+    # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
+    fallback_order: tuple[EngineChoice, ...] | None = None
+    ttft_deadline_ms: float | None = Field(default=None, gt=0)
+    # the decode speed the scenario needs (ms per output token after the first)
+    tpot_target_ms: float | None = Field(default=None, gt=0)
+    # a serving engine silent for longer than this mid-answer counts as failed (failover)
+    stall_ms: float | None = Field(default=None, gt=0)
+    # retries of retryable failures before the first token (never past the deadline)
+    retries: int = Field(default=2, ge=0, le=10)
+    router_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    target_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    quality_floor: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    _numbers = field_validator(*_ROUTING_NUMBERS, mode="before")(_number)
+    _counts = field_validator("retries", mode="before")(_count)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        given = [
-            f
-            for f in ("router_threshold", "target_cloud_share", "quality_floor")
-            if getattr(self, f) is not None
-        ]
+        stated = ("router_threshold", "target_cloud_share", "quality_floor")
+        given = [f for f in stated if getattr(self, f) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of {', '.join(given)} (they all set the threshold)")
-        if not self.plans:
-            raise ValueError("plans: at least one plan must be allowed")
-        if "single" not in self.plans:
-            raise ValueError("plans: 'single' must be allowed (every other plan falls back to it)")
-        if len(set(self.plans)) != len(self.plans):
-            raise ValueError("plans: each plan at most once")
-        if self.hedge_after_ms is not None and "hedge" not in self.plans:
-            raise ValueError("hedge_after_ms is set but 'hedge' is not in plans")
-        if self.plan is not None and self.plan not in self.plans:
-            raise ValueError(f"plan is {self.plan!r} but it is not in plans")
         order = self.fallback_order
         if order is not None:
             if not order or len(set(order)) != len(order):
@@ -254,13 +181,244 @@ class Policy(BaseModel):
                 )
             if order == ("cloud",) and not self.allow_cloud:
                 raise ValueError("fallback_order allows only the cloud but allow_cloud is false")
+        if self.prefer == "cloud" and not self.allow_cloud:
+            raise ValueError("prefer is 'cloud' but allow_cloud is false")
+        return self
+
+
+class Hedge(_Table):
+    """`[hedge]`: a second engine started before the first has answered.
+
+    `after_ms`: start the backup this long after the call even before the deadline; "auto": the
+    delay that minimises the expected p99 TTFT plus the hedge's price (`routing.hedging`), from
+    the primary's observed TTFT distribution (once a few requests have been seen). The price of
+    an automatic hedge, in ms of p99 TTFT it must buy: a local hedge costs device time only
+    (`device_weight` times its predicted time to a first token; 0: free); a cloud hedge costs a
+    cloud request paid for (`cloud_price_ms`).
+
+    When the local engine serves first but is predicted to miss the deadline, the cloud starts
+    in parallel at once (the first token wins): a cloud request paid for even when the local
+    engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the
+    deadline itself, or when the local engine fails. `parallel_cloud_share`: at most this share
+    of this policy's recent requests (`runtime.gather.PARALLEL_WINDOW`, in this client) may start
+    the cloud in parallel; past it the cloud waits for the deadline. A hedge (`after_ms`) is the
+    policy's own explicit choice and still applies."""
+
+    after_ms: float | Literal["auto"] | None = None
+    device_weight: float = Field(default=1.0, ge=0.0)
+    cloud_price_ms: float = Field(default=1000.0, ge=0.0)
+    parallel_cloud: bool = Field(default=True, strict=True)
+    parallel_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    _numbers = field_validator("device_weight", "cloud_price_ms", mode="before")(_number)
+
+    @field_validator("after_ms", mode="before")
+    @classmethod
+    def _delay(cls, v: object) -> object:
+        if v is None or v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise ValueError('must be a delay in ms >= 0 (finite), or "auto"')
+        return float(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if self.parallel_cloud_share is not None and not self.parallel_cloud:
             raise ValueError(
                 "parallel_cloud_share caps parallel cloud starts, but parallel_cloud is false"
             )
-        if self.prefer == "cloud" and not self.allow_cloud:
-            raise ValueError("prefer is 'cloud' but allow_cloud is false")
         return self
+
+
+class Handoff(_Table):
+    """`[handoff]`: the local engine delivers `after_tokens` tokens, then the cloud continues.
+    `warm_cloud`: ask the cloud for one token of the prompt at once, so that its prefix cache
+    holds the prompt when the continuation comes (the seam is then about a decode step); costs
+    a cloud request. It pays where the cloud caches prefixes of this prompt's length: a
+    self-hosted vLLM with prefix caching, `hybridllm serve`; OpenAI caches prompts of 1024
+    tokens or more only."""
+
+    after_tokens: int = Field(default=4, ge=1)
+    warm_cloud: bool = Field(default=False, strict=True)
+
+    _counts = field_validator("after_tokens", mode="before")(_count)
+
+
+class Cascade(_Table):
+    """`[cascade]` (runtime/plans/cascade.py): the local engine holds back at most `hold_tokens`
+    first tokens, for at most `hold_ms` (counted against the deadline), while the router's stage
+    2 reads its confidence; `hedge`: the cloud starts at once where stage 1 alone would send the
+    prompt to the cloud. `judge`, under `complete()` (nothing streamed): "prefix", the held
+    tokens as with `stream()`; "answer", the whole local answer is written first and judged."""
+
+    hold_tokens: int = Field(default=8, ge=1, le=64)
+    hold_ms: float = Field(default=1500.0, gt=0)
+    hedge: bool = Field(default=False, strict=True)
+    judge: Literal["prefix", "answer"] = "prefix"
+
+    _counts = field_validator("hold_tokens", mode="before")(_count)
+    _numbers = field_validator("hold_ms", mode="before")(_number)
+
+
+class Speculative(_Table):
+    """`[speculative]`: `show_drafts` adds `Draft`/`Retract` events to `s.events()`;
+    `max_prompt_overhead` caps the prompt tokens its verification rounds bill per committed token
+    (past it: plain cloud streaming); `k` fixes the drafts per round (1 to 16; None: k adapts to
+    the measured acceptance and round trip; a fixed k skips the pay test); `ahead` drafts the
+    next round while this one is verified (off where device and cloud share cores)."""
+
+    show_drafts: bool = Field(default=False, strict=True)
+    max_prompt_overhead: float | None = Field(default=None, gt=0)
+    k: int | None = Field(default=None, ge=1, le=16)
+    ahead: bool = Field(default=True, strict=True)
+
+    _counts = field_validator("k", mode="before")(_count)
+    _numbers = field_validator("max_prompt_overhead", mode="before")(_number)
+
+
+class Budget(_Table):
+    """`[budget]`: spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a
+    request the budget cannot cover: "local" serves it on the device, "fail" refuses it."""
+
+    per_request_usd: float | None = Field(default=None, ge=0)
+    per_day_usd: float | None = Field(default=None, ge=0)
+    per_month_usd: float | None = Field(default=None, ge=0)
+    on_exceeded: Literal["local", "fail"] = "local"
+
+    _numbers = field_validator("per_request_usd", "per_day_usd", "per_month_usd", mode="before")(
+        _number
+    )
+
+
+PrivacyMode = Literal["off", "keep-local", "block"]
+PRIVACY_STRICTNESS: tuple[PrivacyMode, ...] = ("off", "keep-local", "block")
+
+
+class Privacy(_Table):
+    """`[privacy]`: `mode` "keep-local" keeps a request holding personal or secret data off the
+    cloud; "block" refuses it; "off" lets it go."""
+
+    mode: PrivacyMode = "off"
+
+
+TABLES: dict[str, type[_Table]] = {
+    "sampling": Sampling,
+    "routing": Routing,
+    "hedge": Hedge,
+    "handoff": Handoff,
+    "cascade": Cascade,
+    "speculative": Speculative,
+    "budget": Budget,
+    "privacy": Privacy,
+}
+
+# the old flat fields and their place in the tables: (table, name)
+MOVED: dict[str, tuple[str, str]] = {
+    **{f: ("sampling", f) for f in ("temperature", "top_p", "stop", "max_tokens")},
+    **{f: ("routing", f) for f in _ROUTING_FIELDS},
+    "hedge_after_ms": ("hedge", "after_ms"),
+    "hedge_device_weight": ("hedge", "device_weight"),
+    "hedge_cloud_price_ms": ("hedge", "cloud_price_ms"),
+    "parallel_cloud": ("hedge", "parallel_cloud"),
+    "parallel_cloud_share": ("hedge", "parallel_cloud_share"),
+    "handoff_after_tokens": ("handoff", "after_tokens"),
+    "handoff_warm_cloud": ("handoff", "warm_cloud"),
+    "cascade_hold_tokens": ("cascade", "hold_tokens"),
+    "cascade_hold_ms": ("cascade", "hold_ms"),
+    "cascade_hedge": ("cascade", "hedge"),
+    "cascade_judge": ("cascade", "judge"),
+    "show_drafts": ("speculative", "show_drafts"),
+    "max_verify_overhead": ("speculative", "max_prompt_overhead"),
+    "speculative_k": ("speculative", "k"),
+    "speculative_ahead": ("speculative", "ahead"),
+    "privacy": ("privacy", "mode"),
+}
+
+
+def moved_message(flat: str) -> str:
+    """Where an old flat field lives now, in words (for the `PolicyError`)."""
+    table, name = MOVED[flat]
+    return (
+        f"{flat!r} is a field of the old flat form: it is now `{name}` in the [{table}] table "
+        f"(TOML: [{table}] {name} = ...; Python: Policy({table}={{{name!r}: ...}})); "
+        "`hybridllm policy migrate FILE` rewrites an old file"
+    )
+
+
+def _reject_flat(data: Any) -> str | None:
+    """The first old flat field in `data` (a privacy mode string counts), or None."""
+    if not isinstance(data, dict):
+        return None
+    for key, value in data.items():
+        if key in MOVED and not (key == "privacy" and isinstance(value, dict | Privacy)):
+            return str(key)
+    return None
+
+
+class Policy(BaseModel):
+    """A scenario's settings, in tables (the module docstring lists them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    if not TYPE_CHECKING:  # type checkers keep pydantic's own signature
+        __init__ = _init
+
+    name: str = "default"
+    description: str = ""
+    # the request's class in a busy engine's queue: served by class, then by arrival (waiting
+    # ages a request one class up per `BoundedQueue.age_s`); an interactive request preempts a
+    # background one decoding on the device (`engines.queue`). Per call: `stream(priority=)`
+    priority: Priority = "normal"
+    plans: tuple[PlanName, ...] = ("single", "hedge")
+    # the plan to run when it can (None: the decision picks); `stream(plan=...)` sets it per call
+    plan: PlanName | None = None
+    sampling: Sampling = Sampling()
+    routing: Routing = Routing()
+    hedge: Hedge = Hedge()
+    handoff: Handoff = Handoff()
+    cascade: Cascade = Cascade()
+    speculative: Speculative = Speculative()
+    budget: Budget = Budget()
+    privacy: Privacy = Privacy()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_flat_fields(cls, data: Any) -> Any:
+        flat = _reject_flat(data)
+        if flat is not None:
+            raise PolicyError(moved_message(flat), field=flat)
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if not self.plans:
+            raise ValueError("plans: at least one plan must be allowed")
+        if "single" not in self.plans:
+            raise ValueError("plans: 'single' must be allowed (every other plan falls back to it)")
+        if len(set(self.plans)) != len(self.plans):
+            raise ValueError("plans: each plan at most once")
+        if self.hedge.after_ms is not None and "hedge" not in self.plans:
+            raise ValueError("hedge.after_ms is set but 'hedge' is not in plans")
+        if self.plan is not None and self.plan not in self.plans:
+            raise ValueError(f"plan is {self.plan!r} but it is not in plans")
+        return self
+
+    @classmethod
+    def preset(cls, name: str, *, dirs: Sequence[str | Path] | None = None) -> Policy:
+        """A policy by name: a preset, or a user policy on the policy path (`dirs` first)."""
+        return resolve_policy(name, dirs=dirs)
+
+    def with_(self, **changes: Any) -> Policy:
+        """This policy with a few fields changed, validated like a file: a table's keys are
+        merged into it (`with_(routing={"prefer": "cloud"})` keeps the other routing keys), a
+        top-level field is replaced (`with_(name="mine", plans=[...])`)."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            if key in TABLES and isinstance(value, dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return Policy(**data)
 
     def with_plan(self, plan: str) -> Policy:
         """This policy, running `plan` where it can (a call's `plan=`): added to `plans`; "hedge"
@@ -270,24 +428,33 @@ class Policy(BaseModel):
                 f"unknown plan {plan!r}; plans: {', '.join(PLAN_NAMES)}", field="plan"
             )
         plans = self.plans if plan in self.plans else (*self.plans, plan)
-        hedge = self.hedge_after_ms
-        if plan == "hedge" and hedge is None:
-            hedge = "auto"
-        return Policy(
-            **{**self.model_dump(), "plan": plan, "plans": plans, "hedge_after_ms": hedge}
-        )
+        after = self.hedge.after_ms
+        if plan == "hedge" and after is None:
+            after = "auto"
+        return self.with_(plan=plan, plans=plans, hedge={"after_ms": after})
+
+    def under_client(self, privacy: PrivacyMode) -> Policy:
+        """This policy as a client applies it (the one place the two combine): the client's
+        privacy mode is a floor, the stricter of the two wins. (The client's budget caps hold
+        beside the policy's in the guard's ledger: every cap must hold.)"""
+        strict = PRIVACY_STRICTNESS.index
+        if strict(privacy) <= strict(self.privacy.mode):
+            return self
+        return self.with_(privacy={"mode": privacy})
 
     @property
     def cloud_allowed(self) -> bool:
         """May any part of a request under this policy reach the cloud?"""
-        return self.allow_cloud and (self.fallback_order is None or "cloud" in self.fallback_order)
+        r = self.routing
+        return r.allow_cloud and (r.fallback_order is None or "cloud" in r.fallback_order)
 
     @property
     def order(self) -> tuple[EngineChoice, ...]:
         """The engines that may serve, in order of preference (before routing)."""
-        if self.fallback_order is not None:
-            return self.fallback_order
-        return ("cloud", "local") if self.prefer == "cloud" else ("local", "cloud")
+        r = self.routing
+        if r.fallback_order is not None:
+            return r.fallback_order
+        return ("cloud", "local") if r.prefer == "cloud" else ("local", "cloud")
 
 
 DEFAULT_POLICY = Policy()
@@ -338,12 +505,24 @@ def load_policy_file(path: Path, *, dirs: Sequence[str | Path] | None = None) ->
 def _load(path: Path, dirs: Sequence[str | Path] | None, files: list[Path]) -> Policy:
     """Load `path` (and what it extends); every file read is appended to `files`."""
     data, origin = _merged(path, dirs, (), files)
+    return policy_from_data(data, path, origin)
+
+
+def policy_from_data(
+    data: dict[str, Any], path: Path, origin: dict[str, Path] | None = None
+) -> Policy:
+    """A policy from a file's data; a mistake is a `PolicyError` naming the file (`origin`: the
+    file that gave each dotted key, where files extend each other) and the field."""
+    origin = origin or {}
+    flat = _reject_flat(data)
+    if flat is not None:
+        raise PolicyError(moved_message(flat), path=origin.get(flat, path), field=flat)
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
         msg, loc = _described(exc, Policy)
         field = ".".join(loc) or None
-        where = origin.get(field or "", origin.get(loc[0], Path(path)) if loc else Path(path))
+        where = origin.get(field or "", origin.get(loc[0], path) if loc else path)
         raise PolicyError(msg, path=where, field=field) from exc
 
 

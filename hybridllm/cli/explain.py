@@ -167,8 +167,8 @@ def with_threshold(policy: Policy, threshold: float | None) -> Policy:
     """The policy reading the router score against a stated threshold instead of its own."""
     if threshold is None:
         return policy
-    update = {"router_threshold": threshold, "target_cloud_share": None, "quality_floor": None}
-    return policy.model_copy(update=update)
+    cut = {"router_threshold": threshold, "target_cloud_share": None, "quality_floor": None}
+    return policy.with_(routing=cut)
 
 
 def _check(
@@ -238,7 +238,7 @@ def explain(
         breakers["cloud"].opened_at = time.monotonic()
     request = GenerationRequest(
         messages=({"role": "user", "content": prompt},),
-        max_tokens=policy.max_tokens if max_tokens is None else max_tokens,
+        max_tokens=policy.sampling.max_tokens if max_tokens is None else max_tokens,
     )
     policy = with_threshold(policy, router_threshold)
     return routing.decide(request, policy, offline, breakers)
@@ -248,20 +248,20 @@ def explain(
 
 
 def _threshold_source(policy: Policy) -> str:
-    if policy.router_threshold is not None:
+    if policy.routing.router_threshold is not None:
         return "router_threshold"
-    if policy.target_cloud_share is not None:
-        return f"target_cloud_share {policy.target_cloud_share:g}"
-    return f"quality_floor {policy.quality_floor:g}"
+    if policy.routing.target_cloud_share is not None:
+        return f"target_cloud_share {policy.routing.target_cloud_share:g}"
+    return f"quality_floor {policy.routing.quality_floor:g}"
 
 
 def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Policy) -> str:
     lines = [f"policy    {policy.name}: {policy.description}".rstrip(": ")]
     limits = []
-    if policy.ttft_deadline_ms is not None:
-        limits.append(f"first token within {policy.ttft_deadline_ms:.0f} ms")
-    if policy.tpot_target_ms is not None:
-        limits.append(f"TPOT target {policy.tpot_target_ms:.0f} ms")
+    if policy.routing.ttft_deadline_ms is not None:
+        limits.append(f"first token within {policy.routing.ttft_deadline_ms:.0f} ms")
+    if policy.routing.tpot_target_ms is not None:
+        limits.append(f"TPOT target {policy.routing.tpot_target_ms:.0f} ms")
     limits.append(f"max {facts.max_tokens} output tokens")
     lines.append("          " + ", ".join(limits))
     lines.append(f"prompt    about {facts.prompt_tokens} tokens (length estimate)")

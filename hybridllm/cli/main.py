@@ -393,6 +393,41 @@ def _register_serve(subparsers: Subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# --- policy ---------------------------------------------------------------------------------
+
+
+def cmd_policy_migrate(args: argparse.Namespace) -> int:
+    from hybridllm.cli.policy_migrate import migrate_file
+
+    out = None if args.output == "-" else Path(args.output or args.file)
+    text = migrate_file(Path(args.file), out)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {out} (the policy in tables)", file=sys.stderr)
+    return 0
+
+
+def _register_policy(subparsers: Subparsers) -> None:
+    group = subparsers.add_parser("policy", help="work with policy files")
+    sub = group.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    p = sub.add_parser(
+        "migrate",
+        help="rewrite a policy file of the old flat form into tables, comments kept",
+        description="Rewrite FILE (old flat fields such as hedge_after_ms) into the policy "
+        "tables ([routing], [hedge], ...), keeping its comments; the result is checked by "
+        "loading it before anything is written.",
+    )
+    p.add_argument("file", metavar="FILE", help="the policy file (.toml)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="where to write it ('-': standard output; default: FILE itself, in place)",
+    )
+    p.set_defaults(func=cmd_policy_migrate)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
@@ -401,6 +436,7 @@ _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_tune,
     _register_doctor,
     _register_serve,
+    _register_policy,
 ]
 
 

@@ -92,7 +92,11 @@ def _cause(removed: _Removal | None, otherwise: RefusalCause) -> RefusalCause:
 
 def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     reasons: list[str] = []
-    deadline = None if policy.ttft_deadline_ms is None else policy.ttft_deadline_ms / 1000.0
+    deadline = (
+        None
+        if policy.routing.ttft_deadline_ms is None
+        else policy.routing.ttft_deadline_ms / 1000.0
+    )
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
     asked = facts.plan if facts.plan is not None else policy.plan
     want, by_router = _wanted(facts, policy, reasons)
@@ -206,7 +210,7 @@ def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> tuple[En
     if facts.forced is not None:
         reasons.append(f"engine={facts.forced} forced by the caller")
         return facts.forced, False
-    if policy.prefer != "auto" or policy.fallback_order is not None:
+    if policy.routing.prefer != "auto" or policy.routing.fallback_order is not None:
         first = policy.order[0]
         reasons.append(f"policy {policy.name!r} prefers {first}")
         return first, False
@@ -241,13 +245,13 @@ def _restrict(
     if not policy.cloud_allowed and "cloud" in state.available:
         removed = drop("policy", f"policy {policy.name!r}: never leaves the device -> local")
     kinds = facts.privacy_kinds
-    if kinds is None and policy.privacy != "off":
+    if kinds is None and policy.privacy.mode != "off":
         removed = drop("no_scanner", "privacy: no detector to scan the prompt -> local only")
-    elif kinds and policy.privacy == "off":
+    elif kinds and policy.privacy.mode == "off":
         reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
     elif kinds:
         found = ", ".join(sorted(kinds))
-        if policy.privacy == "block":
+        if policy.privacy.mode == "block":
             reasons.append(f"privacy: {found} found -> blocked by the policy")
             return True, "privacy"
         removed = drop("privacy", f"privacy: {found} found -> local only")
@@ -337,7 +341,7 @@ def _load(
         )
         return _fired(reasons, _Load(fallback, primary, "cloud_queue", why))
     # a cloud the policy never starts in parallel waits for the deadline itself
-    lead = fallback != "cloud" or policy.parallel_cloud
+    lead = fallback != "cloud" or policy.hedge.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
         return _Load(primary, fallback, lead=lead)
@@ -381,9 +385,9 @@ def _cloud_queue_misses(deadline: float, state: LiveState) -> bool:
 
 def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
     """Why the policy keeps the cloud from starting beside the local engine now, or None."""
-    if not policy.parallel_cloud:
+    if not policy.hedge.parallel_cloud:
         return f"policy {policy.name!r} forbids a parallel cloud start (parallel_cloud = false)"
-    cap = policy.parallel_cloud_share
+    cap = policy.hedge.parallel_cloud_share
     if cap is None:
         return None
     started, seen = state.parallel_recent
@@ -452,7 +456,7 @@ def _cascade(
     privacy, budget or a circuit)."""
     if plan not in ("cascade", None) or "cascade" not in (*policy.plans, plan):
         return decision
-    if plan is None and policy.prefer != "auto":
+    if plan is None and policy.routing.prefer != "auto":
         return decision
     missing = _cascade_missing(decision, state)
     if missing is not None:
@@ -460,8 +464,8 @@ def _cascade(
             reasons.append(f"plan=cascade, but {missing} -> {decision.plan}")
             return replace(decision, reasons=tuple(reasons))
         return decision
-    judge = "prefix" if facts.streamed else policy.cascade_judge
-    held = f"its first tokens (up to {policy.cascade_hold_tokens})"
+    judge = "prefix" if facts.streamed else policy.cascade.judge
+    held = f"its first tokens (up to {policy.cascade.hold_tokens})"
     if judge == "answer":
         held = "its whole answer (nothing is streamed)"
     by = "expected by the policy" if plan is None else f"asked by the {_asker(facts)}"

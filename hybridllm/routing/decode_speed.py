@@ -48,7 +48,7 @@ def decode_rule(
 ) -> tuple[EngineName, EngineName, bool]:
     """(primary, fallback, hand off?) after the decode-speed rule; each change adds a reason.
     `asked`: the plan asked for (the call's, else the policy's)."""
-    after = f"local starts, cloud continues after {policy.handoff_after_tokens} tokens"
+    after = f"local starts, cloud continues after {policy.handoff.after_tokens} tokens"
     can = "handoff" in (*policy.plans, asked) and "cloud" in continues
     if asked == "handoff":
         if not can:
@@ -56,7 +56,7 @@ def decode_rule(
             return primary, fallback, False
         reasons.append(f"plan=handoff: {after}")
         return "local", "cloud", True
-    target = policy.tpot_target_ms
+    target = policy.routing.tpot_target_ms
     if target is None or primary != "local" or fallback != "cloud":
         return primary, fallback, False
     mine, theirs = latency.get("local"), latency.get("cloud")

@@ -128,7 +128,7 @@ def hedge_delay(
 ) -> float | None:
     """The hedge delay: the policy's, or "auto" (also for `plan = "hedge"` without a delay,
     as `Policy.with_plan` sets it); None: no hedge."""
-    delay = policy.hedge_after_ms
+    delay = policy.hedge.after_ms
     if delay is None and asked == "hedge":
         delay = "auto"
     if fallback is None or delay is None or "hedge" not in (*policy.plans, asked):
@@ -158,10 +158,10 @@ def _auto_hedge(
     backup = theirs.ttft_samples or (theirs.ttft_s,)
     price = weight = 0.0
     if fallback == "local":
-        weight = policy.hedge_device_weight
+        weight = policy.hedge.device_weight
         cost = f"device time until the first token x {weight:g}"
     else:
-        price = policy.hedge_cloud_price_ms / 1000.0
+        price = policy.hedge.cloud_price_ms / 1000.0
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
     if deadline is not None:

@@ -66,10 +66,10 @@ def build_request(
     top_p, stop, priority = args.get("top_p"), args.get("stop"), args.get("priority")
     return GenerationRequest(
         messages=messages,
-        max_tokens=pol.max_tokens if max_tokens is None else max_tokens,
-        temperature=pol.temperature if temperature is None else temperature,
-        top_p=pol.top_p if top_p is None else top_p,
-        stop=pol.stop if stop is None else validate.stop(stop),
+        max_tokens=pol.sampling.max_tokens if max_tokens is None else max_tokens,
+        temperature=pol.sampling.temperature if temperature is None else temperature,
+        top_p=pol.sampling.top_p if top_p is None else top_p,
+        stop=pol.sampling.stop if stop is None else validate.stop(stop),
         seed=args.get("seed"),
         options=args.get("options", ()),  # type: ignore[arg-type]  # checked and copied
         priority=pol.priority if priority is None else priority,  # the queue's class

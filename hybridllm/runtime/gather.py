@@ -125,17 +125,18 @@ class Routing:
         score = cut = None
         if self.router is not None and forced is None and _uses_router(policy):
             score = self.router.score(request.messages)
-            cut = policy.router_threshold
+            cut = policy.routing.router_threshold
             if cut is None:
                 cut = self.router.threshold(
-                    cloud_share=policy.target_cloud_share, quality_floor=policy.quality_floor
+                    cloud_share=policy.routing.target_cloud_share,
+                    quality_floor=policy.routing.quality_floor,
                 )
         kinds: frozenset[str] | None = frozenset()
-        if policy.privacy != "off":
+        if policy.privacy.mode != "off":
             if self.privacy is None:
                 kinds = None
             else:
-                deep = policy.privacy == "block" or _cloud_bound(policy, forced, engines)
+                deep = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
                 kinds = frozenset(self.privacy(request.messages, deep=deep))
         return RequestFacts(
             prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
@@ -304,10 +305,14 @@ def _wait(info: EngineInfo, request: GenerationRequest) -> float:
 def _uses_router(policy: Policy) -> bool:
     """The router decides only where the policy leaves the choice open ("auto", no fixed order,
     the cloud allowed) and says how to read the score (a threshold, a cloud share or a floor)."""
-    stated = (policy.router_threshold, policy.target_cloud_share, policy.quality_floor)
+    stated = (
+        policy.routing.router_threshold,
+        policy.routing.target_cloud_share,
+        policy.routing.quality_floor,
+    )
     return (
-        policy.prefer == "auto"
-        and policy.fallback_order is None
+        policy.routing.prefer == "auto"
+        and policy.routing.fallback_order is None
         and policy.cloud_allowed
         and any(v is not None for v in stated)
     )

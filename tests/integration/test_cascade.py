@@ -42,8 +42,12 @@ def engines(server: LlamaServer) -> tuple[LlamaCppEngine, OpenAIEngine]:
 
 
 def cascade_policy(threshold: float) -> Policy:
-    return Policy(name="cascade-test", plans=("single", "hedge", "cascade"),
-                  router_threshold=threshold, max_tokens=16, temperature=0.0)  # fmt: skip
+    return Policy(
+        name="cascade-test",
+        plans=("single", "hedge", "cascade"),
+        routing={"router_threshold": threshold},
+        sampling={"max_tokens": 16, "temperature": 0.0},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +143,8 @@ async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
     prompt = "Write two sentences about the sea."
 
     def judged(threshold: float) -> Policy:
-        return cascade_policy(threshold).model_copy(
-            update={"cascade_judge": "answer", "max_tokens": 32}
+        return cascade_policy(threshold).with_(
+            cascade={"judge": "answer"}, sampling={"max_tokens": 32}
         )
 
     async with HybridClient(local=local, cloud=cloud, router=router, decision_log=log) as c:
@@ -199,7 +203,7 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud(
     local = FailsMidAnswer(TEST_MODEL, n_ctx=1024, pull=True, after=3)
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     proxy.record = True
-    pol = cascade_policy(1.0).model_copy(update={"max_tokens": 24, "cascade_hold_tokens": 4})
+    pol = cascade_policy(1.0).with_(sampling={"max_tokens": 24}, cascade={"hold_tokens": 4})
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         s = client.stream("Write two sentences about the sea.", policy=pol, plan="cascade")
         events = [e async for e in s.events()]

@@ -76,7 +76,11 @@ async def test_routing_goes_local_when_the_cloud_queue_would_miss_the_deadline(
 ) -> None:
     engine = cloud(proxy, max_concurrency=1)
     local = LlamaCppEngine(model_path, n_ctx=1024)
-    policy = Policy(name="fast", prefer="cloud", ttft_deadline_ms=600, max_tokens=8)
+    policy = Policy(
+        name="fast",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 600},
+        sampling={"max_tokens": 8},
+    )
     async with HybridClient(local=local, cloud=engine, router=None) as client:
         for _ in range(3):  # learn the cloud (past its cold start) and its slot hold time
             await client.complete(COUNT, engine="cloud", max_tokens=60, temperature=0.0)

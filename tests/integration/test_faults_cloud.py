@@ -62,7 +62,9 @@ async def wait_until(cond: Callable[[], bool], limit_s: float) -> float:
 
 async def test_500_is_retried_and_the_retry_reaches_the_server(proxy: FaultProxy) -> None:
     proxy.faults = Faults(http_status=500, fail_first=1)
-    policy = Policy(name="retry", prefer="cloud", retries=2, max_tokens=8)
+    policy = Policy(
+        name="retry", routing={"prefer": "cloud", "retries": 2}, sampling={"max_tokens": 8}
+    )
     async with HybridClient(cloud=cloud_engine(proxy), policy=policy) as client:
         done = await client.complete("Say hi.")
     assert done.text and done.trace.engine == "cloud" and done.trace.error is None
@@ -74,7 +76,9 @@ async def test_500_is_retried_and_the_retry_reaches_the_server(proxy: FaultProxy
 
 async def test_429_retry_after_is_honoured(proxy: FaultProxy) -> None:
     proxy.faults = Faults(http_status=429, retry_after_s=1, fail_first=1)
-    policy = Policy(name="retry", prefer="cloud", retries=2, max_tokens=8)
+    policy = Policy(
+        name="retry", routing={"prefer": "cloud", "retries": 2}, sampling={"max_tokens": 8}
+    )
     async with HybridClient(cloud=cloud_engine(proxy), policy=policy) as client:
         done = await client.complete("Say hi.")
     tr = done.trace
@@ -86,7 +90,11 @@ async def test_429_retry_after_is_honoured(proxy: FaultProxy) -> None:
 
 async def test_429_retry_after_past_the_deadline_is_not_waited_for(proxy: FaultProxy) -> None:
     proxy.faults = Faults(http_status=429, retry_after_s=30)
-    policy = Policy(name="retry", prefer="cloud", retries=2, ttft_deadline_ms=500, max_tokens=8)
+    policy = Policy(
+        name="retry",
+        routing={"prefer": "cloud", "retries": 2, "ttft_deadline_ms": 500},
+        sampling={"max_tokens": 8},
+    )
     async with HybridClient(cloud=cloud_engine(proxy), policy=policy) as client:
         t0 = time.perf_counter()
         with pytest.raises(RateLimitError) as info:
@@ -100,7 +108,7 @@ async def test_500_on_every_request_falls_back_to_local(
     proxy: FaultProxy, model_path: Path
 ) -> None:
     proxy.faults = Faults(http_status=500)
-    policy = Policy(name="failover", prefer="cloud", max_tokens=8)
+    policy = Policy(name="failover", routing={"prefer": "cloud"}, sampling={"max_tokens": 8})
     async with HybridClient(
         local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
     ) as client:
@@ -119,7 +127,9 @@ async def test_500_on_every_request_falls_back_to_local(
 
 async def test_refused_connections_open_the_circuit(proxy: FaultProxy, model_path: Path) -> None:
     proxy.faults = Faults(refuse=True)
-    policy = Policy(name="failover", prefer="cloud", max_tokens=4, retries=0)  # one try each
+    policy = Policy(
+        name="failover", routing={"prefer": "cloud", "retries": 0}, sampling={"max_tokens": 4}
+    )  # one try each
     async with HybridClient(
         local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
     ) as client:
@@ -155,7 +165,7 @@ async def test_malformed_sse_is_a_typed_cloud_error(proxy: FaultProxy) -> None:
 
 async def test_malformed_sse_falls_back_to_local(proxy: FaultProxy, model_path: Path) -> None:
     proxy.faults = Faults(sse_garbage=True)
-    policy = Policy(name="failover", prefer="cloud", max_tokens=8)
+    policy = Policy(name="failover", routing={"prefer": "cloud"}, sampling={"max_tokens": 8})
     async with HybridClient(
         local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
     ) as client:
@@ -171,7 +181,11 @@ async def test_malformed_sse_falls_back_to_local(proxy: FaultProxy, model_path: 
 
 async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_path: Path) -> None:
     proxy.faults = Faults(keepalive_only_s=10, keepalive_interval_ms=50)
-    policy = Policy(name="race", prefer="cloud", ttft_deadline_ms=300, max_tokens=8)
+    policy = Policy(
+        name="race",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 300},
+        sampling={"max_tokens": 8},
+    )
     async with HybridClient(
         local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
     ) as client:
@@ -198,7 +212,11 @@ async def test_app_cancel_during_the_race_stops_both_engines(
     proxy: FaultProxy, model_path: Path
 ) -> None:
     proxy.faults = Faults(first_byte_stall_ms=10_000)
-    policy = Policy(name="race", prefer="cloud", ttft_deadline_ms=200, max_tokens=200)
+    policy = Policy(
+        name="race",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 200},
+        sampling={"max_tokens": 200},
+    )
     local = local_engine(model_path)
     tokens: list[str] = []
     async with HybridClient(local=local, cloud=cloud_engine(proxy), policy=policy) as client:
@@ -228,7 +246,11 @@ async def test_app_cancel_during_the_race_stops_both_engines(
 async def test_long_local_prompt_starts_the_cloud_at_once(
     proxy: FaultProxy, model_path: Path
 ) -> None:
-    policy = Policy(name="race", prefer="local", ttft_deadline_ms=150, max_tokens=8)
+    policy = Policy(
+        name="race",
+        routing={"prefer": "local", "ttft_deadline_ms": 150},
+        sampling={"max_tokens": 8},
+    )
     local = local_engine(model_path)
     async with HybridClient(local=local, cloud=cloud_engine(proxy), policy=policy) as client:
         assert local.prefill_tps is not None and 880 / local.prefill_tps > 0.15
@@ -264,7 +286,11 @@ def _counts() -> tuple[int, int, int]:
 async def test_start_and_cancel_cycles_leak_nothing(proxy: FaultProxy, model_path: Path) -> None:
     rng = random.Random(5)
     proxy.faults = Faults(first_byte_stall_ms=150, stall_probability=0.3, jitter_ms=10, seed=5)
-    race = Policy(name="race", prefer="cloud", ttft_deadline_ms=60, max_tokens=64)
+    race = Policy(
+        name="race",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 60},
+        sampling={"max_tokens": 64},
+    )
     local = local_engine(model_path)
 
     async def cycle(client: HybridClient) -> None:
@@ -325,7 +351,11 @@ async def test_keepalives_without_end_time_out_a_cloud_only_request(proxy: Fault
     """Keep-alives are bytes, so the HTTP read timeout never fires on them; the engine's read
     timeout counts stream events instead (found by the soak: such a request never ended)."""
     proxy.faults = Faults(keepalive_only_s=math.inf, keepalive_interval_ms=50)
-    policy = Policy(name="only", prefer="cloud", fallback_order=("cloud",), retries=0, max_tokens=8)
+    policy = Policy(
+        name="only",
+        routing={"prefer": "cloud", "fallback_order": ("cloud",), "retries": 0},
+        sampling={"max_tokens": 8},
+    )
     engine = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, timeout=1.0)
     async with HybridClient(cloud=engine, policy=policy) as client:
         t0 = time.perf_counter()

@@ -65,7 +65,11 @@ async def test_flagged_prompts_never_reach_the_cloud_benign_ones_do(
 ) -> None:
     proxy.record = True
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
-    policy = Policy(name="cloud-first", prefer="cloud", max_tokens=2, temperature=0)
+    policy = Policy(
+        name="cloud-first",
+        routing={"prefer": "cloud"},
+        sampling={"max_tokens": 2, "temperature": 0},
+    )
     async with HybridClient(
         local=local, cloud=cloud(proxy), policy=policy, privacy="keep-local"
     ) as c:
@@ -87,7 +91,11 @@ async def test_flagged_prompts_never_reach_the_cloud_benign_ones_do(
 async def test_nothing_flagged_leaves_when_the_local_engine_fails(proxy: FaultProxy) -> None:
     """The local side is a ScriptedEngine here (it must fail on cue); the cloud is real."""
     proxy.record = True
-    local_first = Policy(name="local-first", prefer="local", max_tokens=2, temperature=0)
+    local_first = Policy(
+        name="local-first",
+        routing={"prefer": "local"},
+        sampling={"max_tokens": 2, "temperature": 0},
+    )
     broken = LocalEngineError("out of memory", engine="local")
     async with HybridClient(
         local=ScriptedEngine("local", script=[broken]),
@@ -120,7 +128,12 @@ async def test_nothing_flagged_leaves_when_the_local_engine_fails(proxy: FaultPr
 async def test_a_hedge_never_carries_a_flagged_prompt(proxy: FaultProxy, model_path: Path) -> None:
     proxy.record = True
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
-    hedged = Policy(name="hedged", prefer="local", hedge_after_ms=1, max_tokens=2, temperature=0)
+    hedged = Policy(
+        name="hedged",
+        routing={"prefer": "local"},
+        hedge={"after_ms": 1},
+        sampling={"max_tokens": 2, "temperature": 0},
+    )
     async with HybridClient(
         local=local, cloud=cloud(proxy), policy=hedged, privacy="keep-local"
     ) as c:

@@ -23,9 +23,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 PROMPT = "Write three sentences about the sea."
 POLICY = Policy(
-    name="handoff", prefer="local", max_tokens=40, temperature=0.0, retries=0,
-    handoff_after_tokens=4, stall_ms=20_000,
-)  # fmt: skip
+    name="handoff",
+    routing={"prefer": "local", "retries": 0, "stall_ms": 20_000},
+    sampling={"max_tokens": 40, "temperature": 0.0},
+    handoff={"after_tokens": 4},
+)
 
 
 async def handoff_run(
@@ -60,7 +62,7 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
     assert rec is not None and rec.outcome == "switched", rec
     # one visible stream: the local engine's tokens, then the cloud's, one switch
     k = rec.local_tokens
-    assert k == POLICY.handoff_after_tokens and who == ["local"] * k + ["cloud"] * (len(who) - k)
+    assert k == POLICY.handoff.after_tokens and who == ["local"] * k + ["cloud"] * (len(who) - k)
     local_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "local")
     cloud_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "cloud")
     assert text == local_text + cloud_text and len(local_text) == rec.local_chars
@@ -89,9 +91,11 @@ async def test_a_warm_cloud_reads_the_prompt_first_then_continues_the_delivered_
     stream is still the local part plus the cloud's continuation of exactly that text."""
     proxy.record = True
     policy = Policy(
-        name="handoff", prefer="local", max_tokens=40, temperature=0.0, retries=0,
-        handoff_after_tokens=4, stall_ms=20_000, handoff_warm_cloud=True,
-    )  # fmt: skip
+        name="handoff",
+        routing={"prefer": "local", "retries": 0, "stall_ms": 20_000},
+        sampling={"max_tokens": 40, "temperature": 0.0},
+        handoff={"after_tokens": 4, "warm_cloud": True},
+    )
     events, trace = await handoff_run(model_path, proxy, "continue_final_message", policy)
     rec = trace.handoff
     assert rec is not None and rec.outcome == "switched", rec
@@ -110,6 +114,6 @@ async def test_cloud_failure_during_the_handoff_local_continues(
     text, who = parts(events)
     rec = trace.handoff
     assert rec is not None and rec.outcome.startswith("cloud failed"), rec
-    assert text and set(who) == {"local"} and len(who) > POLICY.handoff_after_tokens
+    assert text and set(who) == {"local"} and len(who) > POLICY.handoff.after_tokens
     assert not any(isinstance(e, Handoff) for e in events)
     assert trace.engine == "local" and trace.error is None and trace.finish_reason is not None

@@ -209,7 +209,11 @@ async def test_deadline_race_real_engines_stalled_cloud_loses(
     proxy: FaultProxy, model_path: Path
 ) -> None:
     proxy.faults = Faults(first_byte_stall_ms=10_000)
-    policy = Policy(name="race", prefer="cloud", ttft_deadline_ms=300, max_tokens=8)
+    policy = Policy(
+        name="race",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 300},
+        sampling={"max_tokens": 8},
+    )
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     local = LlamaCppEngine(model_path, n_ctx=1024)
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
@@ -226,7 +230,9 @@ async def test_mid_stream_reset_continues_on_the_real_local_engine(
     proxy: FaultProxy, model_path: Path
 ) -> None:
     proxy.faults = Faults(reset_after_bytes=3000)
-    policy = Policy(name="failover", prefer="cloud", max_tokens=60, temperature=0)
+    policy = Policy(
+        name="failover", routing={"prefer": "cloud"}, sampling={"max_tokens": 60, "temperature": 0}
+    )
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     local = LlamaCppEngine(model_path, n_ctx=1024)
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:

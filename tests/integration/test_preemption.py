@@ -99,7 +99,9 @@ async def test_a_preempted_answer_moves_to_the_cloud_where_the_policy_allows(
 ) -> None:
     local = LlamaCppEngine(model_path, n_ctx=1024)
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
-    policy = Policy(name="bg", prefer="local", max_tokens=80, priority="background")
+    policy = Policy(
+        name="bg", priority="background", routing={"prefer": "local"}, sampling={"max_tokens": 80}
+    )
     async with HybridClient(local=local, cloud=cloud, router=None) as client:
         back = Background(client, 10, policy=policy)
         async with anyio.create_task_group() as tg:

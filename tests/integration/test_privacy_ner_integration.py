@@ -75,7 +75,11 @@ async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
     proxy.record = True
     assert default_scanner().deep  # the real NER layer, not the patterns alone
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
-    cloud_first = Policy(name="cloud-first", prefer="cloud", max_tokens=2, temperature=0)
+    cloud_first = Policy(
+        name="cloud-first",
+        routing={"prefer": "cloud"},
+        sampling={"max_tokens": 2, "temperature": 0},
+    )
     async with HybridClient(
         local=local, cloud=cloud(proxy), policy=cloud_first, privacy="keep-local"
     ) as c:

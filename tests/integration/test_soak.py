@@ -85,18 +85,40 @@ CAP_USD = 0.8  # a day cap, reached part way through the run
 PRICES = Prices(default=ModelPrice(input_per_million=100.0, output_per_million=400.0))
 
 POLICIES = (
-    Policy(name="soak-local-first", prefer="local", ttft_deadline_ms=1200, stall_ms=800,
-           max_tokens=10, retries=1),
-    Policy(name="soak-cloud-first", prefer="cloud", ttft_deadline_ms=1000, stall_ms=700,
-           max_tokens=12, retries=1),
-    Policy(name="soak-hedge", prefer="cloud", ttft_deadline_ms=2000, hedge_after_ms=300,
-           stall_ms=800, max_tokens=8),
-    Policy(name="soak-cloud-only", prefer="cloud", fallback_order=("cloud",),
-           ttft_deadline_ms=1500, retries=2, max_tokens=8),
-    resolve_policy("voice-assistant").model_copy(update={"max_tokens": 8}),  # a preset
-    Policy(name="soak-private", prefer="cloud", privacy="keep-local", ttft_deadline_ms=1500,
-           stall_ms=800, max_tokens=8),
-)  # fmt: skip
+    Policy(
+        name="soak-local-first",
+        routing={"prefer": "local", "ttft_deadline_ms": 1200, "stall_ms": 800, "retries": 1},
+        sampling={"max_tokens": 10},
+    ),
+    Policy(
+        name="soak-cloud-first",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 1000, "stall_ms": 700, "retries": 1},
+        sampling={"max_tokens": 12},
+    ),
+    Policy(
+        name="soak-hedge",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 2000, "stall_ms": 800},
+        hedge={"after_ms": 300},
+        sampling={"max_tokens": 8},
+    ),
+    Policy(
+        name="soak-cloud-only",
+        routing={
+            "prefer": "cloud",
+            "fallback_order": ("cloud",),
+            "ttft_deadline_ms": 1500,
+            "retries": 2,
+        },
+        sampling={"max_tokens": 8},
+    ),
+    resolve_policy("voice-assistant").with_(sampling={"max_tokens": 8}),  # a preset
+    Policy(
+        name="soak-private",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 1500, "stall_ms": 800},
+        privacy={"mode": "keep-local"},
+        sampling={"max_tokens": 8},
+    ),
+)
 PROMPTS = (
     "Name one colour.",
     "What is 7 plus 5?",
@@ -179,7 +201,7 @@ def draw_specs(n: int, seed: int) -> list[Spec]:
         policy = rng.choice(POLICIES)
         secret = None
         prompt = rng.choice(PROMPTS)
-        if policy.privacy != "off":
+        if policy.privacy.mode != "off":
             secret = f"mara.soak{i}.{rng.randrange(10**6)}@example.org"
             prompt = f"My email is {secret}. {prompt}"
         kind = rng.choices(kinds, weights)[0]
@@ -273,7 +295,7 @@ async def run_one(client: HybridClient, proxy: FaultProxy, spec: Spec) -> Result
         res.outcome = "complete"
     if res.outcome.startswith("untyped"):
         res.problems.append(f"untyped end: {error!r}")
-    deadline_s = (spec.policy.ttft_deadline_ms or 0.0) / 1000.0
+    deadline_s = (spec.policy.routing.ttft_deadline_ms or 0.0) / 1000.0
     res.over_deadline_s = max(0.0, res.elapsed_s - deadline_s)
     if res.outcome != "left" and res.over_deadline_s > BOUND_S:
         res.problems.append(f"ended {res.over_deadline_s:.2f} s past the deadline")

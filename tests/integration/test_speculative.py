@@ -108,7 +108,7 @@ async def test_committed_text_is_the_verifiers_greedy_text(
     """Every round is judged (the plan never streams plainly), and what it commits is Qwen's
     greedy text: two Latin-script prompts, kept short (a one-line system prompt, 6 tokens, a
     fixed k), one probe."""
-    fixed = Policy(name="fixed-k", speculative_k=8)  # never steps aside for pay
+    fixed = Policy(name="fixed-k", speculative={"k": 8})  # never steps aside for pay
     async with client_for(qwen_server.url, model_path, alias="qwen") as client:
         for kind, prompt in PROMPTS.items():
             messages = [
@@ -289,7 +289,7 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
     )
     async with client:
         # a fixed k: the plan never steps aside to plain streaming (the mock cannot stream)
-        fixed = Policy(name="fixed-k", speculative_k=4)
+        fixed = Policy(name="fixed-k", speculative={"k": 4})
         r = await client.complete(
             "Say a fact.", policy=fixed, plan="speculative", max_tokens=64, temperature=0
         )

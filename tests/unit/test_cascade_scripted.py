@@ -88,7 +88,8 @@ class FakeRouter:
 
 
 def policy(**kw: Any) -> Policy:
-    return Policy(name="c", plans=("single", "hedge", "cascade"), router_threshold=0.5, **kw)
+    base = Policy(name="c", plans=("single", "hedge", "cascade"), routing={"router_threshold": 0.5})
+    return base.with_(**kw)
 
 
 async def run(client: HybridClient, pol: Policy) -> tuple[list[Token], Any, float]:
@@ -137,7 +138,7 @@ async def test_hedged_cascade_starts_the_cloud_at_once_when_stage1_is_unsure_scr
     local = SignalScriptedEngine(hold_s=0.2, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.15)
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
-        tokens, trace, _ = await run(client, policy(cascade_hedge=True))
+        tokens, trace, _ = await run(client, policy(cascade={"hedge": True}))
     assert [t.engine for t in tokens] == ["cloud"]
     assert trace.cascade.hedged and trace.parallel_start
     # the cloud ran during the hold: the first token comes at the hold's end, not hold + TTFT
@@ -149,7 +150,7 @@ async def test_hedged_cloud_is_cancelled_when_local_turns_out_confident_scripted
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=1.0)
     router = FakeRouter(0.9, combined=0.2)  # stage 1 unsure, stage 2 confident
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
-        tokens, trace, took = await run(client, policy(cascade_hedge=True))
+        tokens, trace, took = await run(client, policy(cascade={"hedge": True}))
     assert [t.engine for t in tokens] == ["local", "local"]
     assert trace.cascade.hedged and trace.cascade.decision == "local"
     assert took == pytest.approx(0.05)  # the cloud's one-second answer was not waited for
@@ -159,7 +160,7 @@ async def test_a_call_plan_runs_the_cascade_the_policy_does_not_list_scripted() 
     # plan= per call asks for a plan, as engine= asks for an engine (Policy.with_plan adds it)
     local = SignalScriptedEngine(hold_s=0.0, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
-    pol = Policy(name="p", router_threshold=0.5)
+    pol = Policy(name="p", routing={"router_threshold": 0.5})
     assert "cascade" not in pol.plans
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         done = await client.complete("hi", policy=pol, plan="cascade")
@@ -231,18 +232,18 @@ async def test_a_local_failure_during_the_hold_goes_to_the_cloud_scripted() -> N
 
 
 def test_cascade_judge_is_validated() -> None:
-    assert Policy().cascade_judge == "prefix"
-    assert Policy(cascade_judge="answer").cascade_judge == "answer"
+    assert Policy().cascade.judge == "prefix"
+    assert Policy(cascade={"judge": "answer"}).cascade.judge == "answer"
     with pytest.raises(PolicyError) as err:
-        Policy(cascade_judge="whole")  # type: ignore[arg-type]
-    assert err.value.field == "cascade_judge" and "answer" in str(err.value)
+        Policy(cascade={"judge": "whole"})  # type: ignore[arg-type]
+    assert err.value.field == "cascade.judge" and "answer" in str(err.value)
 
 
 async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() -> None:
     long = "The answer is 4, because two and two make four."
     local = SignalScriptedEngine(hold_s=0.01, answer=long, ended=True, tokens=["never"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
-    pol = policy(cascade_judge="answer", max_tokens=100)
+    pol = policy(cascade={"judge": "answer"}, sampling={"max_tokens": 100})
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         done = await client.complete("hi", policy=pol, plan="cascade")
     assert local.n_answers == [100]  # the whole answer (max_tokens), not the 8-token hold
@@ -264,7 +265,7 @@ async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() ->
 async def test_complete_defers_a_judged_answer_to_the_cloud_scripted() -> None:
     local = SignalScriptedEngine(hold_s=0.01, answer="maybe 5", ended=True, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C1", "C2"])
-    pol = policy(cascade_judge="answer", max_tokens=50)
+    pol = policy(cascade={"judge": "answer"}, sampling={"max_tokens": 50})
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
         done = await client.complete("hi", policy=pol, plan="cascade")
     assert done.text == "C1C2" and done.trace.engine == "cloud"
@@ -276,8 +277,12 @@ async def test_stream_and_a_prefix_policy_judge_the_held_tokens_only_scripted() 
     local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        _, streamed, _ = await run(client, policy(cascade_judge="answer", max_tokens=50))
-        done = await client.complete("hi", policy=policy(max_tokens=50), plan="cascade")
+        _, streamed, _ = await run(
+            client, policy(cascade={"judge": "answer"}, sampling={"max_tokens": 50})
+        )
+        done = await client.complete(
+            "hi", policy=policy(sampling={"max_tokens": 50}), plan="cascade"
+        )
     assert local.n_answers == [8, 8]  # stream() shows tokens as they come: never the whole
     assert streamed.cascade.judge == "prefix" and done.trace.cascade.judge == "prefix"
     assert done.text == "Hello" and done.trace.cascade.answer_signals is None
@@ -287,7 +292,9 @@ async def test_a_stop_string_in_the_held_text_ends_the_answer_there_scripted() -
     local = SignalScriptedEngine(hold_s=0.0, answer="4\nEND more", tokens=["never"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        done = await client.complete("hi", policy=policy(stop=("END",)), plan="cascade")
+        done = await client.complete(
+            "hi", policy=policy(sampling={"stop": ("END",)}), plan="cascade"
+        )
     assert done.text == "4\n" and done.trace.finish_reason == "stop"
     assert local.continued_from == []
 
@@ -300,7 +307,7 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted(
     local = SignalScriptedEngine(hold_s=0.0, script=[0.0, "lo", 0.0, boom])
     cloud = ScriptedEngine("cloud", tokens=[" world", "!"])
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        s = client.stream("hi", policy=policy(max_tokens=50), plan="cascade")
+        s = client.stream("hi", policy=policy(sampling={"max_tokens": 50}), plan="cascade")
         events = [e async for e in s.events()]
     tokens = [(e.engine, e.text) for e in events if isinstance(e, Token)]
     assert tokens == [("local", "Hel"), ("local", "lo"), ("cloud", " world"), ("cloud", "!")]
@@ -352,7 +359,9 @@ async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_s
     local = SignalScriptedEngine(hold_s=2.0, tokens=["L", "!"])
     cloud = ScriptedEngine("cloud", script=[0.05, CloudConnectionError("reset")])
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
-        tokens, trace, _ = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+        tokens, trace, _ = await run(
+            client, policy(cascade={"hedge": True}, routing={"ttft_deadline_ms": 200})
+        )
     assert [(t.engine, t.text) for t in tokens] == [("local", "L"), ("local", "!")]
     assert trace.engine == "local" and "-> local" in trace.route_reason
     assert trace.started == ["cloud", "local"]
@@ -375,7 +384,7 @@ def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
     prefix_only.stage2 = {"combined": Cal(0.2)}  # type: ignore[dict-item]
     assert _judged_by(both, "answer") == "combined_answer"
     assert _judged_by(both, "prefix") == _judged_by(prefix_only, "answer") == "combined"
-    pol = Policy(name="c", plans=("single", "cascade"), target_cloud_share=0.3)
+    pol = Policy(name="c", plans=("single", "cascade"), routing={"target_cloud_share": 0.3})
     assert _cut(both, pol, _judged_by(both, "answer")) == 0.35
     assert _cut(both, pol, _judged_by(both, "prefix")) == 0.2
 

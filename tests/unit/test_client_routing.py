@@ -42,14 +42,14 @@ def pair() -> tuple[ScriptedEngine, ScriptedEngine]:
 async def test_router_score_against_the_policy_threshold() -> None:
     local, cloud = pair()
     router = FixedRouter()
-    pol = Policy(name="auto", prefer="auto", target_cloud_share=0.3)
+    pol = Policy(name="auto", routing={"prefer": "auto", "target_cloud_share": 0.3})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=router) as client:
         hard = await client.complete("a hard question")
         easy = await client.complete("an easy one")
     assert hard.trace.engine == "cloud" and easy.trace.engine == "local"
     assert "router score 0.90 >= threshold 0.50 -> cloud" in hard.trace.decision
     assert router.asked == [(0.3, None), (0.3, None)]
-    pinned = Policy(name="pinned", prefer="auto", router_threshold=0.95)
+    pinned = Policy(name="pinned", routing={"prefer": "auto", "router_threshold": 0.95})
     async with HybridClient(local=local, cloud=cloud, policy=pinned, router=router) as client:
         assert (await client.complete("a hard question")).trace.engine == "local"
 
@@ -57,11 +57,15 @@ async def test_router_score_against_the_policy_threshold() -> None:
 async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None:
     local = ScriptedEngine("local", script=[0.3, "slow"])  # past the deadline: no fallback
     cloud = ScriptedEngine("cloud", tokens=["c"])
-    pol = Policy(name="p", prefer="cloud", ttft_deadline_ms=50, privacy="keep-local")
+    pol = Policy(
+        name="p",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 50},
+        privacy={"mode": "keep-local"},
+    )
     async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
         res = await client.complete("mail me at ada.lovelace@example.org")
         assert (await client.complete("no secrets here")).trace.engine == "cloud"
-        blocked = pol.model_copy(update={"privacy": "block"})
+        blocked = pol.with_(privacy={"mode": "block"})
         with pytest.raises(PrivacyBlockedError, match="privacy: email found -> blocked") as info:
             client.stream("ada.lovelace@example.org", policy=blocked)
         assert info.value.kinds == ("email",) and not info.value.retryable
@@ -72,7 +76,7 @@ async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None
 
 async def test_the_client_privacy_mode_is_a_floor_under_every_policy() -> None:
     local, cloud = pair()
-    pol = Policy(name="open", prefer="cloud", privacy="off")
+    pol = Policy(name="open", routing={"prefer": "cloud"}, privacy={"mode": "off"})
     async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
         res = await client.complete("card 4111 1111 1111 1111 please")
         with pytest.raises(PrivacyBlockedError, match="contains card.*card found"):  # even forced
@@ -82,7 +86,7 @@ async def test_the_client_privacy_mode_is_a_floor_under_every_policy() -> None:
 
 async def test_an_exhausted_budget_goes_local_or_fails() -> None:
     local, cloud = pair()
-    pol = Policy(name="b", prefer="cloud", ttft_deadline_ms=50)
+    pol = Policy(name="b", routing={"prefer": "cloud", "ttft_deadline_ms": 50})
     spent = [Cap(None, "day", 0.0)]  # nothing left today
     prices = Prices(models={"scripted": ModelPrice(input_per_million=1, output_per_million=2)})
     async with HybridClient(
@@ -117,7 +121,7 @@ class QueuedLocal(ScriptedEngine):
 async def test_a_long_local_queue_sends_the_request_to_the_cloud() -> None:
     local = QueuedLocal("local", script=[0.05, "l"])
     cloud = ScriptedEngine("cloud", script=[0.01, "c"])
-    pol = Policy(name="q", prefer="local", ttft_deadline_ms=200)
+    pol = Policy(name="q", routing={"prefer": "local", "ttft_deadline_ms": 200})
     async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
         assert (await client.complete("q")).trace.engine == "local"
         local.queue_s = 2.1
@@ -137,7 +141,7 @@ async def test_a_cloud_that_got_slow_gets_the_local_engine_started_at_once() -> 
     is started with the cloud instead of at the deadline."""
     local = ScriptedEngine("local", script=[0.6, "l"])
     cloud = ScriptedEngine("cloud", script=[0.01, "c"])
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=200)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 200})
     async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
         for _ in range(10):
             assert (await client.complete("q")).trace.engine == "cloud"
@@ -161,7 +165,7 @@ async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:
     from pathlib import Path
 
     d = Path(str(tmp_path))
-    (d / "mine.toml").write_text('extends = "code-completion"\nmax_tokens = 7\n')
+    (d / "mine.toml").write_text('extends = "code-completion"\n[sampling]\nmax_tokens = 7\n')
     local, _ = pair()
     async with HybridClient(local=local, policy_dirs=[d]) as client:
         res = await client.complete("q", policy="mine")
@@ -172,7 +176,7 @@ async def test_policy_dirs_reach_the_client(tmp_path: object) -> None:
 async def test_explain_decision_without_sending() -> None:
     local, cloud = pair()
     async with HybridClient(local=local, cloud=cloud) as client:
-        decision, facts, state = client.decide("hi", Policy(prefer="cloud"))
+        decision, facts, state = client.decide("hi", Policy(routing={"prefer": "cloud"}))
     assert decision.primary == "cloud" and facts.prompt_tokens > 0
     assert not local.requests and not cloud.requests
 
@@ -194,7 +198,7 @@ async def test_the_shipped_router_is_loaded_by_default_and_scores_requests() -> 
 
 async def test_a_repeated_local_prompt_is_predicted_from_its_uncached_part() -> None:
     local = ScriptedEngine("local", tokens=["l"])
-    pol = Policy(name="l", prefer="local")
+    pol = Policy(name="l", routing={"prefer": "local"})
     long = "word " * 400
     async with HybridClient(local=local, policy=pol) as client:
         client.routing.latency.seed("local", prefill_tps=100.0, tpot_s=0.01, overhead_s=0.0)
@@ -251,7 +255,9 @@ async def test_a_failed_request_is_logged_with_its_error_type(tmp_path: object) 
 
     path = Path(str(tmp_path)) / "decisions.db"
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused: port 9: closed")])
-    async with HybridClient(cloud=down, decision_log=path, policy=Policy(retries=0)) as client:
+    async with HybridClient(
+        cloud=down, decision_log=path, policy=Policy(routing={"retries": 0})
+    ) as client:
         with pytest.raises(CloudConnectionError):
             await client.complete("q")
     with DecisionLog(path) as log:
@@ -306,7 +312,9 @@ class History(LatencyModel):
 async def test_a_policys_plan_is_decided_as_the_calls_plan(
     plan: str, prefer: str, expected: str
 ) -> None:
-    base = Policy(name="p", prefer=prefer, router_threshold=0.5, ttft_deadline_ms=600)  # type: ignore[arg-type]
+    base = Policy(
+        name="p", routing={"prefer": prefer, "router_threshold": 0.5, "ttft_deadline_ms": 600}
+    )  # type: ignore[arg-type]
     local, cloud = SignalsEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
     client = HybridClient(local=local, cloud=cloud, router=FixedRouter(), latency=History())
     # temperature > 0 with top_p = 1: speculation would not pay, so only asking runs it
@@ -359,7 +367,7 @@ async def test_a_preview_leaves_the_local_circuits_probe_to_the_next_request() -
 
 async def test_the_preview_applies_the_clients_privacy_floor_as_the_stream_does() -> None:
     local, cloud = pair()
-    pol = Policy(name="open", prefer="cloud", privacy="off")
+    pol = Policy(name="open", routing={"prefer": "cloud"}, privacy={"mode": "off"})
     prompt = "mail the summary to ann@example.org"
     async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
         preview = client.decide(prompt)

@@ -140,7 +140,7 @@ def _pred(engine: str, ttft: float, queue: float = 0.0) -> Prediction:
 
 
 def test_routing_sends_a_request_local_when_the_cloud_queue_misses_the_deadline() -> None:
-    policy = Policy(name="p", prefer="cloud", ttft_deadline_ms=500)
+    policy = Policy(name="p", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     facts = RequestFacts(prompt_tokens=20, max_tokens=64)
     queued = LiveState(
         latency={"cloud": _pred("cloud", 1.3, queue=1.0), "local": _pred("local", 0.2)},
@@ -191,7 +191,7 @@ def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
     client = HybridClient(local=ScriptedEngine("local"), cloud=cloud, router=None)
     client.routing.latency.seed("cloud", prefill_tps=1e4, tpot_s=0.01, overhead_s=0.1)
     client.routing.latency.seed("local", prefill_tps=1e4, tpot_s=0.02, overhead_s=0.2)
-    policy = Policy(name="burst", prefer="cloud", ttft_deadline_ms=600)
+    policy = Policy(name="burst", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
     req = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=8)
 
     def decided() -> str | None:  # as stream() decides (a preview would announce nothing)

@@ -152,7 +152,7 @@ async def test_a_refusal_of_a_replaced_key_does_not_stop_the_new_one() -> None:
 
 def test_decide_leaves_an_unavailable_cloud_out_with_the_reason() -> None:
     state = LiveState(unavailable={"cloud": AUTH})
-    pol = Policy(name="p", prefer="cloud")
+    pol = Policy(name="p", routing={"prefer": "cloud"})
     d = decide(RequestFacts(10, 10), pol, state)
     assert d.primary == "local" and d.fallback is None
     assert f"cloud: {AUTH} -> local" in d.reasons and d.unavailable == (("cloud", AUTH),)
@@ -161,14 +161,16 @@ def test_decide_leaves_an_unavailable_cloud_out_with_the_reason() -> None:
     alone = decide(RequestFacts(10, 10), pol, LiveState(available=frozenset({"cloud"}),
                                                         unavailable={"cloud": AUTH}))  # fmt: skip
     assert alone.primary == "cloud" and "no other engine" in alone.reason
-    local_only = decide(RequestFacts(10, 10), Policy(name="l", allow_cloud=False), state)
+    local_only = decide(
+        RequestFacts(10, 10), Policy(name="l", routing={"allow_cloud": False}), state
+    )
     assert local_only.primary == "local" and not local_only.unavailable  # no cloud to miss
 
 
 async def test_the_client_serves_locally_and_says_why_until_the_key_changes() -> None:
     local = ScriptedEngine("local", tokens=["local"])
     cloud, fake = cloud_engine("wrong")
-    pol = Policy(name="cloud-first", prefer="cloud")
+    pol = Policy(name="cloud-first", routing={"prefer": "cloud"})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         with pytest.warns(RuntimeWarning, match="authentication failed"):
             async with client.stream("q") as s:
@@ -225,7 +227,7 @@ async def test_a_real_cloud_engine_without_a_key_lets_the_client_open(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     local = ScriptedEngine("local", tokens=["local"])
     cloud = OpenAIEngine(base_url="http://127.0.0.1:9/v1", model="m")
-    pol = Policy(name="cloud-first", prefer="cloud")
+    pol = Policy(name="cloud-first", routing={"prefer": "cloud"})
     with pytest.warns(RuntimeWarning, match="no API key"):
         async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
             async with client.stream("q") as s:

@@ -50,16 +50,18 @@ def policies(draw: st.DrawFn) -> Policy:
     share = draw(st.one_of(st.none(), unit)) if parallel else None
     return Policy(
         name="p",
-        prefer=prefer,
-        allow_cloud=allow_cloud,
-        fallback_order=order,
         plans=plans,
-        hedge_after_ms=hedge,
-        ttft_deadline_ms=draw(st.one_of(st.none(), st.floats(min_value=1.0, max_value=5000.0))),
-        privacy=draw(st.sampled_from(["off", "keep-local", "block"])),
         budget=Budget(on_exceeded=draw(st.sampled_from(["local", "fail"]))),
-        parallel_cloud=parallel,
-        parallel_cloud_share=share,
+        routing={
+            "prefer": prefer,
+            "allow_cloud": allow_cloud,
+            "fallback_order": order,
+            "ttft_deadline_ms": draw(
+                st.one_of(st.none(), st.floats(min_value=1.0, max_value=5000.0))
+            ),
+        },
+        hedge={"after_ms": hedge, "parallel_cloud": parallel, "parallel_cloud_share": share},
+        privacy={"mode": draw(st.sampled_from(["off", "keep-local", "block"]))},
     )
 
 
@@ -120,19 +122,19 @@ def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
         assert d.fallback is not None and d.plan == "single"
     # a parallel cloud start only where the policy allows one, within its share, and said
     if d.parallel_cloud:
-        assert p.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
+        assert p.hedge.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
         started, seen = s.parallel_recent
-        cap = p.parallel_cloud_share
+        cap = p.hedge.parallel_cloud_share
         assert cap is None or (started + 1) / (seen + 1) <= cap
     if not d.fallback_lead:
         assert d.fallback == "cloud" and not d.fallback_now
     # deterministic: a pure function of its inputs
     assert decide(f, p, s) == d
     # a policy that keeps requests on the device never yields a cloud engine
-    if not p.cloud_allowed or p.privacy != "off" and f.privacy_kinds != frozenset():
+    if not p.cloud_allowed or p.privacy.mode != "off" and f.privacy_kinds != frozenset():
         assert not touches_cloud(d)
     # privacy "block" with a finding refuses
-    if p.privacy == "block" and f.privacy_kinds:
+    if p.privacy.mode == "block" and f.privacy_kinds:
         assert d.plan == "refuse" and any("privacy" in r for r in d.reasons)
     # a budget that cannot cover the worst case never yields a cloud request
     if not s.budget_fits:
@@ -159,7 +161,7 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
         and p.cloud_allowed
         and "cloud" in p.order
         and "local" in p.order
-        and not (p.privacy != "off" and f.privacy_kinds != frozenset())
+        and not (p.privacy.mode != "off" and f.privacy_kinds != frozenset())
         and s.budget_fits
         and not s.cloud_circuit_open
         and f.forced is None
@@ -177,7 +179,7 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
 
 # ---- readable reasons for the main cases ---------------------------------------------------------
 
-CHAT = Policy(name="chat", prefer="auto", ttft_deadline_ms=500)
+CHAT = Policy(name="chat", routing={"prefer": "auto", "ttft_deadline_ms": 500})
 BOTH = LiveState(latency={"local": pred("local", 0.2), "cloud": pred("cloud", 0.3, 0.45)})
 
 
@@ -190,14 +192,14 @@ def test_router_score_picks_the_engine() -> None:
 
 
 def test_privacy_finding_keeps_the_request_local() -> None:
-    pol = CHAT.model_copy(update={"privacy": "keep-local"})
+    pol = CHAT.with_(privacy={"mode": "keep-local"})
     d = decide(RequestFacts(50, 64, 0.9, 0.5, frozenset({"email"})), pol, BOTH)
     assert d.engines == ("local",) and "privacy: email found -> local only" in d.reasons
 
 
 def test_budget_goes_local_or_refuses() -> None:
     state = LiveState(budget_fits=False, budget_detail="day cap 0.50 USD, left 0.01 USD")
-    cloudy = Policy(name="b", prefer="cloud")
+    cloudy = Policy(name="b", routing={"prefer": "cloud"})
     d = decide(RequestFacts(50, 64), cloudy, state)
     assert d.engines == ("local",)
     assert "budget: cannot cover the cloud request (day cap 0.50 USD, left 0.01 USD) -> local" in (
@@ -230,7 +232,7 @@ def test_unknown_cloud_latency_starts_both_at_once() -> None:
 
 
 def test_slow_cloud_swaps_to_local() -> None:
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     state = LiveState(latency={"local": pred("local", 0.2, 0.3), "cloud": pred("cloud", 2.0)})
     d = decide(RequestFacts(50, 64), pol, state)
     assert (d.primary, d.fallback) == ("local", "cloud")
@@ -238,7 +240,7 @@ def test_slow_cloud_swaps_to_local() -> None:
 
 
 def test_open_circuit_goes_local_at_once() -> None:
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     d = decide(RequestFacts(50, 64), pol, LiveState(cloud_circuit_open=True))
     assert d.engines == ("local",) and "cloud circuit open -> local" in d.reasons
 
@@ -255,7 +257,9 @@ CLOUD_TAIL = [0.1, 0.12, 0.13, 0.15, 0.15, 0.16, 0.18, 0.2, 0.22, 0.25, 0.3, 0.3
 
 
 def test_auto_hedge_waits_for_history() -> None:
-    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     young = LiveState(
         latency={"cloud": heavy("cloud", CLOUD_TAIL[:3]), "local": pred("local", 0.05)}
     )
@@ -263,7 +267,9 @@ def test_auto_hedge_waits_for_history() -> None:
 
 
 def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> None:
-    pol = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     d = decide(RequestFacts(10, 8), pol, state)
     assert d.plan == "hedge" and d.hedge_s is not None and d.hedge_s < 0.1
@@ -272,7 +278,9 @@ def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> No
 
 def test_auto_hedge_with_a_dear_cloud_backup_waits_or_skips() -> None:
     local = heavy("local", [0.1 + 0.002 * i for i in range(20)], ttft=0.12)  # a tight local
-    pol = Policy(name="t", prefer="local", ttft_deadline_ms=600, hedge_after_ms="auto")
+    pol = Policy(
+        name="t", routing={"prefer": "local", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+    )
     d = decide(
         RequestFacts(10, 8), pol, LiveState(latency={"local": local, "cloud": pred("cloud", 0.2)})
     )
@@ -297,7 +305,9 @@ SLOW_LOCAL = {"local": speed("local", 0.1, 0.06), "cloud": speed("cloud", 0.3, 0
 
 
 def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    pol = Policy(
+        name="t", plans=("single", "handoff"), routing={"prefer": "local", "tpot_target_ms": 40}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.plan == "handoff" and d.primary == "local" and d.fallback == "cloud"
     assert "local decodes at 60 ms/token, slower than the 40 ms target" in d.reason
@@ -305,19 +315,25 @@ def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
 
 
 def test_slow_local_decode_without_handoff_gives_the_cloud_the_request() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=500)
+    pol = Policy(
+        name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 500}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.plan == "single" and d.primary == "cloud" and d.reason.endswith("-> cloud")
 
 
 def test_slow_local_decode_keeps_local_when_the_cloud_misses_the_deadline() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, ttft_deadline_ms=200)
+    pol = Policy(
+        name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 200}
+    )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.primary == "local" and "misses the 200 ms deadline -> local" in d.reason
 
 
 def test_short_answers_and_fast_local_decode_stay_local() -> None:
-    pol = Policy(name="t", prefer="local", tpot_target_ms=40, plans=("single", "handoff"))
+    pol = Policy(
+        name="t", plans=("single", "handoff"), routing={"prefer": "local", "tpot_target_ms": 40}
+    )
     short = decide(RequestFacts(20, 16), pol, LiveState(latency=SLOW_LOCAL))
     assert short.plan == "single" and short.primary == "local" and "decodes" not in short.reason
     fast = {"local": speed("local", 0.1, 0.03), "cloud": speed("cloud", 0.3, 0.01)}
@@ -326,7 +342,7 @@ def test_short_answers_and_fast_local_decode_stay_local() -> None:
 
 
 def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> None:
-    pol = Policy(name="t", prefer="cloud").with_plan("handoff")
+    pol = Policy(name="t", routing={"prefer": "cloud"}).with_plan("handoff")
     d = decide(RequestFacts(20, 8), pol, LiveState())
     assert d.plan == "handoff" and (d.primary, d.fallback) == ("local", "cloud")
     assert "plan=handoff" in d.reason
@@ -335,7 +351,9 @@ def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> N
 
 
 def test_handoff_needs_the_cloud() -> None:
-    pol = Policy(name="t", prefer="local", privacy="keep-local").with_plan("handoff")
+    pol = Policy(name="t", routing={"prefer": "local"}, privacy={"mode": "keep-local"}).with_plan(
+        "handoff"
+    )
     d = decide(RequestFacts(20, 256, privacy_kinds=frozenset({"email"})), pol, LiveState())
     assert d.plan == "single" and d.engines == ("local",)
 
@@ -346,21 +364,21 @@ REFUSALS: list[tuple[RequestFacts, Policy, LiveState, RefusalCause]] = [
     # a privacy finding under "block"
     (
         RequestFacts(9, 8, privacy_kinds=frozenset({"email"})),
-        Policy(privacy="block"),
+        Policy(privacy={"mode": "block"}),
         LiveState(),
         "privacy",
     ),
     # keep-local with only a cloud engine
     (
         RequestFacts(9, 8, privacy_kinds=frozenset({"iban"})),
-        Policy(privacy="keep-local"),
+        Policy(privacy={"mode": "keep-local"}),
         LiveState(available=frozenset({"cloud"})),
         "privacy",
     ),
     # the budget, with on_exceeded = "fail"
     (
         RequestFacts(9, 8),
-        Policy(prefer="cloud", budget=Budget(on_exceeded="fail")),
+        Policy(budget=Budget(on_exceeded="fail"), routing={"prefer": "cloud"}),
         LiveState(budget_fits=False),
         "budget",
     ),
@@ -369,14 +387,14 @@ REFUSALS: list[tuple[RequestFacts, Policy, LiveState, RefusalCause]] = [
     # a forced cloud the policy keeps off
     (
         RequestFacts(9, 8, forced="cloud"),
-        Policy(allow_cloud=False),
+        Policy(routing={"allow_cloud": False}),
         LiveState(),
         "forced_not_allowed",
     ),
     # a cloud-only client under a device-only policy
     (
         RequestFacts(9, 8),
-        Policy(allow_cloud=False),
+        Policy(routing={"allow_cloud": False}),
         LiveState(available=frozenset({"cloud"})),
         "no_engine",
     ),
@@ -468,14 +486,16 @@ def test_the_load_rule_that_fired_is_a_typed_field(
 def test_by_router_says_the_routers_score_asked_for_the_cloud() -> None:
     hard = decide(RequestFacts(50, 64, router_score=0.81, router_threshold=0.62), CHAT, BOTH)
     easy = decide(RequestFacts(50, 64, router_score=0.2, router_threshold=0.62), CHAT, BOTH)
-    cloudy = decide(RequestFacts(50, 64), Policy(prefer="cloud"), BOTH)
+    cloudy = decide(RequestFacts(50, 64), Policy(routing={"prefer": "cloud"}), BOTH)
     assert hard.by_router and not easy.by_router and not cloudy.by_router
     assert cloudy.primary == "cloud"  # the cloud first by preference is not the router's doing
 
 
 # ---- the cascade, decided here from facts (issue 24) ---------------------------------------------
 
-CASCADING = Policy(name="c", plans=("single", "hedge", "cascade"), router_threshold=0.5)
+CASCADING = Policy(
+    name="c", plans=("single", "hedge", "cascade"), routing={"router_threshold": 0.5}
+)
 ABLE = LiveState(latency=BOTH.latency, reads_signals=frozenset({"local"}), has_router=True)
 
 
@@ -496,8 +516,8 @@ def test_a_policy_listing_the_cascade_runs_it_where_the_local_engine_reads_signa
     [
         (scored(0.2), CASCADING, replace(ABLE, has_router=False)),  # no router
         (scored(0.2), CASCADING, replace(ABLE, reads_signals=frozenset())),  # no signals
-        (scored(0.2), Policy(name="p", router_threshold=0.5), ABLE),  # not listed
-        (scored(0.2), CASCADING.model_copy(update={"prefer": "local"}), ABLE),  # not "auto"
+        (scored(0.2), Policy(name="p", routing={"router_threshold": 0.5}), ABLE),  # not listed
+        (scored(0.2), CASCADING.with_(routing={"prefer": "local"}), ABLE),  # not "auto"
         (scored(0.2, forced="local"), CASCADING, ABLE),  # one engine forced
         (scored(0.2, plan="hedge"), CASCADING, ABLE),  # another plan asked for
         (scored(0.2), CASCADING, replace(ABLE, local_queue_s=9.0)),  # load moved it
@@ -507,12 +527,12 @@ def test_a_policy_listing_the_cascade_runs_it_where_the_local_engine_reads_signa
 def test_the_cascade_runs_only_where_its_conditions_hold(
     facts_: RequestFacts, policy: Policy, state: LiveState
 ) -> None:
-    pol = policy.model_copy(update={"ttft_deadline_ms": 500})
+    pol = policy.with_(routing={"ttft_deadline_ms": 500})
     assert decide(facts_, pol, state).plan != "cascade"
 
 
 def test_a_cascade_asked_for_runs_under_any_preference_and_says_when_it_cannot() -> None:
-    local_first = CASCADING.model_copy(update={"prefer": "local"})
+    local_first = CASCADING.with_(routing={"prefer": "local"})
     asked = decide(scored(0.2, plan="cascade"), local_first, ABLE)
     assert asked.plan == "cascade" and "asked by the caller" in asked.reason
     cannot = decide(scored(0.2, plan="cascade"), local_first, replace(ABLE, has_router=False))
@@ -520,7 +540,7 @@ def test_a_cascade_asked_for_runs_under_any_preference_and_says_when_it_cannot()
 
 
 def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
-    whole = CASCADING.model_copy(update={"cascade_judge": "answer"})
+    whole = CASCADING.with_(cascade={"judge": "answer"})
     assert decide(scored(0.2, streamed=False), whole, ABLE).cascade_judge == "answer"
     assert decide(scored(0.2, streamed=True), whole, ABLE).cascade_judge == "prefix"
     assert decide(scored(0.2, streamed=False), CASCADING, ABLE).cascade_judge == "prefix"
@@ -530,8 +550,8 @@ def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
 
 
 def test_a_policys_plan_hedge_hedges_auto_as_the_calls_does() -> None:
-    base = Policy(name="t", prefer="cloud", ttft_deadline_ms=600)
-    file_like = Policy(name="t", prefer="cloud", ttft_deadline_ms=600, plan="hedge")
+    base = Policy(name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
+    file_like = Policy(name="t", plan="hedge", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     by_policy = decide(RequestFacts(10, 8), file_like, state)
     by_call = decide(RequestFacts(10, 8), base.with_plan("hedge"), state)
@@ -551,7 +571,7 @@ def test_a_policys_plan_speculative_is_asked_for_as_the_calls_is() -> None:
 
 
 def test_a_policys_plan_cascade_runs_under_any_preference_as_the_calls_does() -> None:
-    local_first = CASCADING.model_copy(update={"prefer": "local"})
+    local_first = CASCADING.with_(routing={"prefer": "local"})
     asking = local_first.model_copy(update={"plan": "cascade"})
     d = decide(scored(0.2), asking, ABLE)
     assert d.plan == "cascade" and "asked by the policy" in d.reason
@@ -579,10 +599,14 @@ def test_an_open_local_circuit_gives_the_request_to_the_cloud() -> None:
     ("facts_", "policy", "state"),
     [
         (RequestFacts(50, 64, forced="local"), CHAT, LOCAL_OPEN),  # forced
-        (RequestFacts(50, 64), Policy(name="l", allow_cloud=False), LOCAL_OPEN),  # no cloud
+        (
+            RequestFacts(50, 64),
+            Policy(name="l", routing={"allow_cloud": False}),
+            LOCAL_OPEN,
+        ),  # no cloud
         (
             RequestFacts(50, 64, privacy_kinds=frozenset({"email"})),
-            Policy(name="k", privacy="keep-local"),
+            Policy(name="k", privacy={"mode": "keep-local"}),
             LOCAL_OPEN,
         ),  # privacy keeps it
         (RequestFacts(50, 64), CHAT, replace(LOCAL_OPEN, available=frozenset({"local"}))),

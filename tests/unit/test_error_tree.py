@@ -73,7 +73,7 @@ def test_the_old_refusal_names_are_deprecated_aliases(old: str, new: str) -> Non
 
 
 async def _routing_privacy_block() -> None:
-    block = Policy(name="b", prefer="cloud", privacy="block")
+    block = Policy(name="b", routing={"prefer": "cloud"}, privacy={"mode": "block"})
     async with HybridClient(local=_local(), cloud=_cloud(), policy=block) as client:
         await client.complete(f"mail {EMAIL}")
 
@@ -84,7 +84,7 @@ async def _routing_forced_cloud_keep_local() -> None:
 
 
 async def _routing_budget() -> None:
-    policy = Policy(name="c", prefer="cloud")
+    policy = Policy(name="c", routing={"prefer": "cloud"})
     async with HybridClient(
         cloud=_cloud(), policy=policy, prices=PRICES, budget_caps=NO_CAP_FITS
     ) as client:
@@ -92,7 +92,7 @@ async def _routing_budget() -> None:
 
 
 async def _routing_no_engine_allowed() -> None:
-    never = Policy(name="device", prefer="local", allow_cloud=False)
+    never = Policy(name="device", routing={"prefer": "local", "allow_cloud": False})
     async with HybridClient(cloud=_cloud(), policy=never) as client:
         await client.complete("hello")
 

@@ -53,7 +53,7 @@ def test_load_and_router_and_privacy_show_in_the_reasons(
 def test_refusal_exits_1_and_json_is_machine_readable(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    (tmp_path / "strict.toml").write_text('extends = "chat"\nprivacy = "block"\n')
+    (tmp_path / "strict.toml").write_text('extends = "chat"\n[privacy]\nmode = "block"\n')
     code, out = run(
         capsys, "mail a@b.example", "--policy", "strict", "--policy-dir", str(tmp_path),
         "--found", "email", "--json",
@@ -80,7 +80,9 @@ def test_a_cloud_share_or_quality_floor_gets_the_routers_threshold(
     share: float | None,
     floor: float | None,
 ) -> None:
-    (tmp_path / "p.toml").write_text(f'prefer = "auto"\nttft_deadline_ms = 800\n{line}\n')
+    (tmp_path / "p.toml").write_text(
+        f'[routing]\nprefer = "auto"\nttft_deadline_ms = 800\n{line}\n'
+    )
     want = Router.load().threshold(cloud_share=share, quality_floor=floor)
     for score, engine in ((want + 0.01, "cloud"), (max(0.0, want - 0.01), "local")):
         code, out = run(capsys, "x", "--policy", "p", "--policy-dir", str(tmp_path),
@@ -137,17 +139,49 @@ class HardRouter:
 
 CASES = [
     # prompt, policy, queue, circuit open, router
-    ("a hard question", Policy(name="share", prefer="auto", target_cloud_share=0.3), 0, False,
-     HardRouter()),
-    ("an easy one", Policy(name="share", prefer="auto", target_cloud_share=0.3), 0, False,
-     HardRouter()),
-    ("a hard one", Policy(name="floor", prefer="auto", quality_floor=0.6, ttft_deadline_ms=300),
-     0.0, True, HardRouter()),
-    ("mail me at ann@example.org", Policy(name="private", prefer="auto", privacy="keep-local",
-     router_threshold=0.1), 0.0, False, HardRouter()),
-    ("Say hi.", Policy(name="code", prefer="local", ttft_deadline_ms=300), 2.1, False, None),
+    (
+        "a hard question",
+        Policy(name="share", routing={"prefer": "auto", "target_cloud_share": 0.3}),
+        0,
+        False,
+        HardRouter(),
+    ),
+    (
+        "an easy one",
+        Policy(name="share", routing={"prefer": "auto", "target_cloud_share": 0.3}),
+        0,
+        False,
+        HardRouter(),
+    ),
+    (
+        "a hard one",
+        Policy(
+            name="floor", routing={"prefer": "auto", "quality_floor": 0.6, "ttft_deadline_ms": 300}
+        ),
+        0.0,
+        True,
+        HardRouter(),
+    ),
+    (
+        "mail me at ann@example.org",
+        Policy(
+            name="private",
+            routing={"prefer": "auto", "router_threshold": 0.1},
+            privacy={"mode": "keep-local"},
+        ),
+        0.0,
+        False,
+        HardRouter(),
+    ),
+    (
+        "Say hi.",
+        Policy(name="code", routing={"prefer": "local", "ttft_deadline_ms": 300}),
+        2.1,
+        False,
+        None,
+    ),
     ("Write a proof that there are infinitely many primes.", "chat", 0.0, False, "shipped"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("prompt", "policy", "queue_s", "circuit_open", "router"), CASES)

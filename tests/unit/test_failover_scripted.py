@@ -13,7 +13,7 @@ from hybridllm.testing import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 
-CLOUDY = Policy(name="cloudy", prefer="cloud")
+CLOUDY = Policy(name="cloudy", routing={"prefer": "cloud"})
 
 
 def reset() -> CloudConnectionError:
@@ -56,7 +56,7 @@ async def test_the_continuation_asks_only_for_what_is_left_of_max_tokens() -> No
 async def test_stall_past_the_limit_moves_the_answer() -> None:
     cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
     local = ScriptedEngine("local", tokens=["b"])
-    policy = Policy(name="s", prefer="cloud", stall_ms=100)
+    policy = Policy(name="s", routing={"prefer": "cloud", "stall_ms": 100})
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         res = await client.complete("q")
         assert cloud.active == 0  # the stalled stream was closed
@@ -69,7 +69,7 @@ async def test_stall_past_the_limit_moves_the_answer() -> None:
 async def test_without_a_backup_the_error_keeps_what_was_delivered() -> None:
     cloud = ScriptedEngine("cloud", script=["par", "tial", reset()])
     local = ScriptedEngine("local", tokens=["x"])
-    private_ish = Policy(name="p", prefer="cloud", ttft_deadline_ms=None)
+    private_ish = Policy(name="p", routing={"prefer": "cloud", "ttft_deadline_ms": None})
     got: list[str] = []
     async with HybridClient(cloud=cloud, policy=private_ish) as client:
         with pytest.raises(CloudConnectionError):
@@ -96,7 +96,7 @@ async def test_a_stall_is_a_typed_engine_error_in_the_tree() -> None:
     that had delivered content, so not retryable)."""
     cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
     local = ScriptedEngine("local", script=["b", 5.0, "never"])
-    policy = Policy(name="s", prefer="cloud", stall_ms=50)
+    policy = Policy(name="s", routing={"prefer": "cloud", "stall_ms": 50})
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         with pytest.raises(AllEnginesFailedError) as info:
             await client.complete("q")
@@ -112,7 +112,7 @@ async def test_a_single_engine_that_stalls_ends_with_a_stall_error_keeping_its_t
     """No other engine to move to (the single plan): the silence past `stall_ms` is a typed
     StallError after the text already delivered, not a wait bounded only by HTTP timeouts."""
     cloud = ScriptedEngine("cloud", script=["a", 5.0, "never"])
-    policy = Policy(name="s", prefer="cloud", stall_ms=100)
+    policy = Policy(name="s", routing={"prefer": "cloud", "stall_ms": 100})
     got: list[str] = []
     async with HybridClient(cloud=cloud, policy=policy) as client:
         t0 = anyio.current_time()

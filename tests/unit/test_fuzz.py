@@ -30,7 +30,7 @@ from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.openai_engine import OpenAIEngine
 from hybridllm.errors import CloudError, HybridError, PolicyError
 from hybridllm.events import Delta, Finish
-from hybridllm.policy import Policy, resolve_policy
+from hybridllm.policy import MOVED, TABLES, Policy, resolve_policy
 
 ENGINE_TIMEOUT_S = 1.0  # the engine's timeout: a silent or keep-alive-only server hits it
 HANG_S = 5.0  # an answer not ended by then has hung
@@ -240,7 +240,12 @@ def test_the_canned_server_serves_a_real_answer(canned: CannedServer) -> None:
 
 # ---- policy files -----------------------------------------------------------------------------
 
-FIELDS = [*Policy.model_fields, "extends"]
+FIELDS = [
+    *Policy.model_fields,
+    "extends",
+    *(f"{t}.{f}" for t, model in TABLES.items() for f in model.model_fields),
+    *MOVED,  # the old flat form: a PolicyError naming the new place
+]
 BUDGET_FIELDS = ["per_request_usd", "per_day_usd", "per_month_usd", "on_exceeded", "cap"]
 _WORDS = st.sampled_from(
     ["local", "cloud", "auto", "single", "hedge", "off", "keep-local", "block", "fail", "chat",
@@ -312,10 +317,16 @@ def test_the_policy_fuzz_reaches_valid_policies() -> None:
     not only ever testing errors)."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        (d / "a.toml").write_text('prefer = "local"\nmax_tokens = 10\n', encoding="utf-8")
+        (d / "a.toml").write_text(
+            '[routing]\nprefer = "local"\n[sampling]\nmax_tokens = 10\n', encoding="utf-8"
+        )
         (d / "p.toml").write_text(
-            'extends = "a"\nretries = 1\n[budget]\nper_day_usd = 1.5\n', encoding="utf-8"
+            'extends = "a"\n[routing]\nretries = 1\n[budget]\nper_day_usd = 1.5\n', encoding="utf-8"
         )
         policy = resolve_policy(d / "p.toml", dirs=[d])
-    assert (policy.prefer, policy.max_tokens, policy.retries) == ("local", 10, 1)
+    assert (policy.routing.prefer, policy.sampling.max_tokens, policy.routing.retries) == (
+        "local",
+        10,
+        1,
+    )
     assert policy.budget.per_day_usd == 1.5

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.anyio
 
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
 PRICES = Prices(models={"scripted": PRICE})
-CLOUD_FIRST = Policy(name="chat", prefer="cloud")
+CLOUD_FIRST = Policy(name="chat", routing={"prefer": "cloud"})
 EMAIL = "bob.jones@corp-mail.org"
 
 
@@ -84,7 +84,7 @@ async def test_privacy_refusal_sends_nothing_and_local_answers() -> None:
 async def test_a_hedge_never_carries_a_flagged_prompt() -> None:
     local = ScriptedEngine("local", tokens=["slow", " local"], ttft_s=0.15)
     cloud = ScriptedEngine("cloud", tokens=["fast cloud"], ttft_s=0.0)
-    hedged = Policy(name="hedged", prefer="local", hedge_after_ms=10)
+    hedged = Policy(name="hedged", routing={"prefer": "local"}, hedge={"after_ms": 10})
     async with HybridClient(local=local, cloud=cloud, policy=hedged, privacy="keep-local") as c:
         private = await c.complete(f"my email is {EMAIL}")
         benign = await c.complete("what is 2 + 2?")
@@ -98,7 +98,7 @@ async def test_a_failover_continuation_with_flagged_text_is_not_sent() -> None:
     crash = LocalEngineError("decode failed", engine="local", received_content=True)
     local = ScriptedEngine("local", script=[0.0, "Sure: write to ", 0.0, EMAIL, 0.0, crash])
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
-    local_first = Policy(name="local", prefer="local")
+    local_first = Policy(name="local", routing={"prefer": "local"})
     async with HybridClient(
         local=local, cloud=cloud, policy=local_first, privacy="keep-local"
     ) as c:

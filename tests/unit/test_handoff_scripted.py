@@ -17,7 +17,11 @@ from hybridllm.testing import ScriptedEngine
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
 
 LOCAL = ["A", "B", "C", "D", "E", "F", "G"]
-POLICY = Policy(name="h", prefer="local", handoff_after_tokens=2, stall_ms=300, retries=0)
+POLICY = Policy(
+    name="h",
+    routing={"prefer": "local", "stall_ms": 300, "retries": 0},
+    handoff={"after_tokens": 2},
+)
 
 
 def reset() -> CloudConnectionError:
@@ -40,7 +44,7 @@ async def test_scripted_timing_cloud_takes_over_at_the_seam() -> None:
     assert text == "ABxyz"
     assert local.emitted == 2  # stopped at T0: it decoded nothing while the cloud was asked
     assert cloud.requests[0].assistant_prefix == "AB"
-    assert cloud.requests[0].max_tokens == POLICY.max_tokens - 2
+    assert cloud.requests[0].max_tokens == POLICY.sampling.max_tokens - 2
     who = [e.engine for e in events if isinstance(e, Token)]
     assert who == ["local", "local", "cloud", "cloud", "cloud"]
     hand = [e for e in events if isinstance(e, Handoff)]
@@ -105,7 +109,7 @@ async def test_scripted_timing_both_failing_is_all_engines_failed() -> None:
 async def test_scripted_timing_a_local_engine_past_the_deadline_hands_off_at_once() -> None:
     local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.5, tpot_s=0.01)
     cloud = ScriptedEngine("cloud", script=[0.02, "x", "y"])
-    policy = POLICY.model_copy(update={"ttft_deadline_ms": 100.0})
+    policy = POLICY.with_(routing={"ttft_deadline_ms": 100.0})
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         res = await client.complete("write", plan="handoff")
         assert local.active == 0 and local.emitted == 0
@@ -118,7 +122,9 @@ async def warm_run(warm_s: float) -> tuple[ScriptedEngine, ScriptedEngine, list[
     local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.05, tpot_s=0.1)
     cloud = ScriptedEngine("cloud", script=[warm_s, "x", 0.001, "y", 0.001, "z"])
     policy = Policy(
-        name="h", prefer="local", handoff_after_tokens=4, stall_ms=900, handoff_warm_cloud=True
+        name="h",
+        routing={"prefer": "local", "stall_ms": 900},
+        handoff={"after_tokens": 4, "warm_cloud": True},
     )
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         async with client.stream("write", plan="handoff") as s:
@@ -155,5 +161,5 @@ def test_the_warm_cloud_flag_is_a_checked_bool() -> None:
     from hybridllm.errors import PolicyError
 
     with pytest.raises(PolicyError) as info:
-        Policy(name="h", handoff_warm_cloud="yes")  # type: ignore[arg-type]
-    assert info.value.field == "handoff_warm_cloud"
+        Policy(name="h", handoff={"warm_cloud": "yes"})  # type: ignore[arg-type]
+    assert info.value.field == "handoff.warm_cloud"

@@ -49,7 +49,7 @@ async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> Non
     real request still probes the cloud, and its success closes the circuit."""
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="cloudy", prefer="cloud")
+    policy = Policy(name="cloudy", routing={"prefer": "cloud"})
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         breaker = client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=0.05)
         breaker.record(CloudConnectionError("refused"))
@@ -76,7 +76,9 @@ def test_configuration_errors_do_not_open_the_circuit() -> None:
 async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="cloudy", prefer="cloud", retries=0)  # each failure counts once
+    policy = Policy(
+        name="cloudy", routing={"prefer": "cloud", "retries": 0}
+    )  # each failure counts once
     async with HybridClient(local=local, cloud=down, policy=policy) as client:
         client.breakers["cloud"] = CircuitBreaker(threshold=2, reset_after_s=60)
         for _ in range(2):  # the cloud fails before its first token: the local engine answers
@@ -92,7 +94,7 @@ async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
 @pytest.mark.anyio
 async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
-    async with HybridClient(cloud=down, policy=Policy(retries=0)) as client:
+    async with HybridClient(cloud=down, policy=Policy(routing={"retries": 0})) as client:
         client.breakers["cloud"] = CircuitBreaker(threshold=1, reset_after_s=60)
         for _ in range(2):
             with pytest.raises(CloudConnectionError):

@@ -114,7 +114,7 @@ def test_bounds_are_checked() -> None:
 async def test_a_full_local_queue_sends_the_request_to_the_cloud() -> None:
     local = ScriptedEngine("local", script=[0.2, "l"], max_queue=0)
     cloud = ScriptedEngine("cloud", script=[0.01, "c"])
-    pol = Policy(name="local-first", prefer="local")
+    pol = Policy(name="local-first", routing={"prefer": "local"})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.complete, "first")
@@ -130,7 +130,7 @@ async def test_a_full_local_queue_sends_the_request_to_the_cloud() -> None:
 async def test_without_a_cloud_a_full_queue_fails_at_once() -> None:
     local = ScriptedEngine("local", script=[0.2, "l"], max_queue=0)
     cloud = ScriptedEngine("cloud", script=[0.01, "c"])
-    no_cloud = Policy(name="device-only", allow_cloud=False)
+    no_cloud = Policy(name="device-only", routing={"allow_cloud": False})
     for client in (
         HybridClient(local=local, router=None),
         HybridClient(local=local, cloud=cloud, policy=no_cloud, router=None),

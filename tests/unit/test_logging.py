@@ -45,7 +45,9 @@ def engines() -> tuple[ScriptedEngine, ScriptedEngine]:
 async def failover(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     caplog.set_level(logging.DEBUG, logger="hybridllm")
     local, cloud = engines()
-    async with HybridClient(local=local, cloud=cloud, policy=Policy(prefer="cloud")) as client:
+    async with HybridClient(
+        local=local, cloud=cloud, policy=Policy(routing={"prefer": "cloud"})
+    ) as client:
         done = await client.complete(PROMPT)
     assert done.text == CLOUD_TEXT + LOCAL_TEXT and EMAIL in str(cloud.requests)
     return [r for r in caplog.records if r.name.startswith("hybridllm")]

@@ -23,7 +23,7 @@ from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.virtual_clock  # the async tests run on it (tests/unit/conftest.py)
 
-VOICE = Policy(name="voice", prefer="local", ttft_deadline_ms=400)
+VOICE = Policy(name="voice", routing={"prefer": "local", "ttft_deadline_ms": 400})
 FACTS = RequestFacts(50, 64)
 
 
@@ -63,7 +63,7 @@ def test_the_parallel_start_is_a_typed_rule_with_its_own_words_for_the_plan() ->
 
 
 def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> None:
-    pol = Policy(name="c", prefer="cloud", ttft_deadline_ms=500)
+    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     state = LiveState(latency={"local": pred("local", 0.2, 0.9), "cloud": pred("cloud", 2.0)})
     d = decide(FACTS, pol, state)
     assert d.fallback_now and not d.parallel_cloud
@@ -72,7 +72,7 @@ def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> Non
 
 
 def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
-    pol = VOICE.model_copy(update={"parallel_cloud": False})
+    pol = VOICE.with_(hedge={"parallel_cloud": False})
     d = decide(FACTS, pol, MISS)
     assert (d.primary, d.fallback, d.fallback_now, d.fallback_lead) == (
         "local",
@@ -95,7 +95,7 @@ def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
 
 
 def test_parallel_cloud_false_still_swaps_to_a_cloud_that_meets_the_deadline() -> None:
-    pol = VOICE.model_copy(update={"parallel_cloud": False})
+    pol = VOICE.with_(hedge={"parallel_cloud": False})
     state = LiveState(latency={"local": pred("local", 0.9), "cloud": pred("cloud", 0.2, 0.3)})
     d = decide(FACTS, pol, state)
     assert (d.primary, d.fallback, d.fallback_now) == ("cloud", "local", False)
@@ -106,7 +106,7 @@ def test_parallel_cloud_false_still_swaps_to_a_cloud_that_meets_the_deadline() -
     [((0, 0), False), ((0, 3), False), ((0, 4), True), ((1, 9), True), ((2, 9), False)],
 )
 def test_the_share_cap_counts_this_request_in(recent: tuple[int, int], parallel: bool) -> None:
-    pol = VOICE.model_copy(update={"parallel_cloud_share": 0.2})
+    pol = VOICE.with_(hedge={"parallel_cloud_share": 0.2})
     state = LiveState(latency=MISS.latency, parallel_recent=recent)
     d = decide(FACTS, pol, state)
     assert d.parallel_cloud is parallel and d.fallback_lead is parallel
@@ -119,7 +119,7 @@ def test_the_share_cap_counts_this_request_in(recent: tuple[int, int], parallel:
 
 
 def test_a_share_cap_does_not_touch_requests_local_can_serve_in_time() -> None:
-    pol = VOICE.model_copy(update={"parallel_cloud_share": 0.0})
+    pol = VOICE.with_(hedge={"parallel_cloud_share": 0.0})
     d = decide(FACTS, pol, LiveState(latency={"local": pred("local", 0.1)}))
     assert d.fallback_lead and d.reasons == ("policy 'voice' prefers local",)
 
@@ -128,13 +128,13 @@ def test_a_share_cap_does_not_touch_requests_local_can_serve_in_time() -> None:
 
 
 def test_policy_fields_are_validated(tmp_path: Path) -> None:
-    assert Policy().parallel_cloud and Policy().parallel_cloud_share is None
+    assert Policy().hedge.parallel_cloud and Policy().hedge.parallel_cloud_share is None
     bad = {
-        "parallel_cloud_share = 1.5": "parallel_cloud_share",
-        "parallel_cloud_share = -0.1": "parallel_cloud_share",
-        "parallel_cloud_share = nan": "parallel_cloud_share",
-        'parallel_cloud = "no"': "parallel_cloud",
-        "parallel_cloud = false\nparallel_cloud_share = 0.2": "parallel_cloud is false",
+        "[hedge]\nparallel_cloud_share = 1.5": "parallel_cloud_share",
+        "[hedge]\nparallel_cloud_share = -0.1": "parallel_cloud_share",
+        "[hedge]\nparallel_cloud_share = nan": "parallel_cloud_share",
+        '[hedge]\nparallel_cloud = "no"': "parallel_cloud",
+        "[hedge]\nparallel_cloud = false\nparallel_cloud_share = 0.2": "parallel_cloud is false",
     }
     for i, (body, words) in enumerate(bad.items()):
         path = tmp_path / f"p{i}.toml"
@@ -143,24 +143,28 @@ def test_policy_fields_are_validated(tmp_path: Path) -> None:
             resolve_policy(path)
         assert words in str(info.value), (body, str(info.value))
     ok = tmp_path / "ok.toml"
-    ok.write_text('extends = "voice-assistant"\nparallel_cloud = false\n')
-    assert not resolve_policy(ok).parallel_cloud
+    ok.write_text('extends = "voice-assistant"\n[hedge]\nparallel_cloud = false\n')
+    assert not resolve_policy(ok).hedge.parallel_cloud
 
 
 def test_presets_say_where_parallel_cloud_starts_are_kept() -> None:
     for name in ("voice-assistant", "code-completion"):
         pol = resolve_policy(name)
-        assert pol.prefer == "local" and pol.parallel_cloud and pol.parallel_cloud_share is None
+        assert (
+            pol.routing.prefer == "local"
+            and pol.hedge.parallel_cloud
+            and pol.hedge.parallel_cloud_share is None
+        )
         text = (Path(__file__).parents[2] / "policies" / f"{name}.toml").read_text()
         assert "paid for" in text and "parallel_cloud = true" in text
-    assert resolve_policy("npc-dialogue").parallel_cloud_share == 0.25
-    assert resolve_policy("chat").parallel_cloud  # the default elsewhere
+    assert resolve_policy("npc-dialogue").hedge.parallel_cloud_share == 0.25
+    assert resolve_policy("chat").hedge.parallel_cloud  # the default elsewhere
 
 
 # ---- the race and the client ------------------------------------------------------------------
 
 PRICES = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-FAST = Policy(name="fast", prefer="local", ttft_deadline_ms=100)
+FAST = Policy(name="fast", routing={"prefer": "local", "ttft_deadline_ms": 100})
 
 
 def slow_local(script: list[object], predicted: float = 0.5) -> ScriptedEngine:
@@ -241,7 +245,7 @@ async def test_a_deadline_fallback_and_a_plain_cloud_request_are_not_parallel() 
 
 @pytest.mark.anyio
 async def test_parallel_cloud_false_starts_the_cloud_only_at_the_deadline() -> None:
-    pol = FAST.model_copy(update={"parallel_cloud": False})
+    pol = FAST.with_(hedge={"parallel_cloud": False})
     local = slow_local([0.3, "late"])
     cloud = ScriptedEngine("cloud", script=[0.01, "cloud"])
     cloud.predicted_ttft_s = 0.2  # misses too; would lead the deadline by 50 ms by default
@@ -257,7 +261,7 @@ async def test_parallel_cloud_false_starts_the_cloud_only_at_the_deadline() -> N
 
 @pytest.mark.anyio
 async def test_the_share_cap_holds_over_a_run_of_requests() -> None:
-    pol = FAST.model_copy(update={"parallel_cloud_share": 0.25})
+    pol = FAST.with_(hedge={"parallel_cloud_share": 0.25})
     local = slow_local([0.12, "local"])
     cloud = ScriptedEngine("cloud", script=[0.3, "cloud"])
     latency = EnginesOwnEstimates()

@@ -25,8 +25,8 @@ def test_every_preset_loads() -> None:
     for name in PRESETS:
         policy = resolve_policy(name)
         assert policy.name == name and policy.description
-    assert resolve_policy("private").allow_cloud is False
-    assert resolve_policy("code-completion").ttft_deadline_ms == 300
+    assert resolve_policy("private").routing.allow_cloud is False
+    assert resolve_policy("code-completion").routing.ttft_deadline_ms == 300
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
@@ -38,15 +38,15 @@ def test_unknown_name_lists_the_known_ones() -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ('prefer = "gpu"', "prefer"),
-        ("max_tokens = 0", "max_tokens"),
-        ('temperature = "hot"', "temperature"),
-        ("ttft_deadline_ms = -5", "ttft_deadline_ms"),
+        ('[routing]\nprefer = "gpu"', "routing.prefer"),
+        ("[sampling]\nmax_tokens = 0", "sampling.max_tokens"),
+        ('[sampling]\ntemperature = "hot"', "sampling.temperature"),
+        ("[routing]\nttft_deadline_ms = -5", "routing.ttft_deadline_ms"),
         ("colour = 3", "colour"),
-        ("speculative_k = 0", "speculative_k"),
-        ("speculative_k = 17", "speculative_k"),
-        ("speculative_k = 2.5", "speculative_k"),
-        ("speculative_k = true", "speculative_k"),
+        ("[speculative]\nk = 0", "speculative.k"),
+        ("[speculative]\nk = 17", "speculative.k"),
+        ("[speculative]\nk = 2.5", "speculative.k"),
+        ("[speculative]\nk = true", "speculative.k"),
     ],
 )
 def test_malformed_file_names_file_and_field(tmp_path: Path, body: str, field: str) -> None:
@@ -60,7 +60,7 @@ def test_malformed_file_names_file_and_field(tmp_path: Path, body: str, field: s
 
 def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
-    path.write_text("prefer = \n")
+    path.write_text("[routing]\nprefer = \n")
     with pytest.raises(PolicyError, match="broken.toml"):
         resolve_policy(path)
 
@@ -71,6 +71,6 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_policy_objects_are_frozen() -> None:
-    policy = Policy(prefer="local")
+    policy = Policy(routing={"prefer": "local"})
     with pytest.raises(ValueError):
-        policy.prefer = "cloud"  # type: ignore[misc]
+        policy.routing.prefer = "cloud"  # type: ignore[misc]

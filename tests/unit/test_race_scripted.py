@@ -26,7 +26,7 @@ from hybridllm.testing import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
 
-DEADLINE = Policy(name="fast", prefer="local", ttft_deadline_ms=100)
+DEADLINE = Policy(name="fast", routing={"prefer": "local", "ttft_deadline_ms": 100})
 
 
 def engines(local_script: list[object], cloud_script: list[object]) -> tuple[ScriptedEngine, ...]:
@@ -104,7 +104,9 @@ async def test_empty_deltas_do_not_win_the_race() -> None:
 
 async def test_forced_engine_and_private_policy_do_not_race() -> None:
     local, cloud = engines([0.3, "slow"], [0.0, "cloud"])
-    private = Policy(name="p", prefer="local", allow_cloud=False, ttft_deadline_ms=50)
+    private = Policy(
+        name="p", routing={"prefer": "local", "allow_cloud": False, "ttft_deadline_ms": 50}
+    )
     async with HybridClient(local=local, cloud=cloud, policy=DEADLINE) as client:
         assert (await client.complete("q", engine="local")).text == "slow"
         assert (await client.complete("q", policy=private)).text == "slow"
@@ -124,7 +126,9 @@ async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
 
 async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
     local, cloud = engines([0.3, "slow"], [0.02, "hedged"])
-    policy = Policy(name="h", prefer="local", ttft_deadline_ms=1000, hedge_after_ms=50)
+    policy = Policy(
+        name="h", routing={"prefer": "local", "ttft_deadline_ms": 1000}, hedge={"after_ms": 50}
+    )
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         res = await client.complete("q")
     tr = res.trace
@@ -139,7 +143,7 @@ async def test_auto_hedge_prices_the_primary_tail() -> None:
     early, just past the primary's body; against a tight history it does not pay."""
     local, cloud = engines([0.03, "ok"], [0.0, "cloud"])
     cloud.predicted_ttft_s = 0.01
-    policy = Policy(name="h", prefer="local", hedge_after_ms="auto")
+    policy = Policy(name="h", routing={"prefer": "local"}, hedge={"after_ms": "auto"})
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         for _ in range(6):  # a tight history: hedging cannot beat it
             await client.complete("q")
@@ -186,7 +190,7 @@ async def test_retry_after_is_honoured() -> None:
 async def test_no_retry_past_the_deadline_or_for_bad_requests() -> None:
     limited = RateLimitError("slow down", status_code=429, retry_after=5.0)
     cloud = FlakyEngine(1, limited, tokens=["ok"])
-    policy = Policy(name="d", prefer="cloud", ttft_deadline_ms=500)
+    policy = Policy(name="d", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     async with HybridClient(cloud=cloud, policy=policy) as client:
         with pytest.raises(RateLimitError):
             await client.complete("q")
@@ -200,7 +204,7 @@ async def test_no_retry_past_the_deadline_or_for_bad_requests() -> None:
 
 async def test_hedge_events_are_hedges() -> None:
     local, cloud = engines([0.3, "slow"], [0.0, "fast"])
-    policy = Policy(name="h", prefer="local", hedge_after_ms=20)
+    policy = Policy(name="h", routing={"prefer": "local"}, hedge={"after_ms": 20})
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         async with client.stream("q") as s:
             events = [e async for e in s.events()]
@@ -211,7 +215,7 @@ async def test_hedge_events_are_hedges() -> None:
 async def test_a_primary_that_keeps_missing_the_deadline_is_skipped() -> None:
     cloud = ScriptedEngine("cloud", script=[5.0, "late"])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="d", prefer="cloud", ttft_deadline_ms=50)
+    policy = Policy(name="d", routing={"prefer": "cloud", "ttft_deadline_ms": 50})
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         for _ in range(2):
             res = await client.complete("q")
@@ -236,7 +240,7 @@ async def test_cancelling_during_a_race_stops_both_engines() -> None:
 async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> None:
     """A cloud primary stuck past a 300 ms deadline; the local fallback predicts 100 ms to its
     first token, so it starts at 200 ms and its token lands inside the deadline."""
-    policy = Policy(name="lead", prefer="cloud", ttft_deadline_ms=300)
+    policy = Policy(name="lead", routing={"prefer": "cloud", "ttft_deadline_ms": 300})
     local = ScriptedEngine("local", script=[0.1, "here"])
     cloud = ScriptedEngine("cloud", script=[2.0, "late"])
     local.predicted_ttft_s = 0.1
@@ -250,7 +254,7 @@ async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> 
 
 
 async def test_fallback_lead_is_at_most_half_the_deadline() -> None:
-    policy = Policy(name="lead", prefer="cloud", ttft_deadline_ms=200)
+    policy = Policy(name="lead", routing={"prefer": "cloud", "ttft_deadline_ms": 200})
     local = ScriptedEngine("local", script=[0.01, "here"])
     cloud = ScriptedEngine("cloud", script=[2.0, "late"])
     local.predicted_ttft_s = 5.0  # a long prompt: the local engine cannot make it anyway

@@ -68,7 +68,9 @@ async def answer(
 async def test_the_race_retries_the_cloud_before_the_local_engine_takes_over() -> None:
     local = ScriptedEngine("local", tokens=["L"])
     cloud = Takes([unavailable()], [unavailable()], ["C", "!"])
-    tokens, trace = await answer(local, cloud, Policy(name="r", prefer="cloud", retries=2))
+    tokens, trace = await answer(
+        local, cloud, Policy(name="r", routing={"prefer": "cloud", "retries": 2})
+    )
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "C"), ("cloud", "!")]
     assert len(cloud.requests) == 3 and trace.retries == 2
     assert not local.requests and trace.started == ["cloud"]
@@ -77,7 +79,7 @@ async def test_the_race_retries_the_cloud_before_the_local_engine_takes_over() -
 async def test_a_hedge_retries_the_cloud_and_the_retry_can_win() -> None:
     local = ScriptedEngine("local", script=[0.5, "slow"])
     cloud = Takes([RateLimitError("slow down", status_code=429, retry_after=0.0)], ["fast"])
-    pol = Policy(name="h", prefer="local", hedge_after_ms=10, retries=1)
+    pol = Policy(name="h", routing={"prefer": "local", "retries": 1}, hedge={"after_ms": 10})
     tokens, trace = await answer(local, cloud, pol)
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "fast")]
     assert len(cloud.requests) == 2 and trace.retries == 1 and trace.hedged
@@ -86,7 +88,11 @@ async def test_a_hedge_retries_the_cloud_and_the_retry_can_win() -> None:
 async def test_the_handoff_retries_the_cloud_continuation() -> None:
     local = ScriptedEngine("local", tokens=["A", "B", "C", "D"], tpot_s=0.01)
     cloud = Takes([unavailable()], ["x", "y"])
-    pol = Policy(name="h", prefer="local", handoff_after_tokens=2, stall_ms=2000, retries=1)
+    pol = Policy(
+        name="h",
+        routing={"prefer": "local", "stall_ms": 2000, "retries": 1},
+        handoff={"after_tokens": 2},
+    )
     tokens, trace = await answer(local, cloud, pol, plan="handoff")
     assert "".join(t.text for t in tokens) == "ABxy"
     assert [r.assistant_prefix for r in cloud.requests] == ["AB", "AB"]
@@ -106,7 +112,9 @@ async def test_the_cascade_retries_the_cloud_it_defers_to() -> None:
 async def test_a_failure_that_is_not_retryable_goes_to_the_local_engine_at_once() -> None:
     local = ScriptedEngine("local", tokens=["L"])
     cloud = Takes([AuthenticationError("bad key", status_code=401)], ["C"])
-    tokens, trace = await answer(local, cloud, Policy(name="r", prefer="cloud", retries=3))
+    tokens, trace = await answer(
+        local, cloud, Policy(name="r", routing={"prefer": "cloud", "retries": 3})
+    )
     assert [(t.engine, t.text) for t in tokens] == [("local", "L")]
     assert len(cloud.requests) == 1 and trace.retries == 0
 
@@ -116,7 +124,9 @@ async def test_content_received_is_never_retried() -> None:
     yielded text: the relay knows better, and the local engine continues the answer."""
     local = ScriptedEngine("local", tokens=["b"])
     cloud = Takes(["a", unavailable()], ["never"])
-    tokens, trace = await answer(local, cloud, Policy(name="r", prefer="cloud", retries=3))
+    tokens, trace = await answer(
+        local, cloud, Policy(name="r", routing={"prefer": "cloud", "retries": 3})
+    )
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "a"), ("local", "b")]
     assert len(cloud.requests) == 1 and trace.retries == 0
     assert local.requests[0].assistant_prefix == "a"
@@ -125,7 +135,7 @@ async def test_content_received_is_never_retried() -> None:
 async def test_no_retry_past_the_first_token_deadline_where_a_fallback_exists() -> None:
     local = ScriptedEngine("local", tokens=["L"])
     cloud = Takes([RateLimitError("slow down", status_code=429, retry_after=30.0)], ["C"])
-    pol = Policy(name="d", prefer="cloud", ttft_deadline_ms=500, retries=3)
+    pol = Policy(name="d", routing={"prefer": "cloud", "ttft_deadline_ms": 500, "retries": 3})
     tokens, trace = await answer(local, cloud, pol)
     assert [(t.engine, t.text) for t in tokens] == [("local", "L")]
     assert len(cloud.requests) == 1 and trace.retries == 0

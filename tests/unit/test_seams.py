@@ -111,7 +111,7 @@ async def test_a_local_option_never_reaches_the_cloud_sdk() -> None:
 
 
 def test_failover_only_between_engines_that_continue() -> None:
-    pol = Policy(name="c", prefer="cloud")
+    pol = Policy(name="c", routing={"prefer": "cloud"})
     both = decide(RequestFacts(50, 64), pol, LiveState())
     assert both.failover and not any("failover" in r for r in both.reasons)
     no_cloud = decide(RequestFacts(50, 64), pol, LiveState(continues=frozenset({"local"})))
@@ -126,7 +126,9 @@ async def test_an_engine_that_cannot_continue_gets_no_failover() -> None:
     reset = CloudConnectionError("connection reset", received_content=True)
     cloud = ScriptedEngine("cloud", script=["Hel", reset])
     local = ScriptedEngine("local", tokens=["lo"], supports_continuation=False)
-    async with HybridClient(local=local, cloud=cloud, policy=Policy(name="c", prefer="cloud")) as c:
+    async with HybridClient(
+        local=local, cloud=cloud, policy=Policy(name="c", routing={"prefer": "cloud"})
+    ) as c:
         async with c.stream("greet me") as s:
             events = []
             with pytest.raises(CloudConnectionError):
@@ -148,7 +150,9 @@ async def test_every_path_of_a_request_carries_its_scope() -> None:
     ledger = Ledger()
     cloud = ScriptedEngine("cloud", tokens=["c"], ttft_s=0.01)
     local = ScriptedEngine("local", tokens=["l"], ttft_s=0.3)
-    pol = Policy(name="hedgy", prefer="local", hedge_after_ms=20, plans=("single", "hedge"))
+    pol = Policy(
+        name="hedgy", plans=("single", "hedge"), routing={"prefer": "local"}, hedge={"after_ms": 20}
+    )
     client = HybridClient(local=local, cloud=cloud, policy=pol, ledger=ledger, prices=PRICES)
     async with client:
         res = await client.complete("q", max_tokens=4)
@@ -253,7 +257,7 @@ async def test_a_budget_refusal_at_the_seam_still_answers_locally() -> None:
     client = HybridClient(
         local=local,
         cloud=cloud,
-        policy=Policy(name="p", prefer="cloud"),
+        policy=Policy(name="p", routing={"prefer": "cloud"}),
         ledger=ledger,
         prices=PRICES,
         budget_caps=[Cap(None, "day", 1e-9)],

@@ -330,7 +330,7 @@ def test_a_fixed_k_drafts_k_and_never_steps_aside_for_pay_but_adaptive_k_does() 
     assert _should_switch(bad, fixed, billed_prompt=100, n_out=20) is None
     capped = SpeculativeSetup(eng, eng, SpeculationState(), 0.04, k=8, max_prompt_overhead=2.0)
     assert "verification overhead" in (_should_switch(bad, capped, 100, 20) or "")
-    assert Policy(speculative_k=8).speculative_k == 8 and Policy().speculative_k is None
+    assert Policy(speculative={"k": 8}).speculative.k == 8 and Policy().speculative.k is None
 
 
 def test_decide_chooses_speculative_when_asked_or_when_it_pays_with_the_reason() -> None:
@@ -347,7 +347,7 @@ def test_decide_chooses_speculative_when_asked_or_when_it_pays_with_the_reason()
                    LiveState(speculation=(False, "acceptance 0.20")))  # fmt: skip
     assert asked.plan == "speculative" and "asked by the caller" in asked.reason
     local_only = decide(RequestFacts(20, 64, plan="speculative"),
-                        Policy(allow_cloud=False), LiveState())  # fmt: skip
+                        Policy(routing={"allow_cloud": False}), LiveState())  # fmt: skip
     assert local_only.plan != "speculative" and "needs both engines" in local_only.reason
 
 

@@ -176,7 +176,9 @@ async def test_policy_preference_and_private_mode() -> None:
     async with HybridClient(local=local, cloud=cloud) as client:
         assert (await client.complete("hi", policy="long-writing")).trace.engine == "cloud"
         assert (await client.complete("hi", policy="code-completion")).trace.engine == "local"
-        assert (await client.complete("hi", policy=Policy(prefer="cloud"))).trace.engine == "cloud"
+        assert (
+            await client.complete("hi", policy=Policy(routing={"prefer": "cloud"}))
+        ).trace.engine == "cloud"
         with pytest.raises(RefusedError, match="device"):  # a refusal, not a config error
             client.stream("hi", policy="private", engine="cloud")
     async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["c"])) as client:
@@ -220,7 +222,9 @@ async def test_a_first_token_after_the_deadline_is_an_event_and_on_the_trace(
     engines: tuple[str, ...], plan: str | None
 ) -> None:
     pair = _late_pair()
-    pol = Policy(name="late", prefer="local", ttft_deadline_ms=1, handoff_after_tokens=1)
+    pol = Policy(
+        name="late", routing={"prefer": "local", "ttft_deadline_ms": 1}, handoff={"after_tokens": 1}
+    )
     chosen: dict[str, Any] = {k: pair[k] for k in engines}
     client = HybridClient(**chosen, policy=pol, router=None)
     async with client, client.stream("hi", plan=plan) as s:  # type: ignore[arg-type]
@@ -238,7 +242,7 @@ async def test_a_first_token_after_the_deadline_is_an_event_and_on_the_trace(
 async def test_a_first_token_in_time_or_without_a_deadline_says_nothing(
     deadline_ms: float | None,
 ) -> None:
-    pol = Policy(name="calm", ttft_deadline_ms=deadline_ms)
+    pol = Policy(name="calm", routing={"ttft_deadline_ms": deadline_ms})
     async with HybridClient(local=scripted_local(tokens=["a"]), policy=pol) as client:
         async with client.stream("hi") as s:
             kinds = [type(e).__name__ for e in [e async for e in s.events()]]

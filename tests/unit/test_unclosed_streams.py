@@ -37,7 +37,7 @@ async def _left_early(client: HybridClient) -> object:
 
 
 async def _cloud_fails(client: HybridClient) -> object:
-    return await client.complete("hi", policy=Policy(name="c", prefer="cloud"))
+    return await client.complete("hi", policy=Policy(name="c", routing={"prefer": "cloud"}))
 
 
 async def _serve(use: Use) -> tuple[int, int]:
@@ -47,7 +47,7 @@ async def _serve(use: Use) -> tuple[int, int]:
     cloud = ScriptedEngine("cloud", tokens=["x", "y"])
     if use is _cloud_fails:
         cloud = ScriptedEngine("cloud", script=[ServerError("down", status_code=503)])
-    pol = Policy(name="p", handoff_after_tokens=1)
+    pol = Policy(name="p", handoff={"after_tokens": 1})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         await use(client)
     return len(local.requests), len(cloud.requests)

@@ -173,10 +173,13 @@ def test_a_policy_built_in_python_raises_policy_error_naming_the_field(
 
 def test_a_policy_file_keeps_its_path_in_the_error(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
-    path.write_text("temperature = 5.0\n[budget]\nper_day_usd = -1.0\n")
+    path.write_text("[sampling]\ntemperature = 5.0\n[budget]\nper_day_usd = -1.0\n")
     with pytest.raises(PolicyError) as info:
         HybridClient(local=ScriptedEngine("local"), policy=path)
-    assert info.value.path == path and info.value.field in ("temperature", "budget.per_day_usd")
+    assert info.value.path == path and info.value.field in (
+        "sampling.temperature",
+        "budget.per_day_usd",
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,7 +221,7 @@ def test_constructors_check_their_arguments(make: Any, argument: str) -> None:
 
 async def test_a_forced_cloud_request_with_personal_data_is_privacy_blocked() -> None:
     local, cloud = pair()
-    pol = Policy(name="k", privacy="keep-local")
+    pol = Policy(name="k", privacy={"mode": "keep-local"})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         with pytest.raises(PrivacyBlockedError) as info:
             client.stream("write to ada.lovelace@example.org", engine="cloud")
@@ -278,7 +281,7 @@ def endpoint_400() -> Iterator[Endpoint]:
 
 async def test_a_400_is_not_retried_and_leaves_the_circuit_closed(endpoint_400: Endpoint) -> None:
     cloud = OpenAIEngine(base_url=endpoint_400.url, api_key="k", model="m")
-    pol = Policy(name="r", prefer="cloud", retries=3)
+    pol = Policy(name="r", routing={"prefer": "cloud", "retries": 3})
     async with HybridClient(cloud=cloud, policy=pol, router=None) as client:
         for _ in range(3):
             with pytest.raises(EngineError) as info:
@@ -297,7 +300,7 @@ async def test_a_400_falls_back_to_local_without_touching_the_circuit(
 ) -> None:
     cloud = OpenAIEngine(base_url=endpoint_400.url, api_key="k", model="m")
     local = ScriptedEngine("local", tokens=["l"])
-    pol = Policy(name="r", prefer="cloud", retries=3)
+    pol = Policy(name="r", routing={"prefer": "cloud", "retries": 3})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         for _ in range(3):
             assert (await client.complete("hi")).text == "l"
@@ -308,7 +311,7 @@ async def test_a_400_falls_back_to_local_without_touching_the_circuit(
 async def test_5xx_and_429_stay_retryable_with_retry_after() -> None:
     with Endpoint(500) as ep:
         cloud = OpenAIEngine(base_url=ep.url, api_key="k", model="m")
-        pol = Policy(name="r", prefer="cloud", retries=2)
+        pol = Policy(name="r", routing={"prefer": "cloud", "retries": 2})
         async with HybridClient(cloud=cloud, policy=pol, router=None) as client:
             with pytest.raises(EngineError):
                 await client.complete("hi")

@@ -379,15 +379,15 @@ def build_cascade(
     `decision.cascade_judge` says what the router's stage 2 judges."""
     judge = decision.cascade_judge or "prefix"
     settings = CascadeSettings(
-        hold_tokens=policy.cascade_hold_tokens,
-        hold_s=policy.cascade_hold_ms / 1000.0,
+        hold_tokens=policy.cascade.hold_tokens,
+        hold_s=policy.cascade.hold_ms / 1000.0,
         cut=_cut(router, policy, _judged_by(router, judge)),
         text_cut=_cut(router, policy, None),
-        hedge=policy.cascade_hedge,
+        hedge=policy.cascade.hedge,
         judge=judge,
         failover=decision.failover,
     )
-    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
     return partial(
         cascade,
         local=engines["local"],
@@ -410,13 +410,13 @@ def _judged_by(router: Any, judge: str) -> str:
 def _cut(router: Any, policy: Policy, kind: str | None) -> float:
     """The threshold a policy sets: `router_threshold` as it is, else from `target_cloud_share`
     or `quality_floor` on stage 2's calibration (`kind`) or stage 1's (None); default 30%."""
-    if policy.router_threshold is not None:
-        return policy.router_threshold
+    if policy.routing.router_threshold is not None:
+        return policy.routing.router_threshold
     model = (getattr(router, "stage2", None) or {}).get(kind) if kind else None
     source = model if model is not None else router
-    if policy.quality_floor is not None:
-        return float(source.threshold(quality_floor=policy.quality_floor))
-    share = 0.3 if policy.target_cloud_share is None else policy.target_cloud_share
+    if policy.routing.quality_floor is not None:
+        return float(source.threshold(quality_floor=policy.routing.quality_floor))
+    share = 0.3 if policy.routing.target_cloud_share is None else policy.routing.target_cloud_share
     return float(source.threshold(cloud_share=share))
 
 

@@ -39,7 +39,7 @@ def choose_plan(
     already bound to the request's guard context)."""
     assert decision.primary is not None
     target = engines[decision.primary]
-    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
     if decision.plan == "cascade":
         assert routing.router is not None  # decide() chooses the cascade only with a router
         return build_cascade(decision, engines, request, policy, routing.router)

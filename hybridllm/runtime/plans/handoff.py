@@ -77,15 +77,15 @@ def handoff_plan(
     policy: Policy,
 ) -> Callable[[RequestRun], Awaitable[None]]:
     """The handoff plan for a decision whose plan is "handoff" (the client's `_plan`)."""
-    stall_s = None if policy.stall_ms is None else policy.stall_ms / 1000.0
+    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
     return partial(
         handoff,
         local=engines["local"],
         cloud=engines["cloud"],
         request=request,
         reason=decision.reason,
-        after_tokens=policy.handoff_after_tokens,
-        warm_cloud=policy.handoff_warm_cloud,
+        after_tokens=policy.handoff.after_tokens,
+        warm_cloud=policy.handoff.warm_cloud,
         cloud_wait_s=stall_s or CLOUD_WAIT_S,
         stall_s=stall_s,
         deadline_s=decision.deadline_s,

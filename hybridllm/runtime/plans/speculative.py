@@ -388,14 +388,20 @@ def plan_for(
     policy: Policy,
 ) -> Callable[[RequestRun], Awaitable[None]]:
     """The plan for one request, as the client runs plans (a function of the `RequestRun`)."""
-    lat = routing.latency
+    spec, stall_ms = policy.speculative, policy.routing.stall_ms
     setup = SpeculativeSetup(
-        engines["local"], engines["cloud"], routing.speculation,
-        lat.engine("cloud").tpot()[0],  # the prior until the cloud has streamed here
-        policy.show_drafts, decision.failover,
-        None if policy.stall_ms is None else policy.stall_ms / 1000.0, policy.max_verify_overhead,
-        policy.speculative_k, policy.speculative_ahead,
-    )  # fmt: skip
+        local=engines["local"],
+        cloud=engines["cloud"],
+        state=routing.speculation,
+        # the prior until the cloud has streamed here
+        cloud_tpot_s=routing.latency.engine("cloud").tpot()[0],
+        show_drafts=spec.show_drafts,
+        failover=decision.failover,
+        stall_s=None if stall_ms is None else stall_ms / 1000.0,
+        max_prompt_overhead=spec.max_prompt_overhead,
+        k=spec.k,
+        ahead=spec.ahead,
+    )
     return partial(speculative, setup=setup, request=request, reason=decision.reason)
 
 
