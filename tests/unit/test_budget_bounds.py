@@ -10,23 +10,15 @@ import pytest
 
 from hybridllm import GuardedEngine, Ledger, ModelPrice, Prices
 from hybridllm.engines.base import prompt_token_bound
-from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.engines.verify import PredictionVerifier, Round
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.runtime.speculation import SpeculationState
+from hybridllm.testing import ScriptedEngine
 from tests.unit.test_speculative_units import replay
 
 pytestmark = pytest.mark.anyio
 
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
-
-
-def guard_and_ledger() -> tuple[GuardedEngine, Ledger]:
-    ledger = Ledger()
-    prices = Prices(models={"scripted": PRICE})
-    return GuardedEngine(ScriptedEngine("cloud"), privacy="off", ledger=ledger, prices=prices), (
-        ledger
-    )
 
 
 class CharDrafter:
@@ -39,33 +31,38 @@ class CharDrafter:
         return "".join(chr(i) for i in ids).encode()
 
 
-class Answers:
-    """What `PredictionVerifier` posts through: one documented chat completions answer."""
+class Answers(ScriptedEngine):
+    """A cloud double that verifies at an endpoint: one documented chat completions answer."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__("cloud")
         self.answer = answer
         self.bodies: list[dict[str, Any]] = []
 
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.bodies.append(body)
+    def verification_endpoint(self) -> tuple[str, str]:
+        return ("http://x/v1", "scripted")
+
+    async def verification_post(self, path: str, body: Any) -> dict[str, Any]:
+        self.bodies.append(dict(body))
         return self.answer
 
 
 async def test_a_predicted_outputs_round_reserves_its_draft_as_output() -> None:
     from hybridllm.runtime.plans.speculative import SpeculativeSetup, _verify
 
-    guard, ledger = guard_and_ledger()
-    setup = SpeculativeSetup(ScriptedEngine("local"), guard.bind(RequestContext()),
-                             SpeculationState())  # fmt: skip
     answer = {
         "choices": [{"index": 0, "finish_reason": "length", "message": {"content": "d0 x"}}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 6},
     }
-    verifier = PredictionVerifier(Answers(answer))  # type: ignore[arg-type]
+    ledger = Ledger()
+    prices = Prices(models={"scripted": PRICE})
+    guard = GuardedEngine(Answers(answer), privacy="off", ledger=ledger, prices=prices)
+    cloud = guard.bind(RequestContext())
+    setup = SpeculativeSetup(ScriptedEngine("local"), cloud, SpeculationState())
     round_ = Round(
         "p", "", [1, 2], [3, 4, 5], ["d0", "d1", "d2"], [{"role": "user", "content": "q"}]
     )
-    await _verify(setup, verifier, round_)
+    await _verify(setup, (PredictionVerifier(), cloud), round_)
     prompt = max(prompt_token_bound([{"role": "user", "content": "pd0d1d2"}]), 5)
     # k + 1 tokens of its own text, and the 6-byte draft: rejected prediction tokens bill
     entry = ledger.entries()[0]
@@ -74,7 +71,6 @@ async def test_a_predicted_outputs_round_reserves_its_draft_as_output() -> None:
 
 
 async def test_the_predicted_outputs_probe_reserves_its_prediction_as_output() -> None:
-    guard, ledger = guard_and_ledger()
     openai_like = {
         "/chat/completions": {
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "OK"}}],
@@ -86,12 +82,14 @@ async def test_the_predicted_outputs_probe_reserves_its_prediction_as_output() -
         },
         "/completions": 404,
     }
-    state = SpeculationState()
-    key = ("http://x/v1", "m")
-    async with replay(openai_like) as client:
-        state.clients[key] = client
-        found = await state.verifier(key, None, CharDrafter(), guard.guarded_call)  # type: ignore[arg-type]
-        state.clients.clear()
+    ledger = Ledger()
+    prices = Prices(models={"m": PRICE})
+    async with replay(openai_like) as engine:
+        guard = GuardedEngine(engine, privacy="off", ledger=ledger, prices=prices)
+        key = guard.verification_endpoint()
+        assert key is not None
+        state = SpeculationState()
+        found = await state.verifier(key, guard.verification_post, CharDrafter())  # type: ignore[arg-type]
     assert isinstance(found.verifier, PredictionVerifier), found.reason
     chat = ledger.entries()[-1]
     bound = prompt_token_bound([{"role": "user", "content": "Reply with the word OK."}])
