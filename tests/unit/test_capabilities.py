@@ -182,7 +182,7 @@ async def test_the_guard_scans_reserves_and_settles_each_verification_request() 
     prices = Prices(models={"m": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
     ledger = Ledger()
     settled: list[Any] = []
-    context = RequestContext(on_settle=lambda usage, usd: settled.append(usage))
+    context = RequestContext(on_settle=lambda usage, usd, *_: settled.append(usage))
     with recorder() as (url, seen):
         engine = OpenAIEngine(base_url=url, api_key="k", model="m")
         guard = GuardedEngine(engine, privacy="keep-local", ledger=ledger, prices=prices)

@@ -128,7 +128,7 @@ async def test_a_hold_past_the_deadline_runs_the_race_scripted() -> None:
     local = SignalScriptedEngine(hold_s=2.0, tokens=["L"], ttft_s=1.0)
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.01)
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
-        tokens, trace, took = await run(client, policy(ttft_deadline_ms=200))
+        tokens, trace, took = await run(client, policy(routing={"ttft_deadline_ms": 200}))
     assert trace.cascade.decision == "race" and trace.cascade.held_ms < 400
     assert [t.engine for t in tokens] == ["cloud"]  # the race's fallback answered
     assert took == pytest.approx(0.2 + 0.01)  # the two-second hold was cut at the deadline
@@ -349,7 +349,7 @@ async def test_a_hedged_hold_past_the_deadline_keeps_the_cloud_it_started_script
     local = SignalScriptedEngine(hold_s=2.0, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.05)
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
-        tokens, trace, took = await run(client, policy(cascade_hedge=True, ttft_deadline_ms=200))
+        tokens, trace, took = await run(client, policy(cascade={"hedge": True}, routing={"ttft_deadline_ms": 200}))
     assert [t.engine for t in tokens] == ["cloud"] and took == pytest.approx(0.2)
     assert len(cloud.requests) == 1  # the hedged request answers: no second cloud request
     assert trace.cascade.decision == "cloud" and "started at once" in trace.route_reason
@@ -394,9 +394,9 @@ async def test_a_policys_plan_runs_the_cascade_as_a_calls_plan_does_scripted() -
     cascade under `prefer = "local"`, where only asking for it does."""
     local = SignalScriptedEngine(hold_s=0.0, tokens=["lo"])
     cloud = ScriptedEngine("cloud", tokens=["C"])
-    asking = policy(prefer="local", plan="cascade")
+    asking = policy(routing={"prefer": "local"}, plan="cascade")
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.1)) as client:
         done = await client.complete("hi", policy=asking)
-        plain = await client.complete("hi", policy=policy(prefer="local"))
+        plain = await client.complete("hi", policy=policy(routing={"prefer": "local"}))
     assert done.trace.cascade is not None and done.trace.cascade.decision == "local"
     assert done.text == "Hello" and plain.trace.cascade is None and local.signal_calls == 1

@@ -457,7 +457,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     assert isinstance(plan, partial) and plan.keywords["fallback_now"] == d.load_reason
 
 
-HELD = {"parallel_cloud": False}
+HELD = {"hedge": {"parallel_cloud": False}}
 
 
 @pytest.mark.parametrize(
@@ -477,7 +477,7 @@ HELD = {"parallel_cloud": False}
 def test_the_load_rule_that_fired_is_a_typed_field(
     state: LiveState, update: dict[str, object], rule: str | None
 ) -> None:
-    d = decide(RequestFacts(1000, 64), CHAT.model_copy(update=update), state)
+    d = decide(RequestFacts(1000, 64), CHAT.with_(**update), state)
     assert d.load == rule and (d.load_reason in d.reasons if rule else d.load_reason == "")
     assert d.fallback_now == (rule == "parallel_start")
     assert d.fallback_lead == (rule != "parallel_held")

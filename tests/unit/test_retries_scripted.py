@@ -102,7 +102,7 @@ async def test_the_handoff_retries_the_cloud_continuation() -> None:
 async def test_the_cascade_retries_the_cloud_it_defers_to() -> None:
     local = SignalScriptedEngine(hold_s=0.01, tokens=["lo"])
     cloud = Takes([unavailable()], ["C1", "C2"])
-    pol = cascade_policy(retries=1)
+    pol = cascade_policy(routing={"retries": 1})
     tokens, trace = await answer(local, cloud, pol, plan="cascade", router=FakeRouter(0.9))
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "C1"), ("cloud", "C2")]
     assert trace.cascade.decision == "cloud"
