@@ -349,7 +349,9 @@ async def test_a_hedged_hold_past_the_deadline_keeps_the_cloud_it_started_script
     local = SignalScriptedEngine(hold_s=2.0, tokens=["L"])
     cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.05)
     async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9)) as client:
-        tokens, trace, took = await run(client, policy(cascade={"hedge": True}, routing={"ttft_deadline_ms": 200}))
+        tokens, trace, took = await run(
+            client, policy(cascade={"hedge": True}, routing={"ttft_deadline_ms": 200})
+        )
     assert [t.engine for t in tokens] == ["cloud"] and took == pytest.approx(0.2)
     assert len(cloud.requests) == 1  # the hedged request answers: no second cloud request
     assert trace.cascade.decision == "cloud" and "started at once" in trace.route_reason
