@@ -31,12 +31,12 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors, logs
 from hybridllm.engines import validate
-from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.engines.base import Engine, GenerationRequest, Message, count_prompt_tokens
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
-from hybridllm.policy import Policy, PolicyCache
-from hybridllm.routing.decision import Decision, RoutePreview
+from hybridllm.policy import PlanName, Policy, PolicyCache
+from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
@@ -59,6 +59,32 @@ from hybridllm.runtime.trace import Trace
 log = logging.getLogger(__name__)
 
 Messages = str | Sequence[Mapping[str, str]]
+
+
+# a prompt longer than this is admitted on a worker thread (the router's score and the privacy
+# scan grow with it: about 100 ms at 2,000 characters with the NER layer, a few ms without)
+INLINE_ADMISSION_CHARS = 1_000
+
+
+@dataclass
+class _Ticket:
+    """One request between its call and its decision: what the cheap half of admission made
+    (`HybridClient._ticket`), and the route once decided."""
+
+    request: GenerationRequest
+    policy: Policy
+    forced: EngineName | None
+    plan: PlanName | None
+    streamed: bool
+    route: RoutePreview | None = None
+
+
+def _costly(ticket: _Ticket) -> bool:
+    """Could gathering this request's facts stall the event loop past about a millisecond?"""
+    if ticket.policy.privacy.ner and ticket.policy.privacy.mode != "off":
+        return True
+    chars = sum(len(str(m.get("content", ""))) for m in ticket.request.messages)
+    return chars > INLINE_ADMISSION_CHARS
 
 
 @dataclass(frozen=True)
@@ -120,7 +146,7 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            self._guard.preload_privacy = self.policy.privacy.mode != "off"
+            self._guard.preload_privacy = self.policy.privacy.ner
         gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
@@ -209,37 +235,57 @@ class HybridClient:
         return self._start(messages, args, streamed=True)
 
     def _start(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> Stream:
-        """`stream()`, and `complete()` (`streamed` False: the answer is taken whole)."""
+        """`stream()`, and `complete()` (`streamed` False: the answer is taken whole). The
+        arguments are checked here, at the call; the rest of admission (the router's score, the
+        privacy scan, the decision) runs in the request's task, off the event loop where it
+        costs (`_facts`): a refusal ends the stream with its error."""
         trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
-        route, pol, request = self._admit(messages, args, preview=False, streamed=streamed)
-        decision, state = route.decision, route.state
-        log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
-        log.debug("request %s: prompt %s", trace.request_id, logs.content(request.messages))
-        trace.decision = decision.reasons
-        trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
-        fb = state.latency.get(decision.fallback) if decision.fallback else None
-        lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
-        privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
-        context = RequestContext(scope=pol.name, privacy=privacy, on_settle=trace.settled)
-        how = self._plan(decision, request, context, pol, lead)
+        ticket = self._ticket(messages, args, streamed=streamed)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-        cloud_off = dict(decision.unavailable).get("cloud")  # a CloudUnavailable event says so
-        due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
-        retry = RetryPolicy(pol.routing.retries, due)
-        run = RequestRun(trace, send, self._outcome, cloud_off, pol.routing.ttft_deadline_ms, retry)
+        run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:
                 self._log_pending.add(trace.request_id)
-        score = route.facts.router_score
-        self._tg.start_soon(
-            self._drive, run, how, route.facts.prompt_tokens, request, pol.name, score
-        )
+        self._tg.start_soon(self._drive, run, ticket)
         return Stream(run, recv)
+
+    async def _serve(self, ticket: _Ticket, run: RequestRun) -> None:
+        """Admit the request (its facts off the loop where they cost), decide, run the plan."""
+        tokens = count_prompt_tokens(ticket.request.messages, self.engines.values())
+        facts = await self._facts(ticket, tokens)
+        route = ticket.route = self._route(ticket, facts, preview=False)
+        decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
+        log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
+        log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))
+        trace.decision = decision.reasons
+        trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
+        fb = state.latency.get(decision.fallback) if decision.fallback else None
+        lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
+        due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
+        run.admitted(
+            cloud_unavailable=dict(decision.unavailable).get("cloud"),  # CloudUnavailable says so
+            deadline_ms=pol.routing.ttft_deadline_ms,
+            retry=RetryPolicy(pol.routing.retries, due),
+        )
+        privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
+        context = RequestContext(
+            scope=pol.name, privacy=privacy, on_settle=trace.settled, ner=pol.privacy.ner
+        )
+        await self._plan(decision, ticket.request, context, pol, lead)(run)
+
+    async def _facts(self, ticket: _Ticket, prompt_tokens: int) -> RequestFacts:
+        """The request's facts: on a worker thread where the router's score and the privacy
+        scan may cost more than about a millisecond (a long prompt, or the NER layer), so the
+        event loop (the app's audio, UI, other streams) does not stall; inline otherwise."""
+        args = (ticket.request, ticket.policy, ticket.forced, self.engines, prompt_tokens)
+        if _costly(ticket):
+            return await anyio.to_thread.run_sync(self.routing.facts, *args)
+        return self.routing.facts(*args)
 
     def decide(
         self,
@@ -248,19 +294,24 @@ class HybridClient:
         **args: Unpack[RequestArgs],
     ) -> RoutePreview:
         """Where this request would run now, and why; nothing is sent. It takes what `stream()`
-        takes and goes through the same admission (`_admit`: the client's privacy floor, the
-        policy's plan, the request's defaults), so the preview is the decision `stream()`
-        would make. A preview leaves the circuits as they are (a half-open circuit keeps its
-        probe for the next request). A request no engine may serve raises its refusal
-        (a `RefusedError`: `PrivacyBlockedError`, `BudgetExceededError`, or the class itself)."""
+        takes and goes through the same admission (`_ticket`, `_route`: the client's privacy
+        floor, the policy's plan, the request's defaults), so the preview is the decision
+        `stream()` would make (here on the calling thread: a preview of a long prompt may take
+        a few ms, or more with the NER layer). A preview leaves the circuits as they are (a
+        half-open circuit keeps its probe for the next request). A request no engine may
+        serve raises its refusal (a `RefusedError`: `PrivacyBlockedError`,
+        `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
-        return self._admit(messages, full, preview=True)[0]
+        ticket = self._ticket(messages, full, streamed=True)
+        tokens = count_prompt_tokens(ticket.request.messages, self.engines.values())
+        facts = self.routing.facts(
+            ticket.request, ticket.policy, ticket.forced, self.engines, tokens
+        )
+        return self._route(ticket, facts, preview=True)
 
-    def _admit(
-        self, messages: Messages, args: StreamArgs, *, preview: bool, streamed: bool = True
-    ) -> tuple[RoutePreview, Policy, GenerationRequest]:
-        """The one admission of a request (`stream()`, `complete()`, `decide()`): its checked
-        arguments, the effective policy, the request and the decision."""
+    def _ticket(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> _Ticket:
+        """The cheap, synchronous half of admission, at the call: the checked arguments, the
+        effective policy, the request (a bad one raises here, before anything runs)."""
         check_names(args)
         msgs = validate.messages(messages)
         pol = self._effective(validate.policy_ref(args.get("policy")), args)
@@ -270,20 +321,28 @@ class HybridClient:
             validate.one_of("engine", forced, ("local", "cloud"))
             if forced not in self.engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
+        return _Ticket(request, pol, forced, args.get("plan"), streamed)
+
+    def _route(self, ticket: _Ticket, facts: RequestFacts, *, preview: bool) -> RoutePreview:
+        """The decision from the facts and the live state; a request no engine may serve
+        raises its refusal (a `RefusedError`)."""
         route = self.routing.decide(
-            request,
-            pol,
+            ticket.request,
+            ticket.policy,
             self.engines,
             self.breakers,
-            forced,
+            ticket.forced,
             preview=preview,
-            plan=args.get("plan"),
-            streamed=streamed,
+            plan=ticket.plan,
+            streamed=ticket.streamed,
+            facts=facts,
         )
         if route.decision.primary is None:  # the documented type: privacy, budget, or else
             log.info("refused at routing%s: %s", " (preview)" * preview, route.decision.reason)
-            raise refusal_error(route.decision, route.facts, pol, request, self._guard)
-        return route, pol, request
+            raise refusal_error(
+                route.decision, route.facts, ticket.policy, ticket.request, self._guard
+            )
+        return route
 
     def _effective(self, policy: str | Path | Policy | None, args: RequestArgs) -> Policy:
         """The policy as this client applies it to one request: the call's `plan=` (added to
@@ -295,8 +354,7 @@ class HybridClient:
             pol = pol.with_plan(plan)
         if show_drafts is not None:
             pol = pol.with_(speculative={"show_drafts": validate.flag("show_drafts", show_drafts)})
-        if self.privacy != "off" and pol.privacy.mode == "off":
-            pol = pol.with_(privacy={"mode": self.privacy})
+        pol = pol.under_client(self.privacy)
         if self._guard is not None:  # a cap it cannot cost is a PolicyError
             self._guard.set_scoped_caps(pol.name, policy_caps(pol))
         return pol
@@ -314,33 +372,34 @@ class HybridClient:
             engines["cloud"] = self._guard.bind(context)
         return choose_plan(decision, engines, request, policy, fallback_ttft_s, self.routing)
 
-    async def _drive(
-        self,
-        run: RequestRun,
-        plan: Plan,
-        prompt_tokens: int,
-        request: GenerationRequest,
-        scope: str,
-        score: float | None = None,
-    ) -> None:
+    async def _drive(self, run: RequestRun, ticket: _Ticket) -> None:
         try:
-            await run.run(plan)
+            await run.run(partial(self._serve, ticket))
         finally:
             self._runs.discard(run)
-            self.routing.latency.observe_trace(run.trace, prompt_tokens)
-            if "local" in run.trace.started:
-                self.routing.note_local(request.messages)
-            if self.decision_log is not None:
-                with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
-                    await anyio.to_thread.run_sync(
-                        _log_decision, self.decision_log, run.trace, request, scope, score
-                    )
-                rid = run.trace.request_id
-                with self._log_lock:
-                    self._log_pending.discard(rid)
-                    early = self._early_feedback.pop(rid, None)
-                if early is not None:
-                    self.decision_log.feedback(rid, early)
+            await self._after(run, ticket)
+
+    async def _after(self, run: RequestRun, ticket: _Ticket) -> None:
+        """What the client learns from a finished request: the latency model, the local KV
+        cache's prompt, the decision log's row (a request refused at admission has none)."""
+        request, route = ticket.request, ticket.route
+        if route is not None:
+            self.routing.latency.observe_trace(run.trace, route.facts.prompt_tokens)
+        if "local" in run.trace.started:
+            self.routing.note_local(request.messages)
+        if self.decision_log is None:
+            return
+        score = None if route is None else route.facts.router_score
+        with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
+            await anyio.to_thread.run_sync(
+                _log_decision, self.decision_log, run.trace, request, ticket.policy.name, score
+            )
+        rid = run.trace.request_id
+        with self._log_lock:
+            self._log_pending.discard(rid)
+            early = self._early_feedback.pop(rid, None)
+        if early is not None:
+            self.decision_log.feedback(rid, early)
 
     def feedback(self, request: Trace | str, good: bool) -> None:
         """The user's verdict on an answer (by its trace or request id), for the decision log;

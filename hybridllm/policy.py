@@ -295,10 +295,15 @@ PRIVACY_STRICTNESS: tuple[PrivacyMode, ...] = ("off", "keep-local", "block")
 
 
 class Privacy(_Table):
-    """`[privacy]`: `mode` "keep-local" keeps a request holding personal or secret data off the
-    cloud; "block" refuses it; "off" lets it go."""
+    """`[privacy]`: `mode` "keep-local" (the default) keeps a request holding personal or secret
+    data off the cloud; "block" refuses it; "off" lets it go. What is looked for: the patterns
+    and checksums always (emails, phone numbers, cards, IBANs, national IDs, API keys and
+    tokens, private keys: about 0.5 ms a prompt); `ner = true` adds the NER layer (names,
+    addresses, dates of birth; the `hybridllm[privacy]` extra, loaded in the background when a
+    client opens with such a policy; tens to hundreds of ms a prompt, off the event loop)."""
 
-    mode: PrivacyMode = "off"
+    mode: PrivacyMode = "keep-local"
+    ner: bool = Field(default=False, strict=True)
 
 
 TABLES: dict[str, type[_Table]] = {
@@ -433,12 +438,12 @@ class Policy(BaseModel):
             after = "auto"
         return self.with_(plan=plan, plans=plans, hedge={"after_ms": after})
 
-    def under_client(self, privacy: PrivacyMode) -> Policy:
+    def under_client(self, privacy: PrivacyMode | None) -> Policy:
         """This policy as a client applies it (the one place the two combine): the client's
-        privacy mode is a floor, the stricter of the two wins. (The client's budget caps hold
-        beside the policy's in the guard's ledger: every cap must hold.)"""
+        privacy mode is a floor, the stricter of the two wins (None: no floor). (The client's
+        budget caps hold beside the policy's in the guard's ledger: every cap must hold.)"""
         strict = PRIVACY_STRICTNESS.index
-        if strict(privacy) <= strict(self.privacy.mode):
+        if privacy is None or strict(privacy) <= strict(self.privacy.mode):
             return self
         return self.with_(privacy={"mode": privacy})
 

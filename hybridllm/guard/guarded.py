@@ -44,6 +44,7 @@ guard; `wrapped()` names the engine guarded, to read (its info, its limit), not 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -107,6 +108,8 @@ class RequestContext:
 
     scope: str = "default"
     privacy: PrivacyMode | None = None
+    # scan with the NER layer too (when installed); a client passes its policy's `[privacy] ner`
+    ner: bool = True
     on_settle: SettleHook | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -232,7 +235,9 @@ class GuardedEngine:
     async def start(self) -> None:
         await self.inner.start()
         if self.privacy != "off" or self.preload_privacy:  # off the first request's path
-            await anyio.to_thread.run_sync(self.scanner.warm)
+            # in the background: opening the client does not wait for the NER pipelines (a
+            # scan that needs them meanwhile waits for them on its worker thread)
+            threading.Thread(target=self.scanner.warm, name="hybridllm-ner", daemon=True).start()
 
     def info(self) -> EngineInfo:
         return self.inner.info()
@@ -289,15 +294,15 @@ class GuardedEngine:
 
     # ---- guards -----------------------------------------------------------------------------
 
-    def findings(self, request: GenerationRequest) -> tuple[Finding, ...]:
+    def findings(self, request: GenerationRequest, deep: bool = True) -> tuple[Finding, ...]:
         """What the scanner finds in everything the request would send."""
-        return self.scanner.scan((), extra=request_texts(request))
+        return self.scanner.scan((), extra=request_texts(request), deep=deep)
 
     def check(self, request: GenerationRequest, context: RequestContext | None = None) -> None:
         """Raise `PrivacyBlockedError` if the request may not leave the device."""
         mode = (context.privacy if context is not None else None) or self.privacy
         if mode == "keep-local":
-            found = self.findings(request)
+            found = self.findings(request, deep=context is None or context.ner)
             if found:
                 log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
@@ -391,7 +396,7 @@ class GuardedEngine:
         context = context or RequestContext()
         mode = context.privacy or self.privacy
         if mode == "keep-local":
-            found = self.scanner.scan((), extra=texts)
+            found = self.scanner.scan((), extra=texts, deep=context.ner)
             if found:
                 log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
@@ -439,7 +444,8 @@ class GuardedEngine:
     ) -> AsyncGenerator[Chunk, None]:
         """The guarded stream; `context` None: the default scope and the guard's privacy mode."""
         context = context or RequestContext()
-        limit = _NER_IN_THREAD_CHARS if self.scanner.deep else _SCAN_IN_THREAD_CHARS
+        deep = self.scanner.deep and context.ner
+        limit = _NER_IN_THREAD_CHARS if deep else _SCAN_IN_THREAD_CHARS
         if sum(len(text) for _, text in request_texts(request)) > limit:
             await anyio.to_thread.run_sync(self.check, request, context)  # keep the loop free
         else:

@@ -121,7 +121,12 @@ class Routing:
         policy: Policy,
         forced: EngineName | None,
         engines: Mapping[EngineName, Engine] | None = None,
+        prompt_tokens: int | None = None,
     ) -> RequestFacts:
+        """The request's facts: its prompt tokens (`prompt_tokens` when counted already, on
+        the event loop: the local engine's tokenizer is used there), the router's score and
+        threshold, the kinds of personal data found. The score and the scan are the costly
+        part: `HybridClient` runs this on a worker thread for a long prompt or the NER layer."""
         score = cut = None
         if self.router is not None and forced is None and _uses_router(policy):
             score = self.router.score(request.messages)
@@ -136,10 +141,13 @@ class Routing:
             if self.privacy is None:
                 kinds = None
             else:
-                deep = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
+                bound = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
+                deep = policy.privacy.ner and bound
                 kinds = frozenset(self.privacy(request.messages, deep=deep))
+        if prompt_tokens is None:
+            prompt_tokens = count_prompt_tokens(request.messages, (engines or {}).values())
         return RequestFacts(
-            prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
+            prompt_tokens=prompt_tokens,
             max_tokens=request.max_tokens,
             router_score=score,
             router_threshold=cut,
@@ -249,11 +257,15 @@ class Routing:
         preview: bool = False,
         plan: PlanName | None = None,
         streamed: bool = True,
+        facts: RequestFacts | None = None,
     ) -> RoutePreview:
         """Gather and decide. `preview`: nothing will be sent, so leave the circuits (and the
         policy's count of parallel cloud starts) as they are. `plan`: the plan the caller asks;
-        `streamed` False: the answer is taken whole (`complete()`)."""
-        facts = replace(self.facts(request, policy, forced, engines), plan=plan, streamed=streamed)
+        `streamed` False: the answer is taken whole (`complete()`). `facts`: the request's
+        facts when gathered already (off the event loop)."""
+        if facts is None:
+            facts = self.facts(request, policy, forced, engines)
+        facts = replace(facts, plan=plan, streamed=streamed)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
         if not preview:

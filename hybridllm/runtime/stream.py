@@ -94,6 +94,18 @@ class RequestRun:
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
+    def admitted(
+        self,
+        *,
+        cloud_unavailable: str | None,
+        deadline_ms: float | None,
+        retry: RetryPolicy,
+    ) -> None:
+        """What admission decided, set before the plan runs (the arguments of `__init__`)."""
+        self._cloud_unavailable = cloud_unavailable
+        self._deadline_ms = deadline_ms
+        self.retry = retry
+
     async def run(self, plan: Callable[[RequestRun], Awaitable[None]]) -> None:
         try:
             with self.scope:

@@ -230,7 +230,7 @@ async def test_routing_counts_a_request_in_the_guarded_engines_limit() -> None:
     engines: Any = {"cloud": GuardedEngine(cloud, privacy="off")}
     request = GenerationRequest([{"role": "user", "content": "hi"}], priority="interactive")
     breakers: Any = {}
-    Routing().decide(request, Policy(), engines, breakers)
+    Routing().decide(request, Policy(privacy={"mode": "off"}), engines, breakers)
     assert announced == ["interactive"]
 
 

@@ -67,7 +67,7 @@ async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None
         assert (await client.complete("no secrets here")).trace.engine == "cloud"
         blocked = pol.with_(privacy={"mode": "block"})
         with pytest.raises(PrivacyBlockedError, match="privacy: email found -> blocked") as info:
-            client.stream("ada.lovelace@example.org", policy=blocked)
+            await client.complete("ada.lovelace@example.org", policy=blocked)
         assert info.value.kinds == ("email",) and not info.value.retryable
     assert res.text == "slow" and res.trace.started == ["local"]
     assert "privacy: email found -> local only" in res.trace.route_reason
@@ -80,7 +80,7 @@ async def test_the_client_privacy_mode_is_a_floor_under_every_policy() -> None:
     async with HybridClient(local=local, cloud=cloud, policy=pol, privacy="keep-local") as client:
         res = await client.complete("card 4111 1111 1111 1111 please")
         with pytest.raises(PrivacyBlockedError, match="contains card.*card found"):  # even forced
-            client.stream("card 4111 1111 1111 1111", engine="cloud")
+            await client.complete("card 4111 1111 1111 1111", engine="cloud")
     assert res.trace.engine == "local" and not cloud.requests
 
 
@@ -97,7 +97,7 @@ async def test_an_exhausted_budget_goes_local_or_fails() -> None:
             update={"budget": pol.budget.model_copy(update={"on_exceeded": "fail"})}
         )
         with pytest.raises(BudgetExceededError, match="budget"):
-            client.stream("q", policy=strict)
+            await client.complete("q", policy=strict)
     assert res.trace.engine == "local" and not cloud.requests
     assert any(
         r.startswith("budget: cannot cover the cloud request (global daily cap $0: spent $0,")

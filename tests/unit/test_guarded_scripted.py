@@ -54,12 +54,18 @@ def local_and_cloud(**cloud: object) -> tuple[ScriptedEngine, ScriptedEngine]:
     )
 
 
-async def test_default_client_lets_everything_through() -> None:
+async def test_by_default_personal_data_stays_local_and_privacy_off_lets_it_through() -> None:
+    """The default `[privacy] mode` is "keep-local" with the pattern layer: an email address
+    never reaches the cloud unless the policy says `mode = "off"`."""
     local, cloud = local_and_cloud()
     async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
-        text = (await client.complete(f"write to {EMAIL}")).text
+        kept = await client.complete(f"write to {EMAIL}")
+        assert kept.text == "local answer" and cloud.requests == []
+        assert "privacy: email found -> local only" in kept.trace.route_reason
+        open_policy = CLOUD_FIRST.with_(privacy={"mode": "off"})
+        text = (await client.complete(f"write to {EMAIL}", policy=open_policy)).text
     assert isinstance(client.cloud, GuardedEngine) and client.cloud.inner is cloud
-    assert text == "cloud" and EMAIL in str(cloud.requests)  # privacy is opt-in
+    assert text == "cloud" and EMAIL in str(cloud.requests)  # privacy off: let through
 
 
 async def test_privacy_refusal_sends_nothing_and_local_answers() -> None:

@@ -46,7 +46,9 @@ async def failover(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     caplog.set_level(logging.DEBUG, logger="hybridllm")
     local, cloud = engines()
     async with HybridClient(
-        local=local, cloud=cloud, policy=Policy(routing={"prefer": "cloud"})
+        local=local,
+        cloud=cloud,
+        policy=Policy(routing={"prefer": "cloud"}, privacy={"mode": "off"}),
     ) as client:
         done = await client.complete(PROMPT)
     assert done.text == CLOUD_TEXT + LOCAL_TEXT and EMAIL in str(cloud.requests)

@@ -197,7 +197,11 @@ def test_policy_objects_take_tables() -> None:
         name="p", routing={"prefer": "local", "allow_cloud": False, "ttft_deadline_ms": 50}
     )
     assert not pol.cloud_allowed and pol.order == ("local", "cloud")
-    assert pol.plans == ("single", "hedge") and pol.privacy.mode == "off"
+    assert (
+        pol.plans == ("single", "hedge")
+        and pol.privacy.mode == "keep-local"
+        and not pol.privacy.ner
+    )
 
 
 def test_the_cache_rereads_a_changed_file(tmp_path: Path) -> None:

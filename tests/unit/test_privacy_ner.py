@@ -189,16 +189,17 @@ def test_routing_scans_deeply_only_what_could_reach_the_cloud() -> None:
     routing = Routing(privacy=scan)
     request = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
     both = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
-    keep = Policy(name="p", privacy={"mode": "keep-local"})
+    keep = Policy(name="p", privacy={"mode": "keep-local", "ner": True})
     routing.facts(request, keep, None, both)
     routing.facts(request, keep, "local", both)  # forced local
     routing.facts(request, keep, None, {"local": both["local"]})  # no cloud engine
     routing.facts(request, keep.with_(routing={"allow_cloud": False}), None, both)
     routing.facts(
-        request, Policy(name="b", privacy={"mode": "block"}), "local", both
+        request, Policy(name="b", privacy={"mode": "block", "ner": True}), "local", both
     )  # block: refuses
-    routing.facts(request, Policy(name="o"), None, both)  # privacy off: no scan at all
-    assert scan.deep == [True, False, False, False, True]
+    routing.facts(request, Policy(name="n"), None, both)  # the default: patterns only
+    routing.facts(request, Policy(name="o", privacy={"mode": "off"}), None, both)  # no scan
+    assert scan.deep == [True, False, False, False, True, False]
 
 
 async def test_a_local_request_never_runs_the_ner_layer_scripted(
@@ -217,7 +218,7 @@ async def test_a_local_request_never_runs_the_ner_layer_scripted(
     monkeypatch.setattr(privacy_ner, "_default", PrivacyScanner(ner="auto"))
     local = ScriptedEngine("local", tokens=["local"])
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
-    cloud_first = Policy(name="cf", routing={"prefer": "cloud"})
+    cloud_first = Policy(name="cf", routing={"prefer": "cloud"}, privacy={"ner": True})
     async with HybridClient(
         local=local, cloud=cloud, policy=cloud_first, privacy="keep-local"
     ) as client:

@@ -180,10 +180,10 @@ async def test_policy_preference_and_private_mode() -> None:
             await client.complete("hi", policy=Policy(routing={"prefer": "cloud"}))
         ).trace.engine == "cloud"
         with pytest.raises(RefusedError, match="device"):  # a refusal, not a config error
-            client.stream("hi", policy="private", engine="cloud")
+            await client.complete("hi", policy="private", engine="cloud")
     async with HybridClient(cloud=ScriptedEngine("cloud", tokens=["c"])) as client:
         with pytest.raises(RefusedError):
-            client.stream("hi", policy="private")
+            await client.complete("hi", policy="private")
 
 
 async def test_policy_defaults_apply_and_arguments_override() -> None:

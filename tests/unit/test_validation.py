@@ -224,7 +224,7 @@ async def test_a_forced_cloud_request_with_personal_data_is_privacy_blocked() ->
     pol = Policy(name="k", privacy={"mode": "keep-local"})
     async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
         with pytest.raises(PrivacyBlockedError) as info:
-            client.stream("write to ada.lovelace@example.org", engine="cloud")
+            await client.complete("write to ada.lovelace@example.org", engine="cloud")
         assert (await client.complete("no secrets", engine="cloud")).text == "c"
     err = info.value
     assert isinstance(err, RefusedError) and not err.retryable and err.kinds == ("email",)
