@@ -31,7 +31,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hybridllm import errors, logs
 from hybridllm.engines import validate
-from hybridllm.engines.base import Engine, GenerationRequest, Message, count_prompt_tokens
+from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
@@ -256,8 +256,7 @@ class HybridClient:
 
     async def _serve(self, ticket: _Ticket, run: RequestRun) -> None:
         """Admit the request (its facts off the loop where they cost), decide, run the plan."""
-        tokens = count_prompt_tokens(ticket.request.messages, self.engines.values())
-        facts = await self._facts(ticket, tokens)
+        facts = await self._facts(ticket)
         route = ticket.route = self._route(ticket, facts, preview=False)
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
@@ -278,11 +277,13 @@ class HybridClient:
         )
         await self._plan(decision, ticket.request, context, pol, lead)(run)
 
-    async def _facts(self, ticket: _Ticket, prompt_tokens: int) -> RequestFacts:
-        """The request's facts: on a worker thread where the router's score and the privacy
-        scan may cost more than about a millisecond (a long prompt, or the NER layer), so the
-        event loop (the app's audio, UI, other streams) does not stall; inline otherwise."""
-        args = (ticket.request, ticket.policy, ticket.forced, self.engines, prompt_tokens)
+    async def _facts(self, ticket: _Ticket) -> RequestFacts:
+        """The request's facts: on a worker thread where counting the prompt's tokens, the
+        router's score and the privacy scan may cost more than about a millisecond (a long
+        prompt, or the NER layer), so the event loop (the app's audio, UI, other streams) does
+        not stall; inline otherwise. (The client's engines are closed only after its requests'
+        tasks end, so a worker thread never counts with a model being unloaded.)"""
+        args = (ticket.request, ticket.policy, ticket.forced, self.engines)
         if _costly(ticket):
             return await anyio.to_thread.run_sync(self.routing.facts, *args)
         return self.routing.facts(*args)
@@ -303,10 +304,7 @@ class HybridClient:
         `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
         ticket = self._ticket(messages, full, streamed=True)
-        tokens = count_prompt_tokens(ticket.request.messages, self.engines.values())
-        facts = self.routing.facts(
-            ticket.request, ticket.policy, ticket.forced, self.engines, tokens
-        )
+        facts = self.routing.facts(ticket.request, ticket.policy, ticket.forced, self.engines)
         return self._route(ticket, facts, preview=True)
 
     def _ticket(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> _Ticket:

@@ -214,8 +214,8 @@ class LlamaCppEngine:
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         """The prompt's tokens through the model's chat template and tokenizer, exactly what a
         request's prefill counts (None: not started). About 0.1 ms per 1,000 characters; the
-        last few prompts' counts are remembered. Call it on the event loop's thread: `aclose()`
-        unloads the model from there."""
+        last few prompts' counts are remembered. Not while `aclose()` runs: the client calls
+        it on the event loop or on an admission worker thread its request task waits for."""
         session = self._session
         if session is None:
             return None

@@ -121,12 +121,10 @@ class Routing:
         policy: Policy,
         forced: EngineName | None,
         engines: Mapping[EngineName, Engine] | None = None,
-        prompt_tokens: int | None = None,
     ) -> RequestFacts:
-        """The request's facts: its prompt tokens (`prompt_tokens` when counted already, on
-        the event loop: the local engine's tokenizer is used there), the router's score and
-        threshold, the kinds of personal data found. The score and the scan are the costly
-        part: `HybridClient` runs this on a worker thread for a long prompt or the NER layer."""
+        """The request's facts: its prompt tokens, the router's score and threshold, the kinds
+        of personal data found. The costly part of admission: `HybridClient` runs this on a
+        worker thread for a long prompt or with the NER layer."""
         score = cut = None
         if self.router is not None and forced is None and _uses_router(policy):
             score = self.router.score(request.messages)
@@ -144,10 +142,8 @@ class Routing:
                 bound = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
                 deep = policy.privacy.ner and bound
                 kinds = frozenset(self.privacy(request.messages, deep=deep))
-        if prompt_tokens is None:
-            prompt_tokens = count_prompt_tokens(request.messages, (engines or {}).values())
         return RequestFacts(
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
             router_score=score,
             router_threshold=cut,
