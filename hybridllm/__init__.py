@@ -38,7 +38,10 @@ _NAMES = {
     "OpenAIEngine": "hybridllm.engines.openai_engine",
     "GuardedEngine": "hybridllm.guard.guarded",
     "RouterScore": "hybridllm.routing.score",
+    "RoutePreview": "hybridllm.routing.decision",
+    "StreamArgs": "hybridllm.runtime.admission",
     "CloudUnavailable": "hybridllm.events",
+    "DeadlineMissed": "hybridllm.events",
     "Done": "hybridllm.events",
     "Draft": "hybridllm.events",
     "Event": "hybridllm.events",
@@ -133,6 +136,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.events import (
         CloudUnavailable as CloudUnavailable,
+        DeadlineMissed as DeadlineMissed,
         Done as Done,
         Draft as Draft,
         Event as Event,
@@ -157,7 +161,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.logs import log_content as log_content
     from hybridllm.policy import Policy as Policy
+    from hybridllm.routing.decision import RoutePreview as RoutePreview
     from hybridllm.routing.score import RouterScore as RouterScore
+    from hybridllm.runtime.admission import StreamArgs as StreamArgs
     from hybridllm.runtime.stream import Stream as Stream
     from hybridllm.runtime.trace import (
         CascadeRecord as CascadeRecord,
