@@ -39,7 +39,7 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 
 if TYPE_CHECKING:
-    from hybridllm.engines._llama_signals import LocalSignals
+    from hybridllm.engines.llama.signals import LocalSignals
 
 PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS) | NER_KINDS
 

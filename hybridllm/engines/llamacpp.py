@@ -28,10 +28,15 @@ import anyio.to_thread
 
 from hybridllm import clock, errors
 from hybridllm.engines import validate
-from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted, _Preempted
-from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
-from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
+from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
+from hybridllm.engines.llama.session import (
+    DecodeAborted,
+    Generation,
+    LlamaSession,
+    PrefillPreempted,
+)
+from hybridllm.engines.llama.thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
@@ -43,8 +48,8 @@ from hybridllm.local.tune import Tuning, load_tuning
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from hybridllm.engines._llama_signals import LocalSignals
     from hybridllm.engines.capabilities import Drafter
+    from hybridllm.engines.llama.signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
@@ -246,17 +251,17 @@ class LlamaCppEngine:
     ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up
-        to `n_answer` greedy tokens (`engines/_llama_signals.py`). A multiple-choice prompt is
+        to `n_answer` greedy tokens (`engines/llama/signals.py`). A multiple-choice prompt is
         also read with its options rotated; with `rotations_within_s` the rotations are given
         up (their figures NaN: stage 2 then scores without them) when they would not end that
         long after the job starts."""
-        from hybridllm.engines._llama_signals import engine_signals
+        from hybridllm.engines.llama.signals import engine_signals
 
         return await engine_signals(self, messages, n_answer, rotations_within_s)
 
     def drafter(self) -> Drafter:
         """A drafting handle for one speculative request (`engines.capabilities.Drafts`)."""
-        from hybridllm.engines._llama_draft import LocalDrafter  # numpy: once a plan drafts
+        from hybridllm.engines.llama.draft import LocalDrafter  # numpy: once a plan drafts
 
         return LocalDrafter(self)
 
@@ -295,7 +300,7 @@ class LlamaCppEngine:
                     fill = partial(session.prefill, prepared, draft=draft, yield_if=_yields(turn))
                     gen = await self._on_thread(session, fill)
                     break
-                except _Preempted:
+                except PrefillPreempted:
                     self.busy, holding = False, False
                     self._queue.release()
                     await self._queue.acquire(turn.estimate_s, turn=turn)
@@ -325,7 +330,7 @@ class LlamaCppEngine:
                         again = partial(session.resume, gen, draft, _yields(turn))
                         prefilled = await self._on_thread(session, again)
                         break
-                    except _Preempted:
+                    except PrefillPreempted:
                         self.busy, holding = False, False
                         self._queue.release()
                         await self._queue.acquire(self._left_s(gen), turn=turn)
@@ -359,7 +364,7 @@ class LlamaCppEngine:
         """A prefill on the llama thread, cut by llama.cpp's abort when the caller leaves."""
         try:
             return await run_on_llama_thread(fn, on_cancel=session.abort)
-        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+        except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("prefill aborted", engine="local") from exc
 
     def _left_s(self, gen: Generation) -> float:
@@ -387,7 +392,7 @@ class LlamaCppEngine:
                 while not stop.is_set() and not turn.preempt.is_set():
                     try:
                         text = session.step(gen, cut)
-                    except _Preempted:
+                    except PrefillPreempted:
                         break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
@@ -411,7 +416,7 @@ class LlamaCppEngine:
                     last = delta.t
                     yield delta
             fut.result()  # raises the worker's error, if any (the stream closed after it ended)
-        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+        except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("generation aborted", engine="local") from exc
         finally:
             if not fut.done():

@@ -77,7 +77,7 @@ def _check_listen(host: str, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridllm.engines.served import ServedModel
+    from hybridllm.engines.llama.served import ServedModel
     from hybridllm.server.app import serve
 
     check(args)

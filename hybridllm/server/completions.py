@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from hybridllm.engines.served import Completion, CompletionJob, Scores, ServedModel
+from hybridllm.engines.llama.served import Completion, CompletionJob, Scores, ServedModel
 from hybridllm.server.schema import ApiError, CompletionBody
 
 

@@ -23,7 +23,7 @@
    whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
    deadline does): stage 2's "answer" models read the log-probabilities over all the
    answer's tokens and the figures only a whole answer has (its length, whether it ended,
-   its last tokens, its repeats: `engines/_llama_whole.py`; a multiple-choice answer by its
+   its last tokens, its repeats: `routing/answer_figures.py`; a multiple-choice answer by its
    first tokens), and the cloud is asked only when that says the answer will not do.
    `trace.cascade.judge` says which ran; its `signals` are the first 8 tokens' (what stage
    2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
@@ -183,10 +183,10 @@ def _whole_answer_inputs(sig: Any) -> tuple[dict[str, float], dict[str, float]]:
     """(the first 8 tokens' figures, stage 2's inputs for the whole answer): the inputs
     (`stage2.whole_inputs`) are those figures (what the other models read) with the
     log-probability summary over all the answer's tokens and the figures only a whole answer
-    has (`engines/_llama_whole.py`); a multiple-choice answer is judged by its first tokens,
+    has (`routing/answer_figures.py`); a multiple-choice answer is judged by its first tokens,
     as stage 2 learnt it."""
-    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
-    from hybridllm.engines._llama_whole import whole_figures
+    from hybridllm.engines.llama.signals import N_ANSWER, prefix_signals
+    from hybridllm.routing.answer_figures import whole_figures
     from hybridllm.routing.stage2 import whole_inputs
 
     head = prefix_signals(sig.values, sig.logprobs, N_ANSWER)
