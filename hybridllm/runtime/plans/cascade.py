@@ -61,6 +61,7 @@ from hybridllm.runtime.trace import CascadeRecord
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from hybridllm.engines.llama.signals import LocalSignals
     from hybridllm.routing.inputs import Scorer
     from hybridllm.routing.score import RouterScore
 
@@ -110,17 +111,7 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            t0 = clock.now()
-            sig = None
-            failed: Exception | None = None
-            with anyio.move_on_after(max(budget, 0.0)):
-                try:
-                    sig = await local.signals(
-                        request.messages, n_answer, rotations_within_s=_rotations_within(budget)
-                    )
-                except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
-                    failed = exc
-            held_ms = (clock.now() - t0) * 1e3
+            sig, failed, held_ms = await _hold(local, request, n_answer, budget)
             info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
@@ -143,20 +134,7 @@ async def cascade(
                            stall_s=stall_s)  # fmt: skip
                 return
             else:
-                from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
-
-                head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
-                score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
-                release = score.value <= settings.cut
-                _describe(info, score, release, len(sig.answer))
-                if whole:
-                    _judged_whole(info, sig, head, values)
-                rel = "<=" if release else ">"
-                n_held = len(sig.logprobs)
-                held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
-                        if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
-                why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
-                       f"after {held}")  # fmt: skip
+                release, why = _judge(router, request, sig, settings, info, held_ms, reason)
                 if release:
                     cloud_scope.cancel()
                     backup = cloud if settings.failover else None
@@ -171,6 +149,52 @@ async def cascade(
     except BaseExceptionGroup as group:
         raise _sole(group) from None
     await single(run, cloud, request, why, stall_s=stall_s)
+
+
+async def _hold(
+    local: ReadsSignals, request: GenerationRequest, n_answer: int, budget: float
+) -> tuple[LocalSignals | None, Exception | None, float]:
+    """The local model's own signals read within the hold (`budget` seconds): the signals (None
+    when the hold ran out first), the engine's error if it failed first, the ms held."""
+    t0 = clock.now()
+    sig = None
+    failed: Exception | None = None
+    with anyio.move_on_after(max(budget, 0.0)):
+        try:
+            sig = await local.signals(
+                request.messages, n_answer, rotations_within_s=_rotations_within(budget)
+            )
+        except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+            failed = exc
+    return sig, failed, (clock.now() - t0) * 1e3
+
+
+def _judge(
+    router: Any,
+    request: GenerationRequest,
+    sig: LocalSignals,
+    settings: CascadeSettings,
+    info: CascadeRecord,
+    held_ms: float,
+    reason: str,
+) -> tuple[bool, str]:
+    """Stage 2 on the held signals: whether the local answer is released, and why in words."""
+    from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
+
+    whole = settings.judge == "answer"
+    head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
+    score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
+    release = score.value <= settings.cut
+    _describe(info, score, release, len(sig.answer))
+    if whole:
+        _judged_whole(info, sig, head, values)
+    rel = "<=" if release else ">"
+    n_held = len(sig.logprobs)
+    held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
+            if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
+    why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
+           f"after {held}")  # fmt: skip
+    return release, why
 
 
 def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
