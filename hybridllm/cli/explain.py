@@ -66,8 +66,12 @@ class OfflineEngine:
         yield  # an async generator, like every engine's stream
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, model="(offline)", expected_wait_s=self.expected_wait_s,
-                          supports_continuation=True)  # as both real engines do  # fmt: skip
+        return EngineInfo(
+            name=self.name,
+            model="(offline)",
+            expected_wait_s=self.expected_wait_s,
+            supports_continuation=True,
+        )  # as both real engines do
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None

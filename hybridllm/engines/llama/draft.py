@@ -178,7 +178,7 @@ class LocalDrafter:
                         temperature,
                         rng or self._rng,
                         top_p,
-                    ),  # fmt: skip
+                    ),
                     on_cancel=on_cancel,
                 )
             except DecodeAborted as exc:

@@ -232,9 +232,14 @@ class ServedModel:
             # vLLM's sampling: temperature, then the top_p nucleus (llama.cpp's own chain
             # cuts top_p before the temperature and adds top_k 40 and min_p 0.05 by default)
             gen = llm.generate(
-                prompt, temp=1.0, top_p=1.0, top_k=0, min_p=0.0, reset=True,
+                prompt,
+                temp=1.0,
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                reset=True,
                 logits_processor=[partial(_processed, job.temperature, job.top_p)],
-            )  # fmt: skip
+            )
         raw = b""
         try:
             while len(out.tokens) < job.max_tokens:

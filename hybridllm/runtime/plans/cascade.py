@@ -122,24 +122,28 @@ async def cascade(
                     return
             elif sig is None and buffer is not None:  # hedged: the cloud started is not repeated
                 info.decision = "cloud"
-                why = (f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
-                       "started at once")  # fmt: skip
+                why = (
+                    f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
+                    "started at once"
+                )
                 await _serve_buffered(run, cloud, buffer, why, fallback=(local, request, stall_s))
                 return
             elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
                 info.decision = "race"
                 why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
-                await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
-                           stall_s=stall_s)  # fmt: skip
+                await race(
+                    run, local, cloud, request, deadline_s=deadline_s, reason=why, stall_s=stall_s
+                )
                 return
             else:
                 release, why = _judge(router, request, sig, settings, info, held_ms, reason)
                 if release:
                     cloud_scope.cancel()
                     backup = cloud if settings.failover else None
-                    await _release(run, local, request, sig, f"{why} -> local", cloud=backup,
-                                   stall_s=stall_s)  # fmt: skip
+                    await _release(
+                        run, local, request, sig, f"{why} -> local", cloud=backup, stall_s=stall_s
+                    )
                     return
                 if buffer is not None:
                     await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
@@ -190,10 +194,12 @@ def _judge(
         _judged_whole(info, sig, head, values)
     rel = "<=" if release else ">"
     n_held = len(sig.logprobs)
-    held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
-            if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
-    why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
-           f"after {held}")  # fmt: skip
+    held = (
+        f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
+        if whole
+        else f"holding {held_ms:.0f} ms"
+    )
+    why = f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after {held}"
     return release, why
 
 
@@ -269,8 +275,9 @@ async def _release(
         run.deliver(local.name, Delta(held, clock.now()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
     if sig.ended or stopped or used >= request.max_tokens:
-        finish = Finish("stop" if sig.ended or stopped else "length", sig.prompt_tokens, used,
-                        clock.now())  # fmt: skip
+        finish = Finish(
+            "stop" if sig.ended or stopped else "length", sig.prompt_tokens, used, clock.now()
+        )
         run.complete(local.name, finish)
         return
     rest = dataclasses.replace(
@@ -381,8 +388,9 @@ async def _serve_buffered(
                 if local.name not in run.trace.started:
                     run.trace.started.append(local.name)
                 run.emit(Fallback(clock.now(), cloud.name, local.name, str(item)))
-                await single(run, local, request, f"{why}; it failed ({item}) -> local",
-                             stall_s=stall_s)  # fmt: skip
+                await single(
+                    run, local, request, f"{why}; it failed ({item}) -> local", stall_s=stall_s
+                )
                 return
             if isinstance(item, Finish):
                 finish = item
