@@ -158,7 +158,8 @@ def _is_module(dotted: str) -> bool:
 
 def _private_module_offence(importer: str, package: str, module: str) -> str | None:
     """Why `importer` (in `package`) may not import `module`, or None: a private module
-    (`pkg._x`, at any depth) is imported only from its own package `pkg` or from inside itself."""
+    (`pkg._x`, at any depth) is imported only by the modules directly in `pkg` (not by its
+    subpackages) or from inside itself."""
     parts = module.split(".")
     for depth, part in enumerate(parts):
         if _is_private(part):
