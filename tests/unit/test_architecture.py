@@ -150,12 +150,6 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def _is_module(dotted: str) -> bool:
-    """Whether `dotted` (hybridllm.x.y) names a module or package, not a name in one."""
-    base = ROOT.joinpath(*dotted.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
-
-
 def _private_module_offence(importer: str, package: str, module: str) -> str | None:
     """Why `importer` (in `package`) may not import `module`, or None: a private module
     (`pkg._x`, at any depth) is imported only by the modules directly in `pkg` (not by its
@@ -183,29 +177,67 @@ def _imported(node: ast.Import | ast.ImportFrom, package: str) -> list[tuple[str
     return [(base, a.name) for a in node.names]
 
 
-def _private_imports(path: Path) -> list[str]:
-    """Every import in `path` of another module's private name (`from m import _x`) or of a
-    private module from outside its own package; a private submodule of the importer's own
-    package (`from hybridllm.pkg import _x`, in pkg) is allowed."""
-    importer = _module_name(path)
-    package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+def _private_imports(source: str, importer: str, is_package: bool, modules: set[str]) -> list[str]:
+    """Every import in `source` (module `importer`; `modules`: every module of hybridllm) of
+    another module's private name (`from m import _x`) or of a private module from outside its
+    own package; a private submodule of the importer's own package (`from hybridllm.pkg import
+    _x`, in pkg) is allowed. Lines "LINE why"."""
+    package = importer if is_package else importer.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Import | ast.ImportFrom):
             continue
         for module, name in _imported(node, package):
-            where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            target = f"{module}.{name}" if name and _is_module(f"{module}.{name}") else module
+            target = f"{module}.{name}" if name and f"{module}.{name}" in modules else module
             if why := _private_module_offence(importer, package, target):
-                found.append(f"{where} {why}")
+                found.append(f"{node.lineno} {why}")
             elif name and target == module and _is_private(name):
-                found.append(f"{where} private name {module}.{name}")
+                found.append(f"{node.lineno} private name {module}.{name}")
     return list(dict.fromkeys(found))  # one line per offence, not per name imported
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
-    found = [line for path in _sources() for line in _private_imports(path)]
+    modules = {_module_name(path) for path in _sources()}
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _sources()
+        for line in _private_imports(
+            path.read_text(encoding="utf-8"),
+            _module_name(path),
+            path.name == "__init__.py",
+            modules,
+        )
+    ]
     assert found == [], "\n".join(found)
+
+
+def test_the_private_import_check_sees_each_form() -> None:
+    modules = {"hybridllm", "hybridllm._util", "hybridllm.a", "hybridllm.a._impl", "hybridllm.a.b"}
+    source = "\n".join(
+        [
+            "from hybridllm.a.b import _helper",  # 1: a private name
+            "from hybridllm.a import _impl",  # 2: its own package's private module: allowed
+            "from hybridllm.a._impl import thing",  # 3: allowed, same package
+            "from hybridllm import _util",  # 4: a private module from outside its package
+            "import hybridllm._util.x",  # 5: the same, by `import`
+            "from ._impl import _secret",  # 6: relative, a private name
+            "from .b import public",  # 7: allowed
+            "def f():\n    from hybridllm._util import y",  # 9: inside a function too
+        ]
+    )
+    found = _private_imports(source, "hybridllm.a.c", False, modules)
+    assert found == [
+        "1 private name hybridllm.a.b._helper",
+        "4 private module hybridllm._util imported from outside hybridllm",
+        "5 private module hybridllm._util imported from outside hybridllm",
+        "6 private name hybridllm.a._impl._secret",
+        "9 private module hybridllm._util imported from outside hybridllm",
+    ]
+    inside = "from hybridllm.a import _impl"  # from a subpackage of its package: outside
+    assert _private_imports(inside, "hybridllm.a.b.d", False, modules) == [
+        "1 private module hybridllm.a._impl imported from outside hybridllm.a"
+    ]
+    assert _private_imports(inside, "hybridllm.a._impl.inner", False, modules) == []
 
 
 def _function_lengths(path: Path) -> list[tuple[str, int]]:
