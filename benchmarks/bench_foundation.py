@@ -47,7 +47,7 @@ import anyio.to_thread
 
 from hybridllm import HybridClient
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
-from hybridllm.engines._llama_thread import run_on_llama_thread
+from hybridllm.engines.llama.thread import run_on_llama_thread
 from hybridllm.local.resolve import resolve_model
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import FaultProxy, LlamaServer

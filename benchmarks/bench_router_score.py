@@ -31,8 +31,8 @@ from pathlib import Path
 import anyio
 
 from hybridllm import HybridClient, LlamaCppEngine, Policy
-from hybridllm.engines import _llama_signals
-from hybridllm.engines._llama_signals import ROTATIONS
+from hybridllm.engines.llama import signals as llama_signals
+from hybridllm.engines.llama.signals import ROTATIONS
 from hybridllm.routing import Router
 from hybridllm.runtime.plans.cascade import score_messages
 from hybridllm.testing import ScriptedEngine
@@ -75,18 +75,18 @@ async def main(n: int) -> None:
         await client.router_score("warm-up")
         print(f"local engine: {local.model}, threads {local.settings and local.settings.n_threads}")
         for hold, part, rot in ((8, ps[:n], None), (8, ps[:n], 0), (4, ps[n : 2 * n], None)):
-            _llama_signals.ROTATIONS = rot if rot is not None else ROTATIONS
+            llama_signals.ROTATIONS = rot if rot is not None else ROTATIONS
             cost, tokens, choice = [], [], []
             for p in part:
                 s = await score_messages(router, local, [{"role": "user", "content": p}], hold)
                 cost.append(s.cost_ms)
                 tokens.append(local.count_tokens([{"role": "user", "content": p}]) or 0)
-                if _llama_signals.option_letters(p):
+                if llama_signals.option_letters(p):
                     choice.append(s.cost_ms)
             name = f"router_score cost_ms, hold {hold} tokens" + (", no rotations" * (rot == 0))
             print(line(name, cost) + f"  prompt tokens p50 {statistics.median(tokens):.0f}")
             print(line("  of which multiple choice", choice))
-        _llama_signals.ROTATIONS = ROTATIONS
+        llama_signals.ROTATIONS = ROTATIONS
         pol = Policy(
             name="b",
             plans=("single", "hedge", "cascade"),

@@ -8,7 +8,7 @@ option probabilities for fewer rotations.
 probabilities as asked ("options") and after each rotation ("rotated", by original option,
 rotation 1 first). Variants, all else equal:
 - none: no rotation figures (stage 2 as it was before them);
-- rotations 1, 2: `_llama_perm.summarise` over the first 1 or 2 rotations, what
+- rotations 1, 2: `option_rotations.summarise` over the first 1 or 2 rotations, what
   `ROTATIONS = 1` or `2` would measure;
 - whole cycle: every rotation (3 for four options, 4 for five), the shipped setting;
 - letter prior: no rotation, the option probabilities divided by the model's mean letter
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridllm.engines._llama_perm import PERM_NAMES, summarise
+from hybridllm.engines.llama.option_rotations import PERM_NAMES, summarise
 from hybridllm.routing import cv
 from hybridllm.routing.data import Example, load_examples
 

@@ -2,7 +2,7 @@
 
 For each row of the labels file (`data/router/labels.jsonl`), runs the LOCAL model
 (qwen2.5-coder-0.5b-instruct, the chat formatting the labels and the engine use) through
-`hybridllm.engines._llama_signals.session_measure`, the same code the SDK runs at request time,
+`hybridllm.engines.llama.signals.session_measure`, the same code the SDK runs at request time,
 and appends {"source", "id", "signals", "prompt_tokens", "ms"} to a side file keyed by source and
 id. The correctness labels are not touched. Resumable: ids already in the output are skipped.
 
@@ -11,7 +11,7 @@ id. The correctness labels are not touched. Resumable: ids already in the output
 
 `--whole` reads each labelled local answer that is not a single option letter (the free-form
 kinds: short, yesno, number, gsm8k, code) back through the model, the prompt and the answer as
-one prefill, and writes the whole answer's figures (`_llama_whole.ANSWER_NAMES` and the
+one prefill, and writes the whole answer's figures (`answer_figures.ANSWER_NAMES` and the
 log-probability summary over all its tokens, as the cascade's "answer" judge computes them) to
 `data/router/answer_signals.jsonl`; `head_lp_mean` is the first eight tokens' mean, to check
 against the side file's `lp_mean` (the same greedy answer, read again). Resumable.
@@ -60,8 +60,8 @@ def main() -> None:
         whole(args.src, out, args.threads, args.limit)
         return
 
-    from hybridllm.engines._llama_session import LlamaSession
-    from hybridllm.engines._llama_signals import session_measure
+    from hybridllm.engines.llama.session import LlamaSession
+    from hybridllm.engines.llama.signals import session_measure
     from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import DEFAULT_SETTINGS
 
@@ -128,11 +128,11 @@ def whole(src: Path, out: Path, threads: int, limit: int | None) -> None:
     model (teacher forcing: the stored answer is the greedy one that was judged)."""
     import numpy as np
 
-    from hybridllm.engines import _llama_signals as sig
-    from hybridllm.engines._llama_session import LlamaSession
-    from hybridllm.engines._llama_whole import whole_figures
+    from hybridllm.engines.llama import signals as sig
+    from hybridllm.engines.llama.session import LlamaSession
     from hybridllm.local.resolve import resolve_model
     from hybridllm.local.settings import DEFAULT_SETTINGS
+    from hybridllm.routing.answer_figures import whole_figures
 
     rows = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
     unknown = sorted({str(r["kind"]) for r in rows} - set(CAPS) - {"mc"})
@@ -192,7 +192,7 @@ def whole(src: Path, out: Path, threads: int, limit: int | None) -> None:
 
 def merge(path: Path, redo: Path) -> None:
     """Rewrite `path` with the rows of `redo` in their places, every row with the same names."""
-    from hybridllm.engines._llama_signals import SIGNAL_NAMES
+    from hybridllm.engines.llama.signals import SIGNAL_NAMES
 
     new = {(r["source"], r["id"]): r for r in map(json.loads, redo.read_text().splitlines())}
     lines = []

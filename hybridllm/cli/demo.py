@@ -208,11 +208,16 @@ def format_table(rows: list[Row]) -> str:
     head = ("scenario", "engine", "TTFT ms", "TPOT ms", "tokens", "total ms", "parallel")
     cells = [
         (
-            r.scenario, r.engine, _ms(r.ttft_ms), _ms(r.tpot_ms), str(r.tokens),
-            _ms(r.total_ms), r.parallel or "-",
+            r.scenario,
+            r.engine,
+            _ms(r.ttft_ms),
+            _ms(r.tpot_ms),
+            str(r.tokens),
+            _ms(r.total_ms),
+            r.parallel or "-",
         )
         for r in rows
-    ]  # fmt: skip
+    ]
     return render_table(head, cells, numeric_from=2)
 
 

@@ -57,8 +57,10 @@ class Doctor:
         except Exception as exc:  # a build that cannot load is the finding
             return Finding("llama.cpp build", "fail", (f"llama_cpp does not load: {exc}",), REBUILD)
         built = [f for f in cpubuild.FEATURE_OF.values() if f in cpubuild.built_features(info)]
-        facts = (f"CPU ({self.machine}) offers: {', '.join(want) or 'none of the named sets'}",
-                 f"the build has: {', '.join(built)}")  # fmt: skip
+        facts = (
+            f"CPU ({self.machine}) offers: {', '.join(want) or 'none of the named sets'}",
+            f"the build has: {', '.join(built)}",
+        )
         if self.machine.lower() not in cpubuild.X86:
             return Finding("llama.cpp build", "ok", (*facts, "native build (not x86)"))
         lacking = cpubuild.missing(flags, info)
@@ -90,8 +92,12 @@ class Doctor:
                 if variants.is_made(m, quant):
                     facts.append(f"{m.name}:{quant}: made here ({variants.variant_path(m, quant)})")
         if problems:
-            return Finding("models", "fail", tuple(facts),
-                           f"pull again: hybridllm models pull {' '.join(problems)}")  # fmt: skip
+            return Finding(
+                "models",
+                "fail",
+                tuple(facts),
+                f"pull again: hybridllm models pull {' '.join(problems)}",
+            )
         return Finding("models", "ok", tuple(facts) or ("no model manifests",))
 
     def tuning(self) -> Finding:
@@ -110,25 +116,31 @@ class Doctor:
                 rates = f"prefill {stored.prefill_tps:.0f}, decode {stored.decode_tps:.1f} tok/s"
                 facts.append(f"{m.name}: tuned, {rates} ({stored.measured_at})")
         if stale:
-            return Finding("tuning", "warn", tuple(facts),
-                           f"tune again: hybridllm tune {stale[0]}")  # fmt: skip
+            return Finding("tuning", "warn", tuple(facts), f"tune again: hybridllm tune {stale[0]}")
         return Finding("tuning", "ok", tuple(facts) or ("no pulled models",))
 
     def cloud(self) -> Finding:
         stopped = None if self.engine is None else self.engine.info().unavailable
         if stopped is not None:
-            return Finding("cloud endpoint", "fail", (f"the engine sends nothing: {stopped}",),
-                           "give it a working key: engine.set_api_key(...)")  # fmt: skip
+            return Finding(
+                "cloud endpoint",
+                "fail",
+                (f"the engine sends nothing: {stopped}",),
+                "give it a working key: engine.set_api_key(...)",
+            )
         url = self.base_url or os.environ.get("OPENAI_BASE_URL")
         if not url:
-            return Finding("cloud endpoint", "ok",
-                           ("none configured (OPENAI_BASE_URL unset): local only",))  # fmt: skip
+            return Finding(
+                "cloud endpoint", "ok", ("none configured (OPENAI_BASE_URL unset): local only",)
+            )
         key = self.api_key or os.environ.get("OPENAI_API_KEY")
         req = urllib.request.Request(url.rstrip("/") + "/models")
         if key:
             req.add_header("Authorization", f"Bearer {key}")
-        facts = [f"{url} (API key {'set' if key else 'NOT set'})",
-                 "verifier dialects: probed by the first speculative request"]  # fmt: skip
+        facts = [
+            f"{url} (API key {'set' if key else 'NOT set'})",
+            "verifier dialects: probed by the first speculative request",
+        ]
         no_key = "set OPENAI_API_KEY (any value for a server that needs none)"
         try:
             with urllib.request.urlopen(req, timeout=CLOUD_TIMEOUT_S) as resp:  # noqa: S310
@@ -136,14 +148,25 @@ class Doctor:
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):  # OpenAIEngine stops sending after such an answer
                 why = "no key was sent" if not key else "the API key was refused"
-                return Finding("cloud endpoint", "fail",
-                               (*facts, f"answered HTTP {exc.code}: {why}"),
-                               "check OPENAI_API_KEY" if key else no_key)  # fmt: skip
-            return Finding("cloud endpoint", "fail", (*facts, f"answered HTTP {exc.code}"),
-                           "check the endpoint")  # fmt: skip
+                return Finding(
+                    "cloud endpoint",
+                    "fail",
+                    (*facts, f"answered HTTP {exc.code}: {why}"),
+                    "check OPENAI_API_KEY" if key else no_key,
+                )
+            return Finding(
+                "cloud endpoint",
+                "fail",
+                (*facts, f"answered HTTP {exc.code}"),
+                "check the endpoint",
+            )
         except (OSError, ValueError) as exc:
-            return Finding("cloud endpoint", "fail", (*facts, f"unreachable: {exc}"),
-                           "check OPENAI_BASE_URL and the network")  # fmt: skip
+            return Finding(
+                "cloud endpoint",
+                "fail",
+                (*facts, f"unreachable: {exc}"),
+                "check OPENAI_BASE_URL and the network",
+            )
         facts.insert(1, f"reachable; models: {', '.join(names[:5]) or 'none listed'}")
         if not key:  # reachable, but the SDK sends no placeholder key: nothing would be sent
             facts.append("OpenAIEngine sends nothing without an API key: requests stay local")
@@ -154,8 +177,12 @@ class Doctor:
         try:
             status = (self.privacy_layer or _load_ner)()
         except Exception as exc:  # an installed layer that does not load is the finding
-            return Finding("privacy scan", "fail", (f"the NER layer does not load: {exc}",),
-                           f"reinstall: {INSTALL}")  # fmt: skip
+            return Finding(
+                "privacy scan",
+                "fail",
+                (f"the NER layer does not load: {exc}",),
+                f"reinstall: {INSTALL}",
+            )
         if not status.available:
             lost = "person names, addresses, dates of birth, ID numbers are NOT detected"
             facts = (status.describe(), lost)

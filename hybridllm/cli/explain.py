@@ -39,7 +39,7 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 
 if TYPE_CHECKING:
-    from hybridllm.engines._llama_signals import LocalSignals
+    from hybridllm.engines.llama.signals import LocalSignals
 
 PRIVACY_KINDS = frozenset(d.kind for d in DETECTORS) | NER_KINDS
 
@@ -66,8 +66,12 @@ class OfflineEngine:
         yield  # an async generator, like every engine's stream
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, model="(offline)", expected_wait_s=self.expected_wait_s,
-                          supports_continuation=True)  # as both real engines do  # fmt: skip
+        return EngineInfo(
+            name=self.name,
+            model="(offline)",
+            expected_wait_s=self.expected_wait_s,
+            supports_continuation=True,
+        )  # as both real engines do
 
     def predict_ttft_s(self, request: GenerationRequest) -> float | None:
         return None

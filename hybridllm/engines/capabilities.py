@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from hybridllm.engines.base import prompt_token_bound
 
 if TYPE_CHECKING:
-    from hybridllm.engines._llama_signals import LocalSignals
     from hybridllm.engines.base import Engine, Message
     from hybridllm.engines.limit import ConcurrencyLimit
+    from hybridllm.engines.llama.signals import LocalSignals
     from hybridllm.engines.spec_sampling import Dist
 
 __all__ = [

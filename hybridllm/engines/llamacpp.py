@@ -19,6 +19,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,10 +29,15 @@ import anyio.to_thread
 
 from hybridllm import clock, errors
 from hybridllm.engines import validate
-from hybridllm.engines._llama_session import Generation, LlamaSession, _Aborted, _Preempted
-from hybridllm.engines._llama_thread import LlamaThread, loop_caller, run_on_llama_thread
-from hybridllm.engines._prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
+from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
+from hybridllm.engines.llama.session import (
+    DecodeAborted,
+    Generation,
+    LlamaSession,
+    PrefillPreempted,
+)
+from hybridllm.engines.llama.thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
@@ -43,8 +49,8 @@ from hybridllm.local.tune import Tuning, load_tuning
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from hybridllm.engines._llama_signals import LocalSignals
     from hybridllm.engines.capabilities import Drafter
+    from hybridllm.engines.llama.signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
@@ -246,17 +252,17 @@ class LlamaCppEngine:
     ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up
-        to `n_answer` greedy tokens (`engines/_llama_signals.py`). A multiple-choice prompt is
+        to `n_answer` greedy tokens (`engines/llama/signals.py`). A multiple-choice prompt is
         also read with its options rotated; with `rotations_within_s` the rotations are given
         up (their figures NaN: stage 2 then scores without them) when they would not end that
         long after the job starts."""
-        from hybridllm.engines._llama_signals import engine_signals
+        from hybridllm.engines.llama.signals import engine_signals
 
         return await engine_signals(self, messages, n_answer, rotations_within_s)
 
     def drafter(self) -> Drafter:
         """A drafting handle for one speculative request (`engines.capabilities.Drafts`)."""
-        from hybridllm.engines._llama_draft import LocalDrafter  # numpy: once a plan drafts
+        from hybridllm.engines.llama.draft import LocalDrafter  # numpy: once a plan drafts
 
         return LocalDrafter(self)
 
@@ -279,7 +285,7 @@ class LlamaCppEngine:
         turn = await self._queue.acquire(
             self.estimate_s(new_tokens, prepared.max_tokens), request.priority
         )
-        holding = True
+        hold = _Hold()
         gen: Generation | None = None
         try:
             self.busy = True
@@ -289,17 +295,11 @@ class LlamaCppEngine:
                 self.estimate_s(new_tokens, prepared.max_tokens),
             )
             yield Mark("started", clock.now())
-            while True:  # a preemptible prefill gives the device up between chunks
-                t0 = clock.now()
-                try:
-                    fill = partial(session.prefill, prepared, draft=draft, yield_if=_yields(turn))
-                    gen = await self._on_thread(session, fill)
-                    break
-                except _Preempted:
-                    self.busy, holding = False, False
-                    self._queue.release()
-                    await self._queue.acquire(turn.estimate_s, turn=turn)
-                    holding, self.busy = True, True
+            fill = partial(session.prefill, prepared, draft=draft, yield_if=_yields(turn))
+            filled, t0 = await self._prefill_in_turn(
+                session, fill, turn, hold, lambda: turn.estimate_s
+            )
+            gen = filled
             t1 = clock.now()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
@@ -311,33 +311,9 @@ class LlamaCppEngine:
                 if gen.finish_reason is not None or not turn.preempt.is_set():
                     break
                 # preempted (engines.queue): give the turn back, wait again, go on from here
-                paused_at, done = clock.now(), gen.completion_tokens
+                paused_at = clock.now()
                 yield Mark("paused", paused_at)
-                await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
-                self.busy, holding = False, False
-                self._queue.release()
-                turn.pauses += 1
-                await self._queue.acquire(self._left_s(gen), turn=turn)
-                holding, self.busy = True, True
-                while True:  # preempted again during the prefill: wait again (same pause)
-                    t0 = clock.now()
-                    try:
-                        again = partial(session.resume, gen, draft, _yields(turn))
-                        prefilled = await self._on_thread(session, again)
-                        break
-                    except _Preempted:
-                        self.busy, holding = False, False
-                        self._queue.release()
-                        await self._queue.acquire(self._left_s(gen), turn=turn)
-                        holding, self.busy = True, True
-                self._learn_prefill(prefilled, clock.now() - t0)
-                yield Resumed(
-                    clock.now(),
-                    paused_at=paused_at,
-                    reason=turn.preempt_reason,
-                    delivered_tokens=done,
-                    prefill_tokens=prefilled,
-                )
+                yield await self._resume(session, gen, draft, turn, hold, paused_at)
             yield Finish(
                 gen.finish_reason or "stop",
                 len(prepared.tokens),
@@ -347,19 +323,70 @@ class LlamaCppEngine:
             )
         finally:
             with anyio.CancelScope(shield=True):
-                if gen is not None and holding:
+                if gen is not None and hold.holding:
                     await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
                 else:  # stopped in the queue or during prefill: the llama thread let go now
                     self.stopped_at = clock.now()
                 self.busy = False
-                if holding:
+                if hold.holding:
                     self._queue.release()
+
+    async def _resume(
+        self,
+        session: LlamaSession,
+        gen: Generation,
+        draft: DraftMode | None,
+        turn: Turn,
+        hold: _Hold,
+        paused_at: float,
+    ) -> Resumed:
+        """A generation preempted at `paused_at`: close it, give the turn up, wait for it again
+        and prefill what the pause let go of."""
+        done = gen.completion_tokens
+        await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
+        turn.pauses += 1
+        await self._give_way(turn, hold, self._left_s(gen))
+        again = partial(session.resume, gen, draft, _yields(turn))
+        estimate = partial(self._left_s, gen)  # preempted again during the prefill: same pause
+        prefilled, t0 = await self._prefill_in_turn(session, again, turn, hold, estimate)
+        self._learn_prefill(prefilled, clock.now() - t0)
+        return Resumed(
+            clock.now(),
+            paused_at=paused_at,
+            reason=turn.preempt_reason,
+            delivered_tokens=done,
+            prefill_tokens=prefilled,
+        )
+
+    async def _prefill_in_turn(
+        self,
+        session: LlamaSession,
+        fill: Callable[[], T],
+        turn: Turn,
+        hold: _Hold,
+        estimate_s: Callable[[], float],
+    ) -> tuple[T, float]:
+        """A preemptible prefill gives the device up between chunks and waits for its turn
+        again; returns its result and when the attempt that completed it began."""
+        while True:
+            t0 = clock.now()
+            try:
+                return await self._on_thread(session, fill), t0
+            except PrefillPreempted:
+                await self._give_way(turn, hold, estimate_s())
+
+    async def _give_way(self, turn: Turn, hold: _Hold, estimate_s: float) -> None:
+        """Release the turn to a more urgent request and wait for it again."""
+        self.busy, hold.holding = False, False
+        self._queue.release()
+        await self._queue.acquire(estimate_s, turn=turn)
+        hold.holding, self.busy = True, True
 
     async def _on_thread(self, session: LlamaSession, fn: Callable[[], T]) -> T:
         """A prefill on the llama thread, cut by llama.cpp's abort when the caller leaves."""
         try:
             return await run_on_llama_thread(fn, on_cancel=session.abort)
-        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+        except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("prefill aborted", engine="local") from exc
 
     def _left_s(self, gen: Generation) -> float:
@@ -387,7 +414,7 @@ class LlamaCppEngine:
                 while not stop.is_set() and not turn.preempt.is_set():
                     try:
                         text = session.step(gen, cut)
-                    except _Preempted:
+                    except PrefillPreempted:
                         break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
@@ -411,7 +438,7 @@ class LlamaCppEngine:
                     last = delta.t
                     yield delta
             fut.result()  # raises the worker's error, if any (the stream closed after it ended)
-        except _Aborted as exc:  # aborted without our cancellation: the engine is closing
+        except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("generation aborted", engine="local") from exc
         finally:
             if not fut.done():
@@ -471,6 +498,13 @@ def _check_args(
     if llama_kwargs is not None and not isinstance(llama_kwargs, dict):
         raise errors.InvalidArgumentError("llama_kwargs", llama_kwargs, "a dict")
     validate.one_of("name", name, ("local", "cloud"))
+
+
+@dataclass
+class _Hold:
+    """Whether a request holds its turn of the device now (a preemption gives it up a while)."""
+
+    holding: bool = True
 
 
 def _yields(turn: Turn) -> Callable[[], bool] | None:

@@ -23,7 +23,8 @@ import os
 import re
 import time
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
@@ -267,21 +268,10 @@ class OpenAIEngine:
             await client.close()
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
-        if self._unavailable is not None:  # nothing is sent with a missing or refused key
-            raise errors.CloudUnavailableError(
-                self._unavailable.reason, status_code=self._unavailable.status_code
-            )
-        if self._client is None:
-            await self.start()
-        assert self._client is not None
-        client, key = self._client, self.api_key
+        client, key = await self._ready_client(), self.api_key
         limit = self.token_limit(request)
         kwargs = self._fields(request, limit)
-        received = False
-        n_deltas = 0
-        finish: str | None = None
-        prompt_tokens: int | None = None
-        completion_tokens: int | None = None
+        seen = _Seen()
         limited = self.limit.max_concurrency is not None
         if limited:
             yield Mark("queued", clock.now())
@@ -307,60 +297,37 @@ class OpenAIEngine:
                     if chunk is _QUIET:  # keep-alives at most: the read timeout did not fire
                         raise errors.CloudTimeoutError(
                             f"no event from the cloud endpoint for {self._read_timeout_s:g} s",
-                            received_content=received,
+                            received_content=seen.received,
                         )
-                    usage = getattr(chunk, "usage", None)
-                    if usage is not None:  # (counts that are not counts: estimated instead)
-                        prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
-                        completion_tokens = _count(getattr(usage, "completion_tokens", None))
-                    for choice in chunk.choices or ():
-                        text = choice.delta.content if choice.delta else None
-                        if text:
-                            if not isinstance(text, str):  # the SDK does not validate chunks
-                                raise TypeError(f"delta content is {type(text).__name__}")
-                            received = True
-                            n_deltas += 1
-                            yield Delta(text, clock.now())
-                        if choice.finish_reason:
-                            if not isinstance(choice.finish_reason, str):
-                                raise TypeError(
-                                    f"finish_reason is {type(choice.finish_reason).__name__}"
-                                )
-                            finish = choice.finish_reason
+                    for delta in _deltas(chunk, seen):
+                        yield delta
             except errors.HybridError:
                 raise
             except (openai.OpenAIError, httpx2.HTTPError) as exc:
-                raise self._noted(exc, key, received) from exc
+                raise self._noted(exc, key, seen.received) from exc
             except (ValueError, TypeError, AttributeError) as exc:  # malformed SSE / JSON
                 raise errors.CloudProtocolError(
                     f"malformed stream from {self.base_url or 'the endpoint'}: {exc}",
-                    received_content=received,
+                    received_content=seen.received,
                 ) from exc
-            if finish is None:
-                raise errors.CloudProtocolError(
-                    "the stream ended without a finish reason (the server dropped the request; "
-                    "llama_cpp.server does this for a prompt longer than its context, and, with "
-                    "its interrupt_requests on, to an answer while another request waits)",
-                    received_content=received,
-                )
-            estimated = prompt_tokens is None or completion_tokens is None
-            if prompt_tokens is None:
-                prompt_tokens = estimate_prompt_tokens(chat_messages(request))
-            if completion_tokens is None:
-                completion_tokens = n_deltas  # servers send about one delta per token
-            yield Finish(
-                finish,
-                prompt_tokens,
-                completion_tokens,
-                clock.now(),
-                usage_estimated=estimated,
-            )
+            yield _finished(request, seen)
         finally:
             self._active -= 1
             self.limit.release(clock.now() - held_from)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.close()
+
+    async def _ready_client(self) -> openai.AsyncOpenAI:
+        """The client, started on first use; nothing is sent with a missing or refused key."""
+        if self._unavailable is not None:
+            raise errors.CloudUnavailableError(
+                self._unavailable.reason, status_code=self._unavailable.status_code
+            )
+        if self._client is None:
+            await self.start()
+        assert self._client is not None
+        return self._client
 
     def _noted(self, exc: BaseException, key: str | None, received: bool) -> errors.CloudError:
         """`exc` in hybridllm's tree, noticed: a 429's Retry-After holds the queue, a refused
@@ -446,6 +413,62 @@ def _count(value: object) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
+
+
+@dataclass
+class _Seen:
+    """What a cloud stream has told so far: text received, deltas, its finish and its usage."""
+
+    received: bool = False
+    n_deltas: int = 0
+    finish: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta]:
+    """The text of one streamed chunk, as deltas; its usage and finish reason noted in `seen`."""
+    usage = getattr(chunk, "usage", None)
+    if usage is not None:  # (counts that are not counts: estimated instead)
+        seen.prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
+        seen.completion_tokens = _count(getattr(usage, "completion_tokens", None))
+    for choice in chunk.choices or ():
+        text = choice.delta.content if choice.delta else None
+        if text:
+            if not isinstance(text, str):  # the SDK does not validate chunks
+                raise TypeError(f"delta content is {type(text).__name__}")
+            seen.received = True
+            seen.n_deltas += 1
+            yield Delta(text, clock.now())
+        if choice.finish_reason:
+            if not isinstance(choice.finish_reason, str):
+                raise TypeError(f"finish_reason is {type(choice.finish_reason).__name__}")
+            seen.finish = choice.finish_reason
+
+
+def _finished(request: GenerationRequest, seen: _Seen) -> Finish:
+    """The stream's end: its finish reason and usage (estimated where the server sent none)."""
+    if seen.finish is None:
+        raise errors.CloudProtocolError(
+            "the stream ended without a finish reason (the server dropped the request; "
+            "llama_cpp.server does this for a prompt longer than its context, and, with "
+            "its interrupt_requests on, to an answer while another request waits)",
+            received_content=seen.received,
+        )
+    estimated = seen.prompt_tokens is None or seen.completion_tokens is None
+    prompt_tokens = seen.prompt_tokens
+    if prompt_tokens is None:
+        prompt_tokens = estimate_prompt_tokens(chat_messages(request))
+    completion_tokens = seen.completion_tokens
+    if completion_tokens is None:
+        completion_tokens = seen.n_deltas  # servers send about one delta per token
+    return Finish(
+        seen.finish,
+        prompt_tokens,
+        completion_tokens,
+        clock.now(),
+        usage_estimated=estimated,
+    )
 
 
 _END = object()  # the stream ended

@@ -162,8 +162,11 @@ def across_messages(
         offsets[location] = at
         at += len(text)
     bounds = sorted(offsets.values())[1:]
-    known = [(offsets[f.location] + f.start, offsets[f.location] + f.end)
-             for f in found if f.location in offsets]  # fmt: skip
+    known = [
+        (offsets[f.location] + f.start, offsets[f.location] + f.end)
+        for f in found
+        if f.location in offsets
+    ]
     return [
         f
         for f in scan_text(joined, "conversation")

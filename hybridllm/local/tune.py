@@ -271,7 +271,7 @@ def tune_model(
 
     Bounded: about a dozen short measurements (a 256-token prompt and 24 decode steps each,
     `quick`: 128 and 12, once); roughly 30-60 s for a 0.5B model on two cores. Runs on the
-    calling thread, which should be the one that drives llama.cpp (see `_llama_thread`).
+    calling thread, which should be the one that drives llama.cpp (see `engines/llama/thread.py`).
     """
     path = Path(model_path)
     if not path.is_file():

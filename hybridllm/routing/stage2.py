@@ -199,13 +199,14 @@ def head_from(clf: Any, platt: Any) -> DenseHead:
 
 
 KINDS = ("combined", "signals")  # stage-1 log-odds and signals; the signals alone
-# The same two without the option-rotation figures (`perm_*`, `engines/_llama_perm.py`): they
-# score a multiple-choice prompt read without its rotations (a cascade whose hold could not
-# afford them). Optional: an artifact trained before the rotations has none.
+# The same two without the option-rotation figures (`perm_*`,
+# `engines/llama/option_rotations.py`): they score a multiple-choice prompt read without its
+# rotations (a cascade whose hold could not afford them). Optional: an artifact trained before
+# the rotations has none.
 PLAIN = {"combined": "combined_plain", "signals": "signals_plain"}
 PERM_PREFIX = "perm_"
 # The same two for the cascade's "answer" judge: a free-form prompt's whole local answer read by
-# its own figures (`engines/_llama_whole.py`, `whole_inputs`). Optional, like the plain ones.
+# its own figures (`routing/answer_figures.py`, `whole_inputs`). Optional, like the plain ones.
 WHOLE = {"combined": "combined_answer", "signals": "signals_answer"}
 LP_NAMES = ("lp_mean", "lp_min", "lp_q10", "lp_q25", "lp_q50")
 WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
@@ -214,7 +215,7 @@ WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.
 def whole_inputs(head: Signals, whole: Signals | None) -> dict[str, float]:
     """The "answer" models' inputs: `head`, the figures over the answer's first tokens (what
     the other models read), with the log-probability summary over all the answer's tokens and
-    the figures only `whole` has (`_llama_whole.ANSWER_NAMES`) added. A multiple-choice prompt
+    the figures only `whole` has (`answer_figures.ANSWER_NAMES`) added. A multiple-choice prompt
     (its answer is a letter, judged by its head) or a missing `whole` leaves `head` as it is."""
     out = {k: math.nan if v is None else float(v) for k, v in head.items()}
     if whole is None or out.get("is_choice") == 1.0:

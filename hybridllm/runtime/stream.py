@@ -153,12 +153,23 @@ class RequestRun:
         """Hand one chunk of the serving engine to the trace and the app."""
         if isinstance(chunk, Resumed):
             pause = Pause(
-                chunk.paused_at, chunk.t, chunk.reason, chunk.delivered_tokens,
+                chunk.paused_at,
+                chunk.t,
+                chunk.reason,
+                chunk.delivered_tokens,
                 chunk.prefill_tokens,
-            )  # fmt: skip
+            )
             self.trace.pauses.append(pause)
-            self.emit(Paused(chunk.t, engine, pause.reason, pause.delivered_tokens, pause.ms,
-                             pause.prefill_tokens))  # fmt: skip
+            self.emit(
+                Paused(
+                    chunk.t,
+                    engine,
+                    pause.reason,
+                    pause.delivered_tokens,
+                    pause.ms,
+                    pause.prefill_tokens,
+                )
+            )
         if isinstance(chunk, Mark):
             if isinstance(chunk, RequestSent) and chunk.limit is not None:
                 self.trace.token_limit = chunk.limit  # what the serving engine was asked

@@ -31,9 +31,15 @@ if TYPE_CHECKING:
 # or verified a local draft ("verification", the speculative plan; "probe": its fixed requests
 # that find the endpoint's verification dialect, once per endpoint)
 SpendRole = Literal[
-    "primary", "fallback", "hedge", "parallel", "continuation", "handoff", "verification",
+    "primary",
+    "fallback",
+    "hedge",
+    "parallel",
+    "continuation",
+    "handoff",
+    "verification",
     "probe",
-]  # fmt: skip
+]
 spend_role: ContextVar[SpendRole] = ContextVar("hybridllm_spend_role", default="primary")
 
 
@@ -210,10 +216,14 @@ class Trace:
         role comes from the task it ran in (`spend_role`)."""
         self.spent.append(
             Spend(
-                spend_role.get(), usage.prompt_tokens, usage.completion_tokens, usd,
-                usage.estimated, overrun_usd,
+                spend_role.get(),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usd,
+                usage.estimated,
+                overrun_usd,
             )
-        )  # fmt: skip
+        )
 
     def switched(
         self,

@@ -29,7 +29,7 @@ Endpoints:
 - ``GET /debug/stats``: requests, tokens evaluated and reused by scoring; each completions
   response also carries ``x-hybridllm-evaluated-tokens`` / ``x-hybridllm-reused-tokens``.
 
-Scoring costs one forward pass over the uncached suffix (`engines._llama_score`): a verification
+Scoring costs one forward pass over the uncached suffix (`engines.llama.score`): a verification
 loop that re-sends prompt + committed text + a new draft pays for the new tokens only.
 
 Errors are OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad input

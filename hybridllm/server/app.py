@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from hybridllm import errors
-from hybridllm.engines.served import ServedModel
+from hybridllm.engines.llama.served import ServedModel
 from hybridllm.server import chat, completions
 from hybridllm.server.schema import ApiError, ChatBody, CompletionBody, parse
 

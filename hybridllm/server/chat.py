@@ -11,7 +11,7 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.engines.served import Prepared, ServedModel
+from hybridllm.engines.llama.served import Prepared, ServedModel
 from hybridllm.server.schema import ApiError, ChatBody
 
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from hybridllm.engines.served import Completion, CompletionJob, Scores, ServedModel
+from hybridllm.engines.llama.served import Completion, CompletionJob, Scores, ServedModel
 from hybridllm.server.schema import ApiError, CompletionBody
 
 
@@ -34,8 +34,9 @@ def job_for(body: CompletionBody, tokens: list[int], max_logprobs: int) -> Compl
     for name in ("logprobs", "prompt_logprobs"):
         asked = getattr(body, name)
         if asked is not None and asked > max_logprobs:
-            raise ApiError(400, f"{name}: at most {max_logprobs} (the server's --max-logprobs)",
-                           param=name)  # fmt: skip
+            raise ApiError(
+                400, f"{name}: at most {max_logprobs} (the server's --max-logprobs)", param=name
+            )
     if body.stream:
         raise ApiError(400, "stream is not supported on /v1/completions here", param="stream")
     wants_prompt = body.prompt_logprobs is not None or (body.echo and body.logprobs is not None)

@@ -19,8 +19,8 @@ import pytest
 
 from hybridllm import errors
 from hybridllm.engines import GenerationRequest, LlamaCppEngine, LlamaOptions
-from hybridllm.engines._llama_session import Generation
-from hybridllm.engines._prompt_lookup import TIE_MARGIN, PromptLookup
+from hybridllm.engines.llama.prompt_lookup import TIE_MARGIN, PromptLookup
+from hybridllm.engines.llama.session import Generation
 from hybridllm.events import Delta, Finish
 from hybridllm.local import loader
 

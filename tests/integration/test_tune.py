@@ -150,7 +150,7 @@ async def test_explicit_settings_override_tuning(model_link: Path) -> None:
 @pytest.mark.integration
 def test_tune_command_measures_stores_and_shows(model_link: Path) -> None:
     """`hybridllm tune --quick` on the real model, in a subprocess (tuning drives llama.cpp from
-    its main thread; see _llama_thread)."""
+    its main thread; see engines/llama/thread.py)."""
     cache = model_link.parent / "cache"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
            "HYBRIDLLM_CACHE_DIR": str(cache)}  # fmt: skip

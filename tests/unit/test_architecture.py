@@ -1,5 +1,6 @@
 """The rules of ARCHITECTURE.md that import-linter cannot state: a cheap `import hybridllm`, one
-loader of llama.cpp, small modules, a short top level."""
+loader of llama.cpp, short functions, no reaching into another module's privates, few
+`# fmt: skip`, a short top level."""
 
 from __future__ import annotations
 
@@ -135,12 +136,138 @@ def test_only_the_loader_imports_llama_cpp() -> None:
     assert loader.index("waitpolicy.apply()") < loader.index('import_module("llama_cpp")')
 
 
-def test_modules_are_small_and_the_top_level_short() -> None:
-    long = {
+MAX_FUNCTION_LINES = 80  # docstring and decorators included; methods and nested functions too
+MAX_FMT_SKIPS = 67  # `# fmt: skip` across hybridllm/ (97 before issue 24): lower it, never raise it
+MAX_TOP_MODULES = 10  # hybridllm/*.py, __init__ included
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_module_offence(importer: str, package: str, module: str) -> str | None:
+    """Why `importer` (in `package`) may not import `module`, or None: a private module
+    (`pkg._x`, at any depth) is imported only by the modules directly in `pkg` (not by its
+    subpackages) or from inside itself."""
+    parts = module.split(".")
+    for depth, part in enumerate(parts):
+        if _is_private(part):
+            private = ".".join(parts[: depth + 1])
+            owner = ".".join(parts[:depth])
+            if package != owner and importer != private and not importer.startswith(private + "."):
+                return f"private module {private} imported from outside {owner}"
+    return None
+
+
+def _imported(node: ast.Import | ast.ImportFrom, package: str) -> list[tuple[str, str | None]]:
+    """(module, name) pairs that `node` imports from hybridllm: name None for `import m`."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None) for a in node.names if a.name.split(".")[0] == "hybridllm"]
+    base = node.module or ""
+    if node.level:  # relative: resolved against the importer's package
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    if base.split(".")[0] != "hybridllm":
+        return []
+    return [(base, a.name) for a in node.names]
+
+
+def _private_imports(source: str, importer: str, is_package: bool, modules: set[str]) -> list[str]:
+    """Every import in `source` (module `importer`; `modules`: every module of hybridllm) of
+    another module's private name (`from m import _x`) or of a private module from outside its
+    own package; a private submodule of the importer's own package (`from hybridllm.pkg import
+    _x`, in pkg) is allowed. Lines "LINE why"."""
+    package = importer if is_package else importer.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        for module, name in _imported(node, package):
+            target = f"{module}.{name}" if name and f"{module}.{name}" in modules else module
+            if why := _private_module_offence(importer, package, target):
+                found.append(f"{node.lineno} {why}")
+            elif name and target == module and _is_private(name):
+                found.append(f"{node.lineno} private name {module}.{name}")
+    return list(dict.fromkeys(found))  # one line per offence, not per name imported
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    modules = {_module_name(path) for path in _sources()}
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _sources()
+        for line in _private_imports(
+            path.read_text(encoding="utf-8"),
+            _module_name(path),
+            path.name == "__init__.py",
+            modules,
+        )
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_private_import_check_sees_each_form() -> None:
+    modules = {"hybridllm", "hybridllm._util", "hybridllm.a", "hybridllm.a._impl", "hybridllm.a.b"}
+    source = "\n".join(
+        [
+            "from hybridllm.a.b import _helper",  # 1: a private name
+            "from hybridllm.a import _impl",  # 2: its own package's private module: allowed
+            "from hybridllm.a._impl import thing",  # 3: allowed, same package
+            "from hybridllm import _util",  # 4: a private module from outside its package
+            "import hybridllm._util.x",  # 5: the same, by `import`
+            "from ._impl import _secret",  # 6: relative, a private name
+            "from .b import public",  # 7: allowed
+            "def f():\n    from hybridllm._util import y",  # 9: inside a function too
+        ]
+    )
+    found = _private_imports(source, "hybridllm.a.c", False, modules)
+    assert found == [
+        "1 private name hybridllm.a.b._helper",
+        "4 private module hybridllm._util imported from outside hybridllm",
+        "5 private module hybridllm._util imported from outside hybridllm",
+        "6 private name hybridllm.a._impl._secret",
+        "9 private module hybridllm._util imported from outside hybridllm",
+    ]
+    inside = "from hybridllm.a import _impl"  # from a subpackage of its package: outside
+    assert _private_imports(inside, "hybridllm.a.b.d", False, modules) == [
+        "1 private module hybridllm.a._impl imported from outside hybridllm.a"
+    ]
+    assert _private_imports(inside, "hybridllm.a._impl.inner", False, modules) == []
+
+
+def _function_lengths(path: Path) -> list[tuple[str, int]]:
+    """(path:line name, lines) of every function and method in `path`, nested ones too; a
+    function's lines run from its first decorator to its last line, docstring included."""
+    rows = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            where = f"{path.relative_to(ROOT)}:{first} {node.name}"
+            rows.append((where, node.end_lineno - first + 1))
+    return rows
+
+
+def test_functions_are_at_most_80_lines() -> None:
+    long = [
+        f"{where}: {lines} lines"
+        for path in _sources()
+        for where, lines in _function_lengths(path)
+        if lines > MAX_FUNCTION_LINES
+    ]
+    assert long == [], "\n".join(long)
+
+
+def test_fmt_skips_are_bounded_and_the_top_level_short() -> None:
+    skips = {
         str(p.relative_to(ROOT)): n
         for p in _sources()
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500
+        if (n := p.read_text(encoding="utf-8").count("# fmt: skip"))
     }
-    assert long == {}
+    assert sum(skips.values()) <= MAX_FMT_SKIPS, sorted(skips.items(), key=lambda kv: -kv[1])
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(top) <= 10, top
+    assert len(top) <= MAX_TOP_MODULES, top

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from hybridllm import HybridClient, Policy, Token
-from hybridllm.engines._llama_signals import LocalSignals
 from hybridllm.engines.base import Message
+from hybridllm.engines.llama.signals import LocalSignals
 from hybridllm.errors import (
     AllEnginesFailedError,
     CloudConnectionError,
@@ -254,7 +254,7 @@ async def test_complete_judges_the_whole_local_answer_and_keeps_it_scripted() ->
     # the logged signals are the first 8 tokens' (stage 2's training form)
     assert c.signals["answer_tokens"] == 8 and c.signals["lp_min"] == pytest.approx(-0.8)
     assert c.answer_signals["lp_min"] == pytest.approx(-4.8)
-    # the figures only a whole answer has (engines/_llama_whole.py): it ended, 47 text tokens
+    # the figures only a whole answer has (routing/answer_figures.py): it ended, 47 text tokens
     assert c.answer_signals["answer_ended"] == 1.0
     assert c.answer_signals["answer_len"] == pytest.approx(math.log1p(47), abs=1e-6)
     assert c.answer_signals["repeat_share"] is None  # no token ids from this engine

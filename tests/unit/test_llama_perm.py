@@ -1,4 +1,4 @@
-"""Option rotations of a multiple-choice prompt (`_llama_perm`): pure parts, no model."""
+"""Option rotations of a multiple-choice prompt (`option_rotations`): pure parts, no model."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ import math
 
 import pytest
 
-from hybridllm.engines._llama_perm import PERM_NAMES, back_to_original, rotations, summarise
-from hybridllm.engines._llama_signals import SIGNAL_NAMES, option_letters
+from hybridllm.engines.llama.option_rotations import (
+    PERM_NAMES,
+    back_to_original,
+    rotations,
+    summarise,
+)
+from hybridllm.engines.llama.signals import SIGNAL_NAMES, option_letters
 
 PROMPT = "Which is a bird?\n\nA. cat\nB. crow\nC. dog\nD. eel\n\nAnswer with the letter only."
 
@@ -73,7 +78,7 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
     starts only if it would end by `by`, at the pace of those before it."""
     from types import SimpleNamespace
 
-    from hybridllm.engines import _llama_signals
+    from hybridllm.engines.llama import signals as llama_signals
 
     calls: list[int] = []
     clock = [100.0]
@@ -83,13 +88,13 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
         clock[0] += 0.02
         return [0.7, 0.1, 0.1, 0.1]
 
-    monkeypatch.setattr(_llama_signals, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(_llama_signals, "_option_probs", probs)
-    monkeypatch.setattr(_llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
-    monkeypatch.setattr(_llama_signals, "_reuse", lambda session, tokens: 0)
+    monkeypatch.setattr(llama_signals, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(llama_signals, "_option_probs", probs)
+    monkeypatch.setattr(llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
+    monkeypatch.setattr(llama_signals, "_reuse", lambda session, tokens: 0)
     msgs = [{"role": "user", "content": PROMPT}]
     letters = option_letters(PROMPT)
-    rotate = _llama_signals._rotated
+    rotate = llama_signals._rotated
     assert len(rotate(_Session(), msgs, PROMPT, letters, 4)) == 3  # no time limit: all three
     assert len(calls) == 3
     # time for one rotation and a half: the second would end late, so it is not started and

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hybridllm.engines._llama_signals import (
+from hybridllm.engines.llama.signals import (
     SIGNAL_NAMES,
     TokenTracker,
     distribution,

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hybridllm.engines._llama_score import TOP_K, Scores
-from hybridllm.engines.served import Completion
+from hybridllm.engines.llama.score import TOP_K, Scores
+from hybridllm.engines.llama.served import Completion
 from hybridllm.server import completions
 from hybridllm.server.schema import ApiError, ChatBody, CompletionBody, parse
 

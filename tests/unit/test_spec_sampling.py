@@ -168,7 +168,7 @@ def test_a_position_whose_nucleus_is_not_returned_ends_the_round_there() -> None
 
 def test_hybridllm_serve_draws_from_the_same_processing_as_the_rule_assumes() -> None:
     """The server's logits processor: its softmax is softmax(z / T) cut to the nucleus."""
-    from hybridllm.engines.served import _processed
+    from hybridllm.engines.llama.served import _processed
 
     z = peaked(7).astype(np.float32)
     out = _processed(0.8, 0.9, None, z)

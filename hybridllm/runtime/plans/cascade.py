@@ -23,7 +23,7 @@
    whole local answer (greedy, up to `max_tokens`; `cascade_hold_ms` does not cut it, the
    deadline does): stage 2's "answer" models read the log-probabilities over all the
    answer's tokens and the figures only a whole answer has (its length, whether it ended,
-   its last tokens, its repeats: `engines/_llama_whole.py`; a multiple-choice answer by its
+   its last tokens, its repeats: `routing/answer_figures.py`; a multiple-choice answer by its
    first tokens), and the cloud is asked only when that says the answer will not do.
    `trace.cascade.judge` says which ran; its `signals` are the first 8 tokens' (what stage
    2 learns from, `router train --from-log`), `answer_signals` the whole answer's,
@@ -61,6 +61,7 @@ from hybridllm.runtime.trace import CascadeRecord
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from hybridllm.engines.llama.signals import LocalSignals
     from hybridllm.routing.inputs import Scorer
     from hybridllm.routing.score import RouterScore
 
@@ -110,17 +111,7 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            t0 = clock.now()
-            sig = None
-            failed: Exception | None = None
-            with anyio.move_on_after(max(budget, 0.0)):
-                try:
-                    sig = await local.signals(
-                        request.messages, n_answer, rotations_within_s=_rotations_within(budget)
-                    )
-                except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
-                    failed = exc
-            held_ms = (clock.now() - t0) * 1e3
+            sig, failed, held_ms = await _hold(local, request, n_answer, budget)
             info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
@@ -131,37 +122,28 @@ async def cascade(
                     return
             elif sig is None and buffer is not None:  # hedged: the cloud started is not repeated
                 info.decision = "cloud"
-                why = (f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
-                       "started at once")  # fmt: skip
+                why = (
+                    f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> the cloud "
+                    "started at once"
+                )
                 await _serve_buffered(run, cloud, buffer, why, fallback=(local, request, stall_s))
                 return
             elif sig is None:  # no decision inside the hold: today's race
                 cloud_scope.cancel()
                 info.decision = "race"
                 why = f"{reason}: no local confidence within {budget * 1e3:.0f} ms -> race"
-                await race(run, local, cloud, request, deadline_s=deadline_s, reason=why,
-                           stall_s=stall_s)  # fmt: skip
+                await race(
+                    run, local, cloud, request, deadline_s=deadline_s, reason=why, stall_s=stall_s
+                )
                 return
             else:
-                from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
-
-                head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
-                score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
-                release = score.value <= settings.cut
-                _describe(info, score, release, len(sig.answer))
-                if whole:
-                    _judged_whole(info, sig, head, values)
-                rel = "<=" if release else ">"
-                n_held = len(sig.logprobs)
-                held = (f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
-                        if whole else f"holding {held_ms:.0f} ms")  # fmt: skip
-                why = (f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} "
-                       f"after {held}")  # fmt: skip
+                release, why = _judge(router, request, sig, settings, info, held_ms, reason)
                 if release:
                     cloud_scope.cancel()
                     backup = cloud if settings.failover else None
-                    await _release(run, local, request, sig, f"{why} -> local", cloud=backup,
-                                   stall_s=stall_s)  # fmt: skip
+                    await _release(
+                        run, local, request, sig, f"{why} -> local", cloud=backup, stall_s=stall_s
+                    )
                     return
                 if buffer is not None:
                     await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
@@ -171,6 +153,54 @@ async def cascade(
     except BaseExceptionGroup as group:
         raise _sole(group) from None
     await single(run, cloud, request, why, stall_s=stall_s)
+
+
+async def _hold(
+    local: ReadsSignals, request: GenerationRequest, n_answer: int, budget: float
+) -> tuple[LocalSignals | None, Exception | None, float]:
+    """The local model's own signals read within the hold (`budget` seconds): the signals (None
+    when the hold ran out first), the engine's error if it failed first, the ms held."""
+    t0 = clock.now()
+    sig = None
+    failed: Exception | None = None
+    with anyio.move_on_after(max(budget, 0.0)):
+        try:
+            sig = await local.signals(
+                request.messages, n_answer, rotations_within_s=_rotations_within(budget)
+            )
+        except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
+            failed = exc
+    return sig, failed, (clock.now() - t0) * 1e3
+
+
+def _judge(
+    router: Any,
+    request: GenerationRequest,
+    sig: LocalSignals,
+    settings: CascadeSettings,
+    info: CascadeRecord,
+    held_ms: float,
+    reason: str,
+) -> tuple[bool, str]:
+    """Stage 2 on the held signals: whether the local answer is released, and why in words."""
+    from hybridllm.routing.stage2 import router_score  # numpy: once a cascade runs
+
+    whole = settings.judge == "answer"
+    head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
+    score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
+    release = score.value <= settings.cut
+    _describe(info, score, release, len(sig.answer))
+    if whole:
+        _judged_whole(info, sig, head, values)
+    rel = "<=" if release else ">"
+    n_held = len(sig.logprobs)
+    held = (
+        f"judging the whole local answer ({n_held} tokens, {held_ms:.0f} ms)"
+        if whole
+        else f"holding {held_ms:.0f} ms"
+    )
+    why = f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after {held}"
+    return release, why
 
 
 def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -183,10 +213,10 @@ def _whole_answer_inputs(sig: Any) -> tuple[dict[str, float], dict[str, float]]:
     """(the first 8 tokens' figures, stage 2's inputs for the whole answer): the inputs
     (`stage2.whole_inputs`) are those figures (what the other models read) with the
     log-probability summary over all the answer's tokens and the figures only a whole answer
-    has (`engines/_llama_whole.py`); a multiple-choice answer is judged by its first tokens,
+    has (`routing/answer_figures.py`); a multiple-choice answer is judged by its first tokens,
     as stage 2 learnt it."""
-    from hybridllm.engines._llama_signals import N_ANSWER, prefix_signals
-    from hybridllm.engines._llama_whole import whole_figures
+    from hybridllm.engines.llama.signals import N_ANSWER, prefix_signals
+    from hybridllm.routing.answer_figures import whole_figures
     from hybridllm.routing.stage2 import whole_inputs
 
     head = prefix_signals(sig.values, sig.logprobs, N_ANSWER)
@@ -245,8 +275,9 @@ async def _release(
         run.deliver(local.name, Delta(held, clock.now()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
     if sig.ended or stopped or used >= request.max_tokens:
-        finish = Finish("stop" if sig.ended or stopped else "length", sig.prompt_tokens, used,
-                        clock.now())  # fmt: skip
+        finish = Finish(
+            "stop" if sig.ended or stopped else "length", sig.prompt_tokens, used, clock.now()
+        )
         run.complete(local.name, finish)
         return
     rest = dataclasses.replace(
@@ -357,8 +388,9 @@ async def _serve_buffered(
                 if local.name not in run.trace.started:
                     run.trace.started.append(local.name)
                 run.emit(Fallback(clock.now(), cloud.name, local.name, str(item)))
-                await single(run, local, request, f"{why}; it failed ({item}) -> local",
-                             stall_s=stall_s)  # fmt: skip
+                await single(
+                    run, local, request, f"{why}; it failed ({item}) -> local", stall_s=stall_s
+                )
                 return
             if isinstance(item, Finish):
                 finish = item

@@ -114,8 +114,16 @@ async def race(
         why = f"{reason}; {fallback.name} starts if no token in {deadline_s * 1e3:.0f} ms"
     run.route(primary, why)
     async with anyio.create_task_group() as tg:
-        r = _Race(run, primary, fallback, request, tg, deadline_s=deadline_s, stall_s=stall_s,
-                  failover=failover)  # fmt: skip
+        r = _Race(
+            run,
+            primary,
+            fallback,
+            request,
+            tg,
+            deadline_s=deadline_s,
+            stall_s=stall_s,
+            failover=failover,
+        )
         await r.serve(hedge_s=hedge_s, fallback_now=fallback_now, fallback_ttft_s=fallback_ttft_s)
     r.conclude()  # outside the task group: the app gets a typed, unwrapped error
 

@@ -3,7 +3,7 @@
 Each round drafts k tokens locally (greedy) after the committed context, sends them in one
 verification call (a dialect of `engines.verify`, through the cloud guard: privacy scan, budget
 reservation and settlement), commits the accepted prefix plus the cloud's own next token, and goes
-on; the local KV cache keeps the committed context (`engines._llama_draft`). k follows the
+on; the local KV cache keeps the committed context (`engines.llama.draft`). k follows the
 measured acceptance, drafting time and round trip (`runtime.speculation`).
 
 Lossless at temperature 0: every committed token is the verifier's greedy choice at its

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridllm import errors
-from hybridllm.engines._llama_session import LlamaSession, _Aborted
-from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import Message
 from hybridllm.engines.capabilities import Drafted
+from hybridllm.engines.llama.session import DecodeAborted, LlamaSession
+from hybridllm.engines.llama.thread import run_on_llama_thread
 from hybridllm.engines.spec_sampling import nucleus_of_logits, sample
 from hybridllm.local import loader
 
@@ -93,7 +93,7 @@ def draft_sync(
     except RuntimeError as exc:
         session._after_abort()
         if session._abort.is_set() or stop.is_set():
-            raise _Aborted from exc
+            raise DecodeAborted from exc
         raise errors.LocalEngineError(f"drafting failed: {exc}", engine="local") from exc
     out.seconds = time.perf_counter() - t0
     return out
@@ -178,10 +178,10 @@ class LocalDrafter:
                         temperature,
                         rng or self._rng,
                         top_p,
-                    ),  # fmt: skip
+                    ),
                     on_cancel=on_cancel,
                 )
-            except _Aborted as exc:
+            except DecodeAborted as exc:
                 raise errors.LocalEngineError("drafting aborted", engine="local") from exc
         finally:
             queue.release()

@@ -1,4 +1,4 @@
-"""Figures of a whole local answer (engines/_llama_whole.py): pure numpy, no model. The real
+"""Figures of a whole local answer (routing/answer_figures.py): pure numpy, no model. The real
 engine's figures are checked in tests/integration/test_cascade.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hybridllm.engines._llama_whole import ANSWER_NAMES, TAIL, repeat_share, whole_figures
+from hybridllm.routing.answer_figures import ANSWER_NAMES, TAIL, repeat_share, whole_figures
 
 
 def test_an_ended_answer_does_not_count_its_end_token() -> None:

@@ -16,7 +16,7 @@ The figures (NaN for a prompt that is not multiple choice):
 - `perm_margin`: that average minus the largest average of any other option.
 
 Only the options and what follows them are prefilled again: the question stays in the KV cache.
-Synchronous, on the llama thread, like `_llama_signals`.
+Synchronous, on the llama thread, like `signals`.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm import errors
-from hybridllm.engines import _llama_perm as perm
+from hybridllm.engines.llama import option_rotations as perm
 
 N_ANSWER = 8  # answer tokens whose log-probabilities are kept
 ROTATIONS = 4  # rotations of a multiple-choice prompt's options (a whole cycle up to 5 options)
@@ -168,7 +168,7 @@ def measure(
 ) -> tuple[dict[str, float], list[int], list[float]]:
     """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
     greedy tokens: (signals, answer token ids, their log-probabilities). `rotated`: the option
-    probabilities of the rotated prompts (`_llama_perm`), compared with this order's; `detail`,
+    probabilities of the rotated prompts (`option_rotations`), compared with this order's; `detail`,
     when given, gets this order's option probabilities ("options"). Leaves the prompt and the
     answer tokens but the last in the KV cache."""
     llm.n_tokens = reuse
@@ -212,7 +212,7 @@ def session_measure(
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
     """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
     also read with its options rotated (up to `rotations` times, default `ROTATIONS`,
-    `_llama_perm`) first, so that the prompt as asked is what stays in the KV cache. `detail`,
+    `option_rotations`) first, so that the prompt as asked is what stays in the KV cache. `detail`,
     when given, gets the option probabilities: "options" (as asked) and "rotated" (each
     rotation's, by original option), for the labeller. `rotations_by` (a `time.perf_counter()`
     time): the rotations are given up, all of them (the figures are NaN), when the next one
@@ -330,7 +330,7 @@ async def engine_signals(
     none is used (`session_measure`'s `rotations_by`)."""
     from functools import partial
 
-    from hybridllm.engines._llama_thread import run_on_llama_thread
+    from hybridllm.engines.llama.thread import run_on_llama_thread
 
     await engine.start()
     session = engine._session

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm import errors
-from hybridllm.engines._prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.base import GenerationRequest, Message
+from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.local import loader
 from hybridllm.local.settings import LlamaSettings
 
@@ -156,7 +156,7 @@ class LlamaSession:
         `draft="prompt-lookup"`: greedy decoding with drafts looked up in the prompt and the
         output so far, verified in one batch (same tokens as plain greedy decoding).
         `yield_if` (a preemptible request): the prompt is evaluated `YIELD_CHUNK` tokens at a
-        time, and `_Preempted` is raised once it returns true, the chunk under way cut by
+        time, and `PrefillPreempted` is raised once it returns true, the chunk under way cut by
         llama.cpp's abort callback; what the chunks before it evaluated stays in the KV cache
         (a later prefill reuses what is left of it).
         """
@@ -176,14 +176,14 @@ class LlamaSession:
             step = len(todo) if yield_if is None else YIELD_CHUNK
             for i in range(0, len(todo), max(1, step)):
                 if yield_if is not None and yield_if():
-                    raise _Preempted
+                    raise PrefillPreempted
                 llm.eval(todo[i : i + step])
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
-                raise _Aborted from exc
+                raise DecodeAborted from exc
             if yield_if is not None and yield_if():
-                raise _Preempted from exc  # the chunk under way was cut: only it is lost
+                raise PrefillPreempted from exc  # the chunk under way was cut: only it is lost
             raise errors.LocalEngineError(f"prefill failed: {exc}", engine="local") from exc
         finally:
             self._yield_if = None
@@ -224,7 +224,7 @@ class LlamaSession:
     def step(self, gen: Generation, yield_if: Callable[[], bool] | None = None) -> str | None:
         """Decode one token; return new text ('' while held back), None when finished.
         `yield_if` (a preemptible request): the step is cut by llama.cpp's abort callback once
-        it returns true, and `_Preempted` is raised (nothing delivered is lost: a resume
+        it returns true, and `PrefillPreempted` is raised (nothing delivered is lost: a resume
         evaluates the last token again)."""
         self._yield_if = yield_if
         try:
@@ -248,9 +248,9 @@ class LlamaSession:
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
-                raise _Aborted from exc
+                raise DecodeAborted from exc
             if self._yield_if is not None and self._yield_if():
-                raise _Preempted from exc
+                raise PrefillPreempted from exc
             raise errors.LocalEngineError(f"decode failed: {exc}", engine="local") from exc
         gen.completion_tokens += 1
         if self._lc.llama_vocab_is_eog(self._vocab, tok):
@@ -343,12 +343,12 @@ class LlamaSession:
             llm.close()
 
 
-class _Aborted(Exception):
-    """Internal: a decode was aborted on request."""
+class DecodeAborted(Exception):
+    """A decode was aborted on request (llama.cpp's abort callback)."""
 
 
-class _Preempted(Exception):  # noqa: N818  (a signal, not an error)
-    """Internal: a preemptible prefill stopped between two chunks (`prefill(yield_if=)`)."""
+class PrefillPreempted(Exception):  # noqa: N818  (a signal, not an error)
+    """A preemptible prefill stopped between two chunks (`prefill(yield_if=)`)."""
 
 
 # a preemptible prefill's chunk: what a preemption loses at most (the chunk under way is cut);

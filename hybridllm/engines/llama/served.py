@@ -1,7 +1,7 @@
 """`ServedModel`: one GGUF model behind a server (`hybridllm serve`), its work on the llama thread.
 
 Two kinds of request, served one at a time (an `anyio.Lock`), each llama.cpp call on the one
-llama thread of the process (`_llama_thread`) and aborted through llama.cpp's abort callback
+llama thread of the process (`thread`) and aborted through llama.cpp's abort callback
 when its caller is cancelled (a client that disconnects):
 
 - `prepare(request)` then `chat(prepared)`: a chat completion through the model's template,
@@ -30,10 +30,10 @@ import anyio.to_thread
 import numpy as np
 
 from hybridllm import errors
-from hybridllm.engines._llama_score import TOP_K, Scorer, Scores
-from hybridllm.engines._llama_session import Generation, LlamaSession, Prepared, _Aborted
-from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import GenerationRequest
+from hybridllm.engines.llama.score import TOP_K, Scorer, Scores
+from hybridllm.engines.llama.session import DecodeAborted, Generation, LlamaSession, Prepared
+from hybridllm.engines.llama.thread import run_on_llama_thread
 from hybridllm.engines.spec_sampling import nucleus_of_logits
 from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
@@ -232,9 +232,14 @@ class ServedModel:
             # vLLM's sampling: temperature, then the top_p nucleus (llama.cpp's own chain
             # cuts top_p before the temperature and adds top_k 40 and min_p 0.05 by default)
             gen = llm.generate(
-                prompt, temp=1.0, top_p=1.0, top_k=0, min_p=0.0, reset=True,
+                prompt,
+                temp=1.0,
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                reset=True,
                 logits_processor=[partial(_processed, job.temperature, job.top_p)],
-            )  # fmt: skip
+            )
         raw = b""
         try:
             while len(out.tokens) < job.max_tokens:
@@ -266,7 +271,7 @@ class ServedModel:
         abort = session.abort if session is not None else _noop
         try:
             return await run_on_llama_thread(fn, on_cancel=abort)
-        except _Aborted as exc:
+        except DecodeAborted as exc:
             raise errors.LocalEngineError("aborted", engine="local") from exc
         except RuntimeError as exc:  # a failed decode (the KV cache is cleaned up already)
             raise errors.LocalEngineError(f"llama.cpp failed: {exc}", engine="local") from exc

@@ -14,7 +14,7 @@ logprob and rank come from the kept top entries of the last shared position when
 them (a greedy verifier's own next token always is); otherwise that position is evaluated
 again for its full distribution.
 
-Runs on the llama thread only, like everything that touches the model (`_llama_thread`).
+Runs on the llama thread only, like everything that touches the model (`engines/llama/thread.py`).
 """
 
 from __future__ import annotations
