@@ -34,7 +34,7 @@ from hybridllm.engines._llama_score import TOP_K, Scorer, Scores
 from hybridllm.engines._llama_session import Generation, LlamaSession, Prepared, _Aborted
 from hybridllm.engines._llama_thread import run_on_llama_thread
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.engines.spec_sampling import nucleus_of_logits
+from hybridllm.engines.nucleus import nucleus_of_logits
 from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS

@@ -1,4 +1,4 @@
-"""Finding an endpoint's verifier dialect (`engines.verify`), once per endpoint: small fixed
+"""Finding an endpoint's verifier dialect (`verifier`), once per endpoint: small fixed
 requests with no user data, in the order vLLM's `prompt_logprobs`, echo log-probabilities,
 OpenAI Predicted Outputs; none, with the reasons, when nothing answers."""
 
@@ -8,21 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridllm import errors
-from hybridllm.engines.capabilities import Post
-from hybridllm.engines.verify import (
-    EchoVerifier,
-    PredictionVerifier,
-    Probed,
-    _choice,
-    echo_shift,
-)
-from hybridllm.engines.verify_vllm import probe_vllm
+from hybridllm.engines.capabilities import VerificationPost
+from hybridllm.runtime.plans.speculative.dialect_llama import EchoVerifier, echo_shift
+from hybridllm.runtime.plans.speculative.dialect_openai import PredictionVerifier
+from hybridllm.runtime.plans.speculative.dialect_vllm import probe_vllm
+from hybridllm.runtime.plans.speculative.verifier import Probed, first_choice
 
 _PROBE_TEXT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
 
 
 async def probe(
-    post: Post, local_ids: Sequence[int] | None = None, local_pieces: Sequence[str] = ()
+    post: VerificationPost, local_ids: Sequence[int] | None = None, local_pieces: Sequence[str] = ()
 ) -> Probed:
     """Find the endpoint's dialect with small fixed requests (no user data), each sent by
     `post` (the cloud guard's): vLLM's `prompt_logprobs` (token-level when `local_ids`, the
@@ -35,7 +31,7 @@ async def probe(
     }  # fmt: skip
     try:
         data = await post("completions", body)
-        choice = _choice(data)
+        choice = first_choice(data)
         if isinstance(choice.get("prompt_logprobs"), list):
             return await probe_vllm(post, local_ids, local_pieces)
         shift = echo_shift(data)
