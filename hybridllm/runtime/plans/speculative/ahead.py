@@ -46,9 +46,14 @@ class Ahead:
             return None
         d = self.drafted
         return Drafted(
-            ids=ids[1:], probs=d.probs[1:], eos=d.eos, reused=d.reused, evaluated=d.evaluated,
-            steps=d.steps, seconds=d.seconds,
-        )  # fmt: skip
+            ids=ids[1:],
+            probs=d.probs[1:],
+            eos=d.eos,
+            reused=d.reused,
+            evaluated=d.evaluated,
+            steps=d.steps,
+            seconds=d.seconds,
+        )
 
 
 async def verify_with_ahead(

@@ -51,8 +51,11 @@ class EchoVerifier:
     async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
-            "echo": True, "logprobs": 2, "max_tokens": 1, "temperature": 0.0,
-        }  # fmt: skip
+            "echo": True,
+            "logprobs": 2,
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
         data = await post("completions", body)
         return read_echo(data, round_, echo_shift(data, self.shift))
 

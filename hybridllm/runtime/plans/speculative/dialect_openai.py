@@ -34,13 +34,16 @@ class PredictionVerifier:
     async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         messages = [dict(m) for m in round_.messages]
         if round_.committed_text:
-            messages += [{"role": "assistant", "content": round_.committed_text},
-                         {"role": "user", "content": CONTINUE_INSTRUCTION}]  # fmt: skip
+            messages += [
+                {"role": "assistant", "content": round_.committed_text},
+                {"role": "user", "content": CONTINUE_INSTRUCTION},
+            ]
         body = {
-            "messages": messages, "temperature": 0.0,
+            "messages": messages,
+            "temperature": 0.0,
             "max_tokens": len(round_.draft_ids) + 1,
             "prediction": {"type": "content", "content": round_.draft_text},
-        }  # fmt: skip
+        }
         return self.read(await post("chat/completions", body), round_)
 
     def read(self, data: Mapping[str, Any], round_: Round) -> Verdict:

@@ -79,13 +79,21 @@ class PromptLogprobsVerifier:
     async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         s = round_.sampling
         body: dict[str, Any] = {
-            "prompt": [*round_.context_ids, *round_.draft_ids], "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
+            "prompt": [*round_.context_ids, *round_.draft_ids],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 2,
+            "logprobs": 2,
             "return_tokens_as_token_ids": True,
-        }  # fmt: skip
+        }
         if s is not None:  # the cloud draws the bonus token itself (seeded from ours)
-            body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=self.top,
-                        logprobs=1, seed=s.rng.randrange(2**31))  # fmt: skip
+            body.update(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                prompt_logprobs=self.top,
+                logprobs=1,
+                seed=s.rng.randrange(2**31),
+            )
             return read_sampled(await post("completions", body), round_, self.top)
         return read_prompt_logprobs(await post("completions", body), round_)
 
@@ -95,8 +103,14 @@ def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
     out = []
     for key, v in entry.items():
         if isinstance(v, Mapping):
-            out.append((int(v.get("rank", 10**9)), int(key), float(v["logprob"]),
-                        str(v.get("decoded_token") or "")))  # fmt: skip
+            out.append(
+                (
+                    int(v.get("rank", 10**9)),
+                    int(key),
+                    float(v["logprob"]),
+                    str(v.get("decoded_token") or ""),
+                )
+            )
     return sorted(out)
 
 
@@ -133,8 +147,7 @@ def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
             best = ranked[0]
             gap = best[2] - ranked[1][2] if len(ranked) > 1 else None
             text = _text(round_, [*draft[:j], best[1]], accepted_text + best[3])
-            return Verdict(j, text, accepted_text, best[1], False,
-                           p_tok, c_tok, gap, reported)  # fmt: skip
+            return Verdict(j, text, accepted_text, best[1], False, p_tok, c_tok, gap, reported)
         accepted_text += round_.draft_pieces[j]
     text = choice.get("text") or ""
     finished = choice.get("finish_reason") == "stop" and not text
@@ -148,8 +161,7 @@ def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     tops = lp.get("top_logprobs") or []
     if tops and isinstance(tops[0], Mapping) and len(tops[0]) > 1:
         gap = greedy_and_gap(tops[0])[1]
-    return Verdict(len(draft), text, accepted_text, own, finished,
-                   p_tok, c_tok, gap, reported)  # fmt: skip
+    return Verdict(len(draft), text, accepted_text, own, finished, p_tok, c_tok, gap, reported)
 
 
 def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Verdict:
@@ -165,8 +177,18 @@ def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Ve
     def verdict(n: int, own: int | None, switch: str | None = None) -> Verdict:
         ids = [*draft[:n], *([own] if own is not None else [])]
         accepted = "".join(round_.draft_pieces[:n])
-        return Verdict(n, _text(round_, ids, accepted), accepted, own, False, p_tok, c_tok,
-                       None, reported, switch=switch)  # fmt: skip
+        return Verdict(
+            n,
+            _text(round_, ids, accepted),
+            accepted,
+            own,
+            False,
+            p_tok,
+            c_tok,
+            None,
+            reported,
+            switch=switch,
+        )
 
     for j, x in enumerate(draft):
         top = [(t, lp) for rank, t, lp, _ in _ranked(_entry(plp, n_ctx + j)) if rank <= n_top]
@@ -199,31 +221,20 @@ class TextLogprobsVerifier:
     async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
-            "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 2,
+            "logprobs": 2,
             "return_token_ids": True,
-        }  # fmt: skip
+        }
         return read_text_logprobs(await post("completions", body), round_)
 
 
 def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     """The verdict from a `prompt_logprobs` answer to a text prompt (see the module)."""
     choice = first_choice(data)
-    plp = choice.get("prompt_logprobs")
-    ids = choice.get("prompt_token_ids")
-    if not isinstance(plp, list) or len(plp) < 2:
-        raise errors.CloudProtocolError("verification: no prompt_logprobs in the answer")
-    if not isinstance(ids, list) or len(ids) != len(plp):
-        ids = [None] + [next(iter(e)) if isinstance(e, Mapping) and e else None for e in plp[1:]]
+    names, ranks, tops = _server_tokens(choice)
     usage = billed_usage(data)
-    names, ranks, tops = [], [], []
-    for i in range(1, len(plp)):
-        entry = _entry(plp, i)
-        mine = entry.get(str(ids[i]))
-        if not isinstance(mine, Mapping):
-            raise errors.CloudProtocolError("verification: a prompt token missing its entry")
-        names.append(str(mine.get("decoded_token") or ""))
-        ranks.append(int(mine.get("rank", 0)))
-        tops.append(_ranked(entry))
     draft, joined = round_.draft_text, "".join(names)
     if not joined.endswith(draft):
         raise Unverifiable("the server's token texts do not spell the draft (split characters)")
@@ -255,16 +266,40 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
             return replace(v, switch=why)
         return v
     text = str(choice.get("text") or "")
-    lp = choice.get("logprobs") or {}
-    top_lp = lp.get("top_logprobs") or []
-    gap = (
-        greedy_and_gap(top_lp[0])[1]
-        if top_lp and isinstance(top_lp[0], Mapping) and top_lp[0]
-        else None
-    )
     if not text and choice.get("finish_reason") == "length":
         raise Unverifiable("the server's next token reads as nothing (a split character)")
-    return text_verdict(round_, accepted, text, not text, usage, gap)
+    return text_verdict(round_, accepted, text, not text, usage, _generated_gap(choice))
+
+
+def _server_tokens(
+    choice: Mapping[str, Any],
+) -> tuple[list[str], list[int], list[list[tuple[int, int, float, str]]]]:
+    """The server's prompt tokens after the first: each one's text, its rank, and the ranked
+    entries at its position."""
+    plp = choice.get("prompt_logprobs")
+    ids = choice.get("prompt_token_ids")
+    if not isinstance(plp, list) or len(plp) < 2:
+        raise errors.CloudProtocolError("verification: no prompt_logprobs in the answer")
+    if not isinstance(ids, list) or len(ids) != len(plp):
+        ids = [None] + [next(iter(e)) if isinstance(e, Mapping) and e else None for e in plp[1:]]
+    names, ranks, tops = [], [], []
+    for i in range(1, len(plp)):
+        entry = _entry(plp, i)
+        mine = entry.get(str(ids[i]))
+        if not isinstance(mine, Mapping):
+            raise errors.CloudProtocolError("verification: a prompt token missing its entry")
+        names.append(str(mine.get("decoded_token") or ""))
+        ranks.append(int(mine.get("rank", 0)))
+        tops.append(_ranked(entry))
+    return names, ranks, tops
+
+
+def _generated_gap(choice: Mapping[str, Any]) -> float | None:
+    """The top-2 gap where the server generated its own token (None: not reported)."""
+    top_lp = (choice.get("logprobs") or {}).get("top_logprobs") or []
+    if top_lp and isinstance(top_lp[0], Mapping) and top_lp[0]:
+        return greedy_and_gap(top_lp[0])[1]
+    return None
 
 
 # ---- probing -------------------------------------------------------------------------------
@@ -275,8 +310,10 @@ async def probe_vllm(
 ) -> Probed:
     """Which reading of dialect (b) fits: token-level when the server's names for the local
     tokenizer's ids of the probe text are the local pieces, else text-level."""
-    text_level = Probed(TextLogprobsVerifier(), "prompt-logprobs, text-level "
-                        "(the cloud's tokenizer differs from the local one)")  # fmt: skip
+    text_level = Probed(
+        TextLogprobsVerifier(),
+        "prompt-logprobs, text-level (the cloud's tokenizer differs from the local one)",
+    )
     if not local_ids:
         return text_level
     base = {"prompt": list(local_ids), "max_tokens": 1, "prompt_logprobs": 1, "top_p": 1.0}
@@ -295,8 +332,10 @@ async def probe_vllm(
         return text_level
     raw, top = await _raw(post, base, plp)
     words = "raw log-probabilities" if raw else "processed log-probabilities: greedy rounds only"
-    return Probed(PromptLogprobsVerifier(raw=raw, top=top),
-                  f"prompt-logprobs (shared tokenizer, {words}, top {top})")  # fmt: skip
+    return Probed(
+        PromptLogprobsVerifier(raw=raw, top=top),
+        f"prompt-logprobs (shared tokenizer, {words}, top {top})",
+    )
 
 
 async def _raw(post: VerificationPost, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
@@ -306,8 +345,9 @@ async def _raw(post: VerificationPost, base: dict[str, Any], at_one: list[Any]) 
     top = WIDE
     for asked in (WIDE, 1):
         try:
-            other = first_choice(await post("completions", {
-                **base, "temperature": 0.5, "prompt_logprobs": asked}))  # fmt: skip
+            other = first_choice(
+                await post("completions", {**base, "temperature": 0.5, "prompt_logprobs": asked})
+            )
             break
         except errors.RefusedError:  # the guard said no: not an answer about the dialect
             raise

@@ -50,9 +50,14 @@ class Outlook:
     pipelined: bool = False  # rounds draft ahead during verification (`ahead`)
 
     def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, *,
+        self,
+        drafted: int,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        *,
         pipelined: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pipelined = pipelined
         if not drafted:  # a round without drafts (round 0, a cloud step) is a prefill or a
             return  # plain step: it says nothing of the acceptance or the round trip

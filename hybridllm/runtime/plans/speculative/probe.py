@@ -25,10 +25,27 @@ async def probe(
     local tokenizer's ids of the probe text, come back decoded as `local_pieces`), then echo
     log-probabilities, then Predicted Outputs; None with the reasons when none answers."""
     why: list[str] = []
+    found = await _probe_completions(post, local_ids, local_pieces, why)
+    if found is None:
+        found = await _probe_predicted_outputs(post, why)
+    return found or Probed(None, "no verification dialect: " + "; ".join(why))
+
+
+async def _probe_completions(
+    post: VerificationPost,
+    local_ids: Sequence[int] | None,
+    local_pieces: Sequence[str],
+    why: list[str],
+) -> Probed | None:
+    """Dialect (b) or (a) on `/v1/completions`, else None with the reason added to `why`."""
     body: dict[str, Any] = {
-        "prompt": _PROBE_TEXT, "echo": True, "logprobs": 2, "max_tokens": 1,
-        "temperature": 0.0, "prompt_logprobs": 1,
-    }  # fmt: skip
+        "prompt": _PROBE_TEXT,
+        "echo": True,
+        "logprobs": 2,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 1,
+    }
     try:
         data = await post("completions", body)
         choice = first_choice(data)
@@ -45,12 +62,19 @@ async def probe(
         raise
     except errors.HybridError as exc:
         why.append(f"completions: {exc}")
+    return None
+
+
+async def _probe_predicted_outputs(post: VerificationPost, why: list[str]) -> Probed | None:
+    """Dialect (c) on `/v1/chat/completions`, else None with the reason added to `why`."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Reply with the word OK."}],
+        "max_tokens": 2,
+        "temperature": 0.0,
+        "prediction": {"type": "content", "content": "OK"},
+    }
     try:
-        data = await post("chat/completions", {
-            "messages": [{"role": "user", "content": "Reply with the word OK."}],
-            "max_tokens": 2, "temperature": 0.0,
-            "prediction": {"type": "content", "content": "OK"},
-        })  # fmt: skip
+        data = await post("chat/completions", body)
         details = (data.get("usage") or {}).get("completion_tokens_details") or {}
         if "accepted_prediction_tokens" in details:
             return Probed(PredictionVerifier(), "predicted-outputs")
@@ -59,4 +83,4 @@ async def probe(
         raise
     except errors.HybridError as exc:
         why.append(f"chat: {exc}")
-    return Probed(None, "no verification dialect: " + "; ".join(why))
+    return None
