@@ -114,11 +114,13 @@ def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
     return sorted(out)
 
 
-def _text(round_: Round, ids: Sequence[int], fallback: str) -> str:
+def _text_of_ids(round_: Round, ids: Sequence[int], fallback: str) -> str:
+    """The text of drafted and verifier token ids after the round's context (local tokenizer)."""
     return round_.text_of(ids) if round_.text_of is not None else fallback
 
 
-def _plp(data: Mapping[str, Any], round_: Round) -> tuple[dict[str, Any], list[Any]]:
+def _prompt_logprobs(data: Mapping[str, Any], round_: Round) -> tuple[dict[str, Any], list[Any]]:
+    """The answer's first choice and its `prompt_logprobs`, one entry per round token."""
     choice = first_choice(data)
     plp = choice.get("prompt_logprobs")
     if not isinstance(plp, list) or len(plp) != len(round_.context_ids) + len(round_.draft_ids):
@@ -126,7 +128,8 @@ def _plp(data: Mapping[str, Any], round_: Round) -> tuple[dict[str, Any], list[A
     return choice, plp
 
 
-def _entry(plp: list[Any], i: int) -> Mapping[str, Any]:
+def _position(plp: list[Any], i: int) -> Mapping[str, Any]:
+    """The `prompt_logprobs` entry of prompt position `i` (a protocol error when empty)."""
     entry = plp[i]
     if not isinstance(entry, Mapping) or not entry:
         raise errors.CloudProtocolError("verification: an empty prompt_logprobs entry")
@@ -135,18 +138,18 @@ def _entry(plp: list[Any], i: int) -> Mapping[str, Any]:
 
 def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     """The verdict from a vLLM answer with `prompt_logprobs` (token-level, greedy)."""
-    choice, plp = _plp(data, round_)
+    choice, plp = _prompt_logprobs(data, round_)
     n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
     p_tok, c_tok, reported = billed_usage(data)
     accepted_text = ""
     for j, tok in enumerate(draft):
-        entry = _entry(plp, n_ctx + j)
+        entry = _position(plp, n_ctx + j)
         ranked = _ranked(entry)
         mine = entry.get(str(tok))
         if not isinstance(mine, Mapping) or int(mine.get("rank", 0)) != 1:
             best = ranked[0]
             gap = best[2] - ranked[1][2] if len(ranked) > 1 else None
-            text = _text(round_, [*draft[:j], best[1]], accepted_text + best[3])
+            text = _text_of_ids(round_, [*draft[:j], best[1]], accepted_text + best[3])
             return Verdict(j, text, accepted_text, best[1], False, p_tok, c_tok, gap, reported)
         accepted_text += round_.draft_pieces[j]
     text = choice.get("text") or ""
@@ -157,7 +160,7 @@ def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     toks = lp.get("tokens") or []
     if toks and isinstance(toks[0], str) and toks[0].startswith("token_id:"):
         own = int(toks[0].removeprefix("token_id:"))
-        text = _text(round_, [*draft, own], accepted_text + text)
+        text = _text_of_ids(round_, [*draft, own], accepted_text + text)
     tops = lp.get("top_logprobs") or []
     if tops and isinstance(tops[0], Mapping) and len(tops[0]) > 1:
         gap = greedy_and_gap(tops[0])[1]
@@ -168,7 +171,7 @@ def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Ve
     """The verdict of speculative sampling over a `prompt_logprobs` answer (see the module)."""
     s = round_.sampling
     assert s is not None
-    choice, plp = _plp(data, round_)
+    choice, plp = _prompt_logprobs(data, round_)
     n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
     p_tok, c_tok, reported = billed_usage(data)
     if len(s.q) < len(draft):
@@ -179,7 +182,7 @@ def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Ve
         accepted = "".join(round_.draft_pieces[:n])
         return Verdict(
             n,
-            _text(round_, ids, accepted),
+            _text_of_ids(round_, ids, accepted),
             accepted,
             own,
             False,
@@ -191,7 +194,7 @@ def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Ve
         )
 
     for j, x in enumerate(draft):
-        top = [(t, lp) for rank, t, lp, _ in _ranked(_entry(plp, n_ctx + j)) if rank <= n_top]
+        top = [(t, lp) for rank, t, lp, _ in _ranked(_position(plp, n_ctx + j)) if rank <= n_top]
         p = nucleus_of_top(top, s.temperature, s.top_p, s.vocab)
         if isinstance(p, str):
             return verdict(j, None, f"drafted position {j}: {p}")
@@ -284,7 +287,7 @@ def _server_tokens(
         ids = [None] + [next(iter(e)) if isinstance(e, Mapping) and e else None for e in plp[1:]]
     names, ranks, tops = [], [], []
     for i in range(1, len(plp)):
-        entry = _entry(plp, i)
+        entry = _position(plp, i)
         mine = entry.get(str(ids[i]))
         if not isinstance(mine, Mapping):
             raise errors.CloudProtocolError("verification: a prompt token missing its entry")
@@ -330,7 +333,7 @@ async def probe_vllm(
         seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
     if len(seen) != len(local_ids) - 1 or seen != list(local_pieces[1:]):
         return text_level
-    raw, top = await _raw(post, base, plp)
+    raw, top = await _raw_and_top(post, base, plp)
     words = "raw log-probabilities" if raw else "processed log-probabilities: greedy rounds only"
     return Probed(
         PromptLogprobsVerifier(raw=raw, top=top),
@@ -338,7 +341,9 @@ async def probe_vllm(
     )
 
 
-async def _raw(post: VerificationPost, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
+async def _raw_and_top(
+    post: VerificationPost, base: dict[str, Any], at_one: list[Any]
+) -> tuple[bool, int]:
     """Whether the server's prompt log-probabilities ignore the temperature (raw ones), and
     how many per position it gives (`WIDE` where it allows that many, else `TOP`)."""
     other: dict[str, Any] | None = None
