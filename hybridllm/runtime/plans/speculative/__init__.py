@@ -1,5 +1,7 @@
 """The speculative plan's room: the local model drafts, the cloud verifies, the cloud's text is
-served. What is where, top to bottom (each module imports only those below it):
+served. What is where, top to bottom (each module imports only those below it: an
+import-linter contract in pyproject.toml; `ahead` and `outlook`, the three dialects, and
+`sampling` and `verifier` each share a layer and do not import each other):
 
 ```
 plan            the plan: SpeculativeSetup, `speculative` (whether to speculate at all, then

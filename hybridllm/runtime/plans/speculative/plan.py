@@ -53,7 +53,7 @@ from typing import Protocol
 
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest
-from hybridllm.engines.capabilities import Drafts, VerifiesAtEndpoint
+from hybridllm.engines.capabilities import Drafter, Drafts, Endpoint, VerifiesAtEndpoint
 from hybridllm.events import EngineName, Fallback
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
@@ -61,6 +61,7 @@ from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.single import collector
 from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 from hybridllm.runtime.plans.speculative.rounds import Rounds, StepAside
+from hybridllm.runtime.plans.speculative.verifier import Verifier
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import Speculation, spend_role
 
@@ -85,52 +86,67 @@ class SpeculativeSetup:
 async def speculative(
     run: RequestRun, setup: SpeculativeSetup, request: GenerationRequest, reason: str
 ) -> None:
+    """The plan for one request: a drafter and a verifier when both engines can, the rounds
+    while they pay, then plain cloud streaming or a local failover for the rest."""
     run.route(setup.cloud, reason)
     spec = run.trace.speculation = Speculation()
-    local, cloud = setup.local, setup.cloud
-    if request.temperature > 0 and request.top_p >= 1.0:
-        spec.verifier = (
-            "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
-            "vocabulary, which top-N log-probabilities cannot give exactly"
-        )
+    found = await _drafter_and_verifier(run, setup, request, spec)
+    if found is None:  # `spec.verifier` says why
         return await _plain(run, setup, request, "", 0, spec.verifier)
-    if not isinstance(local, Drafts):
-        spec.verifier = "none: the local engine cannot draft"
-        return await _plain(run, setup, request, "", 0, spec.verifier)
-    drafter = local.drafter()
-    await drafter.start()
-    endpoint = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
-    if endpoint is None or not isinstance(cloud, VerifiesAtEndpoint):
-        spec.verifier = "none: the cloud engine cannot verify drafts"
-        return await _plain(run, setup, request, "", 0, spec.verifier)
-    spend_role.set("probe")
-    try:
-        probed = await setup.state.verifier(endpoint, cloud.verification_post, drafter)
-    except errors.RefusedError as exc:  # the probe itself was refused by the guard
-        run.trace.refusals.append(f"cloud: {exc}")
-        spec.verifier = f"none: probing refused by the guard: {exc}"
-        return await _plain(run, setup, request, "", 0, spec.verifier)
-    spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
-    if probed.verifier is None:
-        return await _plain(run, setup, request, "", 0, spec.verifier)
-    if request.temperature > 0 and not (probed.verifier.samples and probed.verifier.token_level):
-        spec.verifier = (
-            f"none: temperature > 0 needs raw token-level log-probabilities for speculative "
-            f"sampling; the cloud offers {probed.reason}"
-        )
-        return await _plain(run, setup, request, "", 0, spec.verifier)
+    drafter, verifier, cloud, endpoint = found
     outlook = setup.state.outlook(endpoint)
     if setup.k is None:  # known not to pay here: stream plainly from the start (or explore)
         pays, words = outlook.pays(setup.cloud_tpot_s)
         if not pays and not outlook.explore():
             return await _plain(run, setup, request, "", 0, f"speculation does not pay: {words}")
-    rounds = Rounds(run, setup, request, drafter, (probed.verifier, cloud), outlook, spec)
+    rounds = Rounds(run, setup, request, drafter, (verifier, cloud), outlook, spec)
     aside = await rounds.run_all()
     if aside is None:
         return
     if aside.failure is not None:
         return await _fail_over(run, setup, request, aside)
     await _plain(run, setup, request, aside.committed, aside.n_out, aside.why)
+
+
+async def _drafter_and_verifier(
+    run: RequestRun, setup: SpeculativeSetup, request: GenerationRequest, spec: Speculation
+) -> tuple[Drafter, Verifier, VerifiesAtEndpoint, Endpoint] | None:
+    """The local drafter (started), the endpoint's verifier (probed once per endpoint), the
+    cloud that verifies and its endpoint; None when the request cannot speculate, with why in
+    `spec.verifier`."""
+    local, cloud = setup.local, setup.cloud
+    if request.temperature > 0 and request.top_p >= 1.0:
+        spec.verifier = (
+            "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
+            "vocabulary, which top-N log-probabilities cannot give exactly"
+        )
+        return None
+    if not isinstance(local, Drafts):
+        spec.verifier = "none: the local engine cannot draft"
+        return None
+    drafter = local.drafter()
+    await drafter.start()
+    endpoint = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
+    if endpoint is None or not isinstance(cloud, VerifiesAtEndpoint):
+        spec.verifier = "none: the cloud engine cannot verify drafts"
+        return None
+    spend_role.set("probe")
+    try:
+        probed = await setup.state.verifier(endpoint, cloud.verification_post, drafter)
+    except errors.RefusedError as exc:  # the probe itself was refused by the guard
+        run.trace.refusals.append(f"cloud: {exc}")
+        spec.verifier = f"none: probing refused by the guard: {exc}"
+        return None
+    spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
+    if probed.verifier is None:
+        return None
+    if request.temperature > 0 and not (probed.verifier.samples and probed.verifier.token_level):
+        spec.verifier = (
+            f"none: temperature > 0 needs raw token-level log-probabilities for speculative "
+            f"sampling; the cloud offers {probed.reason}"
+        )
+        return None
+    return drafter, probed.verifier, cloud, endpoint
 
 
 async def _plain(

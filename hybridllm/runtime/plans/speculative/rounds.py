@@ -123,8 +123,9 @@ class Rounds:
         draft_text = "".join(pieces)
         if self.setup.show_drafts and draft_text:
             self.run.emit(Draft(clock.now(), draft_text))
+        round_ = self._round_of(ids, pieces, drafted)
         try:
-            verdict = await self._verify(self._round_of(ids, pieces, drafted), drafted)
+            verdict = await self._verify(round_, drafted)
         except Unverifiable as exc:
             self._retract(draft_text)
             return self._step_aside(f"the verifier cannot judge this round: {exc}")
@@ -267,6 +268,7 @@ class Rounds:
 def switch_reason(
     outlook: Outlook, setup: SpeculativeSetup, billed_prompt: int, n_out: int
 ) -> str | None:
+    """Why the plan should stream the rest plainly now (None: speculation goes on)."""
     pays, words = outlook.pays(setup.cloud_tpot_s)
     if not pays and setup.k is None:
         return f"speculation stopped paying: {words}"
@@ -314,10 +316,12 @@ def _pieces(drafter: Drafter, ctx: list[int], ids: list[int]) -> list[str]:
 
 
 def _text_of(drafter: Drafter, ctx: list[int], ids: Sequence[int]) -> str:
+    """The text of token ids as they follow the context (a round's `text_of`)."""
     return "".join(_pieces(drafter, ctx, list(ids)))
 
 
 def _apply_stop(committed: str, text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """The part of `text` to deliver before the first stop string, and whether one was met."""
     if not stops:
         return text, False
     whole = committed + text
