@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from hybridllm.engines.base import Engine, Message
     from hybridllm.engines.limit import ConcurrencyLimit
     from hybridllm.engines.llama.signals import LocalSignals
-    from hybridllm.engines.spec_sampling import Dist
+    from hybridllm.engines.nucleus import Dist
 
 __all__ = [
     "Drafted",
@@ -42,16 +42,17 @@ __all__ = [
     "Endpoint",
     "LimitsConcurrency",
     "Outgoing",
-    "Post",
     "ReadsSignals",
     "SetsApiKey",
+    "VerificationPost",
     "VerifiesAtEndpoint",
     "Wraps",
 ]
 
-# POST a JSON body to a path of the endpoint ("completions", "chat/completions"); the answer's
-# JSON object. Failures are `hybridllm.errors.CloudError`s.
-Post = Callable[[str, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+# Sends one verifier request: POST a JSON body to a path of the endpoint ("completions",
+# "chat/completions"); the answer's JSON object. Failures are `hybridllm.errors.CloudError`s.
+# A verifier gets the cloud guard's `verification_post` bound to its round.
+VerificationPost = Callable[[str, Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @runtime_checkable
@@ -171,8 +172,8 @@ class Outgoing:
 
 @runtime_checkable
 class VerifiesAtEndpoint(Protocol):
-    """Sends a verifier's raw requests (`engines.verify`) through the engine's own client:
-    its credential, its timeouts, its handling of a refused key."""
+    """Sends a verifier's raw requests (the dialects of `runtime.plans.speculative`) through
+    the engine's own client: its credential, its timeouts, its handling of a refused key."""
 
     def verification_endpoint(self) -> Endpoint | None:
         """Where this engine verifies (None: it cannot)."""

@@ -355,9 +355,10 @@ class OpenAIEngine:
     async def verification_post(
         self, path: str, body: Mapping[str, Any], outgoing: Outgoing | None = None
     ) -> dict[str, Any]:
-        """POST a verifier's request (`engines.verify`: `completions`, `chat/completions`)
-        through this engine's own client: its key (a new one from `set_api_key()` included),
-        its timeouts, a refused key noticed as in `stream()`. `outgoing` is for a guard around
+        """POST a verifier's request (the dialects of `runtime.plans.speculative`:
+        `completions`, `chat/completions`) through this engine's own client: its key (a new
+        one from `set_api_key()` included), its timeouts, a refused key noticed as in
+        `stream()`. `outgoing` is for a guard around
         the engine; the body goes as it is, with the engine's model."""
         if self._unavailable is not None:  # nothing is sent with a missing or refused key
             raise errors.CloudUnavailableError(

@@ -55,7 +55,7 @@ from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RouteP
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.speculation import SpeculationState
+from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 
 # how many of a policy's recent requests `Policy.parallel_cloud_share` is measured over
 PARALLEL_WINDOW = 20

@@ -22,10 +22,11 @@ import httpx2
 import pytest
 
 from hybridllm import HybridClient, Ledger, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices
-from hybridllm.engines.verify import _best, echo_shift
 from hybridllm.events import Done, Draft, Fallback, Token
 from hybridllm.local.resolve import resolve_model
 from hybridllm.policy import Policy
+from hybridllm.runtime.plans.speculative.dialect_llama import echo_shift
+from hybridllm.runtime.plans.speculative.verifier import greedy_and_gap
 from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from tests.integration.drafts import drafts_add_up
 from tests.integration.servers import ALIAS, API_KEY
@@ -96,7 +97,7 @@ def greedy_or_tie(server: LlamaServer, prompt_text: str, answer: str, upto: int)
     for i, tok in enumerate(tokens):
         if starts[i] < boundary or starts[i] - boundary >= upto:
             continue
-        want, gap = _best(top[i - shift])
+        want, gap = greedy_and_gap(top[i - shift])
         if want != tok and want != "" and not (gap is not None and gap < NEAR_TIE):
             bad.append(f"{tok!r} at {starts[i] - boundary}: greedy {want!r} (gap {gap})")
     return bad
@@ -241,8 +242,8 @@ async def test_token_level_rounds_commit_exactly_the_verifiers_tokens(model_path
 
     import openai
 
-    from hybridllm.engines.verify import Probed
-    from hybridllm.engines.verify_vllm import PromptLogprobsVerifier
+    from hybridllm.runtime.plans.speculative.dialect_vllm import PromptLogprobsVerifier
+    from hybridllm.runtime.plans.speculative.verifier import Probed
 
     local = LlamaCppEngine(model_path, warm_up=False)
     await local.start()

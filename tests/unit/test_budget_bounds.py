@@ -10,9 +10,10 @@ import pytest
 
 from hybridllm import GuardedEngine, Ledger, ModelPrice, Prices
 from hybridllm.engines.base import prompt_token_bound
-from hybridllm.engines.verify import PredictionVerifier, Round
 from hybridllm.guard.guarded import RequestContext
-from hybridllm.runtime.speculation import SpeculationState
+from hybridllm.runtime.plans.speculative.dialect_openai import PredictionVerifier
+from hybridllm.runtime.plans.speculative.outlook import SpeculationState
+from hybridllm.runtime.plans.speculative.verifier import Round
 from hybridllm.testing import ScriptedEngine
 from tests.unit.test_speculative_units import replay
 
@@ -48,7 +49,8 @@ class Answers(ScriptedEngine):
 
 
 async def test_a_predicted_outputs_round_reserves_its_draft_as_output() -> None:
-    from hybridllm.runtime.plans.speculative import SpeculativeSetup, _verify
+    from hybridllm.runtime.plans.speculative.plan import SpeculativeSetup
+    from hybridllm.runtime.plans.speculative.rounds import verify_round
 
     answer = {
         "choices": [{"index": 0, "finish_reason": "length", "message": {"content": "d0 x"}}],
@@ -62,7 +64,7 @@ async def test_a_predicted_outputs_round_reserves_its_draft_as_output() -> None:
     round_ = Round(
         "p", "", [1, 2], [3, 4, 5], ["d0", "d1", "d2"], [{"role": "user", "content": "q"}]
     )
-    await _verify(setup, (PredictionVerifier(), cloud), round_)
+    await verify_round(setup, (PredictionVerifier(), cloud), round_)
     prompt = max(prompt_token_bound([{"role": "user", "content": "pd0d1d2"}]), 5)
     # k + 1 tokens of its own text, and the 6-byte draft: rejected prediction tokens bill
     entry = ledger.entries()[0]

@@ -12,15 +12,10 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from hybridllm.engines.spec_sampling import (
-    Dist,
-    accept,
-    nucleus_of_logits,
-    nucleus_of_top,
-    sample,
-)
-from hybridllm.engines.verify import Round, Sampling
-from hybridllm.engines.verify_vllm import TOP, read_sampled
+from hybridllm.engines.nucleus import Dist, nucleus_of_logits, sample
+from hybridllm.runtime.plans.speculative.dialect_vllm import TOP, read_sampled
+from hybridllm.runtime.plans.speculative.sampling import accept, nucleus_of_top
+from hybridllm.runtime.plans.speculative.verifier import Round, Sampling
 
 V = 60  # a synthetic vocabulary
 

@@ -1,6 +1,6 @@
-"""Drafting ahead during verification (`runtime.plans._ahead`), with a scripted drafter and a
-scripted verification call (orchestration timing only; the real drafter and server are in
-tests/integration/test_speculative_served.py)."""
+"""Drafting ahead during verification (`runtime.plans.speculative.ahead`), with a scripted
+drafter and a scripted verification call (orchestration timing only; the real drafter and
+server are in tests/integration/test_speculative_served.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from hybridllm.engines.capabilities import Drafted
-from hybridllm.engines.verify import Verdict
-from hybridllm.runtime.plans._ahead import Ahead, verify_with_ahead
+from hybridllm.runtime.plans.speculative.ahead import Ahead, verify_with_ahead
+from hybridllm.runtime.plans.speculative.verifier import Verdict
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 

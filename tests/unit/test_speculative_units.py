@@ -29,24 +29,19 @@ import openai
 import pytest
 
 from hybridllm import GuardedEngine, Ledger, ModelPrice, OpenAIEngine, Policy, Prices
-from hybridllm.engines.verify import (
-    EchoVerifier,
-    PredictionVerifier,
-    Round,
-    Unverifiable,
-    echo_shift,
-    read_echo,
-)
-from hybridllm.engines.verify_probe import probe
-from hybridllm.engines.verify_vllm import (
+from hybridllm.errors import PrivacyBlockedError, ServerError
+from hybridllm.guard.budget import TokenUsage
+from hybridllm.routing.decide import LiveState, RequestFacts, decide
+from hybridllm.runtime.plans.speculative.dialect_llama import EchoVerifier, echo_shift, read_echo
+from hybridllm.runtime.plans.speculative.dialect_openai import PredictionVerifier
+from hybridllm.runtime.plans.speculative.dialect_vllm import (
     PromptLogprobsVerifier,
     TextLogprobsVerifier,
     read_prompt_logprobs,
 )
-from hybridllm.errors import PrivacyBlockedError, ServerError
-from hybridllm.guard.budget import TokenUsage
-from hybridllm.routing.decide import LiveState, RequestFacts, decide
-from hybridllm.runtime.speculation import Outlook, expected_tokens
+from hybridllm.runtime.plans.speculative.outlook import Outlook, expected_tokens
+from hybridllm.runtime.plans.speculative.probe import probe
+from hybridllm.runtime.plans.speculative.verifier import Round, Unverifiable
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
@@ -309,15 +304,16 @@ def test_k_follows_acceptance_and_speculation_steps_aside_when_it_stops_paying()
     assert blank.rounds == 0 and blank.verify_s is None
     assert blank.pays(0.02) == (True, "acceptance 0.70 (too few rounds to judge the pay)")
     # a request that would not pay streams plainly, except once in EXPLORE_EVERY
-    from hybridllm.runtime.speculation import EXPLORE_EVERY
+    from hybridllm.runtime.plans.speculative.outlook import EXPLORE_EVERY
 
     explored = [bad.explore() for _ in range(3 * EXPLORE_EVERY)]
     assert explored.count(True) == 3 and explored[EXPLORE_EVERY - 1]
 
 
 def test_a_fixed_k_drafts_k_and_never_steps_aside_for_pay_but_adaptive_k_does() -> None:
-    from hybridllm.runtime.plans.speculative import SpeculativeSetup, _should_switch
-    from hybridllm.runtime.speculation import SpeculationState
+    from hybridllm.runtime.plans.speculative.outlook import SpeculationState
+    from hybridllm.runtime.plans.speculative.plan import SpeculativeSetup
+    from hybridllm.runtime.plans.speculative.rounds import switch_reason
 
     bad = Outlook()
     for _ in range(6):
@@ -325,11 +321,11 @@ def test_a_fixed_k_drafts_k_and_never_steps_aside_for_pay_but_adaptive_k_does() 
     eng = ScriptedEngine("cloud")
     adaptive = SpeculativeSetup(eng, eng, SpeculationState(), cloud_tpot_s=0.04)
     fixed = SpeculativeSetup(eng, eng, SpeculationState(), cloud_tpot_s=0.04, k=8)
-    why = _should_switch(bad, adaptive, billed_prompt=100, n_out=20)
+    why = switch_reason(bad, adaptive, billed_prompt=100, n_out=20)
     assert why is not None and why.startswith("speculation stopped paying")
-    assert _should_switch(bad, fixed, billed_prompt=100, n_out=20) is None
+    assert switch_reason(bad, fixed, billed_prompt=100, n_out=20) is None
     capped = SpeculativeSetup(eng, eng, SpeculationState(), 0.04, k=8, max_prompt_overhead=2.0)
-    assert "verification overhead" in (_should_switch(bad, capped, 100, 20) or "")
+    assert "verification overhead" in (switch_reason(bad, capped, 100, 20) or "")
     assert Policy(speculative={"k": 8}).speculative.k == 8 and Policy().speculative.k is None
 
 
@@ -407,7 +403,7 @@ class _FakeDrafter:
 
 
 async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> None:
-    from hybridllm.runtime.speculation import SpeculationState
+    from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 
     prices = Prices(models={"m": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
     ledger = Ledger()
@@ -436,8 +432,8 @@ class _DraftingScripted(ScriptedEngine):
 
 def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
     from hybridllm.engines.base import GenerationRequest
-    from hybridllm.engines.verify import Probed
     from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.plans.speculative.verifier import Probed
 
     routing = Routing()
     cloud = OpenAIEngine(base_url="http://x/v1", api_key="k", model="m")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from hybridllm.engines.verify import Round, Unverifiable
-from hybridllm.engines.verify_vllm import read_text_logprobs
+from hybridllm.runtime.plans.speculative.dialect_vllm import read_text_logprobs
+from hybridllm.runtime.plans.speculative.verifier import Round, Unverifiable
 
 
 def answer(tokens: list[tuple[str, int, str]], gen: str, finish: str = "length") -> dict[str, Any]:

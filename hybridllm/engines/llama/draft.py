@@ -6,7 +6,7 @@ holds the previous round's context and its drafted tokens; only the part that di
 (`kv_cache_seq_rm` from the first differing position) and only the new tail is evaluated, so
 nothing committed is prefilled twice. Then k tokens are drafted one decode step each: greedy
 (argmax) at temperature 0, else sampled from q, the softmax at the request's temperature cut to
-its top_p nucleus (`spec_sampling.nucleus_of_logits`), with q kept for each drafted position
+its top_p nucleus (`nucleus.nucleus_of_logits`), with q kept for each drafted position
 (speculative sampling needs q(x), and q over the cloud's support when it resamples).
 
 Cancellation: `stop` is checked before every decode step and llama.cpp's abort callback cuts a
@@ -29,7 +29,7 @@ from hybridllm.engines.base import Message
 from hybridllm.engines.capabilities import Drafted
 from hybridllm.engines.llama.session import DecodeAborted, LlamaSession
 from hybridllm.engines.llama.thread import run_on_llama_thread
-from hybridllm.engines.spec_sampling import nucleus_of_logits, sample
+from hybridllm.engines.nucleus import nucleus_of_logits, sample
 from hybridllm.local import loader
 
 if TYPE_CHECKING:

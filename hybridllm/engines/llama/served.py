@@ -34,7 +34,7 @@ from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.llama.score import TOP_K, Scorer, Scores
 from hybridllm.engines.llama.session import DecodeAborted, Generation, LlamaSession, Prepared
 from hybridllm.engines.llama.thread import run_on_llama_thread
-from hybridllm.engines.spec_sampling import nucleus_of_logits
+from hybridllm.engines.nucleus import nucleus_of_logits
 from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS

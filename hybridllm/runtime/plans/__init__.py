@@ -3,7 +3,8 @@
 - `single`: one engine, start to finish, with retries before the first token (`single.py`);
 - `race`: the first-token deadline race, with hedging and mid-stream failover (`race.py`);
 - `handoff`: the local engine starts, the cloud continues the answer (`handoff.py`).
-- `speculative`: the local model drafts, the cloud verifies (`speculative.py`).
+- `speculative`: the local model drafts, the cloud verifies (`speculative/`, a room of its own:
+  the plan, its rounds, the verifier dialects and the sampling rule).
 
 A new plan (speculative: local drafts, cloud verifies; cascade: local confidence decides) is a
 module here beside them, named below.
@@ -14,6 +15,6 @@ from __future__ import annotations
 from hybridllm.runtime.plans.handoff import handoff, handoff_plan
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
-from hybridllm.runtime.plans.speculative import plan_for as speculative_plan
+from hybridllm.runtime.plans.speculative.plan import build_speculative
 
-__all__ = ["fallback_lead_s", "handoff", "handoff_plan", "race", "single", "speculative_plan"]
+__all__ = ["build_speculative", "fallback_lead_s", "handoff", "handoff_plan", "race", "single"]

@@ -16,7 +16,7 @@ from hybridllm.runtime.plans.cascade import build_cascade
 from hybridllm.runtime.plans.handoff import handoff_plan
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import single
-from hybridllm.runtime.plans.speculative import plan_for as speculative_plan
+from hybridllm.runtime.plans.speculative.plan import build_speculative
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def choose_plan(
         assert routing.router is not None  # decide() chooses the cascade only with a router
         return build_cascade(decision, engines, request, policy, routing.router)
     if decision.plan == "speculative":
-        return speculative_plan(routing, engines, request, decision, policy)
+        return build_speculative(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
         return handoff_plan(decision, engines, request, policy)
     if decision.fallback is None:

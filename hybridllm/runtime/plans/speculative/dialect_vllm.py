@@ -11,7 +11,7 @@ default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
 - Token-level, greedy (`PromptLogprobsVerifier`, temperature 0, the local and cloud tokenizers
   the same): the prompt goes as token ids; a drafted token is accepted when its rank is 1;
   at the first other one the cloud's top-1 is committed, else its generated token.
-- Token-level, sampled (temperature > 0): speculative sampling (`spec_sampling`). The cloud's
+- Token-level, sampled (temperature > 0): speculative sampling (`sampling`). The cloud's
   p at each drafted position is the top 20 raw log-probabilities tempered and cut to the top_p
   nucleus by the client, exact only when the nucleus is inside them (checked per position);
   20 is vLLM's default cap; where the server allows more (vLLM's ``--max-logprobs``, hybridllm
@@ -44,18 +44,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hybridllm import errors
-from hybridllm.engines import spec_sampling as ss
-from hybridllm.engines.capabilities import Post
-from hybridllm.engines.verify import (
+from hybridllm.engines.capabilities import VerificationPost
+from hybridllm.runtime.plans.speculative.sampling import accept, nucleus_of_top
+from hybridllm.runtime.plans.speculative.verifier import (
     Dialect,
     Probed,
     Round,
     Unverifiable,
     Verdict,
-    _best,
-    _choice,
-    _usage,
-    _verdict,
+    billed_usage,
+    first_choice,
+    greedy_and_gap,
+    text_verdict,
 )
 
 TOP = 20  # log-probabilities asked per position for sampled rounds (vLLM's default maximum)
@@ -76,16 +76,24 @@ class PromptLogprobsVerifier:
     def samples(self) -> bool:
         return self.raw
 
-    async def verify(self, round_: Round, post: Post) -> Verdict:
+    async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         s = round_.sampling
         body: dict[str, Any] = {
-            "prompt": [*round_.context_ids, *round_.draft_ids], "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
+            "prompt": [*round_.context_ids, *round_.draft_ids],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 2,
+            "logprobs": 2,
             "return_tokens_as_token_ids": True,
-        }  # fmt: skip
+        }
         if s is not None:  # the cloud draws the bonus token itself (seeded from ours)
-            body.update(temperature=s.temperature, top_p=s.top_p, prompt_logprobs=self.top,
-                        logprobs=1, seed=s.rng.randrange(2**31))  # fmt: skip
+            body.update(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                prompt_logprobs=self.top,
+                logprobs=1,
+                seed=s.rng.randrange(2**31),
+            )
             return read_sampled(await post("completions", body), round_, self.top)
         return read_prompt_logprobs(await post("completions", body), round_)
 
@@ -95,24 +103,33 @@ def _ranked(entry: Mapping[str, Any]) -> list[tuple[int, int, float, str]]:
     out = []
     for key, v in entry.items():
         if isinstance(v, Mapping):
-            out.append((int(v.get("rank", 10**9)), int(key), float(v["logprob"]),
-                        str(v.get("decoded_token") or "")))  # fmt: skip
+            out.append(
+                (
+                    int(v.get("rank", 10**9)),
+                    int(key),
+                    float(v["logprob"]),
+                    str(v.get("decoded_token") or ""),
+                )
+            )
     return sorted(out)
 
 
-def _text(round_: Round, ids: Sequence[int], fallback: str) -> str:
+def _text_of_ids(round_: Round, ids: Sequence[int], fallback: str) -> str:
+    """The text of drafted and verifier token ids after the round's context (local tokenizer)."""
     return round_.text_of(ids) if round_.text_of is not None else fallback
 
 
-def _plp(data: Mapping[str, Any], round_: Round) -> tuple[dict[str, Any], list[Any]]:
-    choice = _choice(data)
+def _prompt_logprobs(data: Mapping[str, Any], round_: Round) -> tuple[dict[str, Any], list[Any]]:
+    """The answer's first choice and its `prompt_logprobs`, one entry per round token."""
+    choice = first_choice(data)
     plp = choice.get("prompt_logprobs")
     if not isinstance(plp, list) or len(plp) != len(round_.context_ids) + len(round_.draft_ids):
         raise errors.CloudProtocolError("verification: prompt_logprobs missing or misaligned")
     return choice, plp
 
 
-def _entry(plp: list[Any], i: int) -> Mapping[str, Any]:
+def _position(plp: list[Any], i: int) -> Mapping[str, Any]:
+    """The `prompt_logprobs` entry of prompt position `i` (a protocol error when empty)."""
     entry = plp[i]
     if not isinstance(entry, Mapping) or not entry:
         raise errors.CloudProtocolError("verification: an empty prompt_logprobs entry")
@@ -121,20 +138,19 @@ def _entry(plp: list[Any], i: int) -> Mapping[str, Any]:
 
 def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     """The verdict from a vLLM answer with `prompt_logprobs` (token-level, greedy)."""
-    choice, plp = _plp(data, round_)
+    choice, plp = _prompt_logprobs(data, round_)
     n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
-    p_tok, c_tok, reported = _usage(data)
+    p_tok, c_tok, reported = billed_usage(data)
     accepted_text = ""
     for j, tok in enumerate(draft):
-        entry = _entry(plp, n_ctx + j)
+        entry = _position(plp, n_ctx + j)
         ranked = _ranked(entry)
         mine = entry.get(str(tok))
         if not isinstance(mine, Mapping) or int(mine.get("rank", 0)) != 1:
             best = ranked[0]
             gap = best[2] - ranked[1][2] if len(ranked) > 1 else None
-            text = _text(round_, [*draft[:j], best[1]], accepted_text + best[3])
-            return Verdict(j, text, accepted_text, best[1], False,
-                           p_tok, c_tok, gap, reported)  # fmt: skip
+            text = _text_of_ids(round_, [*draft[:j], best[1]], accepted_text + best[3])
+            return Verdict(j, text, accepted_text, best[1], False, p_tok, c_tok, gap, reported)
         accepted_text += round_.draft_pieces[j]
     text = choice.get("text") or ""
     finished = choice.get("finish_reason") == "stop" and not text
@@ -144,36 +160,45 @@ def read_prompt_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     toks = lp.get("tokens") or []
     if toks and isinstance(toks[0], str) and toks[0].startswith("token_id:"):
         own = int(toks[0].removeprefix("token_id:"))
-        text = _text(round_, [*draft, own], accepted_text + text)
+        text = _text_of_ids(round_, [*draft, own], accepted_text + text)
     tops = lp.get("top_logprobs") or []
     if tops and isinstance(tops[0], Mapping) and len(tops[0]) > 1:
-        gap = _best(tops[0])[1]
-    return Verdict(len(draft), text, accepted_text, own, finished,
-                   p_tok, c_tok, gap, reported)  # fmt: skip
+        gap = greedy_and_gap(tops[0])[1]
+    return Verdict(len(draft), text, accepted_text, own, finished, p_tok, c_tok, gap, reported)
 
 
 def read_sampled(data: Mapping[str, Any], round_: Round, n_top: int = TOP) -> Verdict:
     """The verdict of speculative sampling over a `prompt_logprobs` answer (see the module)."""
     s = round_.sampling
     assert s is not None
-    choice, plp = _plp(data, round_)
+    choice, plp = _prompt_logprobs(data, round_)
     n_ctx, draft = len(round_.context_ids), list(round_.draft_ids)
-    p_tok, c_tok, reported = _usage(data)
+    p_tok, c_tok, reported = billed_usage(data)
     if len(s.q) < len(draft):
         raise ValueError("a sampled round needs q at every drafted position")
 
     def verdict(n: int, own: int | None, switch: str | None = None) -> Verdict:
         ids = [*draft[:n], *([own] if own is not None else [])]
         accepted = "".join(round_.draft_pieces[:n])
-        return Verdict(n, _text(round_, ids, accepted), accepted, own, False, p_tok, c_tok,
-                       None, reported, switch=switch)  # fmt: skip
+        return Verdict(
+            n,
+            _text_of_ids(round_, ids, accepted),
+            accepted,
+            own,
+            False,
+            p_tok,
+            c_tok,
+            None,
+            reported,
+            switch=switch,
+        )
 
     for j, x in enumerate(draft):
-        top = [(t, lp) for rank, t, lp, _ in _ranked(_entry(plp, n_ctx + j)) if rank <= n_top]
-        p = ss.nucleus_of_top(top, s.temperature, s.top_p, s.vocab)
+        top = [(t, lp) for rank, t, lp, _ in _ranked(_position(plp, n_ctx + j)) if rank <= n_top]
+        p = nucleus_of_top(top, s.temperature, s.top_p, s.vocab)
         if isinstance(p, str):
             return verdict(j, None, f"drafted position {j}: {p}")
-        y = ss.accept(p, s.q[j], x, s.rng)
+        y = accept(p, s.q[j], x, s.rng)
         if y is not None:
             return verdict(j, y)
     toks = (choice.get("logprobs") or {}).get("tokens") or []
@@ -196,34 +221,23 @@ class TextLogprobsVerifier:
     token_level: bool = False
     samples: bool = False
 
-    async def verify(self, round_: Round, post: Post) -> Verdict:
+    async def verify(self, round_: Round, post: VerificationPost) -> Verdict:
         body = {
             "prompt": round_.prompt_text + round_.committed_text + round_.draft_text,
-            "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 2, "logprobs": 2,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 2,
+            "logprobs": 2,
             "return_token_ids": True,
-        }  # fmt: skip
+        }
         return read_text_logprobs(await post("completions", body), round_)
 
 
 def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
     """The verdict from a `prompt_logprobs` answer to a text prompt (see the module)."""
-    choice = _choice(data)
-    plp = choice.get("prompt_logprobs")
-    ids = choice.get("prompt_token_ids")
-    if not isinstance(plp, list) or len(plp) < 2:
-        raise errors.CloudProtocolError("verification: no prompt_logprobs in the answer")
-    if not isinstance(ids, list) or len(ids) != len(plp):
-        ids = [None] + [next(iter(e)) if isinstance(e, Mapping) and e else None for e in plp[1:]]
-    p_tok, c_tok, reported = _usage(data)
-    names, ranks, tops = [], [], []
-    for i in range(1, len(plp)):
-        entry = _entry(plp, i)
-        mine = entry.get(str(ids[i]))
-        if not isinstance(mine, Mapping):
-            raise errors.CloudProtocolError("verification: a prompt token missing its entry")
-        names.append(str(mine.get("decoded_token") or ""))
-        ranks.append(int(mine.get("rank", 0)))
-        tops.append(_ranked(entry))
+    choice = first_choice(data)
+    names, ranks, tops = _server_tokens(choice)
+    usage = billed_usage(data)
     draft, joined = round_.draft_text, "".join(names)
     if not joined.endswith(draft):
         raise Unverifiable("the server's token texts do not spell the draft (split characters)")
@@ -243,11 +257,11 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
         gap = best[2] - tops[j][1][2] if len(tops[j]) > 1 else None
         own = best[3]
         if starts[j] < boundary:
-            lead = joined[starts[j] : boundary]  # the server's token starts in the committed text
-            if not own.startswith(lead):
+            in_committed = joined[starts[j] : boundary]  # the server's token starts there
+            if not own.startswith(in_committed):
                 raise Unverifiable("the server's choice would rewrite committed text")
-            own = own[len(lead) :]
-        v = _verdict(round_, accepted, own, False, p_tok, c_tok, gap, reported)
+            own = own[len(in_committed) :]
+        v = text_verdict(round_, accepted, own, False, usage, gap)
         if not own:  # its choice ends where the draft starts, or reads as nothing (a special
             # token, a piece of a character): a round without draft lets its generated token
             # decide the next text
@@ -255,30 +269,60 @@ def read_text_logprobs(data: Mapping[str, Any], round_: Round) -> Verdict:
             return replace(v, switch=why)
         return v
     text = str(choice.get("text") or "")
-    lp = choice.get("logprobs") or {}
-    top_lp = lp.get("top_logprobs") or []
-    gap = _best(top_lp[0])[1] if top_lp and isinstance(top_lp[0], Mapping) and top_lp[0] else None
     if not text and choice.get("finish_reason") == "length":
         raise Unverifiable("the server's next token reads as nothing (a split character)")
-    return _verdict(round_, accepted, text, not text, p_tok, c_tok, gap, reported)
+    return text_verdict(round_, accepted, text, not text, usage, _generated_gap(choice))
+
+
+def _server_tokens(
+    choice: Mapping[str, Any],
+) -> tuple[list[str], list[int], list[list[tuple[int, int, float, str]]]]:
+    """The server's prompt tokens after the first: each one's text, its rank, and the ranked
+    entries at its position."""
+    plp = choice.get("prompt_logprobs")
+    ids = choice.get("prompt_token_ids")
+    if not isinstance(plp, list) or len(plp) < 2:
+        raise errors.CloudProtocolError("verification: no prompt_logprobs in the answer")
+    if not isinstance(ids, list) or len(ids) != len(plp):
+        ids = [None] + [next(iter(e)) if isinstance(e, Mapping) and e else None for e in plp[1:]]
+    names, ranks, tops = [], [], []
+    for i in range(1, len(plp)):
+        entry = _position(plp, i)
+        mine = entry.get(str(ids[i]))
+        if not isinstance(mine, Mapping):
+            raise errors.CloudProtocolError("verification: a prompt token missing its entry")
+        names.append(str(mine.get("decoded_token") or ""))
+        ranks.append(int(mine.get("rank", 0)))
+        tops.append(_ranked(entry))
+    return names, ranks, tops
+
+
+def _generated_gap(choice: Mapping[str, Any]) -> float | None:
+    """The top-2 gap where the server generated its own token (None: not reported)."""
+    top_lp = (choice.get("logprobs") or {}).get("top_logprobs") or []
+    if top_lp and isinstance(top_lp[0], Mapping) and top_lp[0]:
+        return greedy_and_gap(top_lp[0])[1]
+    return None
 
 
 # ---- probing -------------------------------------------------------------------------------
 
 
 async def probe_vllm(
-    post: Post, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
+    post: VerificationPost, local_ids: Sequence[int] | None, local_pieces: Sequence[str]
 ) -> Probed:
     """Which reading of dialect (b) fits: token-level when the server's names for the local
     tokenizer's ids of the probe text are the local pieces, else text-level."""
-    text_level = Probed(TextLogprobsVerifier(), "prompt-logprobs, text-level "
-                        "(the cloud's tokenizer differs from the local one)")  # fmt: skip
+    text_level = Probed(
+        TextLogprobsVerifier(),
+        "prompt-logprobs, text-level (the cloud's tokenizer differs from the local one)",
+    )
     if not local_ids:
         return text_level
     base = {"prompt": list(local_ids), "max_tokens": 1, "prompt_logprobs": 1, "top_p": 1.0}
     try:
         data = await post("completions", {**base, "temperature": 1.0})
-        plp = _choice(data).get("prompt_logprobs") or []
+        plp = first_choice(data).get("prompt_logprobs") or []
     except errors.RefusedError:  # the guard said no: not an answer about the dialect
         raise
     except errors.HybridError:
@@ -289,21 +333,26 @@ async def probe_vllm(
         seen.append(str(mine.get("decoded_token")) if isinstance(mine, Mapping) else None)
     if len(seen) != len(local_ids) - 1 or seen != list(local_pieces[1:]):
         return text_level
-    raw, top = await _raw(post, base, plp)
+    raw, top = await _raw_and_top(post, base, plp)
     words = "raw log-probabilities" if raw else "processed log-probabilities: greedy rounds only"
-    return Probed(PromptLogprobsVerifier(raw=raw, top=top),
-                  f"prompt-logprobs (shared tokenizer, {words}, top {top})")  # fmt: skip
+    return Probed(
+        PromptLogprobsVerifier(raw=raw, top=top),
+        f"prompt-logprobs (shared tokenizer, {words}, top {top})",
+    )
 
 
-async def _raw(post: Post, base: dict[str, Any], at_one: list[Any]) -> tuple[bool, int]:
+async def _raw_and_top(
+    post: VerificationPost, base: dict[str, Any], at_one: list[Any]
+) -> tuple[bool, int]:
     """Whether the server's prompt log-probabilities ignore the temperature (raw ones), and
     how many per position it gives (`WIDE` where it allows that many, else `TOP`)."""
     other: dict[str, Any] | None = None
     top = WIDE
     for asked in (WIDE, 1):
         try:
-            other = _choice(await post("completions", {
-                **base, "temperature": 0.5, "prompt_logprobs": asked}))  # fmt: skip
+            other = first_choice(
+                await post("completions", {**base, "temperature": 0.5, "prompt_logprobs": asked})
+            )
             break
         except errors.RefusedError:  # the guard said no: not an answer about the dialect
             raise

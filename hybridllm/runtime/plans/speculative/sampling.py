@@ -1,12 +1,11 @@
 """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the rule that keeps the
-cloud's sampling distribution above temperature 0, and the distributions it needs, exactly.
+cloud's sampling distribution above temperature 0, and the cloud's distribution it needs, exactly.
 
 The distributions. Both sides sample from the same processing of the model's logits z: the
-request's temperature T, then its top_p (the nucleus: tokens by decreasing probability up to
-and including the first at which the cumulative probability reaches top_p, renormalised; the
-llama.cpp and vLLM rule). `Dist` is such a distribution over its support.
+request's temperature T, then its top_p nucleus (`engines.nucleus`, where `Dist` lives: the
+local engine's drafter builds q there, and the served model samples there).
 
-- Locally (`nucleus_of_logits`) the whole vocabulary is at hand: q is exact.
+- Locally (`engines.nucleus.nucleus_of_logits`) the whole vocabulary is at hand: q is exact.
 - The cloud answers with its top N raw log-probabilities l_i = z_i - logsumexp(z) per position
   (vLLM's default `--logprobs-mode raw_logprobs`; N at most its `--max-logprobs`, 20 by
   default; hybridllm serve the same). Tempering them is exact up to a constant:
@@ -39,52 +38,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from hybridllm.engines.nucleus import Dist, nucleus_end, sample
 
 _FLOAT_SLACK = 1e-6  # raw tail mass added against float32 rounding of returned logprobs
-_CANDIDATES = 256  # local nucleus: try the best this many before sorting the whole vocabulary
-
-
-@dataclass(frozen=True)
-class Dist:
-    """A distribution over `ids` (probabilities `probs`, summing to 1, best first)."""
-
-    ids: npt.NDArray[np.int64]
-    probs: npt.NDArray[np.float64]
-
-    def prob(self, token: int) -> float:
-        hit = np.flatnonzero(self.ids == token)
-        return float(self.probs[hit[0]]) if hit.size else 0.0
-
-
-def _nucleus_end(cum: npt.NDArray[np.float64], target: float) -> int | None:
-    """Index of the first cumulative weight reaching `target` (None: none does)."""
-    hit = np.flatnonzero(cum >= target)
-    return int(hit[0]) if hit.size else None
-
-
-def nucleus_of_logits(logits: Any, temperature: float, top_p: float) -> Dist:
-    """The local distribution q: softmax(logits / T), then the top_p nucleus (exact)."""
-    z = np.asarray(logits, dtype=np.float64) / temperature
-    z = z - z.max()
-    w = np.exp(z)
-    total = float(w.sum())
-    n = min(_CANDIDATES, w.size)
-    part = np.argpartition(-w, n - 1)[:n] if n < w.size else np.arange(w.size)
-    order = part[np.argsort(-w[part], kind="stable")]
-    cum = np.cumsum(w[order])
-    end = _nucleus_end(cum, top_p * total) if top_p < 1.0 else None
-    if end is None:  # the nucleus reaches past the candidates (or top_p = 1): sort it all
-        order = np.argsort(-w, kind="stable")
-        cum = np.cumsum(w[order])
-        end = _nucleus_end(cum, top_p * total) if top_p < 1.0 else w.size - 1
-        end = w.size - 1 if end is None else end
-    ids = order[: end + 1].astype(np.int64)
-    return Dist(ids, w[ids] / float(cum[end]))
 
 
 def nucleus_of_top(
@@ -112,7 +71,7 @@ def nucleus_of_top(
     cum = np.cumsum(w)
     z_lo = float(cum[-1])
     z_hi = z_lo + math.exp(log_s) if log_s > -math.inf else z_lo
-    lo, hi = _nucleus_end(cum, top_p * z_lo), _nucleus_end(cum, top_p * z_hi)
+    lo, hi = nucleus_end(cum, top_p * z_lo), nucleus_end(cum, top_p * z_hi)
     if hi is None:
         share = z_lo / z_hi
         return (
@@ -122,12 +81,6 @@ def nucleus_of_top(
     if lo != hi:
         return "the nucleus boundary depends on the mass outside the returned tokens"
     return Dist(ids[: hi + 1], w[: hi + 1] / float(cum[hi]))
-
-
-def sample(dist: Dist, rng: random.Random) -> int:
-    cum = np.cumsum(dist.probs)
-    i = int(np.searchsorted(cum, rng.random() * float(cum[-1]), side="right"))
-    return int(dist.ids[min(i, len(dist.ids) - 1)])
 
 
 def accept(p: Dist, q: Dist, x: int, rng: random.Random) -> int | None:

@@ -13,7 +13,7 @@ Token-level verifiers only (the guess is a token id of the shared tokenizer). A 
 then about max(k * t_draft, t_verify) instead of their sum, when the whole round is accepted.
 On a device and a cloud the two run on different hardware; when both run on the same cores
 (this project's benchmarks), they compete for them, which a policy can avoid with
-`speculative_ahead = false`.
+`[speculative] ahead = false`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import anyio
 
 from hybridllm.engines.capabilities import Drafted, Drafter
-from hybridllm.engines.verify import Verdict
+from hybridllm.runtime.plans.speculative.verifier import Verdict
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,14 @@ class Ahead:
             return None
         d = self.drafted
         return Drafted(
-            ids=ids[1:], probs=d.probs[1:], eos=d.eos, reused=d.reused, evaluated=d.evaluated,
-            steps=d.steps, seconds=d.seconds,
-        )  # fmt: skip
+            ids=ids[1:],
+            probs=d.probs[1:],
+            eos=d.eos,
+            reused=d.reused,
+            evaluated=d.evaluated,
+            steps=d.steps,
+            seconds=d.seconds,
+        )
 
 
 async def verify_with_ahead(

@@ -4,7 +4,7 @@ choose k and say whether speculation pays.
 
 The expected gain. With a per-token acceptance rate a, a round that drafts k tokens commits E(k) =
 (1 - a^(k+1)) / (1 - a) tokens (the accepted prefix and the cloud's own token) and takes k *
-t_draft + t_verify (drafting ahead during verification, `plans._ahead`: a wholly accepted round's
+t_draft + t_verify (drafting ahead during verification, `ahead`: a wholly accepted round's
 successor costs only what its drafting outruns the round trip). Plain cloud streaming commits 1 /
 t_cloud tokens per second. k is the one that maximises E(k) / (k * t_draft + t_verify); speculation
 pays while that rate is at least `PAYS_SHARE` of the plain rate (the cloud's measured time per
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from hybridllm.engines.capabilities import Drafter, Endpoint, Post
-from hybridllm.engines.verify import Probed
-from hybridllm.engines.verify_probe import probe
+from hybridllm.engines.capabilities import Drafter, Endpoint, VerificationPost
+from hybridllm.runtime.plans.speculative.probe import probe
+from hybridllm.runtime.plans.speculative.verifier import Probed
 
 K_MIN, K_MAX, K_START = 1, 16, 8
 PAYS_SHARE = 0.95  # speculate while the expected rate is at least this share of plain streaming
@@ -47,12 +47,17 @@ class Outlook:
     verify_s: float | None = None  # seconds per verification round (round trip included)
     rounds: int = 0
     skipped: int = 0  # requests since the last one that speculated
-    pipelined: bool = False  # rounds draft ahead during verification (`plans._ahead`)
+    pipelined: bool = False  # rounds draft ahead during verification (`ahead`)
 
     def observe(
-        self, drafted: int, accepted: int, draft_s: float, verify_s: float, *,
+        self,
+        drafted: int,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+        *,
         pipelined: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pipelined = pipelined
         if not drafted:  # a round without drafts (round 0, a cloud step) is a prefill or a
             return  # plain step: it says nothing of the acceptance or the round trip
@@ -124,7 +129,7 @@ class SpeculationState:
     def known(self, key: tuple[str, str]) -> Probed | None:
         return self.verifiers.get(key)
 
-    async def verifier(self, key: Endpoint, post: Post, drafter: Drafter) -> Probed:
+    async def verifier(self, key: Endpoint, post: VerificationPost, drafter: Drafter) -> Probed:
         """The endpoint's verifier, probed on first use (one probe at a time per endpoint);
         each probe request is sent by `post` (the cloud guard's `verification_post`: its fixed
         text is scanned, its tokens reserved and settled). A guard's refusal is raised, not
