@@ -32,8 +32,8 @@ from types import TracebackType
 from typing import Any
 
 from hybridllm.errors import DecisionLogError
-from hybridllm.routing.data import Example
 from hybridllm.routing.features import Messages
+from hybridllm.routing.labels import Example
 from hybridllm.sqlite_migrations import Steps, migrate, schema_version
 
 MIGRATIONS: Steps = (
