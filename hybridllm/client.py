@@ -42,8 +42,8 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
+    Gatherer,
     GuardBudget,
-    Routing,
     policy_caps,
     privacy_kinds,
     refusal_error,
@@ -130,7 +130,7 @@ class HybridClient:
         self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
-        self.routing = Routing(latency or LatencyModel(), scorer, gate, privacy_kinds)
+        self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()

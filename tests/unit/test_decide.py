@@ -443,7 +443,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     stands among the others and however the others read."""
     from functools import partial
 
-    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.gather import Gatherer
     from hybridllm.runtime.plans.choose import choose_plan
 
     state = LiveState(latency={"local": pred("local", 0.9)}, continues=frozenset({"local"}))
@@ -453,7 +453,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     reworded = replace(d, reasons=("in other words",))
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     request = GenerationRequest([{"role": "user", "content": "hi"}])
-    plan = choose_plan(reworded, dict(engines), request, CHAT, None, Routing())
+    plan = choose_plan(reworded, dict(engines), request, CHAT, None, Gatherer())
     assert isinstance(plan, partial) and plan.keywords["fallback_now"] == d.load_reason
 
 

@@ -11,9 +11,9 @@ module here beside them, named below.
 
 from __future__ import annotations
 
-from hybridllm.runtime.plans.handoff import handoff, handoff_plan
+from hybridllm.runtime.plans.handoff import build_handoff, handoff
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
 from hybridllm.runtime.plans.speculative import plan_for as speculative_plan
 
-__all__ = ["fallback_lead_s", "handoff", "handoff_plan", "race", "single", "speculative_plan"]
+__all__ = ["build_handoff", "fallback_lead_s", "handoff", "race", "single", "speculative_plan"]
