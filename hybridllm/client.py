@@ -166,7 +166,7 @@ class HybridClient:
             with anyio.CancelScope(shield=True):
                 for engine in self.engines.values():
                     await engine.aclose()
-            raise _first_error(group) from None
+            raise errors.first_error(group) from None
         self.routing.seed_from(self.engines)
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
@@ -453,20 +453,6 @@ def _log_decision(
         fallback=trace.fallback_reason is not None or bool(trace.switches),
         cascade=None if trace.cascade is None else trace.cascade.as_dict(),
     )
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """Unwrap a task group's errors: the first HybridError if any, else the first error."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    hybrid = [e for e in leaves if isinstance(e, errors.HybridError)]
-    return (hybrid or leaves)[0]
 
 
 def normalize_messages(messages: Messages) -> tuple[Message, ...]:
