@@ -15,7 +15,7 @@ from hybridllm.training.train import Form
 def _quiet_threads() -> None:
     # OpenMP / BLAS worker threads only contend on problems this small (seen: several times
     # slower on a busy 2-core machine); read when scikit-learn's native libraries load, so this
-    # runs before importing it (BLAS threads are also limited around the fits, in train.py).
+    # runs before importing it (BLAS threads are also limited around the fits: training.train).
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 
