@@ -101,22 +101,8 @@ def load_parts(directory: Path) -> Parts:
                 path=p,
                 reason="missing",
             )
-    try:
-        manifest = json.loads(mpath.read_text())
-        declared = manifest["artifact"]["sha256"]
-        fmt = manifest["format"]
-        if manifest.get("label", "cloud-needed") not in LABELS:
-            raise ValueError(f"unknown label {manifest.get('label')!r}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RouterArtifactError(
-            f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
-        ) from exc
-    if fmt not in READS:
-        raise RouterArtifactError(
-            f"router manifest format {fmt!r}, this hybridllm reads {list(READS)}",
-            path=mpath,
-            reason="version",
-        )
+    manifest = _read_manifest(mpath)
+    declared, fmt = manifest["artifact"]["sha256"], manifest["format"]
     blob = fpath.read_bytes()
     actual = sha256_hex(blob)
     if actual != declared:
@@ -153,6 +139,28 @@ def load_parts(directory: Path) -> Parts:
             f"router artifact does not fit this router ({exc})", path=fpath, reason="malformed"
         ) from exc
     return parts
+
+
+def _read_manifest(mpath: Path) -> dict[str, Any]:
+    """The manifest, parsed: it names the file's hash, a format this hybridllm reads and a
+    known label."""
+    try:
+        manifest = json.loads(mpath.read_text())
+        _ = manifest["artifact"]["sha256"]  # it names the file's hash
+        fmt = manifest["format"]
+        if manifest.get("label", "cloud-needed") not in LABELS:
+            raise ValueError(f"unknown label {manifest.get('label')!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RouterArtifactError(
+            f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
+        ) from exc
+    if fmt not in READS:
+        raise RouterArtifactError(
+            f"router manifest format {fmt!r}, this hybridllm reads {list(READS)}",
+            path=mpath,
+            reason="version",
+        )
+    return dict(manifest)
 
 
 def load_extra(directory: Path, manifest: dict[str, Any], keys: list[str]) -> dict[str, Any]:
