@@ -1,4 +1,5 @@
-"""Training router stage 2 beside stage 1 (`hybridllm router train --signals ...`).
+"""Training router stage 2 beside stage 1 (`hybridllm router train --signals ...`); what it
+trains is scored by `hybridllm.routing.stage2` (`scoring` here).
 
 The training rows' stage-1 inputs are out-of-fold log-odds (5 folds, the heads' chosen C), the
 calibration and test rows' are the fitted stage 1's. Both stage-2 models ("combined": stage-1
@@ -8,7 +9,7 @@ split for the manifest. Rows without signals are left out of stage 2 only.
 
 With the whole local answers' figures (`answer_signals.jsonl`, `scripts/label_local_signals.py
 --whole`), two more models ("combined_answer", "signals_answer") learn to judge a whole answer
-(the cascade's `cascade_judge = "answer"`), on `stage2.whole_inputs`: multiple-choice rows as the
+(the cascade's `cascade_judge = "answer"`), on `scoring.whole_inputs`: multiple-choice rows as the
 others read them, free-form rows with their whole answer's figures; a free-form row without them
 is left out of these two.
 """
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hybridllm.routing import features as F, stage2
+from hybridllm.routing import features as F, stage2 as scoring
 from hybridllm.routing.heads import Calibration
 from hybridllm.routing.labels import Example
 from hybridllm.routing.router import Router
@@ -120,8 +121,8 @@ class Prepared:
     def kinds(self) -> list[str]:
         """The models to fit: always `KINDS`, the plain ones where the rotations were measured,
         the "answer" ones with enough whole answers."""
-        kinds = [*stage2.KINDS, *(stage2.PLAIN.values() if self.plain != self.names else ())]
-        return kinds if self.judged is None else [*kinds, *stage2.WHOLE.values()]
+        kinds = [*scoring.KINDS, *(scoring.PLAIN.values() if self.plain != self.names else ())]
+        return kinds if self.judged is None else [*kinds, *scoring.WHOLE.values()]
 
 
 def prepare(
@@ -148,7 +149,7 @@ def prepare(
         base={k: [signals[e.key] for e in v] for k, v in part.items()},
         judged=judged,
         names=names,
-        plain=tuple(n for n in names if not n.startswith(stage2.PERM_PREFIX)),
+        plain=tuple(n for n in names if not n.startswith(scoring.PERM_PREFIX)),
         whole_names=(
             ()
             if judged is None
@@ -165,19 +166,19 @@ def train_stage2(
     *,
     data_info: dict[str, Any] | None = None,
     whole: dict[str, dict[str, float]] | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, stage2.Stage2]]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, scoring.Stage2]]:
     """(extra estimators for the skops file, the manifest's "stage2" entry, the models).
     `oof_logits`: stage 1's out-of-fold log-odds of every train row (`train.oof_logits`);
     `signals`: {"source/id": signals} (the labeller's side file, logged traffic); `whole`:
     {"source/id": the whole local answer's figures} (`answer_signals.jsonl`)."""
     prep = prepare(router, oof_logits, splits, signals, whole or {})
     extra: dict[str, Any] = {}
-    models: dict[str, stage2.Stage2] = {}
+    models: dict[str, scoring.Stage2] = {}
     metrics: dict[str, Any] = {}
     for kind in prep.kinds:
         models[kind], ests, figures = fit_kind(prep, kind)
         for h, pair in ests.items():
-            extra[stage2.extra_key(kind, h)] = pair
+            extra[scoring.extra_key(kind, h)] = pair
         if figures is not None:
             metrics[kind] = figures
     golden_z = [0.3, -0.8][: prep.z["train"].shape[1]]
@@ -188,7 +189,7 @@ def train_stage2(
             "rows": {k: len(v) for k, v in part.items()},
             # multiple-choice rows without their rotations: the plain models' only
             "without_rotations": sum(
-                stage2.without_rotations(signals[e.key]) for e in part["train"]
+                scoring.without_rotations(signals[e.key]) for e in part["train"]
             ),
             "whole_answers": None if judged is None else {k: len(v) for k, v in judged.items()},
         },
@@ -205,12 +206,12 @@ def train_stage2(
 
 def fit_kind(
     prep: Prepared, kind: str
-) -> tuple[stage2.Stage2, dict[str, dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[scoring.Stage2, dict[str, dict[str, Any]], dict[str, Any] | None]:
     """One stage-2 model: fitted on the train split, calibrated on the calibration split;
     (the model, its estimators, its test figures or None when no test row applies)."""
     use = kind.startswith("combined")
-    is_plain = kind in stage2.PLAIN.values()
-    rows = prep.judged if prep.judged is not None and kind in stage2.WHOLE.values() else None
+    is_plain = kind in scoring.PLAIN.values()
+    rows = prep.judged if prep.judged is not None and kind in scoring.WHOLE.values() else None
     names = prep.plain if is_plain else prep.names if rows is None else prep.whole_names
     sig = (
         prep.base
@@ -232,12 +233,12 @@ def fit_kind(
     mean, scale, heads, ests = fit_heads(x, yt, xc, yck)
     text_inputs = prep.z["train"].shape[1] if use else 0
     uncalibrated = Calibration(score_quantiles=(0.0,), curve=())
-    model = stage2.Stage2(names, text_inputs, mean, scale, heads, uncalibrated)
+    model = scoring.Stage2(names, text_inputs, mean, scale, heads, uncalibrated)
     cal_scores = [model.score(zr, v) for zr, v in zip(zc, sc, strict=True)]
     calib = calibration_from_labelled(
         cal_scores, [e.local_correct for e in cal_k], [e.cloud_correct for e in cal_k]
     )
-    model = stage2.Stage2(names, model.text_inputs, mean, scale, heads, calib)
+    model = scoring.Stage2(names, model.text_inputs, mean, scale, heads, calib)
     keep_t = [i for i, v in enumerate(sig["test"]) if _usable(rows, is_plain, "test", i, v)]
     if not keep_t:
         return model, ests, None
@@ -257,14 +258,14 @@ def _usable(
     is_plain: bool,
     split: str,
     i: int,
-    v: stage2.Signals,
+    v: scoring.Signals,
 ) -> bool:
     """Whether row `i` of `split` (signals `v`) teaches a model: an "answer" model (`rows`
     given) only the rows with their whole answer's figures or multiple choice; a full model
     not the rows whose rotations were given up (logged cascades), which the plain ones learn."""
     if rows is not None:
         return i in rows[split]
-    return is_plain or not stage2.without_rotations(v)
+    return is_plain or not scoring.without_rotations(v)
 
 
 def _whole_rows(
@@ -277,7 +278,7 @@ def _whole_rows(
     `MIN_WHOLE` whole answers in the training split or in the calibration split."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     for k, rows in part.items():
-        judged = (stage2.judged_inputs(signals[e.key], whole.get(e.key)) for e in rows)
+        judged = (scoring.judged_inputs(signals[e.key], whole.get(e.key)) for e in rows)
         out[k] = {i: v for i, v in enumerate(judged) if v is not None}
     for k in ("train", "calibration"):
         if sum(e.key in whole for e in part[k]) < MIN_WHOLE[k]:
