@@ -59,8 +59,8 @@ import anyio
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
 from hybridllm.local.resolve import resolve_model
 from hybridllm.routing import Router
-from hybridllm.routing.data import split_of
 from hybridllm.testing import HybridServer
+from hybridllm.training.data import split_of
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL, CLOUD = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"

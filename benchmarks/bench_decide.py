@@ -2,7 +2,7 @@
 
     python benchmarks/bench_decide.py [--n 20000] [--json PATH]
 
-Times `Routing.decide()` as `HybridClient.stream()` calls it: the prompt-token estimate, the
+Times `Gatherer.decide()` as `HybridClient.stream()` calls it: the prompt-token estimate, the
 router's score and threshold, a privacy scan, the budget check, a latency prediction per engine
 (a trained `LatencyModel`), the circuit breaker and `decide()` itself. The router here is
 `StandInRouter`, a cheap stand-in (a logistic function of a few length and keyword features),
@@ -32,7 +32,7 @@ from hybridllm import Policy
 from hybridllm.engines import GenerationRequest
 from hybridllm.policy import resolve_policy
 from hybridllm.routing import BudgetVerdict, decide
-from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.gather import Gatherer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.testing import ScriptedEngine
@@ -105,7 +105,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def run(n: int, router_kind: str, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    routing = Routing(trained_model(rng), router_of(router_kind), StandInBudget(), StandInScan())
+    routing = Gatherer(trained_model(rng), router_of(router_kind), StandInBudget(), StandInScan())
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     breakers = {"local": CircuitBreaker(), "cloud": CircuitBreaker()}
     names = ["chat", "code-completion", "translation", "voice-assistant", "batch", "private"]

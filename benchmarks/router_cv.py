@@ -4,7 +4,7 @@
                                                                [--folds 5] [--seeds 2] [--stage2]
 
 `--stage2`: stage 1, the local model's signals alone and the combination (router stage 2), see
-`hybridllm/routing/cv.py`; needs data/router/local_signals.jsonl (scripts/label_local_signals.py).
+`hybridllm/training/cv.py`; needs data/router/local_signals.jsonl (scripts/label_local_signals.py).
 `--stage2 --whole`: the same for the cascade's "answer" judge, stage 2 on `stage2.whole_inputs`
 (free-form rows read by their whole local answer, data/router/answer_signals.jsonl from
 `label_local_signals.py --whole`; multiple-choice rows as before); free-form rows without the
@@ -34,9 +34,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
 from hybridllm.routing import features
-from hybridllm.routing.data import load_examples
-from hybridllm.routing.metrics import routing_curve, summarize
-from hybridllm.routing.train import feature_matrix
+from hybridllm.training.data import load_examples
+from hybridllm.training.metrics import routing_curve, summarize
+from hybridllm.training.train import feature_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 Scorer = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--stage2", action="store_true",
-                    help="stage 1 vs the local signals alone vs combined (hybridllm.routing.cv), "
+                    help="stage 1 vs the local signals alone vs combined (hybridllm.training.cv), "
                     "per source and with each source left out")  # fmt: skip
     ap.add_argument("--signals", type=Path, default=ROOT / "data/router/local_signals.jsonl")
     ap.add_argument("--whole", action="store_true", help="judge free-form rows by the whole "
@@ -59,8 +59,8 @@ def main() -> None:
     if args.sources:
         examples = [e for e in examples if e.source in args.sources.split(",")]
     if args.stage2:
-        from hybridllm.routing import cv
-        from hybridllm.routing.stage2 import load_signals, load_whole_inputs
+        from hybridllm.training import cv
+        from hybridllm.training.data import load_signals, load_whole_inputs
 
         load = load_whole_inputs if args.whole else load_signals
         d = cv.Data.build(examples, load(args.signals))

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/router_headroom.py [--seeds 1]
                                                                               [--whole]
 
-Out of fold (5 folds stratified by source, stage 2 "combined" as `hybridllm/routing/cv.py`
+Out of fold (5 folds stratified by source, stage 2 "combined" as `hybridllm/training/cv.py`
 fits it), prints:
 - the ROC AUC of stage 2's P(local right) on the multiple-choice rows and on the free-form rows;
 - APGR with the local outcome known exactly on one kind of row (stage 2's P(local right) kept
@@ -11,7 +11,7 @@ fits it), prints:
 - APGR when one kind's P(local right) log-odds are moved towards the truth by `s` (+s if the
   local answer was right, -s if not), with the AUC that makes on those rows: how good a signal
   for that kind would have to be for a given APGR, the other kind's rows as they are.
-`--whole`: the whole-answer judge's inputs (`stage2.load_whole_inputs`).
+`--whole`: the whole-answer judge's inputs (`training.data.load_whole_inputs`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
-from hybridllm.routing import cv, stage2
-from hybridllm.routing.data import load_examples
-from hybridllm.routing.metrics import routing_curve, summarize
+from hybridllm.training import cv
+from hybridllm.training.data import load_examples, load_signals, load_whole_inputs
+from hybridllm.training.metrics import routing_curve, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIFTS = (0.1, 0.2, 0.3, 0.5)
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--whole", action="store_true", help="the whole-answer judge's inputs")
     args = ap.parse_args()
-    load = stage2.load_whole_inputs if args.whole else stage2.load_signals
+    load = load_whole_inputs if args.whole else load_signals
     d = cv.Data.build(load_examples(args.data), load(args.signals))
     local, cloud = d.y["local_right"], d.y["cloud_right"]
     mc = np.array([s.get("is_choice") == 1.0 for s in d.signals])

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from hybridllm.engines.llama.option_rotations import PERM_NAMES, summarise
-from hybridllm.routing import cv
-from hybridllm.routing.data import Example, load_examples
+from hybridllm.routing.labels import Example
+from hybridllm.training import cv
+from hybridllm.training.data import load_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 Row = dict[str, Any]

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/router_stage2_variants.py [--seeds 1]
         [--folds 5] [--no-loso] [--quick] [--only NAME,NAME] [--whole]
 
-The protocol is `hybridllm/routing/cv.py`'s: folds stratified by source, seeds 0..n-1, the
+The protocol is `hybridllm/training/cv.py`'s: folds stratified by source, seeds 0..n-1, the
 training rows' stage-1 log-odds out-of-fold (inner 5-fold), the held-out rows' from stage 1 fitted
 on all training rows; then each source left out in turn (fitted on the others, seed 0). Every
 variant sees the same folds and the same stage-1 log-odds. Printed per variant: mean APGR (sem over
@@ -13,7 +13,7 @@ sources (with how many of the 13 it beats the shipped combination on).
 Variants (each scores P(cloud right) * (1 - P(local right)) unless it says otherwise):
 - stage 1: the text heads alone.
 - combined (shipped): stage 2 as shipped, two logistic heads over [stage-1 log-odds, signals,
-  answer-token figures x is_choice] (`stage2.fit`).
+  answer-token figures x is_choice] (`training.stage2.fit_heads`).
 - split: the local head over [stage-1 local log-odds, signals], the cloud head over [stage-1 cloud
   log-odds, signals]; split-sig: the local head over the signals alone.
 - kind x sig: the shipped inputs plus the prompt's kind (choice / number / reasoning / code /
@@ -45,8 +45,10 @@ from sklearn.model_selection import StratifiedKFold
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hybridllm.routing import cv, stage2  # noqa: E402
-from hybridllm.routing.data import load_examples  # noqa: E402
+from hybridllm.routing import stage2  # noqa: E402
+from hybridllm.training import cv  # noqa: E402
+from hybridllm.training.data import load_examples, load_signals, load_whole_inputs  # noqa: E402
+from hybridllm.training.stage2 import design  # noqa: E402
 
 KINDS = ("choice", "number", "reasoning", "code", "open")
 HEADS = stage2.HEADS
@@ -88,7 +90,7 @@ def _logit_heads(
     xs: dict[str, tuple[np.ndarray, np.ndarray]], y: dict[str, np.ndarray], c: float = 0.3
 ) -> dict[str, np.ndarray]:
     """Per head: (train, test) design -> P(head) on test (logistic + Platt on the train rows, as
-    `stage2.fit` does with x = xc)."""
+    `training.stage2.fit_heads` does with x = xc)."""
     from sklearn.linear_model import LogisticRegression
 
     out = {}
@@ -287,9 +289,9 @@ def main() -> None:
         args.seeds, args.no_loso = 1, True
     names = [n for n in VARIANTS if not args.only or n in args.only.split(",")]
     t0 = time.perf_counter()
-    load = stage2.load_whole_inputs if args.whole else stage2.load_signals
+    load = load_whole_inputs if args.whole else load_signals
     d = cv.Data.build(load_examples(args.data), load(args.signals))
-    sig = stage2.design(None, d.signals, d.names)
+    sig = design(None, d.signals, d.names)
     ic = sig[:, d.names.index("is_choice")]
     kind = np.array([kind_of(prompt_text(e.prompt), ic[i]) for i, e in enumerate(d.examples)])
     local, cloud = d.y["local_right"], d.y["cloud_right"]

@@ -1,6 +1,6 @@
 """hybridllm: one async streaming API over a local GGUF model and any OpenAI-compatible cloud.
 
-The public names load on first use (`hybridllm._lazy`): `import hybridllm` loads no numpy,
+The public names load on first use (`hybridllm.lazy_names`): `import hybridllm` loads no numpy,
 openai, llama.cpp or scikit-learn, and changes no environment variable. llama.cpp's OpenMP wait
 policy is set by the one loader of llama.cpp (`hybridllm.local.loader`) just before it loads.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridllm._lazy import lazy
+from hybridllm.lazy_names import lazy
 
 _NAMES = {
     "Completion": "hybridllm.client",

@@ -42,8 +42,8 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
+    Gatherer,
     GuardBudget,
-    Routing,
     policy_caps,
     privacy_kinds,
     refusal_error,
@@ -156,7 +156,7 @@ class HybridClient:
         self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
-        self.routing = Routing(latency or LatencyModel(), scorer, gate, privacy_kinds)
+        self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         self._runs: set[RequestRun] = set()
@@ -192,7 +192,7 @@ class HybridClient:
             with anyio.CancelScope(shield=True):
                 for engine in self.engines.values():
                     await engine.aclose()
-            raise _first_error(group) from None
+            raise errors.first_error(group) from None
         self.routing.seed_from(self.engines)
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
@@ -510,20 +510,6 @@ def _log_decision(
         fallback=trace.fallback_reason is not None or bool(trace.switches),
         cascade=None if trace.cascade is None else trace.cascade.as_dict(),
     )
-
-
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """Unwrap a task group's errors: the first HybridError if any, else the first error."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    hybrid = [e for e in leaves if isinstance(e, errors.HybridError)]
-    return (hybrid or leaves)[0]
 
 
 def normalize_messages(messages: Messages) -> tuple[Message, ...]:

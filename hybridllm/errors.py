@@ -444,6 +444,21 @@ class ServerError(CloudStatusError):
         return not self.received_content
 
 
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error a failed task group stands for: its first HybridError if any (nested groups
+    flattened), else its first error."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    hybrid = [e for e in leaves if isinstance(e, HybridError)]
+    return (hybrid or leaves)[0]
+
+
 # ---- deprecated names ----------------------------------------------------------------------
 
 _DEPRECATED = {

@@ -109,7 +109,7 @@ class _Table(BaseModel):
         __init__ = _init
 
 
-class Sampling(_Table):
+class SamplingTable(_Table):
     """`[sampling]`: the defaults of a request's sampling (a call's arguments override them)."""
 
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
@@ -141,7 +141,7 @@ _ROUTING_NUMBERS = (
 _ROUTING_FIELDS = ("prefer", "allow_cloud", "fallback_order", "retries", *_ROUTING_NUMBERS)
 
 
-class Routing(_Table):
+class RoutingTable(_Table):
     """`[routing]`: where a request may run, its deadlines, and how the router's score is read
     (at most one of `router_threshold`, `target_cloud_share`, `quality_floor`; the score is
     P(the local answer is wrong))."""
@@ -186,7 +186,7 @@ class Routing(_Table):
         return self
 
 
-class Hedge(_Table):
+class HedgeTable(_Table):
     """`[hedge]`: a second engine started before the first has answered.
 
     `after_ms`: start the backup this long after the call even before the deadline; "auto": the
@@ -230,7 +230,7 @@ class Hedge(_Table):
         return self
 
 
-class Handoff(_Table):
+class HandoffTable(_Table):
     """`[handoff]`: the local engine delivers `after_tokens` tokens, then the cloud continues.
     `warm_cloud`: ask the cloud for one token of the prompt at once, so that its prefix cache
     holds the prompt when the continuation comes (the seam is then about a decode step); costs
@@ -244,7 +244,7 @@ class Handoff(_Table):
     _counts = field_validator("after_tokens", mode="before")(_count)
 
 
-class Cascade(_Table):
+class CascadeTable(_Table):
     """`[cascade]` (runtime/plans/cascade.py): the local engine holds back at most `hold_tokens`
     first tokens, for at most `hold_ms` (counted against the deadline), while the router's stage
     2 reads its confidence; `hedge`: the cloud starts at once where stage 1 alone would send the
@@ -260,7 +260,7 @@ class Cascade(_Table):
     _numbers = field_validator("hold_ms", mode="before")(_number)
 
 
-class Speculative(_Table):
+class SpeculativeTable(_Table):
     """`[speculative]`: `show_drafts` adds `Draft`/`Retract` events to `s.events()`;
     `max_prompt_overhead` caps the prompt tokens its verification rounds bill per committed token
     (past it: plain cloud streaming); `k` fixes the drafts per round (1 to 16; None: k adapts to
@@ -276,7 +276,7 @@ class Speculative(_Table):
     _numbers = field_validator("max_prompt_overhead", mode="before")(_number)
 
 
-class Budget(_Table):
+class BudgetTable(_Table):
     """`[budget]`: spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a
     request the budget cannot cover: "local" serves it on the device, "fail" refuses it."""
 
@@ -294,7 +294,7 @@ PrivacyMode = Literal["off", "keep-local", "block"]
 PRIVACY_STRICTNESS: tuple[PrivacyMode, ...] = ("off", "keep-local", "block")
 
 
-class Privacy(_Table):
+class PrivacyTable(_Table):
     """`[privacy]`: `mode` "keep-local" (the default) keeps a request holding personal or secret
     data off the cloud; "block" refuses it; "off" lets it go. What is looked for: the patterns
     and checksums always (emails, phone numbers, cards, IBANs, national IDs, API keys and
@@ -307,14 +307,14 @@ class Privacy(_Table):
 
 
 TABLES: dict[str, type[_Table]] = {
-    "sampling": Sampling,
-    "routing": Routing,
-    "hedge": Hedge,
-    "handoff": Handoff,
-    "cascade": Cascade,
-    "speculative": Speculative,
-    "budget": Budget,
-    "privacy": Privacy,
+    "sampling": SamplingTable,
+    "routing": RoutingTable,
+    "hedge": HedgeTable,
+    "handoff": HandoffTable,
+    "cascade": CascadeTable,
+    "speculative": SpeculativeTable,
+    "budget": BudgetTable,
+    "privacy": PrivacyTable,
 }
 
 # the old flat fields and their place in the tables: (table, name)
@@ -355,7 +355,7 @@ def _reject_flat(data: Any) -> str | None:
     if not isinstance(data, dict):
         return None
     for key, value in data.items():
-        if key in MOVED and not (key == "privacy" and isinstance(value, dict | Privacy)):
+        if key in MOVED and not (key == "privacy" and isinstance(value, dict | PrivacyTable)):
             return str(key)
     return None
 
@@ -377,14 +377,14 @@ class Policy(BaseModel):
     plans: tuple[PlanName, ...] = ("single", "hedge")
     # the plan to run when it can (None: the decision picks); `stream(plan=...)` sets it per call
     plan: PlanName | None = None
-    sampling: Sampling = Sampling()
-    routing: Routing = Routing()
-    hedge: Hedge = Hedge()
-    handoff: Handoff = Handoff()
-    cascade: Cascade = Cascade()
-    speculative: Speculative = Speculative()
-    budget: Budget = Budget()
-    privacy: Privacy = Privacy()
+    sampling: SamplingTable = SamplingTable()
+    routing: RoutingTable = RoutingTable()
+    hedge: HedgeTable = HedgeTable()
+    handoff: HandoffTable = HandoffTable()
+    cascade: CascadeTable = CascadeTable()
+    speculative: SpeculativeTable = SpeculativeTable()
+    budget: BudgetTable = BudgetTable()
+    privacy: PrivacyTable = PrivacyTable()
 
     @model_validator(mode="before")
     @classmethod

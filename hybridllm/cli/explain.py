@@ -1,6 +1,6 @@
 """`hybridllm explain`: print where a prompt would go under a policy, and why. Nothing is sent.
 
-The decision comes from the client's own gather (`hybridllm.runtime.gather.Routing`) and the
+The decision comes from the client's own gather (`hybridllm.runtime.gather.Gatherer`) and the
 pure `decide()`, with the live state stated on the command line: offline engines that send
 nothing, the local queue (`--queue-s`), the cloud circuit (`--cloud-circuit`), the budget
 (`--budget-exhausted`), privacy findings (`--found`, added to what the client's own scan finds).
@@ -34,7 +34,7 @@ from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Scorer
-from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.gather import Gatherer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 
@@ -230,7 +230,7 @@ def explain(
         if not latency.knows(name):
             latency.seed(name)  # the prior as it is
     scorer = router if router_score is None else StatedRouter(router, router_score)
-    routing = Routing(
+    routing = Gatherer(
         latency=latency,
         router=scorer,
         budget=None if budget_fits else _Exhausted(),

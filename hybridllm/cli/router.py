@@ -8,14 +8,14 @@ import os
 import sys
 from pathlib import Path
 
-from hybridllm.routing.data import Label
-from hybridllm.routing.train import Form
+from hybridllm.routing.labels import Label
+from hybridllm.training.train import Form
 
 
 def _quiet_threads() -> None:
     # OpenMP / BLAS worker threads only contend on problems this small (seen: several times
     # slower on a busy 2-core machine); read when scikit-learn's native libraries load, so this
-    # runs before importing it (BLAS threads are also limited around the fits, in train.py).
+    # runs before importing it (BLAS threads are also limited around the fits: training.train).
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
 
@@ -28,7 +28,7 @@ def default_data() -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     _quiet_threads()
     from hybridllm.routing.artifact import default_dir
-    from hybridllm.routing.train import train
+    from hybridllm.training.train import train
 
     out = Path(args.out) if args.out else default_dir()
     data = Path(args.data) if args.data else default_data()
@@ -51,9 +51,8 @@ def _signals_path(args: argparse.Namespace, data: Path) -> Path | None:
 
 
 def cmd_eval_stage2(args: argparse.Namespace, data: Path) -> int:
-    from hybridllm.routing import cv
-    from hybridllm.routing.data import load_examples
-    from hybridllm.routing.stage2 import load_signals, load_whole_inputs
+    from hybridllm.training import cv
+    from hybridllm.training.data import load_examples, load_signals, load_whole_inputs
 
     path = _signals_path(args, data)
     if path is None:
@@ -69,8 +68,9 @@ def cmd_eval_stage2(args: argparse.Namespace, data: Path) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     _quiet_threads()
     from hybridllm.routing.artifact import default_dir
-    from hybridllm.routing.data import load_examples
-    from hybridllm.routing.evaluate import (
+    from hybridllm.routing.router import Router
+    from hybridllm.training.data import load_examples
+    from hybridllm.training.evaluate import (
         evaluate,
         format_report,
         format_sources,
@@ -78,7 +78,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         quality_table,
         report_json,
     )
-    from hybridllm.routing.router import Router
 
     if args.stage2:
         return cmd_eval_stage2(args, Path(args.data) if args.data else default_data())
@@ -114,9 +113,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:
-    from hybridllm.routing.artifact import save_recalibrated
     from hybridllm.routing.log import DecisionLog
     from hybridllm.routing.router import Router
+    from hybridllm.training.save import save_recalibrated
 
     router = Router.load(Path(args.router) if args.router else None)
     with DecisionLog(Path(args.from_log)) as log:

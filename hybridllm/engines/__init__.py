@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridllm._lazy import lazy
+from hybridllm.lazy_names import lazy
 
 _NAMES = {
     "Engine": "hybridllm.engines.base",

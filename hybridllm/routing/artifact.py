@@ -27,17 +27,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hybridllm.errors import RouterArtifactError
 from hybridllm.routing import features as F
-from hybridllm.routing.data import LABELS
 from hybridllm.routing.heads import FORMS, Calibration, Head
-
-if TYPE_CHECKING:
-    from hybridllm.routing.router import Router
+from hybridllm.routing.labels import LABELS
 
 FORMAT = 2  # 2: estimators per head, manifest "heads"; 1: one head, {classifier, calibrator}
 READS = (1, 2)
@@ -70,18 +67,9 @@ def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
+    """The sha256 of a file's bytes, as the manifest records it."""
     return hashlib.sha256(data).hexdigest()
-
-
-def weights_sha256(heads: dict[str, Head]) -> str:
-    """A hash of the fitted numbers: equal for two trainings that learned the same model."""
-    h = hashlib.sha256()
-    for name, head in heads.items():
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(head.weights, dtype=np.float64).tobytes())
-        h.update(np.array([head.intercept, *head.platt], dtype=np.float64).tobytes())
-    return h.hexdigest()
 
 
 def head_from(estimators: dict[str, Any]) -> Head:
@@ -92,54 +80,6 @@ def head_from(estimators: dict[str, Any]) -> Head:
         intercept=float(np.ravel(clf.intercept_)[0]),
         platt=(float(np.ravel(platt.coef_)[0]), float(np.ravel(platt.intercept_)[0])),
     )
-
-
-def save_router(
-    directory: Path,
-    estimators: dict[str, Any],
-    manifest: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes).
-
-    `estimators`: {head name: {"classifier", "calibrator"}} in `router.FORMS` order; `extra`:
-    more estimators under other keys in the same file (stage 2, `load_extra`)."""
-    import skops.io as sio
-
-    directory.mkdir(parents=True, exist_ok=True)
-    blob = sio.dumps({**estimators, **(extra or {})})
-    (directory / MODEL_FILE).write_bytes(blob)
-    full = {
-        "format": FORMAT,
-        "feature_version": F.FEATURE_VERSION,
-        "n_hash": F.N_HASH,
-        "dense_names": list(F.DENSE_NAMES),
-        "versions": library_versions(),
-        **manifest,
-        "heads": list(estimators),
-        "artifact": {"file": MODEL_FILE, "sha256": _sha256(blob), "bytes": len(blob)},
-    }
-    text = json.dumps(full, indent=1, sort_keys=False) + "\n"
-    (directory / MANIFEST_FILE).write_text(text)
-    return full
-
-
-def save_recalibrated(router: Router, directory: Path) -> Path:
-    """Write a copy of `router`'s artifact with its current calibration (e.g. after
-    `Router.recalibrate` on traffic) to `directory`; the skops file is copied unchanged."""
-    if router.path is None:
-        raise RouterArtifactError("router was not loaded from disk", path=directory,
-                                  reason="missing")  # fmt: skip
-    directory.mkdir(parents=True, exist_ok=True)
-    blob = (router.path / MODEL_FILE).read_bytes()
-    if _sha256(blob) != router.manifest["artifact"]["sha256"]:
-        raise RouterArtifactError("router file changed since it was loaded",
-                                  path=router.path / MODEL_FILE, reason="tampered")  # fmt: skip
-    if directory.resolve() != router.path.resolve():
-        (directory / MODEL_FILE).write_bytes(blob)
-    manifest = {**router.manifest, "calibration": router.calibration.to_json()}
-    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
-    return directory
 
 
 @dataclass(frozen=True)
@@ -161,24 +101,10 @@ def load_parts(directory: Path) -> Parts:
                 path=p,
                 reason="missing",
             )
-    try:
-        manifest = json.loads(mpath.read_text())
-        declared = manifest["artifact"]["sha256"]
-        fmt = manifest["format"]
-        if manifest.get("label", "cloud-needed") not in LABELS:
-            raise ValueError(f"unknown label {manifest.get('label')!r}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RouterArtifactError(
-            f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
-        ) from exc
-    if fmt not in READS:
-        raise RouterArtifactError(
-            f"router manifest format {fmt!r}, this hybridllm reads {list(READS)}",
-            path=mpath,
-            reason="version",
-        )
+    manifest = _read_manifest(mpath)
+    declared, fmt = manifest["artifact"]["sha256"], manifest["format"]
     blob = fpath.read_bytes()
-    actual = _sha256(blob)
+    actual = sha256_hex(blob)
     if actual != declared:
         raise RouterArtifactError(
             f"router file sha256 {actual[:12]}... does not match the manifest's "
@@ -215,12 +141,34 @@ def load_parts(directory: Path) -> Parts:
     return parts
 
 
+def _read_manifest(mpath: Path) -> dict[str, Any]:
+    """The manifest, parsed: it names the file's hash, a format this hybridllm reads and a
+    known label."""
+    try:
+        manifest = json.loads(mpath.read_text())
+        _ = manifest["artifact"]["sha256"]  # it names the file's hash
+        fmt = manifest["format"]
+        if manifest.get("label", "cloud-needed") not in LABELS:
+            raise ValueError(f"unknown label {manifest.get('label')!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RouterArtifactError(
+            f"malformed router manifest ({exc!r})", path=mpath, reason="malformed"
+        ) from exc
+    if fmt not in READS:
+        raise RouterArtifactError(
+            f"router manifest format {fmt!r}, this hybridllm reads {list(READS)}",
+            path=mpath,
+            reason="version",
+        )
+    return dict(manifest)
+
+
 def load_extra(directory: Path, manifest: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """The estimators stored under `keys` beside the heads (stage 2), checked as the heads are
     (file hash, trusted types); a missing key is a RouterArtifactError."""
     fpath = directory / MODEL_FILE
     blob = fpath.read_bytes()
-    if _sha256(blob) != manifest["artifact"]["sha256"]:
+    if sha256_hex(blob) != manifest["artifact"]["sha256"]:
         raise RouterArtifactError("router file changed since its manifest was checked",
                                   path=fpath, reason="tampered")  # fmt: skip
     return _load_estimators(blob, fpath, keys, flat=False, verified=True)

@@ -92,11 +92,8 @@ def _cause(removed: _Removal | None, otherwise: RefusalCause) -> RefusalCause:
 
 def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     reasons: list[str] = []
-    deadline = (
-        None
-        if policy.routing.ttft_deadline_ms is None
-        else policy.routing.ttft_deadline_ms / 1000.0
-    )
+    deadline_ms = policy.routing.ttft_deadline_ms
+    deadline = None if deadline_ms is None else deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
     asked = facts.plan if facts.plan is not None else policy.plan
     want, by_router = _wanted(facts, policy, reasons)
@@ -105,8 +102,9 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
         return _refuse(reasons, deadline, _cause(removed, "no_engine"))
     local_off = _local_circuit(facts, state, allowed, reasons)
     left_out = _unavailable(facts, state, allowed, reasons)
-    explained = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
-    decision = _serve(facts, policy, state, allowed, want, explained, reasons, deadline, asked)
+    # a reason already says why an engine is missing (`no <engine> engine` would repeat it)
+    absence_noted = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
+    decision = _serve(facts, policy, state, allowed, want, absence_noted, reasons, deadline, asked)
     if decision.primary is None:
         return replace(decision, refusal=_cause(removed, decision.refusal or "no_engine"))
     decision = replace(decision, by_router=by_router)
@@ -123,13 +121,13 @@ def _serve(
     state: LiveState,
     allowed: list[EngineName],
     want: EngineName,
-    explained: bool,
+    absence_noted: bool,
     reasons: list[str],
     deadline: float | None,
     asked: PlanName | None,
 ) -> Decision:
     """3. and 4.: the serving engine, its fallback, the load rules and the plan."""
-    picked = _pick(facts, allowed, want, explained, reasons, deadline)
+    picked = _pick(facts, allowed, want, absence_noted, reasons, deadline)
     if isinstance(picked, Decision):
         return picked
     load = picked if deadline is None else _load(picked, deadline, policy, state, reasons)
@@ -148,7 +146,9 @@ def _serve(
         )
     hedge_s = None
     if load.rule != "parallel_start" and not handoff:
-        hedge_s = hedge_delay(policy, primary, fallback, state, reasons, deadline, load.lead, asked)
+        hedge_s = hedge_delay(
+            policy, primary, fallback, state, reasons, deadline, load.early_start, asked
+        )
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(
@@ -159,7 +159,7 @@ def _serve(
         hedge_s,
         tuple(reasons),
         failover,
-        fallback_lead=load.lead,
+        fallback_lead=load.early_start,
         load=load.rule,
         load_reason=load.why,
     )
@@ -169,7 +169,7 @@ def _pick(
     facts: RequestFacts,
     allowed: list[EngineName],
     want: EngineName,
-    explained: bool,
+    absence_noted: bool,
     reasons: list[str],
     deadline: float | None,
 ) -> Decision | _Load:
@@ -186,7 +186,7 @@ def _pick(
     preferred = want
     if want not in allowed:
         preferred = allowed[0]
-        if not explained:
+        if not absence_noted:
             reasons.append(f"no {want} engine -> {preferred}")
     others = [e for e in allowed if e != preferred]
     return _Load(preferred, others[0] if others else None)
@@ -318,7 +318,7 @@ class _Load(NamedTuple):
     fallback: EngineName | None
     rule: LoadRule | None = None
     why: str = ""
-    lead: bool = True
+    early_start: bool = True  # the fallback may start ahead of the deadline, by its TTFT
 
 
 def _load(
@@ -341,10 +341,10 @@ def _load(
         )
         return _fired(reasons, _Load(fallback, primary, "cloud_queue", why))
     # a cloud the policy never starts in parallel waits for the deadline itself
-    lead = fallback != "cloud" or policy.hedge.parallel_cloud
+    early_start = fallback != "cloud" or policy.hedge.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
-        return _Load(primary, fallback, lead=lead)
+        return _Load(primary, fallback, early_start=early_start)
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
         why = (
@@ -359,7 +359,7 @@ def _load(
     held = None if fallback != "cloud" else _parallel_cloud_held(policy, state)
     if held is not None:
         why = f"{missed}; {held}: the cloud starts only at the deadline"
-        return _fired(reasons, _Load(primary, fallback, "parallel_held", why, lead=False))
+        return _fired(reasons, _Load(primary, fallback, "parallel_held", why, early_start=False))
     if fallback == "cloud":
         now = "the cloud starts in parallel now (it costs a cloud request; the first token wins)"
     else:

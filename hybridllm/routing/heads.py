@@ -29,26 +29,6 @@ class Calibration:
     curve: tuple[tuple[float, float, float], ...]
     source: str = "calibration split"
 
-    @classmethod
-    def from_labelled(
-        cls,
-        scores: Sequence[float] | npt.NDArray[np.float64],
-        local_correct: Sequence[bool],
-        cloud_correct: Sequence[bool],
-    ) -> Calibration:
-        from hybridllm.routing.metrics import routing_curve
-
-        s = np.asarray(scores, dtype=np.float64)
-        curve = routing_curve(s, local_correct, cloud_correct)
-        desc = np.sort(s)[::-1]
-        # sending the top k: cloud iff score > the (k+1)-th highest score
-        thresholds = np.r_[1.0, desc[1:], 0.0]
-        rows = tuple(
-            (round(float(t), 9), round(float(c), 9), round(float(q), 9))
-            for t, c, q in zip(thresholds, curve.shares, curve.quality, strict=True)
-        )
-        return cls(score_quantiles=score_quantiles_of(s), curve=rows)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,

@@ -123,11 +123,12 @@ def hedge_delay(
     state: LiveState,
     reasons: list[str],
     deadline: float | None,
-    lead: bool,
+    early_start: bool,
     asked: PlanName | None,
 ) -> float | None:
     """The hedge delay: the policy's, or "auto" (also for `plan = "hedge"` without a delay,
-    as `Policy.with_plan` sets it); None: no hedge."""
+    as `Policy.with_plan` sets it); None: no hedge. `early_start`: the fallback starts ahead
+    of the deadline by its TTFT, so an "auto" delay must leave it that much."""
     delay = policy.hedge.after_ms
     if delay is None and asked == "hedge":
         delay = "auto"
@@ -137,7 +138,7 @@ def hedge_delay(
         hedge_s = delay / 1000.0
         reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
         return hedge_s
-    return _auto_hedge(policy, primary, fallback, state, reasons, deadline, lead)
+    return _auto_hedge(policy, primary, fallback, state, reasons, deadline, early_start)
 
 
 def _auto_hedge(
@@ -147,7 +148,7 @@ def _auto_hedge(
     state: LiveState,
     reasons: list[str],
     deadline: float | None,
-    lead: bool,
+    early_start: bool,
 ) -> float | None:
     """The hedge delay `routing.hedging` prices against the primary's TTFT history."""
     mine, theirs = state.latency.get(primary), state.latency.get(fallback)
@@ -165,7 +166,7 @@ def _auto_hedge(
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
     if deadline is not None:
-        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if lead else 0.0)
+        cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if early_start else 0.0)
     c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
     if c.delay_s is None:
         reasons.append(

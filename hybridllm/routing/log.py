@@ -7,11 +7,11 @@
     log.feedback(rid, good=True)                            # the user's verdict on the answer
 
 The schema evolves through append-only numbered migrations (`MIGRATIONS`, applied by
-`hybridllm._sqlite.migrate`, the version in `PRAGMA user_version`); an existing file is upgraded
-on open, including one that recorded its version in the older `schema_version` table. Prompt
-text is stored only when the log was opened with `store_prompts=True`; otherwise it is never
-written, whatever the caller passes. The file uses WAL journaling and a busy timeout, so several
-processes and threads can write to it at once.
+`hybridllm.sqlite_migrations.migrate`, the version in `PRAGMA user_version`); an existing file
+is upgraded on open, including one that recorded its version in the older `schema_version`
+table. Prompt text is stored only when the log was opened with `store_prompts=True`; otherwise
+it is never written, whatever the caller passes. The file uses WAL journaling and a busy
+timeout, so several processes and threads can write to it at once.
 
 `training_examples()` gives the rows that can teach the router: prompt stored, feedback given,
 answered by the local engine (feedback on a cloud answer says nothing about the local model).
@@ -31,10 +31,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hybridllm._sqlite import Steps, migrate, schema_version
 from hybridllm.errors import DecisionLogError
-from hybridllm.routing.data import Example
 from hybridllm.routing.features import Messages
+from hybridllm.routing.labels import Example
+from hybridllm.sqlite_migrations import Steps, migrate, schema_version
 
 MIGRATIONS: Steps = (
     # 1: the decisions
@@ -69,7 +69,7 @@ MIGRATIONS: Steps = (
 
 
 def _legacy_version(conn: sqlite3.Connection) -> int:
-    """Files written before `hybridllm._sqlite` recorded their version as rows of a
+    """Files written before `hybridllm.sqlite_migrations` recorded their version as rows of a
     `schema_version` table (left in place, no longer written)."""
     table = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"

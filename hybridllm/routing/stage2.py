@@ -15,7 +15,6 @@ Scoring is plain numpy; scikit-learn only fits (and unpickles, in the artifact) 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hybridllm.errors import ConfigError
 from hybridllm.routing.heads import Calibration
 from hybridllm.routing.score import RouterScore
 
@@ -33,39 +31,6 @@ HEADS = ("cloud_right", "local_right")
 LOGIT_BOUND = 12.0
 Signals = Mapping[str, float | None]
 FloatArray = npt.NDArray[np.float64]
-
-
-def load_signals(path: Path) -> dict[str, dict[str, float]]:
-    """The labeller's side file (`scripts/label_local_signals.py`): {"source/id": signals}."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: local signals not found (scripts/label_local_signals.py)")
-    out: dict[str, dict[str, float]] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            sig = {str(k): math.nan if v is None else float(v) for k, v in row["signals"].items()}
-            out.setdefault(f"{row['source']}/{row['id']}", sig)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{path}:{n}: malformed signals row ({exc!r})") from exc
-    return out
-
-
-def load_whole_inputs(path: Path, whole_path: Path | None = None) -> dict[str, dict[str, float]]:
-    """The "answer" models' inputs per labelled row (`whole_inputs`): the signals side file at
-    `path` with the whole answers' figures (`whole_path`, default `answer_signals.jsonl` beside
-    it); free-form rows without them are left out, multiple-choice rows kept as they are."""
-    head = load_signals(path)
-    whole_path = whole_path or path.with_name(WHOLE_FILE)
-    if not whole_path.is_file():
-        raise ConfigError(
-            f"{whole_path}: whole answers' figures not found "
-            "(scripts/label_local_signals.py --whole)"
-        )
-    whole = load_signals(whole_path)
-    judged = {k: judged_inputs(v, whole.get(k)) for k, v in head.items()}
-    return {k: v for k, v in judged.items() if v is not None}
 
 
 def signal_inputs(signals: Signals, names: Sequence[str]) -> FloatArray:
@@ -154,42 +119,6 @@ def interactions(x: FloatArray, names: Sequence[str]) -> FloatArray:
     return np.asarray(np.r_[x, np.asarray(extra, dtype=np.float64)], dtype=np.float64)
 
 
-def design(
-    text_logits: FloatArray | None, signals: Sequence[Signals], names: Sequence[str]
-) -> FloatArray:
-    """Rows of raw inputs (before scaling) for `fit`."""
-    sig = np.array([interactions(signal_inputs(s, names), names) for s in signals])
-    if text_logits is None:
-        return sig
-    return np.asarray(np.c_[np.clip(text_logits, -20, 20), sig], dtype=np.float64)
-
-
-def fit(
-    x: FloatArray,
-    y: Mapping[str, npt.NDArray[np.int64]],
-    xc: FloatArray,
-    yc: Mapping[str, npt.NDArray[np.int64]],
-    *,
-    c: float = 0.3,
-) -> tuple[FloatArray, FloatArray, dict[str, DenseHead], dict[str, dict[str, Any]]]:
-    """Fit both heads on (x, y), Platt-scale on (xc, yc): (mean, scale, heads, estimators)."""
-    from sklearn.linear_model import LogisticRegression
-
-    mean = x.mean(axis=0)
-    scale = x.std(axis=0)
-    scale[scale < 1e-9] = 1.0
-    xs, xcs = (x - mean) / scale, (xc - mean) / scale
-    heads: dict[str, DenseHead] = {}
-    estimators: dict[str, dict[str, Any]] = {}
-    for name in HEADS:
-        clf = LogisticRegression(C=c, max_iter=2000).fit(xs, y[name])
-        z = clf.decision_function(xcs)
-        platt = LogisticRegression(C=1e4).fit(z.reshape(-1, 1), yc[name])
-        heads[name] = head_from(clf, platt)
-        estimators[name] = {"classifier": clf, "calibrator": platt}
-    return mean, scale, heads, estimators
-
-
 def head_from(clf: Any, platt: Any) -> DenseHead:
     return DenseHead(
         weights=np.asarray(clf.coef_, dtype=np.float64).ravel(),
@@ -209,7 +138,6 @@ PERM_PREFIX = "perm_"
 # its own figures (`routing/answer_figures.py`, `whole_inputs`). Optional, like the plain ones.
 WHOLE = {"combined": "combined_answer", "signals": "signals_answer"}
 LP_NAMES = ("lp_mean", "lp_min", "lp_q10", "lp_q25", "lp_q50")
-WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
 
 
 def whole_inputs(head: Signals, whole: Signals | None) -> dict[str, float]:

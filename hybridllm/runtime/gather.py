@@ -1,6 +1,6 @@
 """Gather the facts and the live state for `decide()` (the impure half of routing).
 
-`Routing` holds what a client routes with (the latency model and the optional router, budget
+`Gatherer` holds what a client routes with (the latency model and the optional router, budget
 gate and privacy scan) and turns one request into `RequestFacts` + `LiveState`: prompt tokens
 (`engines.base.count_prompt_tokens`: the local engine's tokenizer once it is loaded, else the
 script-aware estimate; for the local engine less the prefix it shares with the previous local
@@ -74,7 +74,7 @@ def uncached_share(text: str, last: str | None) -> float:
 
 
 @dataclass
-class Routing:
+class Gatherer:
     latency: LatencyModel = field(default_factory=LatencyModel)
     router: Scorer | None = None
     budget: BudgetGate | None = None

@@ -41,7 +41,7 @@ from hybridllm.engines.scripted import ScriptedEngine
 from hybridllm.errors import AuthenticationError, CloudUnavailableError, ConfigError
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.policy import Policy
-from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.gather import Gatherer
 
 pytestmark = pytest.mark.anyio
 
@@ -230,7 +230,7 @@ async def test_routing_counts_a_request_in_the_guarded_engines_limit() -> None:
     engines: Any = {"cloud": GuardedEngine(cloud, privacy="off")}
     request = GenerationRequest([{"role": "user", "content": "hi"}], priority="interactive")
     breakers: Any = {}
-    Routing().decide(request, Policy(privacy={"mode": "off"}), engines, breakers)
+    Gatherer().decide(request, Policy(privacy={"mode": "off"}), engines, breakers)
     assert announced == ["interactive"]
 
 

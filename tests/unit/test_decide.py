@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from hybridllm import Cap, GuardedEngine, Ledger, ModelPrice, Policy, Prices, errors
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
-from hybridllm.policy import Budget
+from hybridllm.policy import BudgetTable
 from hybridllm.routing import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.decision import RefusalCause
 from hybridllm.routing.inputs import Prediction
@@ -51,7 +51,7 @@ def policies(draw: st.DrawFn) -> Policy:
     return Policy(
         name="p",
         plans=plans,
-        budget=Budget(on_exceeded=draw(st.sampled_from(["local", "fail"]))),
+        budget=BudgetTable(on_exceeded=draw(st.sampled_from(["local", "fail"]))),
         routing={
             "prefer": prefer,
             "allow_cloud": allow_cloud,
@@ -205,7 +205,7 @@ def test_budget_goes_local_or_refuses() -> None:
     assert "budget: cannot cover the cloud request (day cap 0.50 USD, left 0.01 USD) -> local" in (
         d.reasons
     )
-    strict = cloudy.model_copy(update={"budget": Budget(on_exceeded="fail")})
+    strict = cloudy.model_copy(update={"budget": BudgetTable(on_exceeded="fail")})
     refused = decide(RequestFacts(50, 64), strict, state)
     assert refused.plan == "refuse" and "refused" in refused.reason
 
@@ -378,7 +378,7 @@ REFUSALS: list[tuple[RequestFacts, Policy, LiveState, RefusalCause]] = [
     # the budget, with on_exceeded = "fail"
     (
         RequestFacts(9, 8),
-        Policy(budget=Budget(on_exceeded="fail"), routing={"prefer": "cloud"}),
+        Policy(budget=BudgetTable(on_exceeded="fail"), routing={"prefer": "cloud"}),
         LiveState(budget_fits=False),
         "budget",
     ),
@@ -443,7 +443,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     stands among the others and however the others read."""
     from functools import partial
 
-    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.gather import Gatherer
     from hybridllm.runtime.plans.choose import choose_plan
 
     state = LiveState(latency={"local": pred("local", 0.9)}, continues=frozenset({"local"}))
@@ -453,7 +453,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     reworded = replace(d, reasons=("in other words",))
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     request = GenerationRequest([{"role": "user", "content": "hi"}])
-    plan = choose_plan(reworded, dict(engines), request, CHAT, None, Routing())
+    plan = choose_plan(reworded, dict(engines), request, CHAT, None, Gatherer())
     assert isinstance(plan, partial) and plan.keywords["fallback_now"] == d.load_reason
 
 

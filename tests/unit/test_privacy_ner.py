@@ -22,7 +22,7 @@ from hybridllm.guard.privacy_ner import (
     default_scanner,
 )
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone, nir_ok
-from hybridllm.runtime.gather import Routing
+from hybridllm.runtime.gather import Gatherer
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
@@ -186,7 +186,7 @@ class Recorder:
 
 def test_routing_scans_deeply_only_what_could_reach_the_cloud() -> None:
     scan = Recorder()
-    routing = Routing(privacy=scan)
+    routing = Gatherer(privacy=scan)
     request = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
     both = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     keep = Policy(name="p", privacy={"mode": "keep-local", "ner": True})

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from hybridllm.errors import RouterArtifactError, RouterThresholdError
-from hybridllm.routing import Calibration, Router
-from hybridllm.routing.data import by_split, load_examples, split_of
-from hybridllm.routing.train import feature_matrix, train
+from hybridllm.routing import Router
+from hybridllm.training.data import by_split, load_examples, split_of
+from hybridllm.training.metrics import calibration_from_labelled
+from hybridllm.training.train import feature_matrix, train
 from tests._router_data import write_fixture
 
 
@@ -212,7 +213,7 @@ def _fake_sklearn(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
 
 
 def test_golden_scores_are_recorded_and_reproduced(trained: Path) -> None:
-    from hybridllm.routing.train import GOLDEN_PROMPTS
+    from hybridllm.training.train import GOLDEN_PROMPTS
 
     golden = json.loads((trained / "manifest.json").read_text())["golden"]
     assert len(golden["prompts"]) == len(golden["scores"]) == len(GOLDEN_PROMPTS) == 8
@@ -314,7 +315,7 @@ def _router(scores: list[float], local: list[bool], cloud: list[bool]) -> Router
         weights=np.zeros(F.N_HASH + len(F.DENSE_NAMES)),
         intercept=0.0,
         platt=(1.0, 0.0),
-        calibration=Calibration.from_labelled(scores, local, cloud),
+        calibration=calibration_from_labelled(scores, local, cloud),
     )
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from hybridllm.routing.metrics import apgr, apgr_interval, cpt, routing_curve, summarize
+from hybridllm.training.metrics import apgr, apgr_interval, cpt, routing_curve, summarize
 
 # four prompts: gains (cloud - local) are +1, +1, 0, -1; local-only 2/4, cloud-only 3/4
 LOCAL = [False, False, True, True]

@@ -30,9 +30,9 @@ from hybridllm.engines.llama.signals import (
 )
 from hybridllm.errors import RouterArtifactError
 from hybridllm.routing import DecisionLog, Router
-from hybridllm.routing.data import by_split, load_examples
-from hybridllm.routing.stage2 import load_signals, router_score
-from hybridllm.routing.train import train
+from hybridllm.routing.stage2 import router_score
+from hybridllm.training.data import by_split, load_examples, load_signals
+from hybridllm.training.train import train
 from tests._router_data import write_fixture
 
 
@@ -295,7 +295,7 @@ def test_eval_cross_validates_the_whole_answer_judge(
     data: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from hybridllm.cli.main import main
-    from hybridllm.routing.stage2 import load_whole_inputs
+    from hybridllm.training.data import load_whole_inputs
 
     labels = Path(shutil.copy(data[0], tmp_path / "labels.jsonl"))
     signals = Path(shutil.copy(data[1], tmp_path / "local_signals.jsonl"))
@@ -367,7 +367,7 @@ def test_the_shipped_answer_models_read_long_answers_better_than_their_heads() -
     does (data/router/answer_signals.jsonl, `label_local_signals.py --whole`)."""
     from sklearn.metrics import roc_auc_score
 
-    from hybridllm.routing.stage2 import load_whole_inputs
+    from hybridllm.training.data import load_whole_inputs
 
     d = Path(__file__).resolve().parents[2] / "data" / "router"
     router = Router.load()

@@ -432,10 +432,10 @@ class _DraftingScripted(ScriptedEngine):
 
 def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
     from hybridllm.engines.base import GenerationRequest
-    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.gather import Gatherer
     from hybridllm.runtime.plans.speculative.verifier import Probed
 
-    routing = Routing()
+    routing = Gatherer()
     cloud = OpenAIEngine(base_url="http://x/v1", api_key="k", model="m")
     engines: Any = {"local": _DraftingScripted("local"), "cloud": cloud}
     msgs = [{"role": "user", "content": "hi"}]
@@ -455,7 +455,7 @@ def test_routing_expects_speculative_sampling_only_where_it_can_run() -> None:
 
 def test_routing_expects_speculation_only_from_engines_that_draft_and_verify() -> None:
     from hybridllm.engines.base import GenerationRequest
-    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.gather import Gatherer
 
     greedy = GenerationRequest([{"role": "user", "content": "hi"}], temperature=0.0)
     cloud = OpenAIEngine(base_url="http://x/v1", api_key="k", model="m")
@@ -466,7 +466,7 @@ def test_routing_expects_speculation_only_from_engines_that_draft_and_verify() -
     }
     for why, (local, remote) in cases.items():
         engines: Any = {"local": local, "cloud": remote}
-        assert Routing().speculation_outlook(greedy, Policy(), engines) == (False, why)
+        assert Gatherer().speculation_outlook(greedy, Policy(), engines) == (False, why)
     engines = {"local": _DraftingScripted("local"), "cloud": GuardedEngine(cloud, privacy="off")}
-    pays, why = Routing().speculation_outlook(greedy, Policy(), engines) or (None, "")
+    pays, why = Gatherer().speculation_outlook(greedy, Policy(), engines) or (None, "")
     assert pays is True and "probed on this request" in why

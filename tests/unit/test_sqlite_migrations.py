@@ -1,5 +1,6 @@
-"""`hybridllm._sqlite.migrate`: append-only steps, the version in `PRAGMA user_version`, one
-transaction; and files written by the ledger and the decision log before it still open."""
+"""`hybridllm.sqlite_migrations.migrate`: append-only steps, the version in
+`PRAGMA user_version`, one transaction; and files written by the ledger and the decision log
+before it still open."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm._sqlite import migrate, schema_version
 from hybridllm.errors import BudgetExceededError
 from hybridllm.guard.budget import Cap, Ledger, ModelPrice, TokenUsage
 from hybridllm.routing.log import MIGRATIONS, DecisionLog
+from hybridllm.sqlite_migrations import migrate, schema_version
 
 STEPS = (
     "CREATE TABLE t (id INTEGER PRIMARY KEY, a TEXT); CREATE INDEX t_a ON t (a)",

@@ -12,9 +12,9 @@ module here beside them, named below.
 
 from __future__ import annotations
 
-from hybridllm.runtime.plans.handoff import handoff, handoff_plan
+from hybridllm.runtime.plans.handoff import build_handoff, handoff
 from hybridllm.runtime.plans.race import fallback_lead_s, race
 from hybridllm.runtime.plans.single import single
 from hybridllm.runtime.plans.speculative.plan import build_speculative
 
-__all__ = ["build_speculative", "fallback_lead_s", "handoff", "handoff_plan", "race", "single"]
+__all__ = ["build_handoff", "build_speculative", "fallback_lead_s", "handoff", "race", "single"]

@@ -105,7 +105,7 @@ async def cascade(
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
     info = CascadeRecord(round(text, 6), hedged, settings.cut, settings.judge)
     trace.cascade = info
-    try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`_sole`)
+    try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`first_error`)
         async with anyio.create_task_group() as tg:
             buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
             cloud_scope = anyio.CancelScope()
@@ -151,7 +151,7 @@ async def cascade(
                 why = f"{why} -> cloud"
             cloud_scope.cancel()
     except BaseExceptionGroup as group:
-        raise _sole(group) from None
+        raise errors.first_error(group) from None
     await single(run, cloud, request, why, stall_s=stall_s)
 
 
@@ -201,12 +201,6 @@ def _judge(
     )
     why = f"{reason}: combined score {score.value:.2f} {rel} {settings.cut:.2f} after {held}"
     return release, why
-
-
-def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one error of a task group that failed (the buffered cloud task never raises: it
-    hands its error over), or the group itself."""
-    return group.exceptions[0] if len(group.exceptions) == 1 else group
 
 
 def _whole_answer_inputs(sig: Any) -> tuple[dict[str, float], dict[str, float]]:

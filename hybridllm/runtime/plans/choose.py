@@ -13,14 +13,14 @@ from hybridllm.events import EngineName
 from hybridllm.policy import Policy
 from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.cascade import build_cascade
-from hybridllm.runtime.plans.handoff import handoff_plan
+from hybridllm.runtime.plans.handoff import build_handoff
 from hybridllm.runtime.plans.race import race
 from hybridllm.runtime.plans.single import single
 from hybridllm.runtime.plans.speculative.plan import build_speculative
 from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
-    from hybridllm.runtime.gather import Routing
+    from hybridllm.runtime.gather import Gatherer
 
 __all__ = ["Plan", "choose_plan"]
 
@@ -33,7 +33,7 @@ def choose_plan(
     request: GenerationRequest,
     policy: Policy,
     fallback_ttft_s: float | None,
-    routing: Routing,
+    routing: Gatherer,
 ) -> Plan:
     """The plan for this request. `engines` are the ones this request may use (the cloud one
     already bound to the request's guard context)."""
@@ -46,7 +46,7 @@ def choose_plan(
     if decision.plan == "speculative":
         return build_speculative(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
-        return handoff_plan(decision, engines, request, policy)
+        return build_handoff(decision, engines, request, policy)
     if decision.fallback is None:
         return partial(
             single,

@@ -70,7 +70,7 @@ _WARM = "warm"  # the cloud answered the warm-up: its prefix cache holds the pro
 _Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
 
 
-def handoff_plan(
+def build_handoff(
     decision: Decision,
     engines: Mapping[EngineName, Engine],
     request: GenerationRequest,

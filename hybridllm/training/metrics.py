@@ -9,6 +9,8 @@ all equal is the random router, q(share) = q_weak + share * (q_strong - q_weak).
 - PGR(share) = (q(share) - q_weak) / (q_strong - q_weak): performance gap recovered.
 - APGR = the area under PGR over cloud share 0..1 (exact for the piecewise-linear curve).
 - CPT(x) = the smallest cloud share whose PGR reaches x (None when it never does).
+
+A trained router's `Calibration` is built from the same curve (`calibration_from_labelled`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from hybridllm.routing.heads import Calibration, score_quantiles_of
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -147,3 +151,22 @@ def summarize(curve: Curve) -> Summary:
         pgr={s: curve.pgr_at(s) for s in SHOWN_SHARES},
         cpt={t: cpt(curve, t) for t in CPT_TARGETS},
     )
+
+
+def calibration_from_labelled(
+    scores: Sequence[float] | FloatArray,
+    local_correct: Sequence[bool],
+    cloud_correct: Sequence[bool],
+) -> Calibration:
+    """A router's `Calibration` from its scores on labelled rows: the score quantiles and the
+    quality curve, one row per prompt count sent to the cloud, thresholds decreasing."""
+    s = np.asarray(scores, dtype=np.float64)
+    curve = routing_curve(s, local_correct, cloud_correct)
+    desc = np.sort(s)[::-1]
+    # sending the top k: cloud iff score > the (k+1)-th highest score
+    thresholds = np.r_[1.0, desc[1:], 0.0]
+    rows = tuple(
+        (round(float(t), 9), round(float(c), 9), round(float(q), 9))
+        for t, c, q in zip(thresholds, curve.shares, curve.quality, strict=True)
+    )
+    return Calibration(score_quantiles=score_quantiles_of(s), curve=rows)

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hybridllm.routing import stage2
-from hybridllm.routing.data import Example
-from hybridllm.routing.metrics import CPT_TARGETS, routing_curve, summarize
+from hybridllm.routing.labels import Example
+from hybridllm.routing.stage2 import HEADS
+from hybridllm.training.metrics import CPT_TARGETS, routing_curve, summarize
+from hybridllm.training.stage2 import design, fit_heads
 
 C_TEXT = {"cloud_right": 3.0, "local_right": 0.1}
 METHODS = ("stage 1", "signals", "combined", "dataset oracle", "local known", "random")
@@ -49,7 +50,7 @@ class Data:
 
     @classmethod
     def build(cls, examples: Sequence[Example], signals: dict[str, dict[str, float]]) -> Data:
-        from hybridllm.routing.train import feature_matrix
+        from hybridllm.training.train import feature_matrix
 
         rows = [e for e in examples if e.key in signals]
         sig = [signals[e.key] for e in rows]
@@ -108,10 +109,10 @@ def scores(d: Data, tr: IntArray, te: IntArray, seed: int) -> dict[str, FloatArr
         ("signals", None, None),
         ("combined", oof_text_logits(d, tr, seed), zt),
     ):
-        x, xt = stage2.design(ztr, sig_tr, d.names), stage2.design(zte, sig_te, d.names)
-        mean, scale, heads, _ = stage2.fit(x, y, x, y)
+        x, xt = design(ztr, sig_tr, d.names), design(zte, sig_te, d.names)
+        mean, scale, heads, _ = fit_heads(x, y, x, y)
         xs = (xt - mean) / scale
-        p = {h: np.array([heads[h].prob(r) for r in xs]) for h in stage2.HEADS}
+        p = {h: np.array([heads[h].prob(r) for r in xs]) for h in HEADS}
         out[name] = _product(p["cloud_right"], p["local_right"])
         out[f"local:{name}"] = p["local_right"]
         out[f"cloud:{name}"] = p["cloud_right"]

@@ -20,8 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm.routing import features as F
-from hybridllm.routing.data import Example, Label, as_label, by_split
-from hybridllm.routing.metrics import (
+from hybridllm.routing.labels import Example, Label, as_label
+from hybridllm.routing.router import Router
+from hybridllm.training.data import by_split
+from hybridllm.training.metrics import (
     CPT_TARGETS,
     SHOWN_SHARES,
     Curve,
@@ -30,8 +32,7 @@ from hybridllm.routing.metrics import (
     routing_curve,
     summarize,
 )
-from hybridllm.routing.router import Router
-from hybridllm.routing.train import Form, as_form
+from hybridllm.training.train import Form, as_form
 
 
 @dataclass
@@ -80,7 +81,7 @@ def evaluate(
     seed: int = 0,
 ) -> list[Block]:
     """All blocks of the report (overall, per source, left-out sources)."""
-    from hybridllm.routing.train import fit
+    from hybridllm.training.train import fit
 
     splits = by_split(examples)
     test = splits["test"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -30,17 +30,19 @@ import numpy.typing as npt
 
 from hybridllm.errors import ConfigError
 from hybridllm.routing import features as F
-from hybridllm.routing.data import (
-    LABELS,
-    Example,
-    Label,
+from hybridllm.routing.heads import FORMS, Calibration, Head
+from hybridllm.routing.labels import LABELS, Example, Label
+from hybridllm.routing.router import Router
+from hybridllm.training.data import (
+    WHOLE_FILE,
     by_split,
     file_sha256,
     load_examples,
+    load_signals,
     write_split_file,
 )
-from hybridllm.routing.heads import FORMS, Calibration, Head
-from hybridllm.routing.router import Router
+from hybridllm.training.metrics import calibration_from_labelled, routing_curve, summarize
+from hybridllm.training.save import save_router, weights_sha256
 
 C_GRID = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_LABEL: Label = "cloud-needed"
@@ -174,7 +176,7 @@ def _fit(
         heads[name], estimators[name], chosen[name], cv[name] = _fit_head(x, y, xc, yc, seed)
     router = Router(heads=heads, calibration=Calibration(score_quantiles=(0.0,), curve=()))
     scores = score_all(router, calibration)
-    router.calibration = Calibration.from_labelled(
+    router.calibration = calibration_from_labelled(
         scores, [ex.local_correct for ex in calibration], [ex.cloud_correct for ex in calibration]
     )
     return Fitted(router, estimators, chosen, cv)
@@ -251,6 +253,36 @@ def _prob_metrics(
     }
 
 
+@dataclass
+class Rows:
+    """What one training reads: the labelled file's rows by split, and the decision log's."""
+
+    examples: list[Example]  # the labelled file's rows
+    splits: dict[str, list[Example]]  # the file's rows by split
+    train: list[Example]  # the train split and the log's rows
+    log_info: dict[str, Any] | None = None  # the manifest's "from_log"
+    log_signals: dict[str, dict[str, float]] = field(default_factory=dict)
+    log_whole: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def read_rows(data: Path, from_log: Path | None) -> Rows:
+    """The labelled rows of `data` by split, with the feedback rows of a decision log joining
+    the train split (and the signals those rows recorded)."""
+    examples = load_examples(data)
+    splits: dict[str, list[Example]] = {k: v for k, v in by_split(examples).items()}
+    rows = Rows(examples, splits, list(splits["train"]))
+    if from_log is not None:
+        from hybridllm.routing.log import DecisionLog
+
+        with DecisionLog(from_log) as dlog:
+            extra = dlog.training_examples()
+            rows.log_signals = dlog.training_signals()
+            rows.log_whole = dlog.training_whole()
+        rows.train += extra
+        rows.log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
+    return rows
+
+
 def train(
     data: Path,
     out: Path,
@@ -264,43 +296,57 @@ def train(
 ) -> dict[str, Any]:
     """Train on `data` (+ feedback rows of a decision log), write the artifact to `out`.
     `signals`: the local model's signals per row (`scripts/label_local_signals.py`): stage 2
-    is trained too (`train2.py`), on them and on the log's rows that recorded signals."""
-    from hybridllm.routing.artifact import save_router, weights_sha256
-    from hybridllm.routing.metrics import routing_curve, summarize
-
-    examples = load_examples(data)
-    splits = by_split(examples)
-    train_rows = list(splits["train"])
-    log_info: dict[str, Any] | None = None
-    log_signals: dict[str, dict[str, float]] = {}
-    log_whole: dict[str, dict[str, float]] = {}
-    if from_log is not None:
-        from hybridllm.routing.log import DecisionLog
-
-        with DecisionLog(from_log) as dlog:
-            extra = dlog.training_examples()
-            log_signals = dlog.training_signals()
-            log_whole = dlog.training_whole()
-        train_rows += extra
-        log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
+    is trained too (`training/stage2.py`), on them and on the log's rows that recorded signals."""
+    rows = read_rows(data, from_log)
     form = form or default_form(label)
-    fitted = fit(train_rows, splits["calibration"], label=label, form=form, seed=seed)
-    r = fitted.router
-    cal_scores = score_all(r, splits["calibration"])
-    test = splits["test"]
-    test_scores = score_all(r, test)
-    test_metrics: dict[str, Any] = _prob_metrics(test_scores, test, label)
+    fitted = fit(rows.train, rows.splits["calibration"], label=label, form=form, seed=seed)
+    test = rows.splits["test"]
+    test_metrics = _test_metrics(fitted.router, test, label)
+    manifest = _manifest(data, rows, fitted, label, form, seed, test_metrics)
+    extra_estimators: dict[str, Any] = {}
+    if signals is not None:
+        extra_estimators, manifest["stage2"] = _train_stage2(signals, rows, fitted, label, seed)
+    full = save_router(out, fitted.estimators, manifest, extra_estimators)
+    write_split_file(rows.examples, out / SPLIT_FILE)
+    print(
+        f"trained a {form} router on {len(rows.train)} rows (C={fitted.c}), calibrated on "
+        f"{len(rows.splits['calibration'])}, test {len(test)}: "
+        f"test ROC AUC {test_metrics.get('roc_auc')}, APGR {test_metrics.get('apgr')} -> {out}",
+        file=log if log is not None else sys.stderr,
+    )
+    return full
+
+
+def _test_metrics(router: Router, test: Sequence[Example], label: Label) -> dict[str, Any]:
+    """The manifest's test figures: probability metrics, APGR, CPT and each engine's quality."""
+    test_scores = score_all(router, test)
+    out: dict[str, Any] = _prob_metrics(test_scores, test, label)
     if test:
         s = summarize(routing_curve(test_scores, [e.local_correct for e in test],
                                     [e.cloud_correct for e in test]))  # fmt: skip
-        test_metrics.update(
+        out.update(
             apgr=round(s.apgr, 4),
             cpt={f"{int(k * 100)}%": None if v is None else round(v, 4) for k, v in s.cpt.items()},
             q_local=round(s.q_weak, 4),
             q_cloud=round(s.q_strong, 4),
         )
+    return out
+
+
+def _manifest(
+    data: Path,
+    rows: Rows,
+    fitted: Fitted,
+    label: Label,
+    form: Form,
+    seed: int,
+    test_metrics: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest of a trained stage 1 (`save_router` adds format, versions and hashes)."""
+    r, examples, splits = fitted.router, rows.examples, rows.splits
     sources = sorted({e.source for e in examples})
-    manifest = {
+    cal_scores = score_all(r, splits["calibration"])
+    return {
         "label": label,
         "label_meaning": LABELS[label],
         "form": form,
@@ -317,7 +363,7 @@ def train(
             "rows": len(examples),
             "splits": {k: len(v) for k, v in splits.items()},
             "sources": {s: sum(e.source == s for e in examples) for s in sources},
-            "from_log": log_info,
+            "from_log": rows.log_info,
         },
         "model": {
             "classifier": "LogisticRegression (L2, liblinear dual)",
@@ -334,35 +380,31 @@ def train(
         "calibration": r.calibration.to_json(),
         "golden": golden(r),
     }
-    extra_estimators: dict[str, Any] = {}
-    if signals is not None:
-        from hybridllm.routing.stage2 import WHOLE_FILE, load_signals
-        from hybridllm.routing.train2 import train_stage2
 
-        info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(log_signals)}
-        whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
-        labelled = whole_path.is_file()
-        whole = {**(load_signals(whole_path) if labelled else {}), **log_whole}
-        if whole:
-            info["whole"] = {"file": whole_path.name if labelled else None,
-                             "sha256": file_sha256(whole_path) if labelled else None,
-                             "log_rows": len(log_whole)}  # fmt: skip
-        parts = {"train": train_rows, "calibration": splits["calibration"], "test": test}
-        oof = oof_logits(r, fitted.c, train_rows, label, seed)
-        extra_estimators, manifest["stage2"], _ = train_stage2(
-            r,
-            oof,
-            parts,
-            {**load_signals(signals), **log_signals},
-            data_info=info,
-            whole=whole or None,
-        )
-    full = save_router(out, fitted.estimators, manifest, extra_estimators)
-    write_split_file(examples, out / SPLIT_FILE)
-    print(
-        f"trained a {form} router on {len(train_rows)} rows (C={fitted.c}), calibrated on "
-        f"{len(splits['calibration'])}, test {len(test)}: "
-        f"test ROC AUC {test_metrics.get('roc_auc')}, APGR {test_metrics.get('apgr')} -> {out}",
-        file=log if log is not None else sys.stderr,
+
+def _train_stage2(
+    signals: Path, rows: Rows, fitted: Fitted, label: Label, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage 2 on the signals side file (and the whole answers' figures beside it, when
+    labelled) plus the log's rows: (extra estimators, the manifest's "stage2" entry)."""
+    from hybridllm.training.stage2 import train_stage2
+
+    info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(rows.log_signals)}
+    whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
+    labelled = whole_path.is_file()
+    whole = {**(load_signals(whole_path) if labelled else {}), **rows.log_whole}
+    if whole:
+        info["whole"] = {"file": whole_path.name if labelled else None,
+                         "sha256": file_sha256(whole_path) if labelled else None,
+                         "log_rows": len(rows.log_whole)}  # fmt: skip
+    parts = {"train": rows.train, **{k: rows.splits[k] for k in ("calibration", "test")}}
+    oof = oof_logits(fitted.router, fitted.c, rows.train, label, seed)
+    extra, entry, _ = train_stage2(
+        fitted.router,
+        oof,
+        parts,
+        {**load_signals(signals), **rows.log_signals},
+        data_info=info,
+        whole=whole or None,
     )
-    return full
+    return extra, entry

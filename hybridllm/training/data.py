@@ -1,4 +1,5 @@
-"""Labelled router data: loading `labels.jsonl` and the stable train / calibration / test split.
+"""Labelled router data: loading `labels.jsonl` and the stable train / calibration / test split,
+and the local model's signals on those rows (`load_signals`, `load_whole_inputs`).
 
 Each row of the file (written by `scripts/label_router_data.py`) is one prompt with both
 engines' answers scored against the ground truth. The split of an item depends only on a sha256
@@ -10,53 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from hybridllm.errors import ConfigError
-from hybridllm.routing.features import Messages
+from hybridllm.routing.labels import Example
+from hybridllm.routing.stage2 import judged_inputs
 
 Split = Literal["train", "calibration", "test"]
-Label = Literal["cloud-needed", "local-wrong"]
-LABELS: dict[Label, str] = {
-    "cloud-needed": "1 = the local answer was wrong and the cloud's right (the cloud is needed)",
-    "local-wrong": "1 = the local answer was wrong (whether or not the cloud's was right)",
-}
 SPLITS: tuple[Split, ...] = ("train", "calibration", "test")
 SPLIT_BOUNDS = (0.6, 0.8)  # train below 0.6, calibration below 0.8, test above
-
-
-@dataclass(frozen=True, slots=True)
-class Example:
-    """One labelled prompt (text, or messages for logged traffic). `local_correct` /
-    `cloud_correct`: each engine's answer was right."""
-
-    source: str
-    id: str
-    prompt: Messages
-    local_correct: bool
-    cloud_correct: bool
-    prompt_tokens: int = 0
-
-    def label(self, kind: Label = "cloud-needed") -> bool:
-        """The router's training label (see LABELS)."""
-        if kind == "local-wrong":
-            return not self.local_correct
-        return not self.local_correct and self.cloud_correct
-
-    @property
-    def key(self) -> str:
-        return f"{self.source}/{self.id}"
-
-
-def as_label(value: object) -> Label:
-    """A label name checked against LABELS (a ConfigError otherwise)."""
-    for label in LABELS:
-        if value == label:
-            return label
-    raise ConfigError(f"unknown router label {value!r}; known: {', '.join(LABELS)}")
+WHOLE_FILE = "answer_signals.jsonl"  # beside the signals: `label_local_signals.py --whole`
 
 
 def split_of(source: str, item_id: str) -> Split:
@@ -116,3 +83,36 @@ def write_split_file(examples: Sequence[Example], path: Path) -> None:
     """Record the split of every item (`source<TAB>id<TAB>split`, sorted) for review."""
     lines = sorted(f"{ex.source}\t{ex.id}\t{split_of(ex.source, ex.id)}" for ex in examples)
     path.write_text("source\tid\tsplit\n" + "".join(f"{line}\n" for line in lines))
+
+
+def load_signals(path: Path) -> dict[str, dict[str, float]]:
+    """The labeller's side file (`scripts/label_local_signals.py`): {"source/id": signals}."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: local signals not found (scripts/label_local_signals.py)")
+    out: dict[str, dict[str, float]] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            sig = {str(k): math.nan if v is None else float(v) for k, v in row["signals"].items()}
+            out.setdefault(f"{row['source']}/{row['id']}", sig)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{n}: malformed signals row ({exc!r})") from exc
+    return out
+
+
+def load_whole_inputs(path: Path, whole_path: Path | None = None) -> dict[str, dict[str, float]]:
+    """The "answer" models' inputs per labelled row (`whole_inputs`): the signals side file at
+    `path` with the whole answers' figures (`whole_path`, default `answer_signals.jsonl` beside
+    it); free-form rows without them are left out, multiple-choice rows kept as they are."""
+    head = load_signals(path)
+    whole_path = whole_path or path.with_name(WHOLE_FILE)
+    if not whole_path.is_file():
+        raise ConfigError(
+            f"{whole_path}: whole answers' figures not found "
+            "(scripts/label_local_signals.py --whole)"
+        )
+    whole = load_signals(whole_path)
+    judged = {k: judged_inputs(v, whole.get(k)) for k, v in head.items()}
+    return {k: v for k, v in judged.items() if v is not None}
