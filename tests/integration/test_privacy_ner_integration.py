@@ -79,12 +79,13 @@ async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
         name="cloud-first",
         routing={"prefer": "cloud"},
         sampling={"max_tokens": 2, "temperature": 0},
+        privacy={"ner": True},  # the NER layer is asked for (the default: patterns only)
     )
     async with HybridClient(
         local=local, cloud=cloud(proxy), policy=cloud_first, privacy="keep-local"
     ) as c:
-        assert default_scanner().status().load_s is not None  # loaded as the client started
         private = [await c.complete(messages) for messages, _, _ in PRIVATE]
+        assert default_scanner().status().load_s is not None  # loaded in the background
         benign = [await c.complete(prompt) for prompt in BENIGN]
         # a forced cloud request with personal data is refused with the documented type
         with pytest.raises(PrivacyBlockedError) as refused:

@@ -87,22 +87,26 @@ PRICES = Prices(default=ModelPrice(input_per_million=100.0, output_per_million=4
 POLICIES = (
     Policy(
         name="soak-local-first",
+        privacy={"mode": "off"},  # a fault policy: its prompts carry no secret
         routing={"prefer": "local", "ttft_deadline_ms": 1200, "stall_ms": 800, "retries": 1},
         sampling={"max_tokens": 10},
     ),
     Policy(
         name="soak-cloud-first",
+        privacy={"mode": "off"},  # a fault policy: its prompts carry no secret
         routing={"prefer": "cloud", "ttft_deadline_ms": 1000, "stall_ms": 700, "retries": 1},
         sampling={"max_tokens": 12},
     ),
     Policy(
         name="soak-hedge",
+        privacy={"mode": "off"},  # a fault policy: its prompts carry no secret
         routing={"prefer": "cloud", "ttft_deadline_ms": 2000, "stall_ms": 800},
         hedge={"after_ms": 300},
         sampling={"max_tokens": 8},
     ),
     Policy(
         name="soak-cloud-only",
+        privacy={"mode": "off"},  # a fault policy: its prompts carry no secret
         routing={
             "prefer": "cloud",
             "fallback_order": ("cloud",),
