@@ -55,6 +55,8 @@ from pydantic import (
 from hybridllm.errors import PolicyError
 from hybridllm.events import Priority
 
+# the hard ceiling of max_tokens, in a policy and per call: the largest context an engine may claim
+MAX_TOKENS = 2**20
 PlanName = Literal["single", "hedge", "handoff", "cascade", "speculative"]
 PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff", "cascade", "speculative")
 EngineChoice = Literal["local", "cloud"]
@@ -115,7 +117,7 @@ class SamplingTable(_Table):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
-    max_tokens: int = Field(default=256, ge=1)
+    max_tokens: int = Field(default=256, ge=1, le=MAX_TOKENS)
 
     _numbers = field_validator("temperature", "top_p", mode="before")(_number)
     _counts = field_validator("max_tokens", mode="before")(_count)

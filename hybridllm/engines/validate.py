@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.policy import Policy
+from hybridllm.policy import MAX_TOKENS, Policy
 
 __all__ = [
     "MAX_SEED",
@@ -56,7 +56,6 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
 TOOL_ROLES = ("tool", "function")
 NO_TOOLS = "tool calls are not supported yet (a later version of hybridllm adds them)"
 MAX_SEED = 2**32 - 1
-MAX_TOKENS = 2**20  # the hard ceiling of max_tokens: the largest context an engine may claim
 MAX_STOP = 16
 T = TypeVar("T")
 

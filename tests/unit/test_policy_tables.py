@@ -112,3 +112,14 @@ def test_migrate_refuses_what_would_not_load(tmp_path: Path) -> None:
     assert "gpu" in str(info.value)
     assert path.read_text() == 'prefer = "gpu"\n'  # nothing written
     assert main(["policy", "migrate", str(tmp_path / "absent.toml")]) == 2
+
+
+def test_max_tokens_has_one_ceiling_in_a_policy_and_per_call() -> None:
+    from hybridllm.engines import validate
+    from hybridllm.policy import MAX_TOKENS
+
+    assert validate.MAX_TOKENS == MAX_TOKENS == 2**20
+    assert Policy(sampling={"max_tokens": MAX_TOKENS}).sampling.max_tokens == MAX_TOKENS
+    with pytest.raises(PolicyError) as info:
+        Policy(sampling={"max_tokens": 10**9})
+    assert info.value.field == "sampling.max_tokens"
