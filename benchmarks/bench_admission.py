@@ -9,7 +9,12 @@ Policies: `long-writing` with `[privacy] ner = true` (the NER layer, when `hybri
 is installed) and the default patterns-only scan. Target: the off-the-loop stall <= 10 ms for a
 fresh 2,000-token prompt.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_admission.py [--repeat 5]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_admission.py [--repeat 5] [--switch-ms 1]
+
+What stalls the loop off the loop is the GIL: the worker thread runs Python (Presidio's regular
+expressions, the router's features) and hands the GIL back every `sys.getswitchinterval()`
+(5 ms by default); `--switch-ms 1` shows the figures an app gets with
+`sys.setswitchinterval(0.001)` (a process-wide setting hybridllm leaves to the app).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import platform
 import random
 import statistics
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -93,12 +99,30 @@ async def measure(repeat: int) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+def cpu() -> str:
+    """The CPU, as /proc/cpuinfo names it (absolute figures move between machines)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            first = fh.read().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = {
+        k.strip(): v.strip()
+        for k, v in (ln.split(":", 1) for ln in first.splitlines() if ":" in ln)
+    }
+    return f"{info.get('model name')} (family {info.get('cpu family')} model {info.get('model')})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--switch-ms", type=float, help="sys.setswitchinterval, in ms (default 5)")
     args = ap.parse_args()
+    if args.switch_ms:
+        sys.setswitchinterval(args.switch_ms / 1000)
     res = anyio.run(measure, args.repeat)
-    print(f"CPU: {platform.processor() or platform.machine()}; loop stall, median (max) ms")
+    switch = sys.getswitchinterval() * 1e3
+    print(f"CPU: {cpu()}; GIL switch interval {switch:g} ms; loop stall, median (max) ms")
     print(f"{'prompt':<28}{'inline':>18}{'off the loop':>18}")
     for key, modes in res.items():
         cells = [f"{statistics.median(v):7.1f} ({max(v):6.1f})" for v in modes.values()]
