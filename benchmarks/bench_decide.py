@@ -61,7 +61,10 @@ class StandInScan:
         "api_key": re.compile(r"\bsk-[A-Za-z0-9]{16,}"),
     }
 
-    def __call__(self, text: str) -> Collection[str]:
+    def __call__(
+        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True
+    ) -> Collection[str]:
+        text = "\n".join(str(m.get("content", "")) for m in messages)
         return {kind for kind, rx in self.PATTERNS.items() if rx.search(text)}
 
 
