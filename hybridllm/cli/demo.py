@@ -229,8 +229,8 @@ def parallel_note(rows: list[Row]) -> str:
     return (
         f"{n} of {len(rows)} requests also started the cloud in parallel: the engine preferred "
         "was predicted past the policy's deadline. Each one is a cloud request paid for, "
-        "whichever engine answered first. A policy can forbid it (parallel_cloud = false) or "
-        "cap it (parallel_cloud_share = 0.2)."
+        "whichever engine answered first. A policy can forbid it ([hedge] parallel_cloud = "
+        "false) or cap it ([hedge] parallel_cloud_share = 0.2)."
     )
 
 

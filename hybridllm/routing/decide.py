@@ -30,7 +30,7 @@ The rules, in order (each one that applies adds a reason):
    primary predicted past the deadline otherwise keeps its place but the other one starts in
    parallel at once (predictive start: the first token wins). A cloud started that way is a
    cloud request paid for even when the local engine wins, and the reason says so; the policy
-   may forbid it (`parallel_cloud = false`) or cap its share of the policy's recent requests
+   may forbid it (`[hedge] parallel_cloud = false`) or cap its share of the policy's recent requests
    (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
    the deadline itself (`Decision.fallback_lead` False).
 4. Decode speed (`decode_speed.py`): with a `tpot_target_ms`, a local primary predicted to decode
@@ -386,7 +386,8 @@ def _cloud_queue_misses(deadline: float, state: LiveState) -> bool:
 def _parallel_cloud_held(policy: Policy, state: LiveState) -> str | None:
     """Why the policy keeps the cloud from starting beside the local engine now, or None."""
     if not policy.hedge.parallel_cloud:
-        return f"policy {policy.name!r} forbids a parallel cloud start (parallel_cloud = false)"
+        name = policy.name
+        return f"policy {name!r} forbids a parallel cloud start ([hedge] parallel_cloud = false)"
     cap = policy.hedge.parallel_cloud_share
     if cap is None:
         return None

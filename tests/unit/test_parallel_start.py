@@ -83,7 +83,8 @@ def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
     assert d.plan == "single" and not d.parallel_cloud
     assert d.reasons[-1] == (
         "local is preferred but predicted at 437 ms against the 400 ms deadline; policy 'voice' "
-        "forbids a parallel cloud start (parallel_cloud = false): the cloud starts only at the "
+        "forbids a parallel cloud start ([hedge] parallel_cloud = false): the cloud starts only "
+        "at the "
         "deadline"
     )
     # a local engine predicted in time: no reason added, and still no lead for the cloud
@@ -254,7 +255,7 @@ async def test_parallel_cloud_false_starts_the_cloud_only_at_the_deadline() -> N
     fbs = [e for e in events if isinstance(e, Fallback)]
     assert [type(e) for e in fbs] == [Fallback] and tr.parallel_start is None
     assert tr.segments_ms["fallback_started"] == pytest.approx(100)  # the deadline, not ahead
-    assert "forbids a parallel cloud start (parallel_cloud = false)" in tr.route_reason
+    assert "forbids a parallel cloud start ([hedge] parallel_cloud = false)" in tr.route_reason
     assert "the cloud starts only at the deadline" in tr.route_reason
     assert tr.engine == "cloud"
 
