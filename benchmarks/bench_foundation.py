@@ -420,9 +420,9 @@ def track_compute_threads(engine: LlamaCppEngine, seen: set[int]) -> None:
     session: Any = engine._session
     step = session.step
 
-    def recording(gen: Any) -> Any:
+    def recording(*args: Any) -> Any:
         seen.add(threading.get_ident())
-        return step(gen)
+        return step(*args)
 
     session.step = recording
 
