@@ -48,6 +48,7 @@ import anyio.to_thread
 from hybridllm import HybridClient
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
 from hybridllm.engines.llama.thread import run_on_llama_thread
+from hybridllm.engines.queue import Turn
 from hybridllm.local.resolve import resolve_model
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import FaultProxy, LlamaServer
@@ -411,8 +412,12 @@ async def raw_on_engine_llama(
         finally:
             llama_cpp.llama_set_abort_callback(ctx, session._abort_cb, None)
 
-    async with engine._lock:  # the engine must not touch its Llama meanwhile
+    queue = engine._queue  # the engine must not touch its Llama meanwhile: hold its turn
+    await queue.acquire(0.0, turn=Turn("interactive"))
+    try:
         return await on_llama_thread(work)
+    finally:
+        queue.release()
 
 
 def track_compute_threads(engine: LlamaCppEngine, seen: set[int]) -> None:
