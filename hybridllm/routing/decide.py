@@ -53,7 +53,7 @@ The rules, in order (each one that applies adds a reason):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from hybridllm.events import EngineName
 from hybridllm.policy import PlanName, Policy
@@ -423,17 +423,29 @@ def _speculative(
         return replace(decision, reasons=tuple(reasons))
     by = "expected to pay" if not asked else f"asked by the {_asker(facts)}"
     reasons.append(f"speculative: {by} ({why}); local drafts, cloud verifies")
+    return _planned(decision, "speculative", "cloud", reasons, failover="local" in state.continues)
+
+
+def _planned(
+    decision: Decision,
+    plan: PlanKind,
+    primary: EngineName,
+    reasons: list[str],
+    **extra: Any,
+) -> Decision:
+    """`decision` taken over by a plan of both engines (speculative, cascade): `primary` serves
+    first, the other engine is its fallback; no hedge, no load rule of its own."""
     return replace(
         decision,
-        plan="speculative",
-        primary="cloud",
-        fallback="local",
+        plan=plan,
+        primary=primary,
+        fallback="local" if primary == "cloud" else "cloud",
         hedge_s=None,
         reasons=tuple(reasons),
-        failover="local" in state.continues,
         fallback_lead=True,
         load=None,
         load_reason="",
+        **extra,
     )
 
 
@@ -474,18 +486,7 @@ def _cascade(
         f"cascade ({by}): the local engine holds {held} while the router reads its confidence; "
         "confident -> local goes on, else -> cloud"
     )
-    return replace(
-        decision,
-        plan="cascade",
-        primary="local",
-        fallback="cloud",
-        hedge_s=None,
-        reasons=tuple(reasons),
-        fallback_lead=True,
-        load=None,
-        load_reason="",
-        cascade_judge=judge,
-    )
+    return _planned(decision, "cascade", "local", reasons, cascade_judge=judge)
 
 
 def _cascade_missing(decision: Decision, state: LiveState) -> str | None:

@@ -28,6 +28,7 @@ import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from hybridllm import errors
 from hybridllm.engines.base import (
@@ -188,7 +189,7 @@ class Gatherer:
             unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
             parallel_recent=self.parallel_recent(policy.name),
             speculation=self.speculation_outlook(request, policy, engines),
-            reads_signals=frozenset(n for n, e in engines.items() if _reads_signals(type(e))),
+            reads_signals=frozenset(n for n, e in engines.items() if _declares(e, ReadsSignals)),
             has_router=self.router is not None,
         )
 
@@ -224,10 +225,11 @@ class Gatherer:
         if sampled and request.top_p >= 1.0:
             return False, "temperature > 0 with top_p = 1 (speculative sampling needs top_p < 1)"
         cloud, local = engines["cloud"], engines["local"]
-        key = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
+        verifies = _declares(cloud, VerifiesAtEndpoint)
+        key = cast(VerifiesAtEndpoint, cloud).verification_endpoint() if verifies else None
         if key is None:
             return False, "the cloud engine cannot verify drafts"
-        if not isinstance(local, Drafts):
+        if not _declares(local, Drafts):
             return False, "the local engine cannot draft"
         probed = spec.known(key)
         if probed is None:
@@ -271,11 +273,16 @@ class Gatherer:
         return RoutePreview(decision, facts, state)
 
 
+def _declares(engine: Engine, capability: type) -> bool:
+    """Does this engine declare `capability` (a protocol of methods only, in
+    `engines.capabilities`)? Asked once per engine class: a runtime protocol check costs tens
+    of µs, more than the rest of the decision, and routing asks several per request."""
+    return _class_declares(type(engine), capability)
+
+
 @functools.cache
-def _reads_signals(kind: type[Engine]) -> bool:
-    """Does this kind of engine read its own signals (`ReadsSignals`)? Asked once per class: a
-    protocol check costs tens of µs, more than the rest of the decision."""
-    return issubclass(kind, ReadsSignals)
+def _class_declares(kind: type, capability: type) -> bool:
+    return issubclass(kind, capability)
 
 
 def _open(breaker: CircuitBreaker | None, preview: bool) -> bool:
@@ -299,7 +306,7 @@ def _announce(engine: Engine, request: GenerationRequest) -> None:
     """The request goes to `engine` first: an engine with a concurrency limit counts it in its
     queue's forecast from now on (`ConcurrencyLimit.expect`), so the next decisions of a burst
     made at once see it before it reaches the queue."""
-    inner = engine.wrapped() if isinstance(engine, Wraps) else engine
+    inner = cast(Wraps, engine).wrapped() if _declares(engine, Wraps) else engine
     if isinstance(inner, LimitsConcurrency):
         inner.limit.expect(request.priority)
 
