@@ -42,6 +42,7 @@ from hybridllm.routing.log import DecisionLog
 from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
+    CloudStart,
     Gatherer,
     GuardBudget,
     policy_caps,
@@ -77,6 +78,7 @@ class _Ticket:
     plan: PlanName | None
     streamed: bool
     route: RoutePreview | None = None
+    cloud_start: CloudStart | None = None  # its entry in the policy's parallel-cloud window
 
 
 def _costly(ticket: _Ticket) -> bool:
@@ -258,6 +260,7 @@ class HybridClient:
         """Admit the request (its facts off the loop where they cost), decide, run the plan."""
         facts = await self._facts(ticket)
         route = ticket.route = self._route(ticket, facts, preview=False)
+        ticket.cloud_start = self.routing.note_decision(ticket.policy.name, route.decision)
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))
@@ -383,6 +386,8 @@ class HybridClient:
         request, route = ticket.request, ticket.route
         if route is not None:
             self.routing.latency.observe_trace(run.trace, route.facts.prompt_tokens)
+        if ticket.cloud_start is not None and run.trace.cloud_cancelled:
+            ticket.cloud_start.extra = True  # a cloud request paid for and not used
         if "local" in run.trace.started:
             self.routing.note_local(request.messages)
         if self.decision_log is None:

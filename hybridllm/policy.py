@@ -140,7 +140,14 @@ _ROUTING_NUMBERS = (
     "target_cloud_share",
     "quality_floor",
 )
-_ROUTING_FIELDS = ("prefer", "allow_cloud", "fallback_order", "retries", *_ROUTING_NUMBERS)
+_ROUTING_FIELDS = (
+    "prefer",
+    "allow_cloud",
+    "fallback_order",
+    "retries",
+    "objective",
+    *_ROUTING_NUMBERS,
+)
 
 
 class RoutingTable(_Table):
@@ -150,6 +157,11 @@ class RoutingTable(_Table):
 
     prefer: Literal["local", "cloud", "auto"] = "auto"
     allow_cloud: bool = True
+    # why the policy's first engine is preferred (`Decision.objective`): "quality", a cloud
+    # wanted for its answer (a local backup only rescues it: held until the deadline), or
+    # "latency" (the first token wins). None: "quality" when the cloud comes first, else
+    # "latency". The router's choice ("auto") carries its own: quality for the cloud.
+    objective: Literal["quality", "latency"] | None = None
     # engines that may serve, in order (first: primary unless routing moves it); None: from
     # `prefer` (cloud first for "cloud", else local first). One engine: no fallback.
     fallback_order: tuple[EngineChoice, ...] | None = None
@@ -198,6 +210,12 @@ class HedgeTable(_Table):
     (`device_weight` times its predicted time to a first token; 0: free); a cloud hedge costs a
     cloud request paid for (`cloud_price_ms`).
 
+    Where the cloud was chosen for quality (the router's score, `prefer = "cloud"`), a local
+    backup (a hedge, the deadline's fallback) is a rescue: it may start early and prefill, but
+    its tokens are delivered only once the deadline passes without a cloud token, or the cloud
+    fails. An automatic hedge may deliver them earlier where the quality a local answer loses,
+    P(local wrong) times `quality_weight_ms`, is worth the tail it cuts.
+
     When the local engine serves first but is predicted to miss the deadline, the cloud starts
     in parallel at once (the first token wins): a cloud request paid for even when the local
     engine wins. `parallel_cloud = false` forbids that: the cloud then starts only at the
@@ -209,10 +227,16 @@ class HedgeTable(_Table):
     after_ms: float | Literal["auto"] | None = None
     device_weight: float = Field(default=1.0, ge=0.0)
     cloud_price_ms: float = Field(default=1000.0, ge=0.0)
+    # the quality a local answer loses where the cloud was chosen for quality, in ms of p99 TTFT
+    # per wrong answer: an automatic hedge may deliver the local answer before the deadline only
+    # where P(local wrong) x this is worth the tail it cuts (`routing.hedging`)
+    quality_weight_ms: float = Field(default=10_000.0, ge=0.0)
     parallel_cloud: bool = Field(default=True, strict=True)
     parallel_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
 
-    _numbers = field_validator("device_weight", "cloud_price_ms", mode="before")(_number)
+    _numbers = field_validator(
+        "device_weight", "cloud_price_ms", "quality_weight_ms", mode="before"
+    )(_number)
 
     @field_validator("after_ms", mode="before")
     @classmethod

@@ -52,6 +52,7 @@ The rules, in order (each one that applies adds a reason):
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
@@ -61,6 +62,7 @@ from hybridllm.routing.decision import (
     Decision,
     LiveState,
     LoadRule,
+    Objective,
     PlanKind,
     RefusalCause,
     RequestFacts,
@@ -68,6 +70,10 @@ from hybridllm.routing.decision import (
 )
 from hybridllm.routing.decode_speed import decode_rule
 from hybridllm.routing.hedging import hedge_delay
+
+# an engine the load rules have kept from a first token this many requests is probed: the rules
+# leave it its place once (the deadline race still rescues it), so a prediction never locks it out
+PROBE_AFTER = 8
 
 # the decision's types live in `routing.decision`; importable from here too, as before
 __all__ = ["Decision", "LiveState", "RequestFacts", "RoutePreview", "decide"]
@@ -96,15 +102,19 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     deadline = None if deadline_ms is None else deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
     asked = facts.plan if facts.plan is not None else policy.plan
-    want, by_router = _wanted(facts, policy, reasons)
-    refused, removed = _restrict(facts, policy, state, allowed, want, reasons)
+    want, by_router, objective = _wanted(facts, policy, reasons)
+    refused, removed = _restrict(facts, policy, state, allowed, want, reasons, objective)
     if refused:
         return _refuse(reasons, deadline, _cause(removed, "no_engine"))
     local_off = _local_circuit(facts, state, allowed, reasons)
     left_out = _unavailable(facts, state, allowed, reasons)
     # a reason already says why an engine is missing (`no <engine> engine` would repeat it)
     absence_noted = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
-    decision = _serve(facts, policy, state, allowed, want, absence_noted, reasons, deadline, asked)
+    if want not in allowed:  # the engine asked for is out: what took it out is the objective
+        objective = _REMOVED_FOR.get(removed or "circuit", "availability")
+    decision = _serve(
+        facts, policy, state, allowed, (want, objective), absence_noted, reasons, deadline, asked
+    )
     if decision.primary is None:
         return replace(decision, refusal=_cause(removed, decision.refusal or "no_engine"))
     decision = replace(decision, by_router=by_router)
@@ -115,22 +125,38 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     return decision
 
 
+# the objective of a decision whose wanted engine was taken out, by what took it out
+_REMOVED_FOR: dict[_Removal, Objective] = {
+    "policy": "privacy",
+    "privacy": "privacy",
+    "no_scanner": "privacy",
+    "budget": "cost",
+    "circuit": "availability",
+}
+
+
 def _serve(
     facts: RequestFacts,
     policy: Policy,
     state: LiveState,
     allowed: list[EngineName],
-    want: EngineName,
+    wanted: tuple[EngineName, Objective],
     absence_noted: bool,
     reasons: list[str],
     deadline: float | None,
     asked: PlanName | None,
 ) -> Decision:
     """3. and 4.: the serving engine, its fallback, the load rules and the plan."""
+    want, objective = wanted
     picked = _pick(facts, allowed, want, absence_noted, reasons, deadline)
     if isinstance(picked, Decision):
-        return picked
-    load = picked if deadline is None else _load(picked, deadline, policy, state, reasons)
+        return replace(picked, objective=objective)
+    if deadline is None:
+        load = picked
+    else:
+        load = _load(picked, deadline, policy, state, reasons, objective)
+    if load.rule in _SWAPS:
+        objective = "latency"
     primary, fallback, handoff = load.primary, load.fallback, False
     if fallback is not None and load.rule != "parallel_start":  # 4. decode speed
         primary, fallback, handoff = decode_rule(
@@ -144,11 +170,21 @@ def _serve(
             reasons,
             asked,
         )
-    hedge_s = None
+    if (primary, fallback) != (load.primary, load.fallback) or handoff:
+        objective = "latency"  # the decode speed moved the answer
+    rescue = objective == "quality" and (primary, fallback) == ("cloud", "local")
+    hedge_s, release_s = None, None
     if load.rule != "parallel_start" and not handoff:
-        hedge_s = hedge_delay(
-            policy, primary, fallback, state, reasons, deadline, load.early_start, asked
+        wrong = _wrong_p(facts) if rescue else None
+        hedged = hedge_delay(
+            policy, primary, fallback, state, reasons, deadline, load.early_start, asked, wrong
         )
+        hedge_s = hedged.delay_s
+        if hedged.delivers:  # an automatic hedge priced with the quality it may lose
+            release_s = hedge_s
+    if rescue and release_s is None:
+        release_s = math.inf if deadline is None else deadline
+        _rescue_reason(fallback, deadline, reasons)
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(
@@ -162,7 +198,29 @@ def _serve(
         fallback_lead=load.early_start,
         load=load.rule,
         load_reason=load.why,
+        objective=objective,
+        release_s=release_s,
     )
+
+
+# the load rules that give the request to the other engine (the objective becomes latency)
+_SWAPS: frozenset[LoadRule | None] = frozenset({"local_queue", "cloud_queue", "faster_fallback"})
+
+
+def _wrong_p(facts: RequestFacts) -> float:
+    """P(the local answer is wrong): the router's score, else 1 (nothing says the local answer
+    will do: the policy asked for the cloud's)."""
+    return 1.0 if facts.router_score is None else facts.router_score
+
+
+def _rescue_reason(fallback: EngineName | None, deadline: float | None, reasons: list[str]) -> None:
+    if deadline is None:
+        reasons.append(f"quality: {fallback} answers only if the cloud fails")
+    else:
+        reasons.append(
+            f"quality: {fallback} is a rescue (it may prefill early; its tokens are held until "
+            f"the {_ms(deadline)} deadline passes without a cloud token, or the cloud fails)"
+        )
 
 
 def _pick(
@@ -204,24 +262,31 @@ def _failover(
     return not cannot
 
 
-def _wanted(facts: RequestFacts, policy: Policy, reasons: list[str]) -> tuple[EngineName, bool]:
-    """The engine the caller, the policy or the router asks for, before any constraint, and
-    whether the router's score asked for the cloud."""
+def _wanted(
+    facts: RequestFacts, policy: Policy, reasons: list[str]
+) -> tuple[EngineName, bool, Objective]:
+    """The engine the caller, the policy or the router asks for, before any constraint,
+    whether the router's score asked for the cloud, and why (the objective): the cloud is
+    asked for its quality; the local engine for speed, or for cost where the router says its
+    answer will do."""
     if facts.forced is not None:
         reasons.append(f"engine={facts.forced} forced by the caller")
-        return facts.forced, False
+        return facts.forced, False, "caller"
     if policy.routing.prefer != "auto" or policy.routing.fallback_order is not None:
         first = policy.order[0]
         reasons.append(f"policy {policy.name!r} prefers {first}")
-        return first, False
+        objective = policy.routing.objective
+        if objective is None:
+            objective = "quality" if first == "cloud" else "latency"
+        return first, False, objective
     score, cut = facts.router_score, facts.router_threshold
     if score is None or cut is None:
         reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
-        return "local", False
+        return "local", False, "latency"
     want: EngineName = "cloud" if score >= cut else "local"
     rel = ">=" if score >= cut else "<"
     reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
-    return want, want == "cloud"
+    return want, want == "cloud", "quality" if want == "cloud" else "cost"
 
 
 def _restrict(
@@ -231,9 +296,11 @@ def _restrict(
     allowed: list[EngineName],
     want: EngineName,
     reasons: list[str],
+    objective: Objective,
 ) -> tuple[bool, _Removal | None]:
-    """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit. Returns
-    (refuse now, what removed the cloud, or None)."""
+    """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit (one
+    opened for slowness keeps a quality decision: its local rescue covers the deadline).
+    Returns (refuse now, what removed the cloud, or None)."""
     removed: _Removal | None = None
 
     def drop(why: _Removal, reason: str) -> _Removal:
@@ -264,6 +331,8 @@ def _restrict(
     if "cloud" in allowed and state.cloud_circuit_open:
         if facts.forced == "cloud":
             reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
+        elif state.cloud_circuit_slow and objective == "quality" and "local" in allowed:
+            reasons.append("cloud circuit open for slowness, but a quality decision -> cloud")
         elif "local" in allowed:
             removed = drop("circuit", "cloud circuit open -> local")
         else:  # nothing else could answer: try it rather than fail without trying
@@ -322,10 +391,23 @@ class _Load(NamedTuple):
 
 
 def _load(
-    start: _Load, deadline: float, policy: Policy, state: LiveState, reasons: list[str]
+    start: _Load,
+    deadline: float,
+    policy: Policy,
+    state: LiveState,
+    reasons: list[str],
+    objective: Objective,
 ) -> _Load:
-    """3. Swap the engines, or start both at once, when the primary cannot make the deadline."""
+    """3. Swap the engines, or start both at once, when the primary cannot make the deadline. A
+    cloud chosen for quality keeps the request: the local engine is its rescue (never a swap or
+    a competitor), and an engine the rules have kept from a first token for `PROBE_AFTER`
+    requests is probed (left its place once). A cloud whose own concurrency queue makes it
+    miss the deadline gives even a quality decision to the local engine (the wait is known, not
+    a draw from a tail: the rescue would answer anyway)."""
     primary, fallback = start.primary, start.fallback
+    quality = objective == "quality" and (primary, fallback) == ("cloud", "local")
+    if quality and not _cloud_queue_misses(deadline, state):
+        return _quality_keeps(start, deadline, state, reasons)
     if primary == "local" and state.local_queue_s > deadline:
         queue = f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}"
         if fallback is None:
@@ -344,6 +426,13 @@ def _load(
     early_start = fallback != "cloud" or policy.hedge.parallel_cloud
     mine = state.latency.get(primary)
     if mine is None or mine.ttft_s <= deadline:
+        return _Load(primary, fallback, early_start=early_start)
+    unmeasured = state.unmeasured.get(primary, 0)
+    if unmeasured >= PROBE_AFTER:
+        reasons.append(
+            f"{primary} predicted at {_ms(mine.ttft_s)} against the {_ms(deadline)} deadline, "
+            f"but unmeasured for {unmeasured} requests -> probed (the deadline still rescues)"
+        )
         return _Load(primary, fallback, early_start=early_start)
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
@@ -365,6 +454,18 @@ def _load(
     else:
         now = "the local engine starts in parallel now (the first token wins)"
     return _fired(reasons, _Load(primary, fallback, "parallel_start", f"{missed}: {now}"))
+
+
+def _quality_keeps(start: _Load, deadline: float, state: LiveState, reasons: list[str]) -> _Load:
+    """A cloud chosen for quality keeps the request whatever its predicted TTFT or queue; the
+    local engine starts ahead of the deadline by its own TTFT, as a rescue."""
+    cloud = state.latency.get("cloud")
+    if cloud is not None and cloud.ttft_s > deadline:
+        reasons.append(
+            f"cloud predicted at {_ms(cloud.ttft_s)} against the {_ms(deadline)} deadline, "
+            "but chosen for quality -> cloud keeps it"
+        )
+    return _Load(start.primary, start.fallback, early_start=True)
 
 
 def _fired(reasons: list[str], load: _Load) -> _Load:
@@ -445,6 +546,8 @@ def _planned(
         fallback_lead=True,
         load=None,
         load_reason="",
+        objective="quality",  # the cloud's answer is what both plans deliver or verify
+        release_s=None,
         **extra,
     )
 

@@ -17,6 +17,7 @@ __all__ = [
     "Decision",
     "LiveState",
     "LoadRule",
+    "Objective",
     "PlanKind",
     "RefusalCause",
     "RequestFacts",
@@ -34,6 +35,14 @@ RefusalCause = Literal["privacy", "budget", "forced_not_allowed", "no_engine"]
 LoadRule = Literal[
     "local_queue", "cloud_queue", "faster_fallback", "parallel_start", "parallel_held"
 ]
+# why the primary engine was chosen, which is what the race reads: "quality" (the router's score,
+# a policy that prefers the cloud, a cascade or speculation: the cloud's answer is wanted, so a
+# local backup only rescues it), "latency" (a local-first policy, a deadline prediction, the
+# load, the decode speed: the first token wins), "cost" (the router found the local answer good
+# enough, or the budget kept the cloud out), "privacy" (a finding or a policy that never leaves
+# the device), "availability" (a circuit, an unavailable engine, the only engine left), "caller"
+# (the caller forced the engine)
+Objective = Literal["quality", "latency", "cost", "privacy", "availability", "caller"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,9 @@ class LiveState:
     # already in the cloud's latency prediction, named here for the reason
     cloud_queue_s: float = 0.0
     cloud_circuit_open: bool = False
+    # the cloud circuit was opened by deadline misses (slow, not broken): a quality decision
+    # still goes to the cloud, with the local engine as its rescue at the deadline
+    cloud_circuit_slow: bool = False
     # the local engine's circuit (`runtime.health`): open, a cloud that may serve takes the
     # request; the local engine is still tried when it is the only one left
     local_circuit_open: bool = False
@@ -82,6 +94,10 @@ class LiveState:
     # the engines that read their own confidence signals (`engines.capabilities.ReadsSignals`)
     reads_signals: frozenset[EngineName] = frozenset()
     has_router: bool = False  # the client has a router (the cascade needs its stage 2)
+    # per engine, the requests since it last produced a first token the latency model measured
+    # (a prediction that keeps an engine out gets no new sample; past `PROBE_AFTER` the engine
+    # is probed: the load rules leave it its place once)
+    unmeasured: Mapping[EngineName, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +124,12 @@ class Decision:
     # what a cascade judges: the held first tokens ("prefix") or, with nothing streamed and
     # `cascade_judge = "answer"`, the whole local answer; None: not a cascade
     cascade_judge: Literal["prefix", "answer"] | None = None
+    objective: Objective = "latency"  # why the primary was chosen (the race reads it)
+    # a rescue, not a competitor: the fallback's tokens are held (it may start early, prefill
+    # and hold its first tokens) until this many seconds after the call, or until the primary
+    # fails; None: the first token wins. Set for a quality decision (the deadline, or the
+    # earlier delay the automatic hedge found worth its expected quality loss)
+    release_s: float | None = None
 
     @property
     def fallback_now(self) -> bool:
@@ -119,6 +141,11 @@ class Decision:
     def parallel_cloud(self) -> bool:
         """The cloud starts at once beside the local engine (a cloud request paid for)."""
         return self.fallback_now and self.fallback == "cloud"
+
+    @property
+    def rescue(self) -> bool:
+        """The fallback is a rescue: its tokens wait for `release_s` or the primary's failure."""
+        return self.release_s is not None
 
     @property
     def reason(self) -> str:

@@ -16,6 +16,15 @@ token serves). `cap` is when the deadline race starts the backup anyway (the dea
 backup's lead): F and W count only what a hedge adds to that, so "no hedge" is the `d = cap`
 candidate, it costs nothing, and a hedge must beat it.
 
+A quality decision (the cloud chosen for its answer, `Decision.objective`) holds its local
+rescue until the deadline `R`: without a hedge the local engine starts at `cap` and its first
+token is delivered at `max(R, cap + T_b)` at the earliest. A hedge at `d` delivers the local
+answer from `d` on, and each local answer delivered costs the quality it expects to lose:
+`P(local wrong)` (the router's score; 1 without one) times `quality_s` (the policy's
+`[hedge] quality_weight_ms`). The loss adds `quality_s * P(wrong) * (D(d) - D(cap))`, where `D`
+is the share of requests the local answer would serve. An easy prompt (a low `P(wrong)`) may
+hedge early; a hard one waits for the deadline, where the rescue is the only answer in time.
+
 The policy sets the terms: a local hedge costs device time only (`weight` =
 `hedge_device_weight`, `price` 0); a cloud hedge costs a cloud request paid for, whether it wins
 or loses (`price` = `hedge_cloud_price_ms`, `weight` 0). In a heavy tail the p99 falls one ms
@@ -33,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hybridllm.events import EngineName
 
@@ -62,8 +71,19 @@ def quantile(xs: Sequence[float], q: float) -> float:
     return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))]
 
 
-def _tail(primary: Sequence[float], backup: Sequence[float], start_s: float, q: float) -> float:
-    return quantile(sorted(min(p, start_s + b) for p in primary for b in backup), q)
+def _tail(
+    primary: Sequence[float], backup: Sequence[float], start_s: float, q: float, hold_s: float = 0.0
+) -> float:
+    """The `q` TTFT with the backup started at `start_s`, its tokens held until `hold_s`."""
+    return quantile(sorted(min(p, max(hold_s, start_s + b)) for p in primary for b in backup), q)
+
+
+def _served(
+    primary: Sequence[float], backup: Sequence[float], start_s: float, hold_s: float
+) -> float:
+    """The share of requests the backup, started at `start_s` and held until `hold_s`, serves."""
+    won = sum(p > max(hold_s, start_s + b) for p in primary for b in backup)
+    return won / (len(primary) * len(backup))
 
 
 def _survival(primary: Sequence[float], d: float) -> float:
@@ -84,10 +104,14 @@ def choose_hedge_delay(
     weight: float = 0.0,
     cap_s: float | None = None,
     q: float = TAIL_QUANTILE,
+    hold_s: float | None = None,
+    quality_s: float = 0.0,
 ) -> HedgeChoice:
     """The hedge delay minimising the expected `q` TTFT plus `price_s` per hedge fired plus
-    `weight` per second of the backup's work (see the module). `primary`, `backup`: TTFT
-    samples in seconds (not empty); `cap_s`: when the backup starts anyway (None: never)."""
+    `weight` per second of the backup's work plus `quality_s` per backup answer delivered
+    (see the module). `primary`, `backup`: TTFT samples in seconds (not empty); `cap_s`: when
+    the backup starts anyway (None: never); `hold_s`: without a hedge, the backup's tokens are
+    held until then (a quality decision's rescue, its deadline; None: not held)."""
     if not primary or not backup:
         raise ValueError("choose_hedge_delay needs TTFT samples of both engines")
     p = sorted(primary)
@@ -97,13 +121,17 @@ def choose_hedge_delay(
     cap = math.inf if cap_s is None else max(0.0, cap_s)
     base_fire = _survival(p, cap) if cap_s is not None else 0.0
     base_work = _work(p, b, cap) if cap_s is not None and weight else 0.0
-    baseline = _tail(p, b, cap, q)
+    hold = 0.0 if hold_s is None else hold_s
+    baseline = _tail(p, b, cap, q, hold)
+    base_served = _served(p, b, cap, hold) if quality_s else 0.0
     best_d, best_loss, best_tail, best_fire = None, baseline, baseline, 0.0
     levels = {0.0, *(quantile(p, i / CANDIDATES) for i in range(1, CANDIDATES))}
     for d in sorted((x for x in levels if x < cap), reverse=True):  # later first: ties wait
         fire = _survival(p, d) - base_fire
         tail = _tail(p, b, d, q)
         loss = tail + price_s * fire + (weight * (_work(p, b, d) - base_work) if weight else 0.0)
+        if quality_s:
+            loss += quality_s * (_served(p, b, d, 0.0) - base_served)
         if loss < best_loss - 1e-3:  # at least a ms better than waiting longer
             best_d, best_loss, best_tail, best_fire = d, loss, tail, fire
     return HedgeChoice(best_d, best_tail, baseline, best_fire)
@@ -116,6 +144,15 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
 
 
+class HedgeStart(NamedTuple):
+    """The hedge of a decision: when the backup starts (None: no hedge), and whether its tokens
+    are delivered from then on (an automatic hedge of a quality decision, priced with the quality
+    it may lose); False: a quality decision's rescue holds them until the deadline."""
+
+    delay_s: float | None
+    delivers: bool = False
+
+
 def hedge_delay(
     policy: Policy,
     primary: EngineName,
@@ -125,20 +162,25 @@ def hedge_delay(
     deadline: float | None,
     early_start: bool,
     asked: PlanName | None,
-) -> float | None:
+    wrong_p: float | None = None,
+) -> HedgeStart:
     """The hedge delay: the policy's, or "auto" (also for `plan = "hedge"` without a delay,
     as `Policy.with_plan` sets it); None: no hedge. `early_start`: the fallback starts ahead
-    of the deadline by its TTFT, so an "auto" delay must leave it that much."""
+    of the deadline by its TTFT, so an "auto" delay must leave it that much. `wrong_p`: a
+    quality decision's P(the local answer is wrong), its rescue held until the deadline (None:
+    the first token wins)."""
     delay = policy.hedge.after_ms
     if delay is None and asked == "hedge":
         delay = "auto"
     if fallback is None or delay is None or "hedge" not in (*policy.plans, asked):
-        return None
+        return HedgeStart(None)
     if delay != "auto":
         hedge_s = delay / 1000.0
-        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token")
-        return hedge_s
-    return _auto_hedge(policy, primary, fallback, state, reasons, deadline, early_start)
+        held = " (its tokens held: a rescue)" if wrong_p is not None else ""
+        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token{held}")
+        return HedgeStart(hedge_s)
+    auto = _auto_hedge(policy, primary, fallback, state, reasons, deadline, early_start, wrong_p)
+    return HedgeStart(auto, delivers=auto is not None and wrong_p is not None)
 
 
 def _auto_hedge(
@@ -149,8 +191,10 @@ def _auto_hedge(
     reasons: list[str],
     deadline: float | None,
     early_start: bool,
+    wrong_p: float | None = None,
 ) -> float | None:
-    """The hedge delay `routing.hedging` prices against the primary's TTFT history."""
+    """The hedge delay `routing.hedging` prices against the primary's TTFT history (for a
+    quality decision, `wrong_p` given, also against the quality a local answer may lose)."""
     mine, theirs = state.latency.get(primary), state.latency.get(fallback)
     if mine is None or mine.samples < AUTO_HEDGE_MIN_SAMPLES or not mine.ttft_samples:
         return None  # not enough history yet: the deadline alone applies
@@ -167,7 +211,20 @@ def _auto_hedge(
     cap = None
     if deadline is not None:
         cap = deadline - (min(max(0.0, theirs.ttft_s), deadline / 2) if early_start else 0.0)
-    c = choose_hedge_delay(mine.ttft_samples, backup, price_s=price, weight=weight, cap_s=cap)
+    quality_s = 0.0
+    if wrong_p is not None:
+        quality_s = wrong_p * policy.hedge.quality_weight_ms / 1000.0
+        weight_ms = policy.hedge.quality_weight_ms
+        cost += f"; a local answer delivered costs P(wrong) {wrong_p:.2f} x {weight_ms:g} ms"
+    c = choose_hedge_delay(
+        mine.ttft_samples,
+        backup,
+        price_s=price,
+        weight=weight,
+        cap_s=cap,
+        hold_s=deadline if wrong_p is not None else None,
+        quality_s=quality_s,
+    )
     if c.delay_s is None:
         reasons.append(
             f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "

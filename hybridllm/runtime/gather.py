@@ -12,8 +12,9 @@ queue, the budget verdict, the cloud and local circuits, which engines read thei
 (`engines.capabilities.ReadsSignals`) and whether there is a router (for the cascade), the
 engines that cannot take a request now (`EngineInfo.unavailable`: a cloud without a usable key,
 a local queue at its bound), and how many of the policy's last `PARALLEL_WINDOW` requests
-started the cloud in parallel (for `Policy.parallel_cloud_share`; each decided request, not a
-preview, is noted here).
+started a cloud request that did not serve the answer (for `Policy.parallel_cloud_share`: each
+decided request, not a preview, is noted here as it is decided, by its parallel start, and again
+when it ends, if a cloud request it started was cancelled: a hedge or rescue that lost).
 
 The client's gates live here too: `GuardBudget` answers routing's `BudgetGate` from the cloud
 guard's ledger, `privacy_kinds` its `PrivacyScan` (the NER layer only for a request that could
@@ -62,6 +63,14 @@ from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 PARALLEL_WINDOW = 20
 
 
+@dataclass
+class CloudStart:
+    """One decided request in its policy's window: did it start a cloud request beside another
+    engine (at once, or cancelled once the other won)? Set at the decision, then at the end."""
+
+    extra: bool
+
+
 def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
 
@@ -81,22 +90,25 @@ class Gatherer:
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
     last_local_prompt: str | None = None  # what the local engine's KV cache likely holds
-    # per policy name, its last PARALLEL_WINDOW decided requests: did each start the cloud in
-    # parallel?
-    parallel: dict[str, deque[bool]] = field(default_factory=dict)
+    # per policy name, its last PARALLEL_WINDOW decided requests: did each start a cloud request
+    # beside another engine (in parallel, or cancelled once the other won)?
+    parallel: dict[str, deque[CloudStart]] = field(default_factory=dict)
     # the speculative plan's verifiers and measured outlook (set by the client)
     speculation: SpeculationState = field(default_factory=SpeculationState)
 
     def parallel_recent(self, policy: str) -> tuple[int, int]:
         """(parallel cloud starts, requests) among the policy's recent requests."""
         recent = self.parallel.get(policy, ())
-        return sum(recent), len(recent)
+        return sum(r.extra for r in recent), len(recent)
 
-    def note_decision(self, policy: str, decision: Decision) -> None:
-        """A request under `policy` was decided (and will run): count its parallel start."""
-        if decision.primary is not None:
-            window = self.parallel.setdefault(policy, deque(maxlen=PARALLEL_WINDOW))
-            window.append(decision.parallel_cloud)
+    def note_decision(self, policy: str, decision: Decision) -> CloudStart | None:
+        """A request under `policy` was decided (and will run): count its parallel start. The
+        entry returned is marked again when the request ends (`CloudStart.extra`)."""
+        if decision.primary is None:
+            return None
+        window = self.parallel.setdefault(policy, deque(maxlen=PARALLEL_WINDOW))
+        window.append(entry := CloudStart(decision.parallel_cloud))
+        return entry
 
     def note_local(self, messages: Sequence[Mapping[str, str]]) -> None:
         """The local engine ran this prompt: its prefix is in the KV cache now."""
@@ -173,7 +185,8 @@ class Gatherer:
             verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
         cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
-        circuit_open = cloud_ok and _open(breakers.get("cloud"), preview)
+        cloud_breaker = breakers.get("cloud")
+        circuit_open = cloud_ok and _open(cloud_breaker, preview)
         # the local circuit matters only where a cloud could take the request instead
         local_ok = "local" in engines and cloud_ok and not circuit_open
         return LiveState(
@@ -182,6 +195,7 @@ class Gatherer:
             local_queue_s=waits.get("local", 0.0),
             cloud_queue_s=waits.get("cloud", 0.0),
             cloud_circuit_open=circuit_open,
+            cloud_circuit_slow=circuit_open and cloud_breaker is not None and cloud_breaker.slow,
             local_circuit_open=local_ok and _open(breakers.get("local"), preview),
             budget_fits=fits,
             budget_detail=detail,
@@ -191,6 +205,7 @@ class Gatherer:
             speculation=self.speculation_outlook(request, policy, engines),
             reads_signals=frozenset(n for n, e in engines.items() if _declares(e, ReadsSignals)),
             has_router=self.router is not None,
+            unmeasured={n: self.latency.unmeasured.get(n, 0) for n in engines},
         )
 
     def predictions(
@@ -257,17 +272,16 @@ class Gatherer:
         streamed: bool = True,
         facts: RequestFacts | None = None,
     ) -> RoutePreview:
-        """Gather and decide. `preview`: nothing will be sent, so leave the circuits (and the
-        policy's count of parallel cloud starts) as they are. `plan`: the plan the caller asks;
-        `streamed` False: the answer is taken whole (`complete()`). `facts`: the request's
-        facts when gathered already (off the event loop)."""
+        """Gather and decide. `preview`: nothing will be sent, so leave the circuits as they are
+        (a request's caller counts its cloud start: `note_decision`). `plan`: the plan the
+        caller asks; `streamed` False: the answer is taken whole (`complete()`). `facts`: the
+        request's facts when gathered already (off the event loop)."""
         if facts is None:
             facts = self.facts(request, policy, forced, engines)
         facts = replace(facts, plan=plan, streamed=streamed)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
         if not preview:
-            self.note_decision(policy.name, decision)
             if decision.primary is not None and decision.primary in engines:
                 _announce(engines[decision.primary], request)
         return RoutePreview(decision, facts, state)

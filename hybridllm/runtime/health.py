@@ -5,11 +5,13 @@ Two kinds of bad outcome open the circuit:
 - hard failures (refused or reset connections, timeouts, 5xx, 429, malformed streams):
   `threshold` of them in a row, so a dead endpoint is skipped after two requests;
 - deadline misses (the engine lost the first-token race past the deadline): these happen now and
-  then on any endpoint with a heavy latency tail, so they count by rate - at least `threshold`
-  misses and at least `miss_rate` of the last `window` outcomes (judged once half a window is
-  seen, or at once when every outcome so far missed). An engine that stalls on every request
-  opens the circuit after two; one that misses one request in ten never does. A circuit opened
-  by misses (slow, not broken) is probed again after `miss_reset_after_s`.
+  then on any endpoint with a heavy latency tail, so they count by rate, judged on evidence - at
+  least `miss_rate` of the last `window` outcomes, and only once `min_outcomes` of them are
+  seen (two unlucky draws at the start tell a heavy tail from a broken endpoint no better than
+  two lucky ones). An engine that misses every request opens the circuit after `min_outcomes`;
+  one that misses one request in ten never does. A circuit opened by misses (slow, not broken,
+  `slow`) is probed again after `miss_reset_after_s`, and routing still sends it the requests
+  chosen for quality (their local rescue covers the deadline), whose outcomes close it again.
 
 While open, requests skip that engine (the local engine serves at once instead of waiting for
 timeouts). After `reset_after_s` it is half-open: one request may probe it; success closes the
@@ -48,6 +50,7 @@ class CircuitBreaker:
     reset_after_s: float = 30.0
     window: int = 10
     miss_rate: float = 0.5
+    min_outcomes: int = 5  # deadline misses are judged over at least this many outcomes
     # opened by deadline misses (slow, not broken): probe again sooner
     miss_reset_after_s: float = 10.0
     failures: int = 0  # hard failures in a row
@@ -55,6 +58,7 @@ class CircuitBreaker:
     _recent: deque[bool] = field(default_factory=deque, repr=False)  # True: a deadline miss
     _probe_at: float | None = field(default=None, repr=False)
     _open_for_s: float = field(default=30.0, repr=False)
+    _slow: bool = field(default=False, repr=False)  # opened by deadline misses
 
     @property
     def state(self) -> State:
@@ -63,6 +67,11 @@ class CircuitBreaker:
         if time.monotonic() - self.opened_at >= self._open_for_s:
             return "half-open"
         return "open"
+
+    @property
+    def slow(self) -> bool:
+        """Open (or half-open) for deadline misses: slow, not broken."""
+        return self.opened_at is not None and self._slow
 
     @property
     def recent_miss_rate(self) -> float:
@@ -110,9 +119,8 @@ class CircuitBreaker:
             return
         if miss:
             misses, seen = sum(self._recent), len(self._recent)
-            # every outcome so far a miss (an endpoint stuck from the start), or the rate over
-            # at least half a window: two unlucky draws among the first few do not trip it
-            judged = misses == seen or seen >= self.window // 2
+            # judged on evidence: the rate over at least `min_outcomes` outcomes
+            judged = seen >= self.min_outcomes
             trip = misses >= self.threshold and judged and misses >= self.miss_rate * seen
         else:
             self.failures += 1
@@ -121,6 +129,7 @@ class CircuitBreaker:
             self.opened_at = time.monotonic()
             self._probe_at = None
             self._open_for_s = self.miss_reset_after_s if miss else self.reset_after_s
+            self._slow = miss
             why = "deadline misses" if miss else f"{type(exc).__name__} ({self.failures} in a row)"
             log.warning("%s circuit open for %.0f s: %s", self.name, self._open_for_s, why)
             self._recent.clear()  # after the reset, judge the engine afresh

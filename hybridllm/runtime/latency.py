@@ -17,6 +17,10 @@ requests); when all of them lie on the same side, the old regime is dropped.
 each residual in the window, sorted): the automatic hedge (`routing.hedging`) needs the shape
 of the tail, not only its p95.
 
+`LatencyModel.unmeasured` counts, per engine, the finished requests since it last served a first
+token: an engine the predictions keep out gets no new sample, so routing probes it past a bound
+(`routing.decide.PROBE_AFTER`) rather than trust a stale figure for good.
+
 `LatencyModel.predict(engine, prompt_tokens, max_tokens, queue_s=...)` -> `Prediction`.
 """
 
@@ -230,6 +234,9 @@ class LatencyModel:
             name: EngineLatency(p) for name, p in priors.items()
         }
         self.seeded: set[EngineName] = set()
+        # per engine, the finished requests since it last served a first token measured here
+        # (routing probes an engine kept out too long: `LiveState.unmeasured`)
+        self.unmeasured: dict[EngineName, int] = {}
 
     def engine(self, name: EngineName) -> EngineLatency:
         if name not in self.engines:
@@ -277,6 +284,8 @@ class LatencyModel:
         ttft_ms = trace.ttft_ms
         if served is None or ttft_ms is None or trace.error is not None:
             return
+        for name in {*self.engines, *trace.started}:
+            self.unmeasured[name] = 0 if name == served else self.unmeasured.get(name, 0) + 1
         if trace.handoff is not None:
             self._observe_handoff(trace, prompt_tokens)
             return

@@ -301,6 +301,18 @@ class Trace:
         return sum(s.overrun_usd for s in self.spent)
 
     @property
+    def cloud_cancelled(self) -> bool:
+        """A cloud request of this request started and was cancelled before it served a token:
+        another engine won the race (a parallel start, a hedge, a rescue). It is a cost: the
+        guard bills its prompt (`spent`, under its role), and `Policy.parallel_cloud_share`
+        counts it."""
+        if "cloud" not in self.started or self.engine in (None, "cloud"):
+            return False
+        if self.handoff is not None or self.speculation is not None:
+            return False  # the cloud's work there is the plan's own (its records say what)
+        return not any("cloud" in (s.from_engine, s.to_engine) for s in self.switches)
+
+    @property
     def parallel_cost_usd(self) -> float | None:
         """What the cloud started in parallel cost (None: none settled)."""
         mine = [s.usd for s in self.spent if s.role == "parallel"]
@@ -322,6 +334,7 @@ class Trace:
             "total_ms": _r(self.total_ms),
             "finish_reason": self.finish_reason,
             "parallel_start": self.parallel_engine,
+            "cloud_cancelled": self.cloud_cancelled,
             "cost_usd": self.cost_usd,
         }
 

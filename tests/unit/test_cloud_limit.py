@@ -191,7 +191,9 @@ def test_a_burst_decided_at_once_sees_itself_in_the_cloud_queue() -> None:
     client = HybridClient(local=ScriptedEngine("local"), cloud=cloud, router=None)
     client.routing.latency.seed("cloud", prefill_tps=1e4, tpot_s=0.01, overhead_s=0.1)
     client.routing.latency.seed("local", prefill_tps=1e4, tpot_s=0.02, overhead_s=0.2)
-    policy = Policy(name="burst", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
+    policy = Policy(
+        name="burst", routing={"prefer": "cloud", "ttft_deadline_ms": 600, "objective": "latency"}
+    )
     req = GenerationRequest([{"role": "user", "content": "hi"}], max_tokens=8)
 
     def decided() -> str | None:  # as stream() decides (a preview would announce nothing)

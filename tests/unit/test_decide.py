@@ -232,7 +232,9 @@ def test_unknown_cloud_latency_starts_both_at_once() -> None:
 
 
 def test_slow_cloud_swaps_to_local() -> None:
-    pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
+    pol = Policy(
+        name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500, "objective": "latency"}
+    )
     state = LiveState(latency={"local": pred("local", 0.2, 0.3), "cloud": pred("cloud", 2.0)})
     d = decide(RequestFacts(50, 64), pol, state)
     assert (d.primary, d.fallback) == ("local", "cloud")
@@ -268,7 +270,9 @@ def test_auto_hedge_waits_for_history() -> None:
 
 def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> None:
     pol = Policy(
-        name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600}, hedge={"after_ms": "auto"}
+        name="t",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 600, "objective": "latency"},
+        hedge={"after_ms": "auto"},
     )
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     d = decide(RequestFacts(10, 8), pol, state)

@@ -215,15 +215,34 @@ async def test_hedge_events_are_hedges() -> None:
 async def test_a_primary_that_keeps_missing_the_deadline_is_skipped() -> None:
     cloud = ScriptedEngine("cloud", script=[5.0, "late"])
     local = ScriptedEngine("local", tokens=["local"])
-    policy = Policy(name="d", routing={"prefer": "cloud", "ttft_deadline_ms": 50})
+    routing = {"prefer": "cloud", "ttft_deadline_ms": 50, "objective": "latency"}
+    policy = Policy(name="d", routing=routing)
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
-        for _ in range(2):
+        for _ in range(5):  # judged over 5 outcomes (issue 25)
             res = await client.complete("q")
             assert res.text == "local" and res.trace.ttft_ms == pytest.approx(50)
         res = await client.complete("q")  # circuit open: local at once
     assert res.text == "local" and "circuit open" in res.trace.route_reason
     assert res.trace.ttft_ms == pytest.approx(0)
-    assert len(cloud.requests) == 2
+    assert len(cloud.requests) == 5
+
+
+async def test_a_slow_circuit_still_sends_quality_decisions_to_the_cloud_with_a_rescue() -> None:
+    """Issue 25: a cloud chosen for quality, opened for slowness, still gets the request; the
+    local rescue answers at the deadline, and once the cloud is quick again it answers."""
+    cloud = ScriptedEngine("cloud", script=[5.0, "late"])
+    local = ScriptedEngine("local", tokens=["local"])
+    policy = Policy(name="q", routing={"prefer": "cloud", "ttft_deadline_ms": 50})
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        for _ in range(6):
+            res = await client.complete("q")
+            assert res.text == "local" and res.trace.ttft_ms == pytest.approx(50)
+        assert client.breakers["cloud"].slow
+        assert "cloud circuit open for slowness, but a quality decision" in res.trace.route_reason
+        cloud.script = [0.01, "quick"]
+        res = await client.complete("q")
+    assert res.text == "quick" and client.breakers["cloud"].state == "closed"
+    assert len(cloud.requests) == 7
 
 
 async def test_cancelling_during_a_race_stops_both_engines() -> None:

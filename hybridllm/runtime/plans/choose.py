@@ -68,4 +68,5 @@ def choose_plan(
         fallback_now=decision.load_reason if decision.fallback_now else None,
         fallback_ttft_s=fallback_ttft_s,
         failover=decision.failover,
+        release_s=decision.release_s,
     )

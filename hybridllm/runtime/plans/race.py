@@ -11,6 +11,13 @@ fallback starts in parallel with it at once, announced as a `ParallelStart` righ
 is cancelled at once (its stream closed: connection dropped, local decoding stopped). Role-only
 chunks, keep-alives and empty deltas never win.
 
+A rescue (`release_s`: the cloud was chosen for quality, `Decision.release_s`) does not
+compete: the fallback may start early (its lead, a hedge) and prefill, but what it sends is held
+until `release_s` after the call passes without a primary token, or the primary fails before
+its first one. Then what it holds is delivered at once (a rescue at about the deadline, not the
+deadline plus its TTFT), and from then on the first token wins. A primary token before that
+wins, and the held fallback is cancelled.
+
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
 inter-token limit (`StallError`) moves the answer to the other engine, which continues from the
 text already delivered (given as the start of the assistant turn): nothing repeated, nothing
@@ -58,7 +65,12 @@ class _TimerFired:
     hedge: bool
 
 
-_RaceItem = ContenderItem | _TimerFired
+@dataclasses.dataclass(frozen=True)
+class _Released:
+    """The rescue's hold is over (`release_s` passed without a primary token)."""
+
+
+_RaceItem = ContenderItem | _TimerFired | _Released
 
 
 @dataclasses.dataclass
@@ -67,6 +79,8 @@ class _Contender:
     scope: anyio.CancelScope
     role: SpendRole = "primary"
     marks: list[Mark] = dataclasses.field(default_factory=list)
+    # a rescue's items held until the release (None: not held)
+    held: list[Chunk | None] | None = None
 
 
 def fallback_lead_s(
@@ -99,13 +113,15 @@ async def race(
     fallback_now: str | None = None,
     fallback_ttft_s: float | None = None,
     failover: bool = True,
+    release_s: float | None = None,
 ) -> None:
     """Run the race. `fallback_now`: start the fallback at once too, in parallel, for this
     reason (the routing decision predicts the primary misses the deadline; `reason` says so).
     `fallback_ttft_s`: the fallback's predicted time to a first token (None: ask the engine; 0:
     no lead, the fallback starts at the deadline itself). `failover`: whether an answer that
     fails mid-stream may continue on the other engine (the decision says no where an engine
-    cannot continue an answer)."""
+    cannot continue an answer). `release_s`: the fallback is a rescue, its tokens held until
+    this long after the call or the primary's failure (None: the first token wins)."""
     if fallback_now is not None:
         why = reason  # the fallback starts now: no deadline to wait for
     elif deadline_s is None:
@@ -123,6 +139,7 @@ async def race(
             deadline_s=deadline_s,
             stall_s=stall_s,
             failover=failover,
+            release_s=release_s,
         )
         await r.serve(hedge_s=hedge_s, fallback_now=fallback_now, fallback_ttft_s=fallback_ttft_s)
     r.conclude()  # outside the task group: the app gets a typed, unwrapped error
@@ -142,6 +159,7 @@ class _Race:
         deadline_s: float | None,
         stall_s: float | None,
         failover: bool = True,
+        release_s: float | None = None,
     ) -> None:
         self.run = run
         self.failover = failover
@@ -166,6 +184,8 @@ class _Race:
         self.over = False  # the winner's stream ended, or the race failed (`fatal`)
         self.fatal: Exception | None = None
         self.paused = False  # the serving engine paused the answer (preempted on the device)
+        # a rescue's hold: until this time (None: not held, or released)
+        self.release_at = None if release_s is None else run.trace.t_start + release_s
 
     # ---- the coordinator ---------------------------------------------------------------------
 
@@ -200,18 +220,27 @@ class _Race:
             self._on_stall()
         elif isinstance(item, _TimerFired):
             self._on_timer(item)
+        elif isinstance(item, _Released):
+            self.release()
         else:
-            cid, got = item
-            if self.winner is not None and cid != self.winner:
-                return  # what a cancelled contender sent before it stopped
-            if got is None:
-                self._on_end(cid)
-            elif isinstance(got, Exception):
-                self._on_error(cid, got)
-            elif isinstance(got, Finish):
-                self._on_finish(cid, got)
-            else:
-                self._on_chunk(cid, got)
+            self._dispatch(*item)
+
+    def _dispatch(self, cid: int, got: Chunk | Exception | None) -> None:
+        """Hand one contender's item to its handler (a held rescue's chunks wait)."""
+        if self.winner is not None and cid != self.winner:
+            return  # what a cancelled contender sent before it stopped
+        held = self.contenders[cid].held
+        if held is not None and not isinstance(got, Exception):
+            held.append(got)
+            return
+        if got is None:
+            self._on_end(cid)
+        elif isinstance(got, Exception):
+            self._on_error(cid, got)
+        elif isinstance(got, Finish):
+            self._on_finish(cid, got)
+        else:
+            self._on_chunk(cid, got)
 
     def conclude(self) -> None:
         """After the task group: raise the race's error, or complete the request."""
@@ -268,6 +297,7 @@ class _Race:
         if self.contenders[cid].engine is self.primary:
             why = "refused" if isinstance(exc, RefusedError) else "failed"
             self.start_fallback(f"{self.primary.name} {why} before its first token: {exc}")
+            self.release()  # a rescue waits no more
         if self.failed == set(self.contenders):
             self._fail(self.all_failed())  # every engine that was tried has failed
 
@@ -279,9 +309,23 @@ class _Race:
 
     # ---- the moves --------------------------------------------------------------------------
 
+    def release(self) -> None:
+        """The rescue's hold is over: what a held contender sent is handled now, in order (its
+        first token wins at once), and from now on the first token wins."""
+        if self.release_at is None or self.winner is not None:
+            return
+        self.release_at = None
+        self.run.trace.mark("rescue_released")
+        for cid, c in list(self.contenders.items()):
+            held, c.held = c.held, None
+            for got in held or ():
+                self._dispatch(cid, got)
+
     def start(self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary") -> int:
         cid = next(self.ids)
         self.contenders[cid] = c = _Contender(engine, anyio.CancelScope(), role)
+        if engine is not self.primary and role != "continuation" and self.release_at is not None:
+            c.held = []  # a rescue: what it sends waits for the release
         if engine.name not in self.run.trace.started:
             self.run.trace.started.append(engine.name)
         self.tg.start_soon(self._contend, cid, c, request)
@@ -404,7 +448,22 @@ class _Race:
             why = f"{kind} token from {self.primary.name} within {at * 1e3:.0f} ms"
             if not hedge_first and deadline_s is not None and at < deadline_s:
                 why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
+            if self.release_at is not None:
+                why += f"; a rescue: its tokens are held until {self._hold_ms():.0f} ms"
             self._post(_TimerFired(why, hedge=hedge_first))
+            await self._release_timer()
+
+    def _hold_ms(self) -> float:
+        assert self.release_at is not None
+        return (self.release_at - self.run.trace.t_start) * 1e3
+
+    async def _release_timer(self) -> None:
+        """Post `_Released` when the rescue's hold is over (never, for a hold without end)."""
+        at = self.release_at
+        if at is None or math.isinf(at):
+            return
+        await anyio.sleep(max(0.0, at - clock.now()))
+        self._post(_Released())
 
 
 def _preempted(engine: str) -> PreemptedError:
