@@ -22,7 +22,9 @@ token is delivered at `max(R, cap + T_b)` at the earliest. A hedge at `d` delive
 answer from `d` on, and each local answer delivered costs the quality it expects to lose:
 `P(local wrong)` (the router's score; 1 without one) times `quality_s` (the policy's
 `[hedge] quality_weight_ms`). The loss adds `quality_s * P(wrong) * (D(d) - D(cap))`, where `D`
-is the share of requests the local answer would serve. An easy prompt (a low `P(wrong)`) may
+is the share of requests the local answer would serve (at least 1 / (n + 2) for a release
+before the deadline: a gap in n samples is no proof that the cloud never answers there). An
+easy prompt (a low `P(wrong)`) may
 hedge early; a hard one waits for the deadline, where the rescue is the only answer in time.
 
 The policy sets the terms: a local hedge costs device time only (`weight` =
@@ -96,6 +98,16 @@ def _work(primary: Sequence[float], backup: Sequence[float], d: float) -> float:
     return total / (len(primary) * len(backup))
 
 
+def _more_served(
+    primary: Sequence[float], backup: Sequence[float], d: float, hold: float, base: float
+) -> float:
+    """The share of requests a hedge at `d` gives the backup beyond the held rescue's `base`:
+    where no primary sample falls between (`d`, `hold`] the samples prove nothing, so at
+    least 1 / (n + 2) (the rule of succession) is assumed at risk."""
+    more = _served(primary, backup, d, 0.0) - base
+    return max(more, 1.0 / (len(primary) + 2)) if d < hold else more
+
+
 def choose_hedge_delay(
     primary: Sequence[float],
     backup: Sequence[float],
@@ -131,7 +143,7 @@ def choose_hedge_delay(
         tail = _tail(p, b, d, q)
         loss = tail + price_s * fire + (weight * (_work(p, b, d) - base_work) if weight else 0.0)
         if quality_s:
-            loss += quality_s * (_served(p, b, d, 0.0) - base_served)
+            loss += quality_s * _more_served(p, b, d, hold, base_served)
         if loss < best_loss - 1e-3:  # at least a ms better than waiting longer
             best_d, best_loss, best_tail, best_fire = d, loss, tail, fire
     return HedgeChoice(best_d, best_tail, baseline, best_fire)

@@ -293,6 +293,8 @@ class LatencyModel:
             return  # own first token or decode speed (the plan keeps its own figures)
         marks = trace.marks
         ttft = ttft_ms / 1000.0
+        if "rescue_first_token" in marks:  # a held rescue: its engine's own first token
+            ttft = min(ttft, marks["rescue_first_token"] - trace.t_start)
         offset = {e: self._start_offset(trace, e) for e in trace.started}
         start = offset.get(served, 0.0)
         queue = None

@@ -314,9 +314,9 @@ class History(LatencyModel):
 async def test_a_policys_plan_is_decided_as_the_calls_plan(
     plan: str, prefer: str, expected: str
 ) -> None:
-    base = Policy(
-        name="p", routing={"prefer": prefer, "router_threshold": 0.5, "ttft_deadline_ms": 600}
-    )  # type: ignore[arg-type]
+    routing = {"prefer": prefer, "router_threshold": 0.5, "ttft_deadline_ms": 600}
+    # the first token wins (a quality decision would price the hedge's lost quality: issue 25)
+    base = Policy(name="p", routing={**routing, "objective": "latency"})  # type: ignore[arg-type]
     local, cloud = SignalsEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
     client = HybridClient(local=local, cloud=cloud, router=FixedRouter(), latency=History())
     # temperature > 0 with top_p = 1: speculation would not pay, so only asking runs it

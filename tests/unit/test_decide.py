@@ -554,8 +554,9 @@ def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
 
 
 def test_a_policys_plan_hedge_hedges_auto_as_the_calls_does() -> None:
-    base = Policy(name="t", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
-    file_like = Policy(name="t", plan="hedge", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
+    routing = {"prefer": "cloud", "ttft_deadline_ms": 600, "objective": "latency"}
+    base = Policy(name="t", routing=routing)
+    file_like = Policy(name="t", plan="hedge", routing=routing)
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     by_policy = decide(RequestFacts(10, 8), file_like, state)
     by_call = decide(RequestFacts(10, 8), base.with_plan("hedge"), state)

@@ -315,10 +315,14 @@ class _Race:
         if self.release_at is None or self.winner is not None:
             return
         self.release_at = None
-        self.run.trace.mark("rescue_released")
+        now = clock.now()
+        self.run.trace.mark("rescue_released", now)
         for cid, c in list(self.contenders.items()):
             held, c.held = c.held, None
             for got in held or ():
+                if isinstance(got, Delta) and got.text:  # reaches the app now; the engine's
+                    self.run.trace.mark("rescue_first_token", got.t)  # own time is kept
+                    got = dataclasses.replace(got, t=max(got.t, now))
                 self._dispatch(cid, got)
 
     def start(self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary") -> int:

@@ -1,0 +1,226 @@
+"""Route for quality, race for latency (issue 25): every decision says what it optimises
+(`Decision.objective`); a local backup of a cloud chosen for quality is a rescue whose tokens
+are held until the deadline (`Decision.release_s`); the automatic hedge prices the quality a
+local answer loses; a prediction never locks an engine out (probes); a cloud request started
+and cancelled is counted. The race runs `ScriptedEngine` doubles (timing logic only) on the
+virtual clock (tests/unit/conftest.py), so the times asserted are the scripts' own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hybridllm import Fallback, HybridClient, Policy, Token
+from hybridllm.events import EngineName
+from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.routing.decide import PROBE_AFTER
+from hybridllm.routing.hedging import choose_hedge_delay
+from hybridllm.routing.inputs import Prediction
+from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.trace import Trace
+from hybridllm.testing import ScriptedEngine
+
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
+
+CLOUD_FIRST = Policy(name="q", routing={"prefer": "cloud", "ttft_deadline_ms": 100})
+AUTO = Policy(name="auto", routing={"prefer": "auto", "ttft_deadline_ms": 600})
+FACTS = RequestFacts(50, 64)
+
+
+def pred(engine: EngineName, ttft: float, samples: tuple[float, ...] = ()) -> Prediction:
+    return Prediction(
+        engine, ttft, ttft * 1.5, ttft + 1.0, ttft + 2.0, 0.05, samples=len(samples) or 10,
+        ttft_samples=tuple(sorted(samples)),
+    )  # fmt: skip
+
+
+def routed(score: float, cut: float = 0.4) -> RequestFacts:
+    return RequestFacts(50, 64, router_score=score, router_threshold=cut)
+
+
+# ---- 1. every decision says what it optimises --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("facts", "policy", "state", "objective", "primary"),
+    [
+        (routed(0.7), AUTO, LiveState(), "quality", "cloud"),
+        (routed(0.1), AUTO, LiveState(), "cost", "local"),
+        (FACTS, CLOUD_FIRST, LiveState(), "quality", "cloud"),
+        (FACTS, Policy(name="v", routing={"prefer": "local"}), LiveState(), "latency", "local"),
+        (FACTS, AUTO, LiveState(), "latency", "local"),  # no router score: local first
+        (RequestFacts(50, 64, privacy_kinds=frozenset({"email"})), CLOUD_FIRST, LiveState(),
+         "privacy", "local"),
+        (FACTS, CLOUD_FIRST, LiveState(budget_fits=False), "cost", "local"),
+        (FACTS, CLOUD_FIRST, LiveState(cloud_circuit_open=True), "availability", "local"),
+        (RequestFacts(50, 64, forced="cloud"), AUTO, LiveState(), "caller", "cloud"),
+        (FACTS, CLOUD_FIRST.with_(routing={"objective": "latency"}), LiveState(), "latency",
+         "cloud"),
+    ],
+)  # fmt: skip
+def test_the_decision_records_why_its_primary_was_chosen(
+    facts: RequestFacts, policy: Policy, state: LiveState, objective: str, primary: str
+) -> None:
+    d = decide(facts, policy, state)
+    assert (d.objective, d.primary) == (objective, primary), d.reasons
+
+
+def test_a_load_swap_is_a_latency_decision() -> None:
+    pol = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 400})
+    d = decide(FACTS, pol, LiveState(local_queue_s=1.0))
+    assert (d.primary, d.load, d.objective) == ("cloud", "local_queue", "latency")
+
+
+# ---- 2. a backup for a quality decision rescues; it does not compete ----------------------------
+
+
+def test_a_cloud_chosen_for_quality_keeps_the_request_when_predicted_late() -> None:
+    """Today's rules swapped to the local engine ("cloud predicted TTFT ... -> local"), or
+    started it in parallel to win the race; a quality decision keeps the cloud and holds the
+    local rescue until the deadline."""
+    state = LiveState(latency={"cloud": pred("cloud", 0.657), "local": pred("local", 0.15)})
+    d = decide(routed(0.44, 0.43), AUTO, state)
+    assert (d.primary, d.fallback, d.objective) == ("cloud", "local", "quality")
+    assert d.load is None and not d.fallback_now and d.release_s == pytest.approx(0.6)
+    assert d.rescue and any("chosen for quality -> cloud keeps it" in r for r in d.reasons)
+
+
+def test_without_a_deadline_the_rescue_waits_for_a_failure() -> None:
+    d = decide(FACTS, Policy(name="c", routing={"prefer": "cloud"}), LiveState())
+    assert d.release_s == math.inf and d.rescue
+
+
+def test_a_latency_decision_still_lets_the_first_token_win() -> None:
+    voice = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 400})
+    d = decide(FACTS, voice, LiveState(latency={"local": pred("local", 0.1)}))
+    assert d.release_s is None and not d.rescue
+
+
+async def test_a_cloud_token_before_the_deadline_wins_over_a_ready_local_rescue() -> None:
+    """The local engine starts ahead of the deadline (its lead) and has its first token at
+    60 ms; it is held, the cloud's token at 90 ms (inside the 100 ms deadline) serves."""
+    local = ScriptedEngine("local", script=[0.01, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.09, "cloud"])
+    local.predicted_ttft_s = 0.05  # starts at 100 - 50 = 50 ms
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert [t.engine for t in tokens] == ["cloud"] and s.trace.ttft_ms == pytest.approx(90)
+    assert len(local.requests) == 1 and s.trace.cloud_cancelled is False
+    assert any(isinstance(e, Fallback) and "held" in e.reason for e in events)
+
+
+async def test_a_late_cloud_releases_the_held_rescue_at_the_deadline_itself() -> None:
+    """The rescue is instant: its held first token goes out at the deadline (100 ms), not at
+    the deadline plus its own TTFT."""
+    local = ScriptedEngine("local", script=[0.03, "loc", 0.01, "al"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.05
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        async with client.stream("q") as s:
+            text = "".join([t async for t in s])
+    assert text == "local" and s.trace.engine == "local"
+    assert s.trace.ttft_ms == pytest.approx(100)
+    assert "rescue_released" in s.trace.marks
+
+
+async def test_a_cloud_failure_releases_the_rescue_at_once() -> None:
+    from hybridllm.errors import CloudConnectionError
+
+    local = ScriptedEngine("local", script=[0.03, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.01, CloudConnectionError("reset")])
+    local.predicted_ttft_s = 0.05
+    pol = CLOUD_FIRST.with_(routing={"retries": 0})
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        done = await client.complete("q")
+    # the cloud failed at 10 ms: the local engine starts then and serves at 40 ms, not 100 ms
+    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(40)
+
+
+async def test_a_fixed_hedge_only_prepares_the_rescue() -> None:
+    local = ScriptedEngine("local", script=[0.01, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.08, "cloud"])
+    pol = CLOUD_FIRST.with_(hedge={"after_ms": 10}, plans=["single", "hedge"])
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        done = await client.complete("q")
+    assert done.text == "cloud" and len(local.requests) == 1  # started at 10 ms, held, lost
+
+
+# ---- 3. the automatic hedge prices quality ------------------------------------------------------
+
+HEAVY = (0.12, 0.14, 0.15, 0.15, 0.16, 0.17, 0.18, 0.2, 0.25, 0.3, 0.45, 0.7, 1.2, 3.0, 10.0)
+
+
+def test_the_quality_cost_makes_a_hard_prompt_wait_and_lets_an_easy_one_hedge() -> None:
+    local = (0.05, 0.05, 0.06)
+    free = choose_hedge_delay(HEAVY, local, cap_s=0.55)
+    assert free.delay_s is not None and free.delay_s < 0.2  # no quality price: goes early
+    hard = choose_hedge_delay(HEAVY, local, cap_s=0.55, hold_s=0.6, quality_s=0.9 * 10)
+    assert hard.delay_s is None  # the rescue at the deadline
+    easy = choose_hedge_delay(HEAVY, local, cap_s=0.55, hold_s=0.6, quality_s=0.01 * 10)
+    assert easy.delay_s is not None and easy.delay_s < 0.55
+
+
+def test_the_auto_hedge_of_a_quality_decision_delivers_only_where_quality_allows() -> None:
+    pol = AUTO.with_(hedge={"after_ms": "auto"}, plans=["single", "hedge"])
+    state = LiveState(
+        latency={"cloud": pred("cloud", 0.2, HEAVY), "local": pred("local", 0.05, (0.05,) * 5)}
+    )
+    hard = decide(routed(0.9), pol, state)
+    assert hard.objective == "quality" and hard.release_s == pytest.approx(0.6)
+    easy = decide(routed(0.02, 0.01), pol, state)  # sent to the cloud, but rarely wrong locally
+    assert easy.plan == "hedge" and easy.release_s == easy.hedge_s
+    assert easy.hedge_s is not None and easy.hedge_s < 0.6
+
+
+# ---- 4. evidence, not two samples; no lock-out -------------------------------------------------
+
+
+def test_an_engine_kept_from_a_first_token_is_probed() -> None:
+    voice = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 400})
+    latency = {"local": pred("local", 0.52), "cloud": pred("cloud", 0.1)}
+    kept = decide(FACTS, voice, LiveState(latency=latency, unmeasured={"local": 3}))
+    assert (kept.primary, kept.load) == ("cloud", "faster_fallback")
+    probed = decide(FACTS, voice, LiveState(latency=latency, unmeasured={"local": PROBE_AFTER}))
+    assert probed.load is None and probed.primary == "local" and not probed.fallback_now
+    assert any("-> probed" in r for r in probed.reasons)
+
+
+async def test_a_local_engine_predicted_slow_is_not_locked_out_by_a_faster_cloud() -> None:
+    """The voice case: the local engine predicted past the deadline, the cloud started in
+    parallel wins every race, so the local engine is cancelled before its first token and its
+    prediction never moves. After `PROBE_AFTER` requests it is probed, measured, and serves."""
+    local = ScriptedEngine("local", script=[0.02, "local"])
+    local.predicted_ttft_s = 0.5  # the engine's own estimate, until it has served once
+    cloud = ScriptedEngine("cloud", script=[0.01, "cloud"])
+    voice = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 100})
+    async with HybridClient(local=local, cloud=cloud, policy=voice) as client:
+        engines = [(await client.complete("q")).trace.engine for _ in range(PROBE_AFTER + 4)]
+    assert engines[:PROBE_AFTER] == ["cloud"] * PROBE_AFTER
+    assert engines[PROBE_AFTER:] == ["local"] * 4, engines
+    assert len(cloud.requests) == PROBE_AFTER  # no parallel cloud start once measured
+
+
+def test_the_latency_model_counts_requests_since_an_engine_was_measured() -> None:
+    model = LatencyModel()
+    for _ in range(3):
+        t = Trace(t_start=0.0, engine="cloud", started=["local", "cloud"])
+        t.token(0.1)
+        model.observe_trace(t, 20)
+    assert model.unmeasured["local"] == 3 and model.unmeasured["cloud"] == 0
+
+
+# ---- 5. cancelled cloud requests are counted ---------------------------------------------------
+
+
+async def test_a_cloud_request_started_and_cancelled_is_counted() -> None:
+    local = ScriptedEngine("local", script=[0.15, "local"])
+    cloud = ScriptedEngine("cloud", script=[1.0, "cloud"])
+    voice = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 100})
+    async with HybridClient(local=local, cloud=cloud, policy=voice) as client:
+        done = await client.complete("q")  # the cloud starts at the deadline, the local wins
+        assert client.routing.parallel_recent("v") == (1, 1)
+    assert done.trace.engine == "local" and done.trace.cloud_cancelled
+    assert done.trace.summary()["cloud_cancelled"] is True
