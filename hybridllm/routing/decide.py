@@ -200,7 +200,17 @@ def _serve(
         load_reason=load.why,
         objective=objective,
         release_s=release_s,
+        probe=_probed(load, state),
     )
+
+
+def _probed(load: _Load, state: LiveState) -> EngineName | None:
+    """The engine this request probes (its unmeasured count starts again), or None."""
+    if load.probe:
+        return load.primary
+    if "cloud" in (load.primary, load.fallback) and _probes_slow_cloud(state):
+        return "cloud"
+    return None
 
 
 # the load rules that give the request to the other engine (the objective becomes latency)
@@ -333,6 +343,9 @@ def _restrict(
             reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
         elif state.cloud_circuit_slow and objective == "quality" and "local" in allowed:
             reasons.append("cloud circuit open for slowness, but a quality decision -> cloud")
+        elif _probes_slow_cloud(state):
+            n = state.unmeasured["cloud"]
+            reasons.append(f"cloud circuit open for slowness, unmeasured {n} requests -> probed")
         elif "local" in allowed:
             removed = drop("circuit", "cloud circuit open -> local")
         else:  # nothing else could answer: try it rather than fail without trying
@@ -379,6 +392,12 @@ def _unavailable(
     return tuple(left_out)
 
 
+def _probes_slow_cloud(state: LiveState) -> bool:
+    """A cloud circuit open for slowness lets a request probe the cloud once it has gone
+    `PROBE_AFTER` requests without a measured first token (its timer may be long)."""
+    return state.cloud_circuit_slow and state.unmeasured.get("cloud", 0) >= PROBE_AFTER
+
+
 class _Load(NamedTuple):
     """The engines after the load rules: who serves, who follows, the rule that fired (with its
     words), and whether the fallback may start ahead of the deadline."""
@@ -388,6 +407,7 @@ class _Load(NamedTuple):
     rule: LoadRule | None = None
     why: str = ""
     early_start: bool = True  # the fallback may start ahead of the deadline, by its TTFT
+    probe: bool = False  # the primary keeps its place as a probe (`PROBE_AFTER`)
 
 
 def _load(
@@ -433,7 +453,7 @@ def _load(
             f"{primary} predicted at {_ms(mine.ttft_s)} against the {_ms(deadline)} deadline, "
             f"but unmeasured for {unmeasured} requests -> probed (the deadline still rescues)"
         )
-        return _Load(primary, fallback, early_start=early_start)
+        return _Load(primary, fallback, early_start=early_start, probe=True)
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
         why = (

@@ -130,6 +130,10 @@ class Decision:
     # fails; None: the first token wins. Set for a quality decision (the deadline, or the
     # earlier delay the automatic hedge found worth its expected quality loss)
     release_s: float | None = None
+    # the engine this request probes: predicted to miss (or behind a circuit open for slowness)
+    # but unmeasured for `routing.decide.PROBE_AFTER` requests, it keeps its place once; the
+    # client starts its unmeasured count again (`LatencyModel.probed`)
+    probe: EngineName | None = None
 
     @property
     def fallback_now(self) -> bool:

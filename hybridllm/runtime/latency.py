@@ -268,6 +268,11 @@ class LatencyModel:
         """Seeded from a warm-up or observed at least once."""
         return name in self.seeded or (name in self.engines and self.engines[name].samples > 0)
 
+    def probed(self, name: EngineName) -> None:
+        """A request probes `name` (routing left it its place although its prediction said
+        no): count its unmeasured requests afresh, so the next probe comes `PROBE_AFTER` later."""
+        self.unmeasured[name] = 0
+
     def predict(
         self, name: EngineName, prompt_tokens: float, max_tokens: int, *, queue_s: float = 0.0
     ) -> Prediction:

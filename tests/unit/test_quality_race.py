@@ -185,6 +185,7 @@ def test_an_engine_kept_from_a_first_token_is_probed() -> None:
     assert (kept.primary, kept.load) == ("cloud", "faster_fallback")
     probed = decide(FACTS, voice, LiveState(latency=latency, unmeasured={"local": PROBE_AFTER}))
     assert probed.load is None and probed.primary == "local" and not probed.fallback_now
+    assert probed.probe == "local" and kept.probe is None
     assert any("-> probed" in r for r in probed.reasons)
 
 
@@ -224,3 +225,45 @@ async def test_a_cloud_request_started_and_cancelled_is_counted() -> None:
         assert client.routing.parallel_recent("v") == (1, 1)
     assert done.trace.engine == "local" and done.trace.cloud_cancelled
     assert done.trace.summary()["cloud_cancelled"] is True
+
+
+async def test_a_rescue_starts_by_its_whole_predicted_ttft_so_it_is_ready_at_the_deadline() -> None:
+    """A race's fallback leads the deadline by at most half of it; a rescue by its whole TTFT
+    (80 ms of a 100 ms deadline): it starts at 20 ms and its token goes out at 100 ms."""
+    local = ScriptedEngine("local", script=[0.08, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.08
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q")
+    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(100)
+    assert done.trace.segments_ms["fallback_started"] == pytest.approx(20)
+
+
+# ---- after a slow spell: how many requests until the cloud answers again ------------------------
+
+
+async def slow_then_quick(policy: Policy, slow: int, after: int) -> list[str | None]:
+    """`slow` requests with a cloud past the deadline, then `after` with a quick one: which
+    engine served each of the quick ones."""
+    local = ScriptedEngine("local", script=[0.03, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.4, "cloud"])
+    async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
+        for _ in range(slow):
+            await client.complete("q")
+        cloud.script = [0.02, "cloud"]
+        return [(await client.complete("q")).trace.engine for _ in range(after)]
+
+
+async def test_a_quality_decision_returns_to_the_cloud_at_its_first_quick_request() -> None:
+    served = await slow_then_quick(CLOUD_FIRST, slow=12, after=4)
+    assert served == ["cloud"] * 4
+
+
+async def test_a_latency_decision_returns_to_a_quick_cloud_within_the_probe_bound() -> None:
+    """Cloud-first for latency: a slow cloud is swapped out by the prediction (or its slow
+    circuit); once quick again it is back within `PROBE_AFTER` + 1 requests, not never."""
+    latency = CLOUD_FIRST.with_(routing={"objective": "latency"})
+    served = await slow_then_quick(latency, slow=12, after=PROBE_AFTER + 3)
+    first = served.index("cloud")
+    assert first <= PROBE_AFTER + 1, served
+    assert served[first:] == ["cloud"] * (len(served) - first)

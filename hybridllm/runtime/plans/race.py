@@ -88,16 +88,19 @@ def fallback_lead_s(
     request: GenerationRequest,
     deadline_s: float,
     predicted: float | None = None,
+    *,
+    rescue: bool = False,
 ) -> float:
     """How long before the deadline the fallback starts: its predicted time to a first token
     (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
     at most half the deadline, so that a fallback which cannot make the deadline anyway does not
-    run alongside every request."""
+    run alongside every request. A rescue (a quality decision's held local engine) takes its
+    whole predicted time, up to the deadline: it must be ready when the deadline passes."""
     if predicted is None:
         predicted = fallback.predict_ttft_s(request)
     if predicted is None:
         return 0.0
-    return min(max(0.0, predicted), deadline_s / 2)
+    return min(max(0.0, predicted), deadline_s if rescue else deadline_s / 2)
 
 
 async def race(
@@ -441,7 +444,13 @@ class _Race:
         with self.timer:
             start_s = deadline_s
             if deadline_s is not None:  # lead so that the fallback's token lands in time
-                lead = fallback_lead_s(self.fallback, self.request, deadline_s, fallback_ttft_s)
+                lead = fallback_lead_s(
+                    self.fallback,
+                    self.request,
+                    deadline_s,
+                    fallback_ttft_s,
+                    rescue=self.release_at is not None,
+                )
                 start_s = deadline_s - lead
             hedge_first = hedge_s is not None and (start_s is None or hedge_s < start_s)
             at = hedge_s if hedge_first else start_s
