@@ -221,9 +221,11 @@ def _auto_hedge(
         price = policy.hedge.cloud_price_ms / 1000.0
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
-    if deadline is not None:  # as the race leads the deadline (a rescue by its whole TTFT)
-        most = deadline if wrong_p is not None else deadline / 2
-        cap = deadline - (min(max(0.0, theirs.ttft_s), most) if early_start else 0.0)
+    if deadline is not None:  # as the race leads the deadline (`plans.race.fallback_lead_s`)
+        lead = max(0.0, theirs.ttft_s)
+        if wrong_p is None or lead > deadline:  # a rescue that can be ready: its whole TTFT
+            lead = min(lead, deadline / 2)
+        cap = deadline - (lead if early_start else 0.0)
     quality_s = 0.0
     if wrong_p is not None:
         quality_s = wrong_p * policy.hedge.quality_weight_ms / 1000.0

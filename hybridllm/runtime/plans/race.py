@@ -94,13 +94,15 @@ def fallback_lead_s(
     """How long before the deadline the fallback starts: its predicted time to a first token
     (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
     at most half the deadline, so that a fallback which cannot make the deadline anyway does not
-    run alongside every request. A rescue (a quality decision's held local engine) takes its
-    whole predicted time, up to the deadline: it must be ready when the deadline passes."""
+    run alongside every request. A rescue (a quality decision's held local engine) that can be
+    ready by the deadline takes its whole predicted time: it must be ready when the deadline
+    passes."""
     if predicted is None:
         predicted = fallback.predict_ttft_s(request)
     if predicted is None:
         return 0.0
-    return min(max(0.0, predicted), deadline_s if rescue else deadline_s / 2)
+    predicted = max(0.0, predicted)
+    return predicted if rescue and predicted <= deadline_s else min(predicted, deadline_s / 2)
 
 
 async def race(
