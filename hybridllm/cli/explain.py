@@ -288,12 +288,28 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
                 when = f"after {_ms(decision.hedge_s)} (hedge)"
             how += f", then {decision.fallback} {when}"
         lines.append(f"decision  {how}")
+        lines.append(f"objective {decision.objective}{_held(decision)}")
     lines.append("why")
     lines += [f"  - {r}" for r in decision.reasons]
     lines.append("predicted")
     for name, p in sorted(state.latency.items()):
         lines.append("  " + _prediction(name, p))
     return "\n".join(lines)
+
+
+def _finite(x: float) -> float | str:
+    """A number for JSON: infinity as "inf" (JSON has none)."""
+    return "inf" if math.isinf(x) else x
+
+
+def _held(decision: Decision) -> str:
+    """How a rescue's tokens are held, in words ("" for a race the first token wins)."""
+    at = decision.release_s
+    if at is None:
+        return ""
+    if math.isinf(at):
+        return f" ({decision.fallback} is a rescue: it answers only if {decision.primary} fails)"
+    return f" ({decision.fallback} is a rescue: its tokens are held until {_ms(at)})"
 
 
 def _prediction(name: str, p: Prediction) -> str:
@@ -318,6 +334,9 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "by_router": decision.by_router,
             "refusal": decision.refusal,
             "cascade_judge": decision.cascade_judge,
+            "objective": decision.objective,
+            "release_s": None if decision.release_s is None else _finite(decision.release_s),
+            "probe": decision.probe,
             "reasons": list(decision.reasons),
             "prompt_tokens": facts.prompt_tokens,
             "max_tokens": facts.max_tokens,

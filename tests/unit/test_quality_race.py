@@ -267,3 +267,14 @@ async def test_a_latency_decision_returns_to_a_quick_cloud_within_the_probe_boun
     first = served.index("cloud")
     assert first <= PROBE_AFTER + 1, served
     assert served[first:] == ["cloud"] * (len(served) - first)
+
+
+def test_explain_names_the_objective_and_the_rescue() -> None:
+    from hybridllm.cli.explain import as_json, render
+
+    state = LiveState(latency={"cloud": pred("cloud", 0.2), "local": pred("local", 0.1)})
+    facts = routed(0.7)
+    d = decide(facts, AUTO, state)
+    text = render(d, facts, state, AUTO)
+    assert "objective quality (local is a rescue: its tokens are held until 600 ms)" in text
+    assert '"objective": "quality"' in as_json(d, facts, state)
