@@ -256,7 +256,9 @@ def _threshold_source(policy: Policy) -> str:
         return "router_threshold"
     if policy.routing.target_cloud_share is not None:
         return f"target_cloud_share {policy.routing.target_cloud_share:g}"
-    return f"quality_floor {policy.routing.quality_floor:g}"
+    if policy.routing.quality_floor is not None:
+        return f"quality_floor {policy.routing.quality_floor:g}"
+    return "given"  # facts gathered elsewhere (e.g. `decide()` called with a score)
 
 
 def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Policy) -> str:
