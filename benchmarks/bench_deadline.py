@@ -262,7 +262,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
     base = Policy(
         name="bench",
-        routing={"prefer": "cloud", "retries": 0},
+        # the first token wins, as the race measured here always did (a latency decision; with
+        # objective "quality" the local engine would be a held rescue: bench_quality_race.py)
+        routing={"prefer": "cloud", "objective": "latency", "retries": 0},
         sampling={"max_tokens": MAX_TOKENS, "temperature": 0},
     )
     race = base.with_(name="race", routing={"ttft_deadline_ms": args.deadline_ms})

@@ -125,7 +125,14 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     path = resolve_model("smollm2-135m-instruct", pull=True)
     base = Policy(
         name="bench",
-        routing={"prefer": "cloud", "retries": 0, "ttft_deadline_ms": args.deadline_ms},
+        # the same model on both sides: the first token wins (a latency decision; with
+        # objective "quality" the local engine would be a held rescue: bench_quality_race.py)
+        routing={
+            "prefer": "cloud",
+            "objective": "latency",
+            "retries": 0,
+            "ttft_deadline_ms": args.deadline_ms,
+        },
         sampling={"max_tokens": MAX_TOKENS, "temperature": 0},
     )
     rows: list[dict[str, object]] = []
