@@ -27,9 +27,10 @@ The rules, in order (each one that applies adds a reason):
    stream says so with a `CloudUnavailable` event).
 3. Load (with a deadline and two engines): a local queue alone longer than the deadline, or a
    primary predicted past the deadline while the other's p95 meets it, swaps the two; a
-   primary predicted past the deadline otherwise keeps its place but the other one starts in
-   parallel at once (predictive start: the first token wins). A cloud started that way is a
-   cloud request paid for even when the local engine wins, and the reason says so; the policy
+   primary predicted past the deadline otherwise keeps its place but the other one, where it is
+   predicted sooner, starts in parallel at once (predictive start: the first token wins). A
+   cloud started that way is a cloud request paid for even when the local engine wins, and the
+   reason says so; the policy
    may forbid it (`[hedge] parallel_cloud = false`) or cap its share of the policy's recent requests
    (`parallel_cloud_share`, against `LiveState.parallel_recent`): then the cloud starts only at
    the deadline itself (`Decision.fallback_lead` False).
@@ -465,6 +466,11 @@ def _load(
         f"{primary} is preferred but predicted at {_ms(mine.ttft_s)} against the "
         f"{_ms(deadline)} deadline"
     )
+    if theirs is not None and theirs.ttft_s >= mine.ttft_s:  # a parallel start buys nothing
+        reasons.append(
+            f"{missed}, and {fallback} no sooner ({_ms(theirs.ttft_s)}): no parallel start"
+        )
+        return _Load(primary, fallback, early_start=early_start)
     held = None if fallback != "cloud" else _parallel_cloud_held(policy, state)
     if held is not None:
         why = f"{missed}; {held}: the cloud starts only at the deadline"

@@ -278,3 +278,13 @@ def test_explain_names_the_objective_and_the_rescue() -> None:
     text = render(d, facts, state, AUTO)
     assert "objective quality (local is a rescue: its tokens are held until 600 ms)" in text
     assert '"objective": "quality"' in as_json(d, facts, state)
+
+
+def test_no_parallel_start_for_a_fallback_predicted_no_sooner() -> None:
+    """Both engines past the deadline, the cloud slower: starting it in parallel would only pay
+    for a cloud request that cannot win (the bench's chat run sent 8 of 8 that way)."""
+    voice = Policy(name="v", routing={"prefer": "local", "ttft_deadline_ms": 500})
+    state = LiveState(latency={"local": pred("local", 1.7), "cloud": pred("cloud", 2.1)})
+    d = decide(FACTS, voice, state)
+    assert d.load is None and not d.fallback_now and d.primary == "local"
+    assert any("no parallel start" in r for r in d.reasons)
