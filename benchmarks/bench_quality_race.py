@@ -639,7 +639,8 @@ def render(res: dict[str, Any]) -> str:
         "requests that got a token ('errors': those that did not). QR: "
         "quality-routed requests (router score -> cloud, or prefers cloud; LiteLLM: sent cloud "
         "first). 'QR local, cloud in time': of the QR requests whose cloud, alone, met the "
-        "deadline (chat 500 ms, cloud600 600 ms), those answered locally (target 0). Cloud "
+        f"deadline (chat {POLICIES['chat']:.0f} ms, cloud600 {POLICIES['cloud600']:.0f} ms), "
+        "those answered locally (target 0). Cloud "
         "started/cancelled: /chat/completions requests the proxy saw; cancelled = started "
         "less one where the cloud served. Both engines share the cores, one thread each."
     )
