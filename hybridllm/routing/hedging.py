@@ -19,13 +19,15 @@ candidate, it costs nothing, and a hedge must beat it.
 A quality decision (the cloud chosen for its answer, `Decision.objective`) holds its local
 rescue until the deadline `R`: without a hedge the local engine starts at `cap` and its first
 token is delivered at `max(R, cap + T_b)` at the earliest. A hedge at `d` delivers the local
-answer from `d` on, and each local answer delivered costs the quality it expects to lose:
-`P(local wrong)` (the router's score; 1 without one) times `quality_s` (the policy's
-`[hedge] quality_weight_ms`). The loss adds `quality_s * P(wrong) * (D(d) - D(cap))`, where `D`
-is the share of requests the local answer would serve (at least 1 / (n + 2) for a release
-before the deadline: a gap in n samples is no proof that the cloud never answers there). An
-easy prompt (a low `P(wrong)`) may
-hedge early; a hard one waits for the deadline, where the rescue is the only answer in time.
+answer from `d` on, and each local answer delivered before the deadline costs the quality it
+expects to lose: `P(local wrong)` (the router's score; 1 without one) times `quality_s` (the
+policy's `[hedge] quality_weight_ms`). The loss adds `quality_s * P(wrong) * E(d)`, where `E(d)`
+is the share of requests whose local answer the hedge delivers before the deadline (the rescue
+delivers none). Every such answer counts, also where the samples say the cloud would have
+missed the deadline anyway: that is a prediction, and a prediction that the cloud will be late
+is what handed quality decisions to the local engine before (issue 25). An easy prompt (a low
+`P(wrong)`) may hedge early; a hard one waits for the deadline, where the rescue is the only
+answer in time.
 
 The policy sets the terms: a local hedge costs device time only (`weight` =
 `hedge_device_weight`, `price` 0); a cloud hedge costs a cloud request paid for, whether it wins
@@ -64,6 +66,9 @@ class HedgeChoice:
     tail_s: float  # the expected p99 TTFT with this choice
     baseline_tail_s: float  # ... without a hedge
     fire_rate: float  # the share of requests that start the hedge (beyond the deadline's own)
+    # the backup starts at `delay_s` but its tokens stay held until `hold_s` (a rescue made
+    # ready sooner: its own TTFT is longer than the lead the deadline race gives it)
+    held: bool = False
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -80,14 +85,6 @@ def _tail(
     return quantile(sorted(min(p, max(hold_s, start_s + b)) for p in primary for b in backup), q)
 
 
-def _served(
-    primary: Sequence[float], backup: Sequence[float], start_s: float, hold_s: float
-) -> float:
-    """The share of requests the backup, started at `start_s` and held until `hold_s`, serves."""
-    won = sum(p > max(hold_s, start_s + b) for p in primary for b in backup)
-    return won / (len(primary) * len(backup))
-
-
 def _survival(primary: Sequence[float], d: float) -> float:
     return sum(p > d for p in primary) / len(primary)
 
@@ -98,14 +95,11 @@ def _work(primary: Sequence[float], backup: Sequence[float], d: float) -> float:
     return total / (len(primary) * len(backup))
 
 
-def _more_served(
-    primary: Sequence[float], backup: Sequence[float], d: float, hold: float, base: float
-) -> float:
-    """The share of requests a hedge at `d` gives the backup beyond the held rescue's `base`:
-    where no primary sample falls between (`d`, `hold`] the samples prove nothing, so at
-    least 1 / (n + 2) (the rule of succession) is assumed at risk."""
-    more = _served(primary, backup, d, 0.0) - base
-    return max(more, 1.0 / (len(primary) + 2)) if d < hold else more
+def _early(primary: Sequence[float], backup: Sequence[float], d: float, hold: float) -> float:
+    """The share of requests whose backup answer, started at `d` and not held, is delivered
+    before `hold` (the deadline) and before the primary's."""
+    won = sum(d + b < min(p, hold) for p in primary for b in backup)
+    return won / (len(primary) * len(backup))
 
 
 def choose_hedge_delay(
@@ -135,18 +129,21 @@ def choose_hedge_delay(
     base_work = _work(p, b, cap) if cap_s is not None and weight else 0.0
     hold = 0.0 if hold_s is None else hold_s
     baseline = _tail(p, b, cap, q, hold)
-    base_served = _served(p, b, cap, hold) if quality_s else 0.0
-    best_d, best_loss, best_tail, best_fire = None, baseline, baseline, 0.0
+    best = HedgeChoice(None, baseline, baseline, 0.0)
+    best_loss = baseline
     levels = {0.0, *(quantile(p, i / CANDIDATES) for i in range(1, CANDIDATES))}
     for d in sorted((x for x in levels if x < cap), reverse=True):  # later first: ties wait
         fire = _survival(p, d) - base_fire
+        cost = price_s * fire + (weight * (_work(p, b, d) - base_work) if weight else 0.0)
         tail = _tail(p, b, d, q)
-        loss = tail + price_s * fire + (weight * (_work(p, b, d) - base_work) if weight else 0.0)
-        if quality_s:
-            loss += quality_s * _more_served(p, b, d, hold, base_served)
+        options = [(tail + cost + quality_s * _early(p, b, d, hold), tail, False)]
+        if hold_s is not None:  # or started at d and still held until the deadline
+            held_tail = _tail(p, b, d, q, hold)
+            options.append((held_tail + cost, held_tail, True))
+        loss, tail, held = min(options, key=lambda o: (o[0], not o[2]))  # ties: held
         if loss < best_loss - 1e-3:  # at least a ms better than waiting longer
-            best_d, best_loss, best_tail, best_fire = d, loss, tail, fire
-    return HedgeChoice(best_d, best_tail, baseline, best_fire)
+            best, best_loss = HedgeChoice(d, tail, baseline, fire, held), loss
+    return best
 
 
 # ---- the hedge step of `decide()` ------------------------------------------------------------
@@ -192,7 +189,9 @@ def hedge_delay(
         reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token{held}")
         return HedgeStart(hedge_s)
     auto = _auto_hedge(policy, primary, fallback, state, reasons, deadline, early_start, wrong_p)
-    return HedgeStart(auto, delivers=auto is not None and wrong_p is not None)
+    if auto is None:
+        return HedgeStart(None)
+    return HedgeStart(auto.delay_s, delivers=wrong_p is not None and not auto.held)
 
 
 def _auto_hedge(
@@ -204,7 +203,7 @@ def _auto_hedge(
     deadline: float | None,
     early_start: bool,
     wrong_p: float | None = None,
-) -> float | None:
+) -> HedgeChoice | None:
     """The hedge delay `routing.hedging` prices against the primary's TTFT history (for a
     quality decision, `wrong_p` given, also against the quality a local answer may lose)."""
     mine, theirs = state.latency.get(primary), state.latency.get(fallback)
@@ -246,9 +245,10 @@ def _auto_hedge(
             f"hedge costs {cost})"
         )
         return None
+    held = f", held until the {_ms(deadline)} deadline" if c.held and deadline is not None else ""
     reasons.append(
-        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token (expected p99 "
-        f"TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
+        f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token{held} (expected "
+        f"p99 TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
         f"requests; a hedge costs {cost})"
     )
-    return c.delay_s
+    return c

@@ -158,7 +158,7 @@ def test_the_quality_cost_makes_a_hard_prompt_wait_and_lets_an_easy_one_hedge() 
     free = choose_hedge_delay(HEAVY, local, cap_s=0.55)
     assert free.delay_s is not None and free.delay_s < 0.2  # no quality price: goes early
     hard = choose_hedge_delay(HEAVY, local, cap_s=0.55, hold_s=0.6, quality_s=0.9 * 10)
-    assert hard.delay_s is None  # the rescue at the deadline
+    assert hard.delay_s is None or hard.held  # the rescue's answer waits for the deadline
     easy = choose_hedge_delay(HEAVY, local, cap_s=0.55, hold_s=0.6, quality_s=0.01 * 10)
     assert easy.delay_s is not None and easy.delay_s < 0.55
 
@@ -288,3 +288,16 @@ def test_no_parallel_start_for_a_fallback_predicted_no_sooner() -> None:
     d = decide(FACTS, voice, state)
     assert d.load is None and not d.fallback_now and d.primary == "local"
     assert any("no parallel start" in r for r in d.reasons)
+
+
+def test_a_slow_rescue_starts_sooner_but_stays_held_for_a_hard_prompt() -> None:
+    """A cloud predicted far past the 3 s deadline and a local engine that needs 4 s: the race's
+    lead (half the deadline) would have the rescue at 5.5 s (p99: the cloud's own 5 s); the
+    hedge starts it at once (4 s) and
+    still holds it (a hard prompt's local answer never goes out before the deadline)."""
+    cloud = [3.1 + 0.1 * i for i in range(20)]
+    c = choose_hedge_delay(cloud, [4.0], cap_s=1.5, hold_s=3.0, quality_s=10.0)
+    assert (c.delay_s, c.held) == (0.0, True) and c.tail_s == pytest.approx(4.0)
+    assert c.baseline_tail_s == pytest.approx(5.0)  # the rescue at 5.5 s: the cloud's 5 s first
+    easy = choose_hedge_delay(cloud, [1.0], cap_s=2.0, hold_s=3.0, quality_s=0.01)
+    assert easy.delay_s == 0.0 and not easy.held  # an easy prompt's answer goes out at 1 s
