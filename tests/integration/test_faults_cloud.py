@@ -195,9 +195,11 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     tr = s.trace
     assert tr.engine == "local" and tr.n_tokens > 0
     assert all(t.engine == "local" for t in events if isinstance(t, Token))
-    # the timer fired: the keep-alives that came before it did not count as a first token
-    assert tr.segments_ms["fallback_started"] >= 140  # at most half the deadline ahead of it (lead)
+    # the timer fired: the keep-alives that came before it did not count as a first token; the
+    # local engine, a quality decision's rescue (issue 25), started ahead of the deadline by its
+    # predicted TTFT and its tokens were held until the deadline passed
     assert tr.fallback_reason is not None and tr.fallback_reason.startswith("no token")
+    assert tr.ttft_ms is not None and tr.ttft_ms >= 300 and "rescue_released" in tr.marks
     (rec,) = proxy.connections
     assert rec.http_fault == "keepalive"
     assert rec.first_byte_down_at is not None and rec.first_byte_down_at - rec.opened_at < 0.3
