@@ -261,8 +261,6 @@ class HybridClient:
         facts = await self._facts(ticket)
         route = ticket.route = self._route(ticket, facts, preview=False)
         ticket.cloud_start = self.routing.note_decision(ticket.policy.name, route.decision)
-        if route.decision.probe is not None:
-            self.routing.latency.probed(route.decision.probe)
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))

@@ -112,7 +112,7 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     # a reason already says why an engine is missing (`no <engine> engine` would repeat it)
     absence_noted = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
     if want not in allowed:  # the engine asked for is out: what took it out is the objective
-        objective = _REMOVED_FOR.get(removed or "circuit", "availability")
+        objective = "availability" if removed is None else _REMOVED_FOR[removed]
     decision = _serve(
         facts, policy, state, allowed, (want, objective), absence_noted, reasons, deadline, asked
     )
@@ -173,7 +173,7 @@ def _serve(
         )
     if (primary, fallback) != (load.primary, load.fallback) or handoff:
         objective = "latency"  # the decode speed moved the answer
-    rescue = objective == "quality" and (primary, fallback) == ("cloud", "local")
+    rescue = _rescues(objective, primary, fallback)
     hedge_s, release_s = None, None
     if load.rule != "parallel_start" and not handoff:
         wrong = _wrong_p(facts) if rescue else None
@@ -216,6 +216,11 @@ def _probed(load: _Load, state: LiveState) -> EngineName | None:
 
 # the load rules that give the request to the other engine (the objective becomes latency)
 _SWAPS: frozenset[LoadRule | None] = frozenset({"local_queue", "cloud_queue", "faster_fallback"})
+
+
+def _rescues(objective: Objective, primary: EngineName, fallback: EngineName | None) -> bool:
+    """Is the fallback a rescue, not a competitor (a cloud chosen for quality, local behind)?"""
+    return objective == "quality" and (primary, fallback) == ("cloud", "local")
 
 
 def _wrong_p(facts: RequestFacts) -> float:
@@ -426,8 +431,7 @@ def _load(
     miss the deadline gives even a quality decision to the local engine (the wait is known, not
     a draw from a tail: the rescue would answer anyway)."""
     primary, fallback = start.primary, start.fallback
-    quality = objective == "quality" and (primary, fallback) == ("cloud", "local")
-    if quality and not _cloud_queue_misses(deadline, state):
+    if _rescues(objective, primary, fallback) and not _cloud_queue_misses(deadline, state):
         return _quality_keeps(start, deadline, state, reasons)
     if primary == "local" and state.local_queue_s > deadline:
         queue = f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}"

@@ -71,6 +71,19 @@ class HedgeChoice:
     held: bool = False
 
 
+def lead_s(predicted_s: float, deadline_s: float, *, rescue: bool = False) -> float:
+    """How long before the deadline a fallback starts: its predicted time to a first token, so
+    that token can still land by the deadline, at most half the deadline, so that a fallback
+    which cannot make the deadline anyway does not run alongside every request. A rescue (a
+    quality decision's held local engine) that can be ready by the deadline takes its whole
+    predicted time: it must be ready when the deadline passes. The race starts its fallback
+    by this lead (`runtime.plans.race`); the automatic hedge prices against it."""
+    predicted_s = max(0.0, predicted_s)
+    if rescue and predicted_s <= deadline_s:
+        return predicted_s
+    return min(predicted_s, deadline_s / 2)
+
+
 def quantile(xs: Sequence[float], q: float) -> float:
     """Nearest-rank quantile of sorted `xs` (0.0 for none)."""
     if not xs:
@@ -220,10 +233,8 @@ def _auto_hedge(
         price = policy.hedge.cloud_price_ms / 1000.0
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
-    if deadline is not None:  # as the race leads the deadline (`plans.race.fallback_lead_s`)
-        lead = max(0.0, theirs.ttft_s)
-        if wrong_p is None or lead > deadline:  # a rescue that can be ready: its whole TTFT
-            lead = min(lead, deadline / 2)
+    if deadline is not None:  # when the race starts the backup anyway
+        lead = lead_s(theirs.ttft_s, deadline, rescue=wrong_p is not None)
         cap = deadline - (lead if early_start else 0.0)
     quality_s = 0.0
     if wrong_p is not None:

@@ -102,10 +102,13 @@ class Gatherer:
         return sum(r.extra for r in recent), len(recent)
 
     def note_decision(self, policy: str, decision: Decision) -> CloudStart | None:
-        """A request under `policy` was decided (and will run): count its parallel start. The
-        entry returned is marked again when the request ends (`CloudStart.extra`)."""
+        """A request under `policy` was decided (and will run): count its parallel start, and
+        start the count of a probed engine afresh (`LatencyModel.probed`). The entry returned
+        is marked again when the request ends (`CloudStart.extra`)."""
         if decision.primary is None:
             return None
+        if decision.probe is not None:
+            self.latency.probed(decision.probe)
         window = self.parallel.setdefault(policy, deque(maxlen=PARALLEL_WINDOW))
         window.append(entry := CloudStart(decision.parallel_cloud))
         return entry

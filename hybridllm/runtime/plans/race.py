@@ -49,6 +49,7 @@ from hybridllm.errors import (
     StallError,
 )
 from hybridllm.events import Chunk, Delta, Fallback, Finish, Hedge, Mark, ParallelStart
+from hybridllm.routing.hedging import lead_s
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import SpendRole, spend_role
 
@@ -91,18 +92,11 @@ def fallback_lead_s(
     *,
     rescue: bool = False,
 ) -> float:
-    """How long before the deadline the fallback starts: its predicted time to a first token
-    (`predicted`, else the engine's own estimate; so that token can still land by the deadline),
-    at most half the deadline, so that a fallback which cannot make the deadline anyway does not
-    run alongside every request. A rescue (a quality decision's held local engine) that can be
-    ready by the deadline takes its whole predicted time: it must be ready when the deadline
-    passes."""
+    """How long before the deadline the fallback starts (`routing.hedging.lead_s`), from its
+    predicted time to a first token (`predicted`, else the engine's own estimate; none: 0)."""
     if predicted is None:
         predicted = fallback.predict_ttft_s(request)
-    if predicted is None:
-        return 0.0
-    predicted = max(0.0, predicted)
-    return predicted if rescue and predicted <= deadline_s else min(predicted, deadline_s / 2)
+    return 0.0 if predicted is None else lead_s(predicted, deadline_s, rescue=rescue)
 
 
 async def race(
