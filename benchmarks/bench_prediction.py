@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -48,18 +47,10 @@ MAX_TOKENS = 16
 
 
 def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[max(0, min(len(xs) - 1, math.ceil(q * len(xs)) - 1))] if xs else math.nan
+    """Nearest rank (`routing.hedging.quantile`); nan for none."""
+    from hybridllm.routing.hedging import quantile
 
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return quantile(sorted(xs), q) if xs else math.nan
 
 
 async def run_variant(n: int) -> dict[str, Any]:
@@ -159,7 +150,9 @@ def main() -> None:
         res = json.loads(out.read_text())
         summaries.append(summarise(name, res) | {"wall_s": time.perf_counter() - t0})
         print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    cpu = cpu_name()
+    from benchmarks._report import cpu_model  # the parent's tree (a child may run an older one)
+
+    cpu = cpu_model()
     print(render(summaries, cpu))
     if args.json is not None:
         args.json.write_text(json.dumps({"cpu": cpu, "variants": summaries}, indent=1))

@@ -67,6 +67,7 @@ No timed assertions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -76,6 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,27 +95,16 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
-
-
 def quality_routed(reasons: list[str]) -> bool:
     """The decision sent the request to the cloud for its answer (either tree's reasons)."""
     return any(QUALITY.search(r) for r in reasons)
 
 
 def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    xs = sorted(xs)
-    if not xs:
-        return math.nan
-    return xs[max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))]
+    """Nearest-rank percentile (`routing.hedging.quantile`); nan for none."""
+    from hybridllm.routing.hedging import quantile
+
+    return quantile(sorted(xs), q / 100) if xs else math.nan
 
 
 # ---- one hybridllm variant, in its own process (this tree's or the old tree's hybridllm) -------
@@ -166,13 +157,28 @@ async def _one(
     }
 
 
+@contextlib.contextmanager
+def cloud_behind_proxy() -> Iterator[Any]:
+    """The stand-in cloud (`hybridllm serve`, one thread) behind a recording FaultProxy: the
+    proxy, whose faults each request sets."""
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.testing import FaultProxy, HybridServer
+
+    model = resolve_model(CLOUD, pull=True)
+    with (
+        HybridServer(model, alias=CLOUD_ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
+        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as proxy,
+    ):
+        yield proxy
+
+
 async def run_variant(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     import hybridllm
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.local.resolve import resolve_model
     from hybridllm.routing import Router
     from hybridllm.runtime.health import CircuitBreaker
-    from hybridllm.testing import FaultProxy, Faults, HybridServer
+    from hybridllm.testing import Faults
 
     log(f"[{name}] hybridllm from {Path(hybridllm.__file__).parent}")
     items, delays = spec["items"], spec["delays"]
@@ -184,16 +190,7 @@ async def run_variant(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
     t_all = time.perf_counter()
     local_path = resolve_model(LOCAL, pull=True)
-    with (
-        HybridServer(
-            resolve_model(CLOUD, pull=True),
-            alias=CLOUD_ALIAS,
-            api_key=API_KEY,
-            n_ctx=2048,
-            n_threads=1,
-        ) as server,
-        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as proxy,
-    ):
+    with cloud_behind_proxy() as proxy:
         cloud_url = proxy.url + "/v1"
         if name == "cloud":  # the cloud's own TTFT per request, with that request's delay
             pol = Policy(name="cloudonly", routing={"prefer": "cloud", "retries": 0})
@@ -264,20 +261,13 @@ def run_litellm(
     args: argparse.Namespace, spec: dict[str, Any], to_cloud: set[int]
 ) -> dict[str, Any]:
     from hybridllm.local.resolve import resolve_model
-    from hybridllm.testing import FaultProxy, Faults, HybridServer, LlamaServer
+    from hybridllm.testing import Faults, LlamaServer
 
     items, delays = spec["items"], spec["delays"]
     out: dict[str, Any] = {"variant": "litellm", "series": {}}
     t_all = time.perf_counter()
     with (
-        HybridServer(
-            resolve_model(CLOUD, pull=True),
-            alias=CLOUD_ALIAS,
-            api_key=API_KEY,
-            n_ctx=2048,
-            n_threads=1,
-        ) as cloud,
-        FaultProxy(upstream=("127.0.0.1", cloud.port), record=True) as proxy,
+        cloud_behind_proxy() as proxy,
         LlamaServer(
             resolve_model(LOCAL, pull=True),
             alias="local",
@@ -439,6 +429,7 @@ def summarise(
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
+    from benchmarks._report import cpu_model
     from benchmarks.bench_cascade_mix import KINDS, _labeller, workload
     from hybridllm.testing.proxy import heavy_tail
 
