@@ -301,3 +301,21 @@ def test_a_slow_rescue_starts_sooner_but_stays_held_for_a_hard_prompt() -> None:
     assert c.baseline_tail_s == pytest.approx(5.0)  # the rescue at 5.5 s: the cloud's 5 s first
     easy = choose_hedge_delay(cloud, [1.0], cap_s=2.0, hold_s=3.0, quality_s=0.01)
     assert easy.delay_s == 0.0 and not easy.held  # an easy prompt's answer goes out at 1 s
+
+
+@pytest.mark.parametrize(
+    ("tables", "field"),
+    [
+        ({"routing": {"objective": "speed"}}, "routing.objective"),
+        ({"hedge": {"quality_weight_ms": -1}}, "hedge.quality_weight_ms"),
+        ({"hedge": {"quality_weight_ms": "x"}}, "hedge.quality_weight_ms"),
+        ({"hedge": {"quality_weight_ms": True}}, "hedge.quality_weight_ms"),
+    ],
+)
+def test_a_bad_objective_or_quality_weight_is_a_policy_error_naming_the_field(
+    tables: dict[str, dict[str, object]], field: str
+) -> None:
+    from hybridllm.errors import PolicyError
+
+    with pytest.raises(PolicyError, match=field):
+        Policy(name="p", **tables)  # type: ignore[arg-type]
