@@ -60,6 +60,8 @@ ENTITY_KIND = {
 NER_KINDS = frozenset(ENTITY_KIND.values())
 _KIND_ENTITY = {kind: entity for entity, kind in ENTITY_KIND.items()}
 _CACHE = 16  # recent (text, languages) results kept
+PIECE = 1_000  # characters of a long text the NER layer reads at once (see `pieces`)
+MARGIN = 100  # characters read on each side of a piece for context (a cue is at most ~70 before)
 _SEP = " "  # between the texts of a conversation, as the NER layer reads them
 
 
@@ -109,9 +111,12 @@ def find_models(languages: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 class NerLayer:
     """Presidio's analyzer over the installed pipelines, loaded once (thread-safe)."""
 
-    def __init__(self, languages: Sequence[str] = ("en", "fr"), detect: bool = True) -> None:
+    def __init__(
+        self, languages: Sequence[str] = ("en", "fr"), detect: bool = True, piece: int = PIECE
+    ) -> None:
         self.languages = tuple(languages)
         self.detect = detect  # False: every pipeline reads every text
+        self.piece = piece  # characters read at once (`pieces`)
         models, missing = find_models(self.languages)
         self.models = models
         self.missing = tuple(missing)
@@ -152,17 +157,70 @@ class NerLayer:
                 return hit
             found: set[tuple[str, int, int]] = set()
             for lang in langs:
-                for r in self._analyzer.analyze(text=text, language=lang, score_threshold=0.5):
-                    kind = ENTITY_KIND.get(r.entity_type)
-                    if kind == "person" and not _a_name(text, r.start, r.end):
-                        continue
-                    if kind is not None:
-                        found.add((kind, r.start, r.end))
+                for piece in pieces(text, self.piece):
+                    found.update(self._read(text, piece, lang))
+                    time.sleep(0)  # hand the GIL back between pieces
             result = sorted(found, key=lambda f: (f[1], f[2], f[0]))
             self._cache[key] = result
             if len(self._cache) > _CACHE:
                 self._cache.popitem(last=False)
             return result
+
+    def _read(self, text: str, piece: Piece, lang: str) -> list[tuple[str, int, int]]:
+        """What the analyzer finds in `piece` of `text`, placed in `text`: the findings that
+        start in the piece's own span (its margins are read for context only)."""
+        at = piece.read_from
+        results = self._analyzer.analyze(
+            text=text[at : piece.read_to], language=lang, score_threshold=0.5
+        )
+        out: list[tuple[str, int, int]] = []
+        for r in results:
+            kind = ENTITY_KIND.get(r.entity_type)
+            start, end = at + r.start, at + r.end
+            if kind is None or not piece.own_from <= start < piece.own_to:
+                continue
+            if kind != "person" or _a_name(text, start, end):
+                out.append((kind, start, end))
+        return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of a long text the NER layer reads at once: `read_from:read_to`, of which
+    `own_from:own_to` is the piece's own (the own spans tile the text)."""
+
+    read_from: int
+    read_to: int
+    own_from: int
+    own_to: int
+
+
+def pieces(text: str, size: int = PIECE, margin: int = MARGIN) -> list[Piece]:
+    """`text` cut at whitespace into own spans of about `size` characters, each read with up
+    to `margin` characters of context on either side. spaCy's NER sees a few tokens around
+    each word, so an entity shorter than `margin` is found whole in the piece it starts in;
+    the cut bounds how long one call into spaCy or Presidio holds the GIL (issue 24)."""
+    out: list[Piece] = []
+    own, n = 0, len(text)
+    while own < n:
+        cut = n if n - own <= size else _space_before(text, own + size, own)
+        read_from = _space_before(text, own - margin - 1, 0) if own > margin else 0
+        read_to = _space_after(text, cut + margin, min(n, cut + 2 * margin))
+        out.append(Piece(read_from, read_to, own, cut))
+        own = cut
+    return out
+
+
+def _space_before(text: str, i: int, floor: int) -> int:
+    """The index just after the last whitespace at or before `i` (above `floor`), else `i`."""
+    j = max(text.rfind(ch, floor, i + 1) for ch in " \n\t")
+    return j + 1 if j >= floor and j + 1 > floor else i
+
+
+def _space_after(text: str, i: int, ceiling: int) -> int:
+    """The index of the first whitespace in `text[i:ceiling]`, else `ceiling`."""
+    found = [j for j in (text.find(ch, i, ceiling) for ch in " \n\t") if j >= 0]
+    return min(found, default=ceiling)
 
 
 def _a_name(text: str, start: int, end: int) -> bool:

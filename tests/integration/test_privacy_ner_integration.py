@@ -13,7 +13,8 @@ import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
 from hybridllm.errors import PrivacyBlockedError
-from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
+from hybridllm.guard import privacy_ner
+from hybridllm.guard.privacy_ner import NerLayer, PrivacyScanner, default_scanner
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY
 from tests.integration.test_guarded_integration import leaked, on_the_wire
@@ -124,3 +125,24 @@ async def test_the_guard_alone_stops_a_split_that_reaches_the_seam(proxy: FaultP
     finally:
         await guard.aclose()
     assert len(proxy.requests()) == 1 and not leaked("Pennington", on_the_wire(proxy))
+
+
+def test_a_long_text_read_in_pieces_finds_what_one_read_finds() -> None:
+    """The NER layer reads a long text in pieces (so no single call holds the GIL long): names,
+    addresses and dates placed all along it, some across a piece's edge, are found at the same
+    places as when the whole text is read at once."""
+    filler = "The weather report for the week ahead mentions rain in the north. "
+    facts = [
+        "I am Sarah Connolly and I live at 17 Elm Grove, Bristol BS6 5TR.",
+        "My colleague Oliver Pennington was born on 14 March 1987 in Leeds.",
+        "Je m'appelle Marie Dupont et j'habite au 12 rue de la Paix, 75002 Paris.",
+    ]
+    text = " ".join(filler * (3 + 2 * i) + fact for i, fact in enumerate(facts * 4))
+    whole = NerLayer(detect=False, piece=10**9).find(text)
+    crossed = 0
+    for size in range(300, 600, 50):
+        edges = [p.own_to for p in privacy_ner.pieces(text, size)[:-1]]
+        crossed += any(s < e < t for e in edges for _, s, t in whole)
+        assert NerLayer(detect=False, piece=size).find(text) == whole
+    assert crossed, "no finding spans a piece's edge"
+    assert {kind for kind, _, _ in whole} >= {"person", "address", "date_of_birth"}

@@ -230,3 +230,33 @@ async def test_a_local_request_never_runs_the_ner_layer_scripted(
     assert "Whitaker" not in str(cloud.requests)
     # routing and the guard read the same cloud-bound prompt: the guard's scan of the benign one
     assert calls.count("Hi, John Whitaker here") == 1 and "What is 2+2?" in calls
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "short",
+        ("word7 " * 400).strip(),
+        "x" * 2_500,  # no whitespace (a CJK prompt reads so)
+        "\n".join(["alpha bravo charlie"] * 300),
+    ],
+)
+def test_pieces_tile_the_text_and_bound_each_read(text: str) -> None:
+    cut = privacy_ner.pieces(text, size=500, margin=60)
+    assert [p.own_from for p in cut[1:]] == [p.own_to for p in cut[:-1]]
+    if text:
+        assert cut[0].own_from == 0 and cut[-1].own_to == len(text)
+    for p in cut:
+        assert p.read_from <= p.own_from < p.own_to <= p.read_to <= len(text)
+        assert p.read_to - p.read_from <= 500 + 4 * 60
+        assert p.own_from - p.read_from >= min(p.own_from, 60) - 60  # context kept when there
+
+
+def test_a_piece_is_cut_at_whitespace_and_read_with_its_margins() -> None:
+    text = "Dear reader, " * 200
+    for p in privacy_ner.pieces(text, size=300, margin=40):
+        assert p.own_to == len(text) or text[p.own_to - 1].isspace()
+        assert p.read_from == 0 or text[p.read_from - 1].isspace()
+        assert p.own_from - p.read_from >= 40 or p.read_from == 0
+        assert p.read_to - p.own_to >= 40 or p.read_to == len(text)
