@@ -53,6 +53,7 @@ _NAMES = {
     "Retract": "hybridllm.events",
     "Route": "hybridllm.events",
     "Token": "hybridllm.events",
+    "ToolCall": "hybridllm.events",
     "Usage": "hybridllm.events",
     "CascadeRecord": "hybridllm.runtime.trace",
     "HandoffRecord": "hybridllm.runtime.trace",
@@ -148,6 +149,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         Retract as Retract,
         Route as Route,
         Token as Token,
+        ToolCall as ToolCall,
         Usage as Usage,
     )
     from hybridllm.guard.budget import (

@@ -12,6 +12,7 @@ event loop thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self, Unpack
+from typing import Any, Literal, Self, Unpack
 
 import anyio
 import anyio.to_thread
@@ -32,7 +33,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.events import EngineName
+from hybridllm.events import EngineName, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import PlanName, Policy, PolicyCache
@@ -91,8 +92,15 @@ def _costly(ticket: _Ticket) -> bool:
 
 @dataclass(frozen=True)
 class Completion:
+    """A whole answer (`HybridClient.complete()`): its `text`, the `tool_calls` it made (empty
+    when none), why it ended (`finish_reason`: "stop", "length", "tool_calls"), and with a
+    `json_schema` or `json_object` response format the answer parsed (`parsed`; else None)."""
+
     text: str
     trace: Trace
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    parsed: Any = None
 
 
 class HybridClient:
@@ -425,9 +433,19 @@ class HybridClient:
         """The whole answer at once, with its trace (the arguments of `stream()`). Nothing is
         streamed, so a cascade may judge the whole local answer (`cascade_judge`)."""
         s = self._start(messages, args, streamed=False)
+        pieces: list[str] = []
+        calls: list[ToolCall] = []
         async with s:
-            text = "".join([token async for token in s])
-        return Completion(text, s.trace)
+            async for event in s.events():
+                if isinstance(event, Token):
+                    pieces.append(event.text)
+                elif isinstance(event, ToolCall):
+                    calls.append(event)
+        text, finish = "".join(pieces), s.trace.finish_reason
+        fmt = args.get("response_format") or {}
+        wants_json = fmt.get("type") in ("json_object", "json_schema")
+        parsed = json.loads(text) if wants_json and text and not calls else None  # checked
+        return Completion(text, s.trace, tuple(calls), finish, parsed)
 
     def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
         self.breakers[engine].record(exc)

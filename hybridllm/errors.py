@@ -32,6 +32,8 @@ HybridError
     │                           inter-token limit (`stall_ms`)
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
+    ├── InvalidOutputError      a tool call or a JSON answer an engine produced failed its
+    │                           schema (`what`, `produced`, `problem`): never delivered
     ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
     │   │                       wait would pass `max_queue_wait_s`: refused at once, never queued
     │   └── CloudQueueTimeoutError  the cloud engine's concurrency limit gave no slot within
@@ -333,6 +335,22 @@ class ContextOverflowError(EngineError):
 
 class LocalEngineError(EngineError):
     pass
+
+
+class InvalidOutputError(EngineError):
+    """A tool call (`what` "tool_call") or a JSON answer (`what` "json") that `engine`
+    produced does not hold against the request's tools or response format: `produced` is what
+    it produced (the call as `name(arguments)`, or the answer's text), `problem` what is wrong.
+    Never delivered to the app: the request escalates to the other engine where the policy
+    allows, else this is raised."""
+
+    def __init__(self, engine: str, what: str, produced: str, problem: str) -> None:
+        self.what = what
+        self.produced = produced
+        self.problem = problem
+        shown = produced if len(produced) <= 200 else produced[:197] + "..."
+        kind = "tool call" if what == "tool_call" else "JSON answer"
+        super().__init__(f"the {engine} engine's {kind} {shown!r} is {problem}", engine=engine)
 
 
 class QueueFullError(EngineError):

@@ -6,6 +6,7 @@ Event                 what the app sees through `Stream.events()`
 ├── DeadlineMissed    the first token came after the policy's first-token deadline (sent
 │                     just before that first `Token`; `Trace.deadline_missed_ms`)
 ├── Token             one piece of answer text (never empty)
+├── ToolCall          a complete tool call, checked against its tool's schema (`tools=`)
 ├── Fallback          another engine was started (deadline, failure, mid-stream failover)
 │   ├── Hedge         ... started early by a hedge
 │   └── ParallelStart ... started at once beside the primary, which is predicted to miss the
@@ -22,16 +23,19 @@ Event                 what the app sees through `Stream.events()`
 └── Done              the request finished; carries the final trace
 ```
 
-Engine chunks are lower level: `Delta` (text), `Mark` (a timestamped phase such as "queued" or
-"first_byte"; `RequestSent`, the typed mark "request_sent", says the request left for a billed
-endpoint, with the output-token bound it carries (`TokenLimit`); `Resumed`, the typed mark
-"resumed", says a preempted answer goes on), `Finish` (reason and usage).
+Engine chunks are lower level: `Delta` (text), `Called` (a complete tool call: an engine
+assembles a call before it hands it on, so a call is never split; the runtime checks it),
+`Mark` (a timestamped phase such as "queued" or "first_byte"; `RequestSent`, the typed mark
+"request_sent", says the request left for a billed endpoint, with the output-token bound it
+carries (`TokenLimit`); `Resumed`, the typed mark "resumed", says a preempted answer goes on),
+`Finish` (reason and usage).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from hybridllm.runtime.trace import Trace
@@ -70,6 +74,27 @@ class DeadlineMissed(Event):
 class Token(Event):
     text: str
     engine: EngineName
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall(Event):
+    """A tool call the answer makes (`tools=`), complete and checked: `name` is a tool the
+    request offered and `arguments` (JSON text, as OpenAI sends it) parse and match its
+    parameters' schema. `id` pairs it with the `role: "tool"` message that answers it."""
+
+    id: str
+    name: str
+    arguments: str
+    engine: EngineName
+
+    def parsed(self) -> Any:
+        """The arguments, parsed."""
+        return json.loads(self.arguments or "{}")
+
+    def message(self) -> dict[str, Any]:
+        """The call as an entry of an assistant message's `tool_calls`."""
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +209,16 @@ class Delta:
 
 
 @dataclass(frozen=True, slots=True)
+class Called:
+    """A complete tool call an engine produced and checked (`hybridllm.tools.check_call`)."""
+
+    id: str
+    name: str
+    arguments: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
 class Mark:
     """A phase an engine can observe: queued, started, request_sent, first_byte, prefill_done."""
 
@@ -248,4 +283,9 @@ class Finish:
     usage_estimated: bool = False
 
 
-Chunk = Delta | Mark | Finish
+Chunk = Delta | Called | Mark | Finish
+
+
+def is_content(chunk: Chunk) -> bool:
+    """Whether `chunk` is part of the answer: text, or a tool call."""
+    return isinstance(chunk, Called) or isinstance(chunk, Delta) and bool(chunk.text)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from hybridllm.engines import validate
 from hybridllm.engines.options import EngineOptions
 from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
 from hybridllm.errors import ConfigError, InvalidArgumentError
 from hybridllm.events import PRIORITIES, Chunk, EngineName, Priority
+from hybridllm.tools import ToolSpec
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -32,7 +33,10 @@ __all__ = [
     "prompt_token_bound",
 ]
 
-Message = Mapping[str, str]
+# role, content (a string) and name; an assistant message may add `tool_calls` (a list of
+# OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}), a "tool" message
+# carries `tool_call_id` (`engines.validate.messages` checks every field)
+Message = Mapping[str, Any]
 OptionsT = TypeVar("OptionsT", bound=EngineOptions)
 
 CONTINUE_INSTRUCTION = (
@@ -54,6 +58,9 @@ class GenerationRequest:
     int >= 1, temperature 0 to 2, top_p in (0, 1], stop strings non-empty, seed 0 to 2**32 - 1):
     a bad value is an `InvalidArgumentError` and never reaches an engine.
 
+    `tools`: what the answer may call and the shape a JSON answer must have; an engine sends
+    or enforces it and checks what it produced (`hybridllm.tools.check_call`, `check_answer`).
+
     `priority` is not sent anywhere: it is the request's class in an engine's queue
     (`engines.queue`: "interactive" before "normal" before "background", and an interactive
     request preempts a background one decoding on the device)."""
@@ -68,6 +75,8 @@ class GenerationRequest:
     assistant_prefix: str = ""
     options: tuple[EngineOptions, ...] = ()
     priority: Priority = "normal"
+    # the tools, tool choice and response format (`hybridllm.tools.tool_spec`; None: plain text)
+    tools: ToolSpec | None = None
 
     def __post_init__(self) -> None:
         validate.one_of("priority", self.priority, PRIORITIES)

@@ -9,7 +9,8 @@ time and the trace shows its exact times.
     engine = ScriptedEngine("cloud", script=[0.2, "Hi", 0.01, "!", CloudConnectionError("reset")])
 
 A script is a list of steps: a float sleeps that many seconds, a str is emitted as a delta,
-an exception instance is raised.
+a `ScriptedCall` as a complete tool call (the answer then finishes with "tool_calls"), an
+exception instance is raised.
 
 `serial=True` models a local engine's queue: one request plays at a time, the others wait in
 the order of their calls (`info()` reports the depth and the expected wait: the script's sleeps
@@ -20,6 +21,7 @@ of the requests ahead), through the same `BoundedQueue` as `LlamaCppEngine`, so 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -28,9 +30,20 @@ from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, RequestSent
+from hybridllm.events import PRIORITIES, Called, Chunk, Delta, EngineName, Finish, RequestSent
 
-Step = float | str | BaseException
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    """A script step: a tool call to `name` with `arguments` (JSON text, checked or not: the
+    runtime checks it as it checks a real engine's)."""
+
+    name: str
+    arguments: str = "{}"
+    id: str | None = None  # None: "call_<n>"
+
+
+Step = float | str | ScriptedCall | BaseException
 
 
 class ScriptedEngine:
@@ -61,7 +74,7 @@ class ScriptedEngine:
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
             raise InvalidArgumentError("tokens", tokens, "a sequence of strings")
         for i, step in enumerate(script or ()):
-            if not isinstance(step, str | BaseException):
+            if not isinstance(step, str | ScriptedCall | BaseException):
                 validate.number(f"script[{i}]", step, minimum=0.0)
         if token_count is not None:
             validate.integer("token_count", token_count, minimum=0)
@@ -115,19 +128,23 @@ class ScriptedEngine:
             queue.active = (clock.now(), self.duration_s)
         self.requests.append(request)  # the requests that got their turn
         self.active += 1
-        n = 0
+        n = calls = 0
         try:
             yield RequestSent(clock.now())
             for step in self.script:
                 if isinstance(step, BaseException):
                     raise step
-                if isinstance(step, str):
+                if isinstance(step, ScriptedCall):
+                    calls += 1
+                    call_id = step.id or f"call_{calls}"
+                    yield Called(call_id, step.name, step.arguments, clock.now())
+                elif isinstance(step, str):
                     n += 1
                     self.emitted += 1
                     yield Delta(step, clock.now())
                 else:
                     await anyio.sleep(step)
-            yield Finish("stop", None, n, clock.now())
+            yield Finish("tool_calls" if calls else "stop", None, n, clock.now())
         finally:
             self.active -= 1
             self.closed_streams += 1

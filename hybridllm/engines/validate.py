@@ -4,11 +4,13 @@ one `InvalidArgumentError` naming the argument, the value and the rule.
 The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`):
 
     messages      a non-blank prompt string, or a non-empty sequence of {"role", "content"}
-                  mappings (role: system, user, assistant, developer; content: a string; an
-                  optional non-blank "name"); the last user message (else some message) must
-                  hold non-blank text. Any other field is refused, never dropped: tool calls
-                  (`tool_calls`, `tool_call_id`, `function_call`, a "tool" message) are not
-                  supported yet
+                  mappings (role: system, user, assistant, developer, tool; content: a string;
+                  an optional non-blank "name"); the last user message (else some message) must
+                  hold non-blank text. An assistant message may carry `tool_calls` (OpenAI's
+                  shape; its content may then be None or empty, kept as ""), and a "tool"
+                  message the `tool_call_id` of a call made earlier in the conversation. Any
+                  other field is refused, never dropped (the legacy `function_call` and
+                  "function" role: use `tool_calls`)
     max_tokens    an int from 1 to 1048576 (`MAX_TOKENS`, 2**20: no engine's context is larger;
                   not a bool); an engine that knows its context sends at most what it leaves
     temperature   a finite number from 0 to 2
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hybridllm.errors import InvalidArgumentError
 from hybridllm.policy import MAX_TOKENS, Policy
@@ -50,11 +52,10 @@ __all__ = [
     "top_p",
 ]
 
-ROLES = ("system", "user", "assistant", "developer")
-FIELDS = ("role", "content", "name")  # what a message may hold (nothing else is dropped)
-TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
-TOOL_ROLES = ("tool", "function")
-NO_TOOLS = "tool calls are not supported yet (a later version of hybridllm adds them)"
+ROLES = ("system", "user", "assistant", "developer", "tool")
+FIELDS = ("role", "content", "name")  # what any message may hold (nothing else is dropped)
+LEGACY_ROLES = ("function",)
+LEGACY = "the legacy function-calling fields are not supported: use tool_calls and tool messages"
 MAX_SEED = 2**32 - 1
 MAX_STOP = 16
 T = TypeVar("T")
@@ -181,7 +182,7 @@ def stop(value: object) -> tuple[str, ...]:
     return out
 
 
-def messages(value: object) -> tuple[dict[str, str], ...]:
+def messages(value: object) -> tuple[dict[str, Any], ...]:
     """A prompt string becomes one user message; a list of messages is checked one by one."""
     if isinstance(value, str):
         if not value.strip():
@@ -194,41 +195,81 @@ def messages(value: object) -> tuple[dict[str, str], ...]:
     out = [_message(i, m) for i, m in enumerate(value)]
     if not out:
         raise InvalidArgumentError("messages", value, "a non-empty sequence of messages")
+    _tool_results_answer_calls(out)
     users = [i for i, m in enumerate(out) if m["role"] == "user"]
     if users and not out[users[-1]]["content"].strip():
         i = users[-1]
         raise InvalidArgumentError(
             f"messages[{i}].content", out[i]["content"], "non-blank text (the last user message)"
         )
-    if not any(m["content"].strip() for m in out):
+    if not any(m["content"].strip() or m.get("tool_calls") for m in out):
         raise InvalidArgumentError("messages", value, "a conversation with some non-blank text")
     return tuple(out)
 
 
-def _message(i: int, m: object) -> dict[str, str]:
-    """One message, every field kept: role, content and an optional name; tool calls and any
-    other field are refused (`NO_TOOLS`), so nothing the caller wrote is silently dropped."""
+def _message(i: int, m: object) -> dict[str, Any]:
+    """One message, every field kept: role, content, an optional name, an assistant's tool
+    calls, a tool result's call id; any other field is refused, so nothing the caller wrote is
+    silently dropped."""
     if not isinstance(m, Mapping):
         raise InvalidArgumentError(f"messages[{i}]", m, "a mapping with role and content")
-    role, content = m.get("role"), m.get("content")
-    for key in TOOL_FIELDS:  # before the content: an assistant tool call may have none
-        if key in m:
-            raise InvalidArgumentError(f"messages[{i}].{key}", m[key], f"absent: {NO_TOOLS}")
-    if role in TOOL_ROLES:
-        rule = "one of " + ", ".join(ROLES) + f" ({NO_TOOLS})"
-        raise InvalidArgumentError(f"messages[{i}].role", role, rule)
+    role = m.get("role")
+    if role in LEGACY_ROLES or "function_call" in m:
+        key = "role" if role in LEGACY_ROLES else "function_call"
+        raise InvalidArgumentError(f"messages[{i}].{key}", m[key], f"absent: {LEGACY}")
     if role not in ROLES:
         raise InvalidArgumentError(f"messages[{i}].role", role, "one of " + ", ".join(ROLES))
+    allowed = FIELDS + (("tool_calls",) if role == "assistant" else ())
+    allowed += ("tool_call_id",) if role == "tool" else ()
     for key in m:
-        if key not in FIELDS:
-            rule = "absent: a message holds only role, content and name"
+        if key not in allowed:
+            rule = f"absent: a {role} message holds only " + ", ".join(allowed)
             raise InvalidArgumentError(f"messages[{i}].{key}", m[key], rule)
+    calls = _tool_calls(i, m["tool_calls"]) if "tool_calls" in m else None
+    content = m.get("content")
+    if content is None and calls:
+        content = ""  # an assistant turn that only calls tools
     if not isinstance(content, str):
         raise InvalidArgumentError(f"messages[{i}].content", content, "a string")
-    out = {"role": str(role), "content": content}
+    out: dict[str, Any] = {"role": str(role), "content": content}
     if "name" in m:
         out["name"] = text(f"messages[{i}].name", m["name"])
+    if calls:
+        out["tool_calls"] = calls
+    if role == "tool":
+        out["tool_call_id"] = text(f"messages[{i}].tool_call_id", m.get("tool_call_id"))
     return out
+
+
+def _tool_calls(i: int, value: object) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls`, in OpenAI's shape, copied."""
+    at = f"messages[{i}].tool_calls"
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(at, value, "a list of {'id', 'type', 'function'} calls")
+    out: list[dict[str, Any]] = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(call, Mapping) or call.get("type") != "function" or fn is None:
+            rule = "{'id': ..., 'type': 'function', 'function': {'name', 'arguments'}}"
+            raise InvalidArgumentError(f"{at}[{j}]", call, rule)
+        if not isinstance(fn, Mapping):
+            raise InvalidArgumentError(f"{at}[{j}].function", fn, "a mapping")
+        name = text(f"{at}[{j}].function.name", fn.get("name"))
+        arguments = text(f"{at}[{j}].function.arguments", fn.get("arguments"), blank_ok=True)
+        call_id = text(f"{at}[{j}].id", call.get("id"))
+        function = {"name": name, "arguments": arguments}
+        out.append({"id": call_id, "type": "function", "function": function})
+    return out
+
+
+def _tool_results_answer_calls(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Every "tool" message answers a call an earlier assistant message made."""
+    made: set[str] = set()
+    for i, m in enumerate(messages):
+        made.update(c["id"] for c in m.get("tool_calls", ()))
+        if m["role"] == "tool" and m["tool_call_id"] not in made:
+            rule = "the id of a tool call an earlier assistant message made"
+            raise InvalidArgumentError(f"messages[{i}].tool_call_id", m["tool_call_id"], rule)
 
 
 def _range(what: str, minimum: float | None, maximum: float | None) -> str:

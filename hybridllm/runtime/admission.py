@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from hybridllm import errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineOptions, GenerationRequest, Message
 from hybridllm.events import Priority
 from hybridllm.policy import PlanName, Policy
+from hybridllm.tools import tool_spec
 
 __all__ = ["ARG_NAMES", "RequestArgs", "StreamArgs", "build_request", "check_names"]
 
@@ -28,7 +29,10 @@ class RequestArgs(TypedDict, total=False):
     policy's); `plan` a plan to run where it can ("handoff": local starts, cloud continues;
     "cascade": the local model's confidence decides; "speculative": local drafts, cloud
     verifies; "hedge"; None: the policy's `plan`, else the decision picks); `show_drafts`: the
-    speculative plan's Draft/Retract events. None leaves the policy's setting."""
+    speculative plan's Draft/Retract events; `tools`, `tool_choice`, `response_format`:
+    OpenAI's chat-completions shapes (`hybridllm.tools`): the answer may call the tools
+    (`ToolCall` events), or must be JSON of the format's schema. None leaves the policy's
+    setting."""
 
     engine: Literal["local", "cloud"] | None
     max_tokens: int | None
@@ -40,6 +44,9 @@ class RequestArgs(TypedDict, total=False):
     priority: Priority | None
     plan: PlanName | None
     show_drafts: bool | None
+    tools: Sequence[Mapping[str, Any]] | None
+    tool_choice: str | Mapping[str, Any] | None
+    response_format: Mapping[str, Any] | None
 
 
 class StreamArgs(RequestArgs, total=False):
@@ -73,4 +80,5 @@ def build_request(
         seed=args.get("seed"),
         options=args.get("options", ()),  # type: ignore[arg-type]  # checked and copied
         priority=pol.priority if priority is None else priority,  # the queue's class
+        tools=tool_spec(args.get("tools"), args.get("tool_choice"), args.get("response_format")),
     )

@@ -31,6 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from hybridllm import clock, errors, logs
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import (
+    Called,
     Chunk,
     CloudUnavailable,
     DeadlineMissed,
@@ -47,8 +48,11 @@ from hybridllm.events import (
     Resumed,
     Route,
     Token,
+    ToolCall,
     Usage,
+    is_content,
 )
+from hybridllm.runtime.checked import checked
 from hybridllm.runtime.retry import RetryPolicy, Tries
 from hybridllm.runtime.trace import Pause, Trace
 
@@ -91,6 +95,7 @@ class RequestRun:
         self._cloud_unavailable = cloud_unavailable
         self._said_unavailable = False
         self._delivered: list[str] = []
+        self.calls: list[ToolCall] = []  # the tool calls delivered
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
@@ -149,7 +154,7 @@ class RequestRun:
             self._said_unavailable = True
             self.emit(CloudUnavailable(clock.now(), reason))
 
-    def deliver(self, engine: EngineName, chunk: Delta | Mark) -> None:
+    def deliver(self, engine: EngineName, chunk: Delta | Called | Mark) -> None:
         """Hand one chunk of the serving engine to the trace and the app."""
         if isinstance(chunk, Resumed):
             pause = Pause(
@@ -174,6 +179,13 @@ class RequestRun:
             if isinstance(chunk, RequestSent) and chunk.limit is not None:
                 self.trace.token_limit = chunk.limit  # what the serving engine was asked
             self.trace.mark(chunk.name, chunk.t)
+        elif isinstance(chunk, Called):  # a tool call counts as a token for the deadline
+            if not self.trace.token_times:
+                self._check_deadline(engine, chunk.t)
+            self.trace.token(chunk.t)
+            call = ToolCall(chunk.t, chunk.id, chunk.name, chunk.arguments, engine)
+            self.calls.append(call)
+            self.emit(call)
         elif chunk.text:
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
@@ -219,7 +231,7 @@ class RequestRun:
         request's `RetryPolicy` allows (`runtime.retry`: every plan streams through here)."""
         await self.retry.run(
             partial(self._relay_once, engine, request, handle),
-            first_token_due=lambda: not self._delivered,
+            first_token_due=lambda: not self._delivered and not self.calls,
             on_retry=self._retried,
         )
 
@@ -237,11 +249,11 @@ class RequestRun:
         healthy; an error: its outcome). The stream is always closed."""
         healthy = False
         try:
-            async with aclosing(engine.stream(request)) as chunks:
+            async with aclosing(checked(engine.stream(request), request, engine.name)) as chunks:
                 async for chunk in chunks:
-                    if isinstance(chunk, Finish) or isinstance(chunk, Delta) and chunk.text:
+                    if isinstance(chunk, Finish) or is_content(chunk):
                         tries.content = True
-                    if not healthy and isinstance(chunk, Delta) and chunk.text:
+                    if not healthy and is_content(chunk):
                         healthy = True
                         self.outcome(engine.name, None)
                     handle(chunk)

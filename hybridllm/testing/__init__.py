@@ -21,7 +21,7 @@ The clock jumps whenever every task waits, also while a worker thread works: on 
 ``anyio.to_thread.run_sync`` calls inline (hybridllm's own unit tests do, `tests/unit/conftest.py`).
 """
 
-from hybridllm.engines.scripted import ScriptedEngine
+from hybridllm.engines.scripted import ScriptedCall, ScriptedEngine
 from hybridllm.testing.faults import StallDist, heavy_tail
 from hybridllm.testing.hybrid_server import HybridServer
 from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
@@ -33,6 +33,7 @@ __all__ = [
     "Faults",
     "HybridServer",
     "LlamaServer",
+    "ScriptedCall",
     "ScriptedEngine",
     "StallDist",
     "heavy_tail",

@@ -23,6 +23,7 @@ from hybridllm import (
     RefusedError,
 )
 from hybridllm.cli.main import main
+from hybridllm.engines import validate
 from hybridllm.errors import (
     AllEnginesFailedError,
     CloudStatusError,
@@ -356,30 +357,48 @@ def test_cli_options_are_checked_before_any_work(
     assert "error: " in capsys.readouterr().err
 
 
-# ---- tool calls are refused, never stripped (issue 24) ----------------------------------------
+# ---- tool-call messages are kept whole, never stripped (issues 24, 26) -------------------------
 
 CALL = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
 ASKED = {"role": "user", "content": "what is the weather?"}
-TOOL_MESSAGES = [
-    ({"role": "assistant", "content": "", "tool_calls": CALL}, "tool_calls"),
-    ({"role": "assistant", "content": None, "tool_calls": CALL}, "tool_calls"),
-    ({"role": "tool", "content": "{}", "tool_call_id": "c1"}, "tool_call_id"),
-    ({"role": "tool", "content": "{}"}, "role"),
-    ({"role": "assistant", "content": "", "function_call": {}}, "function_call"),
-    ({"role": "function", "content": "{}", "name": "f"}, "role"),
-]
 
 
-@pytest.mark.parametrize(("message", "key"), TOOL_MESSAGES)
-async def test_a_tool_call_message_is_refused_and_says_tools_are_not_supported(
-    message: dict[str, Any], key: str
+@pytest.mark.parametrize("content", ["", None])
+def test_a_tool_loop_is_kept_whole(content: str | None) -> None:
+    called = {"role": "assistant", "content": content, "tool_calls": CALL}
+    result = {"role": "tool", "content": '{"temp": 12}', "tool_call_id": "c1"}
+    out = validate.messages([ASKED, called, result])
+    assert out[1] == {"role": "assistant", "content": "", "tool_calls": CALL}
+    assert out[2] == result
+
+
+BAD_TOOL_MESSAGES = [
+    ({"role": "tool", "content": "{}"}, "messages[1].tool_call_id", "a non-blank string"),
+    ({"role": "tool", "content": "{}", "tool_call_id": "zz"}, "messages[1].tool_call_id",
+     "an earlier assistant message made"),
+    ({"role": "assistant", "content": "", "function_call": {}}, "messages[1].function_call",
+     "use tool_calls"),
+    ({"role": "function", "content": "{}", "name": "f"}, "messages[1].role", "use tool_calls"),
+    ({"role": "user", "content": "hi", "tool_calls": CALL}, "messages[1].tool_calls",
+     "a user message holds only"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+     "messages[1].tool_calls[0]", "'type': 'function'"),
+    ({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]},
+     "messages[1].tool_calls[0].function.arguments", "a string"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("message", "argument", "says"), BAD_TOOL_MESSAGES)
+async def test_a_malformed_tool_message_is_refused_by_name(
+    message: dict[str, Any], argument: str, says: str
 ) -> None:
     local, cloud = pair()
     async with HybridClient(local=local, cloud=cloud, router=None) as client:
         with pytest.raises(InvalidArgumentError) as info:
             client.stream([ASKED, message])
-    assert info.value.argument == f"messages[1].{key}"
-    assert "tool calls are not supported yet" in str(info.value)
+    assert info.value.argument == argument
+    assert says in str(info.value)
     assert not local.requests and not cloud.requests
 
 

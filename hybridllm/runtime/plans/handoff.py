@@ -54,7 +54,17 @@ from anyio.abc import TaskGroup
 from hybridllm import clock
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import AllEnginesFailedError, EngineError, StallError
-from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish, Handoff, Mark
+from hybridllm.events import (
+    Called,
+    Chunk,
+    Delta,
+    EngineName,
+    Fallback,
+    Finish,
+    Handoff,
+    Mark,
+    is_content,
+)
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.stream import RequestRun
@@ -211,7 +221,7 @@ class _Handoff:
 
     # ---- handlers ----------------------------------------------------------------------------
 
-    def _on_chunk(self, cid: int, chunk: Delta | Mark) -> None:
+    def _on_chunk(self, cid: int, chunk: Delta | Called | Mark) -> None:
         if cid == self.serving and self.phase != "hold":
             self.run.deliver(self.engine_of[cid].name, chunk)
             if self.phase == "local" and isinstance(chunk, Delta) and chunk.text:
@@ -219,7 +229,7 @@ class _Handoff:
                 if self.local_tokens >= self.after_tokens or self.warm:
                     self.ask_cloud()
         elif cid == self.cloud_id and self.phase == "hold":
-            if isinstance(chunk, Delta) and chunk.text:
+            if is_content(chunk):
                 self.switch()
                 self.run.deliver("cloud", chunk)
 

@@ -48,7 +48,17 @@ from hybridllm.errors import (
     RefusedError,
     StallError,
 )
-from hybridllm.events import Chunk, Delta, Fallback, Finish, Hedge, Mark, ParallelStart
+from hybridllm.events import (
+    Called,
+    Chunk,
+    Delta,
+    Fallback,
+    Finish,
+    Hedge,
+    Mark,
+    ParallelStart,
+    is_content,
+)
 from hybridllm.routing.hedging import lead_s
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import SpendRole, spend_role
@@ -250,11 +260,11 @@ class _Race:
 
     # ---- one handler per kind of item -------------------------------------------------------
 
-    def _on_chunk(self, cid: int, chunk: Delta | Mark) -> None:
+    def _on_chunk(self, cid: int, chunk: Delta | Called | Mark) -> None:
         """A content token crowns its contender (if none won yet) and reaches the app; a mark
         or an empty delta before the crown never wins (marks are kept for the winner)."""
         if self.winner is None:
-            if isinstance(chunk, Mark) or not chunk.text:
+            if not is_content(chunk):
                 if isinstance(chunk, Mark):
                     self.contenders[cid].marks.append(chunk)
                 return
@@ -319,8 +329,8 @@ class _Race:
         for cid, c in list(self.contenders.items()):
             held, c.held = c.held, None
             for got in held or ():
-                if isinstance(got, Delta) and got.text:  # reaches the app now; the engine's
-                    self.run.trace.mark("rescue_first_token", got.t)  # own time is kept
+                if isinstance(got, Delta | Called) and is_content(got):  # reaches the app now;
+                    self.run.trace.mark("rescue_first_token", got.t)  # the engine's own time
                     got = dataclasses.replace(got, t=max(got.t, now))
                 self._dispatch(cid, got)
 

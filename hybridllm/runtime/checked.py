@@ -1,0 +1,67 @@
+"""What an engine produced, checked against the request's tools and response format before any
+of it reaches a plan (every plan streams through `RequestRun.relay`, which wraps each engine
+stream in `checked`): one home for the rule that an invalid tool call or JSON answer is never
+delivered.
+
+- A tool call (`Called`) passes only when `hybridllm.tools.check_call` accepts it: a tool the
+  request lets the answer call, with arguments that parse and match its schema.
+- With a JSON response format, the answer's text is held until the engine finishes, checked
+  whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
+- With `tool_choice` "required" (or a named tool), an answer that finishes without a call fails.
+
+A failure is an `InvalidOutputError` raised before anything of the answer left the engine's
+stream (text streamed before a call excepted): the plan treats it as the engine failing, so the
+request escalates to the other engine where the policy allows, or the error reaches the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+
+from hybridllm.engines.base import GenerationRequest
+from hybridllm.errors import InvalidOutputError
+from hybridllm.events import Called, Chunk, Delta, Finish
+from hybridllm.tools import ToolSpec, check_answer, check_call
+
+__all__ = ["checked"]
+
+
+async def checked(
+    chunks: AsyncGenerator[Chunk, None], request: GenerationRequest, engine: str
+) -> AsyncGenerator[Chunk, None]:
+    """`chunks`, with every tool call and JSON answer checked (the stream is always closed)."""
+    spec = request.tools
+    async with aclosing(chunks) as inner:
+        if spec is None:
+            async for chunk in inner:
+                yield chunk
+            return
+        held: list[Delta] = []  # a JSON answer's text, until it is whole
+        calls = 0
+        async for chunk in inner:
+            if isinstance(chunk, Called):
+                check_call(spec, chunk.name, chunk.arguments, engine=engine)
+                calls += 1
+                yield chunk
+            elif isinstance(chunk, Delta) and spec.response_format is not None:
+                held.append(chunk)
+            elif isinstance(chunk, Finish):
+                for piece in _answer(spec, held, calls, engine):
+                    yield piece
+                yield chunk
+            else:
+                yield chunk
+
+
+def _answer(spec: ToolSpec, held: list[Delta], calls: int, engine: str) -> list[Delta]:
+    """At the engine's finish: the held JSON answer, checked, as one piece; a required call
+    that never came fails."""
+    text = "".join(d.text for d in held)
+    if spec.must_call and not calls:
+        problem = "an answer without a tool call, where tool_choice requires one"
+        raise InvalidOutputError(engine, "tool_call", text, problem)
+    if not held or calls:
+        return held  # no JSON answer held, or text beside a call (not the answer)
+    check_answer(spec, text, engine=engine)
+    return [Delta(text, held[-1].t)]
