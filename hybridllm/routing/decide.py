@@ -103,6 +103,7 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     deadline = None if deadline_ms is None else deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
     asked = facts.plan if facts.plan is not None else policy.plan
+    policy, asked = _whole_answer(facts, policy, asked, reasons)
     want, by_router, objective = _wanted(facts, policy, reasons)
     refused, removed = _restrict(facts, policy, state, allowed, want, reasons, objective)
     if refused:
@@ -124,6 +125,28 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     if left_out:
         decision = replace(decision, unavailable=left_out)
     return decision
+
+
+# the plans that split an answer between engines or verify it piece by piece
+_SPLITS: tuple[PlanName, ...] = ("handoff", "cascade", "speculative")
+
+
+def _whole_answer(
+    facts: RequestFacts, policy: Policy, asked: PlanName | None, reasons: list[str]
+) -> tuple[Policy, PlanName | None]:
+    """0. A tool call or a JSON answer is delivered whole (`runtime.checked`): the handoff
+    would split it, the speculative plan verifies text piece by piece, and the cascade judges
+    a text prefix, so none of them runs; the race (with its failover) and the single plan do.
+    Returns the policy without those plans, and the plan asked for unless it was one."""
+    if facts.atomic is None:
+        return policy, asked
+    if asked in _SPLITS:
+        what = "may be a tool call" if facts.atomic == "tools" else "is JSON"
+        reasons.append(f"plan={asked}, but the answer {what}, delivered whole -> no {asked}")
+        asked = None
+    plans = tuple(p for p in policy.plans if p not in _SPLITS)
+    plan = None if policy.plan in _SPLITS else policy.plan
+    return policy.model_copy(update={"plans": plans, "plan": plan}), asked
 
 
 # the objective of a decision whose wanted engine was taken out, by what took it out

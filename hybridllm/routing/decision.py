@@ -43,6 +43,7 @@ LoadRule = Literal[
 # the device), "availability" (a circuit, an unavailable engine, the only engine left), "caller"
 # (the caller forced the engine)
 Objective = Literal["quality", "latency", "cost", "privacy", "availability", "caller"]
+Atomic = Literal["tools", "json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,9 @@ class RequestFacts:
     # the answer is shown as it comes (`stream()`); False: taken whole (`complete()`), so a
     # cascade may judge the whole local answer
     streamed: bool = True
+    # the answer may be a tool call ("tools") or must be JSON ("json"): it is delivered whole,
+    # so no plan that splits it or verifies it piece by piece runs; None: plain text
+    atomic: Atomic | None = None
 
 
 @dataclass(frozen=True, slots=True)

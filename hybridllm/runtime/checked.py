@@ -7,7 +7,8 @@ delivered.
   request lets the answer call, with arguments that parse and match its schema.
 - With a JSON response format, the answer's text is held until the engine finishes, checked
   whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
-- With `tool_choice` "required" (or a named tool), an answer that finishes without a call fails.
+- With `tool_choice` "required" (or a named tool), text is held until the call comes (then it
+  goes first), and an answer that finishes without a call fails, its text never shown.
 
 A failure is an `InvalidOutputError` raised before anything of the answer left the engine's
 stream (text streamed before a call excepted): the plan treats it as the engine failing, so the
@@ -37,14 +38,18 @@ async def checked(
             async for chunk in inner:
                 yield chunk
             return
-        held: list[Delta] = []  # a JSON answer's text, until it is whole
+        hold = spec.response_format is not None or spec.must_call
+        held: list[Delta] = []  # a JSON answer's text until it is whole; text before a call
         calls = 0
         async for chunk in inner:
             if isinstance(chunk, Called):
                 check_call(spec, chunk.name, chunk.arguments, engine=engine)
                 calls += 1
+                for piece in held:  # text beside a call: not the answer, delivered with it
+                    yield piece
+                held.clear()
                 yield chunk
-            elif isinstance(chunk, Delta) and spec.response_format is not None:
+            elif isinstance(chunk, Delta) and hold:
                 held.append(chunk)
             elif isinstance(chunk, Finish):
                 for piece in _answer(spec, held, calls, engine):

@@ -53,7 +53,13 @@ from hybridllm.guard.privacy import kinds
 from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.policy import PlanName, Policy
 from hybridllm.routing.decide import decide
-from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
+from hybridllm.routing.decision import (
+    Atomic,
+    Decision,
+    LiveState,
+    RequestFacts,
+    RoutePreview,
+)
 from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
@@ -165,6 +171,7 @@ class Gatherer:
             router_threshold=cut,
             privacy_kinds=kinds,
             forced=forced,
+            atomic=_atomic(request),
         )
 
     def state(
@@ -401,3 +408,13 @@ def refusal_error(
         if refusal is not None:
             return refusal.with_reasons(reasons)
     return errors.RefusedError("request refused", reasons=reasons)
+
+
+def _atomic(request: GenerationRequest) -> Atomic | None:
+    """Whether the answer is delivered whole: it may be a tool call, or must be JSON."""
+    spec = request.tools
+    if spec is None:
+        return None
+    if spec.may_call:
+        return "tools"
+    return "json" if spec.response_format is not None else None

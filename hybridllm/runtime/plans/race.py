@@ -388,9 +388,10 @@ class _Race:
 
     def fail_over(self, exc: Exception) -> bool:
         """The winner failed mid-stream: continue on the other engine from the delivered text
-        (once per request). False: no failover is left."""
+        (once per request). False: no failover is left, or a tool call was delivered (a call
+        is whole: the other engine cannot continue an answer past it)."""
         wid = self.winner
-        if wid is None or not self.failover or self.failovers >= 1:
+        if wid is None or not self.failover or self.failovers >= 1 or self.run.calls:
             return False
         old = self.contenders[wid]
         other = self.fallback if old.engine is self.primary else self.primary

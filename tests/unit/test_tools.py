@@ -1,0 +1,257 @@
+"""Tools and structured output (issue 26): the arguments checked at the edge (`hybridllm.tools`),
+what an engine produced checked before it is delivered (`runtime.checked`), the plans a whole
+answer allows (`routing.decide`), and the `ToolCall` events and `Completion` fields. Scripted
+engines on the virtual clock (orchestration only); the real engines: tests/integration."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hybridllm import Fallback, HybridClient, Policy, Token, ToolCall
+from hybridllm.errors import AllEnginesFailedError, InvalidArgumentError, InvalidOutputError
+from hybridllm.routing.decide import decide
+from hybridllm.routing.decision import LiveState, RequestFacts
+from hybridllm.testing import ScriptedCall, ScriptedEngine
+from hybridllm.tools import check_answer, check_call, tool_spec
+
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
+
+TIMER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "set_timer",
+        "description": "Start a kitchen timer.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "minutes": {"type": "integer", "minimum": 1},
+                "label": {"type": "string", "enum": ["tea", "pasta"]},
+            },
+            "required": ["minutes"],
+            "additionalProperties": False,
+        },
+    },
+}
+WEATHER: dict[str, Any] = {"type": "function", "function": {"name": "weather"}}
+PERSON = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        },
+    },
+}
+CLOUD_FIRST = Policy(name="q", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
+LOCAL_FIRST = Policy(name="l", routing={"prefer": "local", "ttft_deadline_ms": 500})
+
+
+# ---- the arguments -------------------------------------------------------------------------------
+
+
+def test_no_tool_argument_is_no_spec_and_the_wire_is_what_was_given() -> None:
+    assert tool_spec(None, None, None) is None
+    spec = tool_spec([TIMER, WEATHER], "auto", {"type": "json_object"})
+    assert spec is not None and [t.name for t in spec.tools] == ["set_timer", "weather"]
+    assert spec.wire() == {
+        "tools": [TIMER, WEATHER],
+        "tool_choice": "auto",
+        "response_format": {"type": "json_object"},
+    }
+    assert spec.tool("weather") is not None and spec.tool("weather").parameters["type"] == "object"  # type: ignore[union-attr]
+
+
+def test_a_named_tool_choice_forces_that_tool_alone() -> None:
+    spec = tool_spec([TIMER, WEATHER], {"type": "function", "function": {"name": "weather"}}, None)
+    assert spec is not None and spec.must_call and spec.forced == "weather"
+    assert [t.name for t in spec.callable_tools] == ["weather"]
+    none = tool_spec([TIMER], "none", None)
+    assert none is not None and not none.may_call and none.callable_tools == ()
+
+
+BAD = [
+    ({"tools": {"type": "function"}}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]},
+     "tools[0].function.name"),
+    ({"tools": [TIMER, TIMER]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function",
+                 "function": {"name": "f", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters.type"),
+    ({"tools": [{"type": "function", "function": {"name": "f",
+                                                  "parameters": {"type": "object",
+                                                                 "required": "x"}}}]},
+     "tools[0].function.parameters['required']"),
+    ({"tools": [TIMER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [TIMER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": 3}}},
+     "response_format.json_schema.schema"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "argument"), BAD)
+async def test_a_bad_tool_argument_is_refused_by_name_and_nothing_is_sent(
+    args: dict[str, Any], argument: str
+) -> None:
+    local, cloud = ScriptedEngine("local", tokens=["x"]), ScriptedEngine("cloud", tokens=["y"])
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        with pytest.raises(InvalidArgumentError) as info:
+            client.stream("set a timer", **args)
+    assert info.value.argument == argument
+    assert not local.requests and not cloud.requests
+
+
+# ---- what an engine produced ---------------------------------------------------------------------
+
+
+def test_a_call_must_name_a_callable_tool_with_arguments_of_its_schema() -> None:
+    spec = tool_spec([TIMER], None, None)
+    assert spec is not None
+    assert check_call(spec, "set_timer", '{"minutes": 5, "label": "tea"}', engine="local") == {
+        "minutes": 5,
+        "label": "tea",
+    }
+    for name, arguments, says in [
+        ("set_alarm", "{}", "not a tool it may call"),
+        ("set_timer", '{"minutes": 5', "not JSON"),
+        ("set_timer", '{"minutes": "5"}', "at minutes"),
+        ("set_timer", '{"minutes": 5, "label": "soup"}', "at label"),
+        ("set_timer", "{}", "'minutes' is a required property"),
+        ("set_timer", '{"minutes": 5, "x": 1}', "Additional properties"),
+    ]:
+        with pytest.raises(InvalidOutputError) as info:
+            check_call(spec, name, arguments, engine="cloud")
+        assert info.value.what == "tool_call" and info.value.engine == "cloud"
+        assert says in info.value.problem and arguments in info.value.produced
+
+
+def test_a_json_answer_must_parse_and_match_the_format() -> None:
+    spec = tool_spec(None, None, PERSON)
+    assert spec is not None
+    assert check_answer(spec, '{"name": "Ada", "age": 36}', engine="local")["age"] == 36
+    for text in ('{"name": "Ada"}', "Ada, 36", '{"name": "Ada", "age": "36"}'):
+        with pytest.raises(InvalidOutputError) as info:
+            check_answer(spec, text, engine="local")
+        assert info.value.what == "json" and info.value.produced == text
+    loose = tool_spec(None, None, {"type": "json_object"})
+    assert loose is not None and check_answer(loose, '{"a": [1]}', engine="local") == {"a": [1]}
+    with pytest.raises(InvalidOutputError):
+        check_answer(loose, "[1, 2]", engine="local")  # json_object: an object
+
+
+# ---- through the client --------------------------------------------------------------------------
+
+
+async def test_a_valid_call_reaches_the_app_whole_with_the_text_before_it() -> None:
+    local = ScriptedEngine(
+        "local", script=[0.05, "Setting it. ", 0.01, ScriptedCall("set_timer", '{"minutes": 5}')]
+    )
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("tea timer, 5 min", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+        done = await client.complete("tea timer, 5 min", tools=[TIMER])
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.name, c.parsed(), c.engine) for c in calls] == [
+        ("set_timer", {"minutes": 5}, "local")
+    ]
+    assert [type(e).__name__ for e in events].index("ToolCall") > [
+        type(e).__name__ for e in events
+    ].index("Token")
+    assert s.trace.finish_reason == "tool_calls"
+    assert done.text == "Setting it. " and done.finish_reason == "tool_calls"
+    assert [c.message() for c in done.tool_calls] == [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "set_timer", "arguments": '{"minutes": 5}'}}
+    ]  # fmt: skip
+    assert local.requests[0].tools is not None and local.requests[0].tools.may_call
+
+
+async def test_an_invalid_local_call_is_never_delivered_and_the_cloud_answers() -> None:
+    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_timer", '{"minutes": "five"}')])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("tea timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.engine, c.parsed()) for c in calls] == [("cloud", {"minutes": 5})]
+    assert any(isinstance(e, Fallback) and e.to_engine == "cloud" for e in events)
+    assert s.trace.engine == "cloud"
+
+
+async def test_an_invalid_call_with_no_engine_left_raises_what_was_produced() -> None:
+    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_alarm", "{}")])
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        with pytest.raises((InvalidOutputError, AllEnginesFailedError)) as info:
+            await client.complete("wake me", tools=[TIMER])
+    error = info.value
+    if isinstance(error, AllEnginesFailedError):
+        error = error.attempts[-1][1]  # type: ignore[assignment]
+    assert isinstance(error, InvalidOutputError) and error.produced == "set_alarm({})"
+
+
+async def test_a_required_call_that_never_comes_escalates() -> None:
+    local = ScriptedEngine("local", script=[0.05, "I cannot set timers."])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 3}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        done = await client.complete("timer 3", tools=[TIMER], tool_choice="required")
+    assert done.text == "" and [c.engine for c in done.tool_calls] == ["cloud"]
+
+
+async def test_a_json_answer_is_held_whole_checked_and_parsed() -> None:
+    local = ScriptedEngine("local", script=[0.05, '{"name": ', 0.01, '"Ada", "age": 36}'])
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("who?", response_format=PERSON) as s:
+            tokens = [e async for e in s.events() if isinstance(e, Token)]
+        done = await client.complete("who?", response_format=PERSON)
+    assert [t.text for t in tokens] == ['{"name": "Ada", "age": 36}']  # one piece, at the end
+    assert tokens[0].t - s.trace.t_start == pytest.approx(0.06)
+    assert done.parsed == {"name": "Ada", "age": 36} and done.finish_reason == "stop"
+
+
+async def test_an_invalid_json_answer_escalates_before_any_text_is_shown() -> None:
+    local = ScriptedEngine("local", script=[0.05, '{"name": "Ada"}'])
+    cloud = ScriptedEngine("cloud", script=[0.3, '{"name": "Ada", "age": 36}'])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("who?", response_format=PERSON) as s:
+            tokens = [e async for e in s.events() if isinstance(e, Token)]
+    assert [(t.engine, json.loads(t.text)["age"]) for t in tokens] == [("cloud", 36)]
+
+
+async def test_a_tool_call_counts_as_the_first_token_for_the_deadline() -> None:
+    """The call at 0.3 s beats the local text at 0.8 s: a quality decision's cloud call wins
+    inside the 500 ms deadline, and the local rescue's text is never shown."""
+    local = ScriptedEngine("local", script=[0.8, "Sure"])
+    cloud = ScriptedEngine("cloud", script=[0.3, ScriptedCall("set_timer", '{"minutes": 1}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert not any(isinstance(e, Token) for e in events)
+    assert [e.engine for e in events if isinstance(e, ToolCall)] == ["cloud"]
+    assert s.trace.ttft_ms == pytest.approx(300.0) and s.trace.deadline_missed_ms is None
+
+
+# ---- the plans a whole answer allows -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", ["handoff", "cascade", "speculative"])
+@pytest.mark.parametrize("atomic", ["tools", "json"])
+def test_no_plan_splits_or_verifies_a_whole_answer(plan: str, atomic: str) -> None:
+    policy = Policy(name="p", plans=["single", "hedge", plan], routing={"ttft_deadline_ms": 400})
+    state = LiveState(
+        speculation=(True, "pays"), reads_signals=frozenset({"local"}), has_router=True
+    )
+    facts = RequestFacts(prompt_tokens=20, max_tokens=64, plan=plan, atomic=atomic)  # type: ignore[arg-type]
+    decision = decide(facts, policy, state)
+    assert decision.plan in ("single", "hedge")
+    assert any(f"no {plan}" in r for r in decision.reasons)
+    plain = decide(RequestFacts(prompt_tokens=20, max_tokens=64, plan=plan), policy, state)  # type: ignore[arg-type]
+    assert plain.plan == plan  # the same request in plain text runs the plan
