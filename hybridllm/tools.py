@@ -42,7 +42,8 @@ ToolChoiceMode = Literal["auto", "none", "required"]
 CHOICES: tuple[ToolChoiceMode, ...] = ("auto", "none", "required")
 FORMATS = ("text", "json_object", "json_schema")
 MAX_TOOLS = 128  # OpenAI's own bound on `tools`
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+# what OpenAI allows in a function or schema name (no dots: a cloud would refuse one with a 400)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 EMPTY_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -150,7 +151,7 @@ def _tool(at: str, value: object) -> Tool:
         raise InvalidArgumentError(f"{at}.function", fn, "a mapping with a name")
     name = fn.get("name")
     if not isinstance(name, str) or not name or len(name) > 64 or set(name) - _NAME_CHARS:
-        rule = "a name of 1 to 64 letters, digits, '_', '-' or '.'"
+        rule = "a name of 1 to 64 letters, digits, '_' or '-' (OpenAI's rule)"
         raise InvalidArgumentError(f"{at}.function.name", name, rule)
     description = fn.get("description", "")
     if not isinstance(description, str):

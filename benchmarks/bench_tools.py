@@ -1,0 +1,177 @@
+"""Tool calls on BFCL's non-live categories: local only, cloud only and the hybrid rules, in one
+run (issue 26).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--arms local,cloud,hybrid]
+                                                          [--json out.json]
+
+Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`,
+`irrelevance`; `benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them with an
+AST check of our own). Each is asked once per arm with `tools=` (BFCL's functions as OpenAI
+tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
+- local only: Qwen2.5-Coder-0.5B in process (`LlamaCppEngine`);
+- cloud only: Qwen2.5-Coder-1.5B behind `hybridllm serve` on loopback (`OpenAIEngine`);
+- hybrid: both, local first; a local call that fails its check (or an answer without the call
+  `tool_choice="required"` asks for) escalates to the cloud before anything is delivered.
+Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
+again with jsonschema, independently of hybridllm's own check), the refusals (an
+`InvalidOutputError` where no engine was left), the cloud share (the engine that served),
+and the time to the first token or call (p50, p95). Models and cores are shared: the arms run
+one after the other, never at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import bfcl  # noqa: E402
+from benchmarks._report import cpu_model  # noqa: E402
+
+LOCAL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+CLOUD = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+ALIAS, API_KEY = "stand-in", "sk-bench"
+
+
+def items(n: int) -> list[dict[str, Any]]:
+    return [it for cat in bfcl.CATEGORIES for it in bfcl.load(cat)[:n]]
+
+
+def schema_valid(tools: list[dict[str, Any]], name: str, arguments: str) -> bool:
+    from jsonschema import validators
+
+    tool = next((t for t in tools if t["function"]["name"] == name), None)
+    if tool is None:
+        return False
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        return False
+    schema = tool["function"]["parameters"]
+    cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+    return not any(True for _ in cls(schema).iter_errors(parsed))
+
+
+async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
+    from hybridllm.errors import EngineError
+
+    tools = [bfcl.openai_tool(f) for f in item["functions"]]
+    row: dict[str, Any] = {"id": item["id"], "category": item["category"]}
+    t0 = time.perf_counter()
+    try:
+        done = await client.complete(
+            item["messages"], tools=tools, tool_choice="auto", temperature=0.0, max_tokens=256
+        )
+    except EngineError as exc:
+        row.update(error=type(exc).__name__, right=False, calls=[], engine=None, ttft_ms=None)
+        return row
+    calls = [(c.name, c.parsed()) for c in done.tool_calls]
+    row.update(
+        right=bfcl.score(item["category"], calls, item["answer"]),
+        calls=[[c.name, c.arguments] for c in done.tool_calls],
+        valid=[schema_valid(tools, c.name, c.arguments) for c in done.tool_calls],
+        engine=done.trace.engine,
+        ttft_ms=done.trace.ttft_ms,
+        total_ms=(time.perf_counter() - t0) * 1e3,
+        text=done.text[:120],
+        error=None,
+    )
+    return row
+
+
+async def run_arm(arm: str, rows_in: list[dict[str, Any]], cloud_url: str) -> list[dict[str, Any]]:
+    from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
+    from hybridllm.local.resolve import resolve_model
+
+    local = cloud = None
+    if arm in ("local", "hybrid"):
+        local = LlamaCppEngine(resolve_model(LOCAL, pull=True), n_ctx=4096, n_threads=2)
+    if arm in ("cloud", "hybrid"):
+        cloud = OpenAIEngine(base_url=cloud_url, api_key=API_KEY, model=ALIAS, timeout=120.0)
+    prefer = "cloud" if arm == "cloud" else "local"
+    policy = Policy(name=f"tools-{arm}", routing={"prefer": prefer, "retries": 0})
+    out = []
+    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+        for i, item in enumerate(rows_in):
+            out.append(await ask(client, item))
+            r = out[-1]
+            said = f"right={r['right']} engine={r['engine']} error={r['error']}"
+            print(f"  [{arm}] {i + 1}/{len(rows_in)} {r['id']}: {said}", file=sys.stderr)
+    return out
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by_cat: dict[str, list[bool]] = defaultdict(list)
+    for r in rows:
+        by_cat[r["category"]].append(r["right"])
+    valid = [v for r in rows for v in r.get("valid", [])]
+    ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None)
+    served = Counter(r["engine"] for r in rows)
+    return {
+        "accuracy": {c: sum(v) / len(v) for c, v in by_cat.items()},
+        "overall": sum(r["right"] for r in rows) / len(rows),
+        "calls": len(valid),
+        "schema_valid": (sum(valid) / len(valid)) if valid else None,
+        "errors": Counter(r["error"] for r in rows if r["error"]),
+        "cloud_share": served.get("cloud", 0) / len(rows),
+        "ttft_p50": statistics.median(ttft) if ttft else None,
+        "ttft_p95": ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))] if ttft else None,
+    }
+
+
+def render(res: dict[str, Any]) -> str:
+    lines = [f"CPU: {res['cpu']}; {res['n']} items per category", ""]
+    cats = list(bfcl.CATEGORIES)
+    lines.append("arm      " + "".join(f"{c:>15}" for c in cats) + "    overall  valid calls"
+                 "  cloud   TTFT p50 / p95  errors")  # fmt: skip
+    for arm, s in res["arms"].items():
+        acc = "".join(f"{s['accuracy'].get(c, 0):>15.2f}" for c in cats)
+        valid = "-" if s["schema_valid"] is None else f"{s['schema_valid']:.0%} of {s['calls']}"
+        ttft = f"{s['ttft_p50'] or 0:,.0f} / {s['ttft_p95'] or 0:,.0f} ms"
+        lines.append(
+            f"{arm:<9}{acc}{s['overall']:>11.2f}  {valid:>11}  {s['cloud_share']:>5.0%}  "
+            f"{ttft:>15}  {dict(s['errors'])}"
+        )
+    return "\n".join(lines)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.testing import HybridServer
+
+    chosen = items(args.n)
+    res: dict[str, Any] = {"cpu": cpu_model(), "n": args.n, "arms": {}, "rows": {}}
+    model = resolve_model(CLOUD, pull=True)
+    with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
+        url = f"http://127.0.0.1:{server.port}/v1"
+        for arm in args.arms.split(","):
+            t0 = time.perf_counter()
+            rows = await run_arm(arm, chosen, url)
+            res["rows"][arm] = rows
+            res["arms"][arm] = summarise(rows) | {"wall_s": time.perf_counter() - t0}
+    return res
+
+
+def cli() -> None:
+    import anyio
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10, help="items per category")
+    ap.add_argument("--arms", default="local,cloud,hybrid")
+    ap.add_argument("--json", help="write the rows and the summary here")
+    args = ap.parse_args()
+    res = anyio.run(main, args)
+    print(render(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    cli()
