@@ -255,3 +255,23 @@ def test_no_plan_splits_or_verifies_a_whole_answer(plan: str, atomic: str) -> No
     assert any(f"no {plan}" in r for r in decision.reasons)
     plain = decide(RequestFacts(prompt_tokens=20, max_tokens=64, plan=plan), policy, state)  # type: ignore[arg-type]
     assert plain.plan == plan  # the same request in plain text runs the plan
+
+
+async def test_the_preview_shows_what_a_whole_answer_allows() -> None:
+    local, cloud = ScriptedEngine("local", tokens=["x"]), ScriptedEngine("cloud", tokens=["y"])
+    policy = Policy(name="h", plans=["single", "handoff"], routing={"prefer": "local"})
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
+        plain = client.decide("write a story", plan="handoff")
+        tooled = client.decide("write a story", plan="handoff", tools=[TIMER])
+        formatted = client.decide("who?", plan="handoff", response_format=PERSON)
+    assert plain.decision.plan == "handoff" and plain.facts.atomic is None
+    assert tooled.decision.plan == "single" and tooled.facts.atomic == "tools"
+    assert formatted.decision.plan == "single" and formatted.facts.atomic == "json"
+    assert not local.requests and not cloud.requests
+
+
+def test_the_blocking_form_takes_tools_too() -> None:
+    local = ScriptedEngine("local", script=[0.01, ScriptedCall("set_timer", '{"minutes": 2}')])
+    with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        done = client.complete_sync("timer 2", tools=[TIMER], tool_choice="required")
+    assert [(c.name, c.parsed()) for c in done.tool_calls] == [("set_timer", {"minutes": 2})]
