@@ -33,7 +33,9 @@ HybridError
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     ├── InvalidOutputError      a tool call or a JSON answer an engine produced failed its
-    │                           schema (`what`, `produced`, `problem`): never delivered
+    │   │                       schema (`what`, `produced`, `problem`): never delivered
+    │   └── UnsureCallError     a valid local call below the policy's `[tools]
+    │                           min_call_confidence`: the cloud is asked instead
     ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
     │   │                       wait would pass `max_queue_wait_s`: refused at once, never queued
     │   └── CloudQueueTimeoutError  the cloud engine's concurrency limit gave no slot within
@@ -351,6 +353,18 @@ class InvalidOutputError(EngineError):
         shown = produced if len(produced) <= 200 else produced[:197] + "..."
         kind = "tool call" if what == "tool_call" else "JSON answer"
         super().__init__(f"the {engine} engine's {kind} {shown!r} is {problem}", engine=engine)
+
+
+class UnsureCallError(InvalidOutputError):
+    """A valid tool call whose engine's own `confidence` is below `threshold` (the policy's
+    `[tools] min_call_confidence`), where the cloud may answer instead: not delivered, the
+    request escalates."""
+
+    def __init__(self, engine: str, produced: str, confidence: float, threshold: float) -> None:
+        self.confidence = confidence
+        self.threshold = threshold
+        problem = f"a call its engine is unsure of (confidence {confidence:.2f} < {threshold:g})"
+        super().__init__(engine, "tool_call", produced, problem)
 
 
 class QueueFullError(EngineError):

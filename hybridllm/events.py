@@ -86,6 +86,9 @@ class ToolCall(Event):
     name: str
     arguments: str
     engine: EngineName
+    # the engine's own confidence in the call (the local model's probability of its tokens,
+    # `Called.confidence`); None: not measured (a cloud call)
+    confidence: float | None = None
 
     def parsed(self) -> Any:
         """The arguments, parsed."""
@@ -210,12 +213,16 @@ class Delta:
 
 @dataclass(frozen=True, slots=True)
 class Called:
-    """A complete tool call an engine produced and checked (`hybridllm.tools.check_call`)."""
+    """A complete tool call an engine produced (the runtime checks it: `runtime.checked`).
+    `confidence`: the engine's own confidence in it, from 0 to 1 (the local engine: the
+    geometric mean of its model's probabilities of the call's tokens, read from the logits
+    before any grammar constrained them); None: not measured."""
 
     id: str
     name: str
     arguments: str
     t: float
+    confidence: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ the second half of this module. Every field is optional; one name per knob:
     [cascade]     hold_tokens, hold_ms, hedge, judge
     [speculative] show_drafts, max_prompt_overhead, k, ahead
     [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
-    [privacy]     mode = "off" | "keep-local" | "block"
+    [privacy]     mode = "off" | "keep-local" | "block", ner
+    [tools]       min_call_confidence
 
 Python builds the same shape: `Policy(routing={"prefer": "cloud"}, hedge={"after_ms": 200})`,
 or from a preset with a few fields changed: `Policy.preset("chat").with_(routing={...})`. A flat
@@ -332,6 +333,18 @@ class PrivacyTable(_Table):
     ner: bool = Field(default=False, strict=True)
 
 
+class ToolsTable(_Table):
+    """`[tools]`: what makes a small local model's tool call safe to deliver. Every call is
+    checked against its tool's schema (an invalid one is never delivered, and the request
+    escalates). `min_call_confidence` (0 to 1; None: every valid call stands): a local call
+    whose confidence (its model's own probability of the call's tokens, `ToolCall.confidence`)
+    is below it goes to the cloud instead, where the cloud is the decision's fallback."""
+
+    min_call_confidence: float | None = Field(default=None, ge=0, le=1)
+
+    _numbers = field_validator("min_call_confidence", mode="before")(_number)
+
+
 TABLES: dict[str, type[_Table]] = {
     "sampling": SamplingTable,
     "routing": RoutingTable,
@@ -341,6 +354,7 @@ TABLES: dict[str, type[_Table]] = {
     "speculative": SpeculativeTable,
     "budget": BudgetTable,
     "privacy": PrivacyTable,
+    "tools": ToolsTable,
 }
 
 # the old flat fields and their place in the tables: (table, name)
@@ -411,6 +425,7 @@ class Policy(BaseModel):
     speculative: SpeculativeTable = SpeculativeTable()
     budget: BudgetTable = BudgetTable()
     privacy: PrivacyTable = PrivacyTable()
+    tools: ToolsTable = ToolsTable()
 
     @model_validator(mode="before")
     @classmethod

@@ -80,6 +80,9 @@ class ToolSpec:
     forced: str | None = None
     response_format: ResponseFormat | None = None
     raw_choice: object = None  # `tool_choice` as given (None: not given)
+    # a call whose engine's confidence is below this is not delivered (`UnsureCallError`): set
+    # by the plan where another engine can answer instead (None: every valid call stands)
+    min_call_confidence: float | None = None
 
     @property
     def may_call(self) -> bool:

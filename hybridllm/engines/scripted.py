@@ -41,6 +41,7 @@ class ScriptedCall:
     name: str
     arguments: str = "{}"
     id: str | None = None  # None: "call_<n>"
+    confidence: float | None = None  # what `Called.confidence` says
 
 
 Step = float | str | ScriptedCall | BaseException
@@ -137,7 +138,8 @@ class ScriptedEngine:
                 if isinstance(step, ScriptedCall):
                     calls += 1
                     call_id = step.id or f"call_{calls}"
-                    yield Called(call_id, step.name, step.arguments, clock.now())
+                    now = clock.now()
+                    yield Called(call_id, step.name, step.arguments, now, step.confidence)
                 elif isinstance(step, str):
                     n += 1
                     self.emitted += 1

@@ -7,6 +7,9 @@ delivered.
   request lets the answer call, with arguments that parse and match its schema.
 - With a JSON response format, the answer's text is held until the engine finishes, checked
   whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
+- A call whose engine's own confidence is below the spec's `min_call_confidence` (the policy's
+  `[tools]` bound, set by the plan only where the cloud can answer instead) is not delivered
+  either (`UnsureCallError`).
 - With `tool_choice` "required" (or a named tool), text is held until the call comes (then it
   goes first), and an answer that finishes without a call fails, its text never shown.
 
@@ -21,7 +24,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.errors import InvalidOutputError
+from hybridllm.errors import InvalidOutputError, UnsureCallError
 from hybridllm.events import Called, Chunk, Delta, Finish
 from hybridllm.tools import ToolSpec, check_answer, check_call
 
@@ -44,6 +47,7 @@ async def checked(
         async for chunk in inner:
             if isinstance(chunk, Called):
                 check_call(spec, chunk.name, chunk.arguments, engine=engine)
+                _sure(spec, chunk, engine)
                 calls += 1
                 for piece in held:  # text beside a call: not the answer, delivered with it
                     yield piece
@@ -70,3 +74,11 @@ def _answer(spec: ToolSpec, held: list[Delta], calls: int, engine: str) -> list[
         return held  # no JSON answer held, or text beside a call (not the answer)
     check_answer(spec, text, engine=engine)
     return [Delta(text, held[-1].t)]
+
+
+def _sure(spec: ToolSpec, call: Called, engine: str) -> None:
+    """A call below the spec's `min_call_confidence` is not delivered (the plan set the bound
+    because another engine can answer instead)."""
+    bound, confidence = spec.min_call_confidence, call.confidence
+    if bound is not None and confidence is not None and confidence < bound:
+        raise UnsureCallError(engine, f"{call.name}({call.arguments})", confidence, bound)

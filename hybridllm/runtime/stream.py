@@ -183,7 +183,9 @@ class RequestRun:
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
             self.trace.token(chunk.t)
-            call = ToolCall(chunk.t, chunk.id, chunk.name, chunk.arguments, engine)
+            call = ToolCall(
+                chunk.t, chunk.id, chunk.name, chunk.arguments, engine, chunk.confidence
+            )
             self.calls.append(call)
             self.emit(call)
         elif chunk.text:

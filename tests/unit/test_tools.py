@@ -275,3 +275,46 @@ def test_the_blocking_form_takes_tools_too() -> None:
     with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
         done = client.complete_sync("timer 2", tools=[TIMER], tool_choice="required")
     assert [(c.name, c.parsed()) for c in done.tool_calls] == [("set_timer", {"minutes": 2})]
+
+
+# ---- the local model's confidence decides whether its call stands ------------------------------
+
+SURE = Policy(name="s", routing={"prefer": "local"}, tools={"min_call_confidence": 0.6})
+
+
+@pytest.mark.parametrize(
+    ("confidence", "served"), [(0.9, "local"), (0.4, "cloud"), (None, "local")]
+)
+async def test_an_unsure_local_call_goes_to_the_cloud(
+    confidence: float | None, served: str
+) -> None:
+    call = ScriptedCall("set_timer", '{"minutes": 4}', confidence=confidence)
+    local = ScriptedEngine("local", script=[0.05, call])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=SURE) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [c.engine for c in calls] == [served] and len(calls) == 1
+    assert calls[0].confidence == (confidence if served == "local" else None)
+    assert bool(cloud.requests) == (served == "cloud")
+    if served == "cloud":
+        fallback = next(e for e in events if isinstance(e, Fallback))
+        assert "unsure" in fallback.reason and "0.40" in fallback.reason
+
+
+async def test_an_unsure_call_stands_where_no_other_engine_can_answer() -> None:
+    call = ScriptedCall("set_timer", '{"minutes": 4}', confidence=0.1)
+    local = ScriptedEngine("local", script=[0.05, call])
+    async with HybridClient(local=local, router=None, policy=SURE) as client:
+        done = await client.complete("timer", tools=[TIMER])
+    assert [(c.engine, c.confidence) for c in done.tool_calls] == [("local", 0.1)]
+
+
+def test_the_confidence_bound_is_checked_like_every_policy_number() -> None:
+    from hybridllm.errors import PolicyError
+
+    for bad in (1.5, -0.1, "high", True):
+        with pytest.raises(PolicyError) as info:
+            Policy(tools={"min_call_confidence": bad})
+        assert info.value.field == "tools.min_call_confidence"

@@ -4,6 +4,7 @@ builds what `Decision.plan` names."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ def choose_plan(
         return build_speculative(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
         return build_handoff(decision, engines, request, policy)
+    request = _with_confidence_bound(decision, request, policy)
     if decision.fallback is None:
         return partial(
             single,
@@ -70,3 +72,15 @@ def choose_plan(
         failover=decision.failover,
         release_s=decision.release_s,
     )
+
+
+def _with_confidence_bound(
+    decision: Decision, request: GenerationRequest, policy: Policy
+) -> GenerationRequest:
+    """Where the local engine serves first and the cloud can answer instead, a local call below
+    the policy's `[tools] min_call_confidence` is not delivered (`runtime.checked`): the
+    request goes to the cloud. Elsewhere every valid call stands."""
+    spec, bound = request.tools, policy.tools.min_call_confidence
+    if spec is None or bound is None or (decision.primary, decision.fallback) != ("local", "cloud"):
+        return request
+    return dataclasses.replace(request, tools=dataclasses.replace(spec, min_call_confidence=bound))
