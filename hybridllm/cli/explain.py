@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.errors import ConfigError
@@ -37,6 +37,7 @@ from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Sco
 from hybridllm.runtime.gather import Gatherer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.tools import ToolSpec, tool_spec
 
 if TYPE_CHECKING:
     from hybridllm.engines.llama.signals import LocalSignals
@@ -217,13 +218,16 @@ def explain(
     privacy_kinds: frozenset[str] | None = frozenset(),
     budget_fits: bool = True,
     max_tokens: int | None = None,
+    answer: Literal["text", "tools", "json"] = "text",
 ) -> RoutePreview:
     """Decide for `prompt` as a `HybridClient` with these engines, router and state would.
 
     `router_score` states the score in place of `router`'s; `router_threshold` replaces the
     policy's reading of the score. `privacy_kinds`: findings added to the client's own scan
     (None: no scanner, as a client without one). Engines the latency model does not know yet
-    are predicted from its priors (they stand for a warm-up)."""
+    are predicted from its priors (they stand for a warm-up). `answer`: "tools" (the answer may
+    call a tool) or "json" (a JSON response format): a whole answer, as `tools=` or
+    `response_format=` make it."""
     _check(queue_s, router_score, router_threshold, privacy_kinds, max_tokens)
     latency = latency or LatencyModel()
     for name in engines:
@@ -243,9 +247,17 @@ def explain(
     request = GenerationRequest(
         messages=({"role": "user", "content": prompt},),
         max_tokens=policy.sampling.max_tokens if max_tokens is None else max_tokens,
+        tools=_answer_spec(answer),
     )
     policy = with_threshold(policy, router_threshold)
     return routing.decide(request, policy, offline, breakers)
+
+
+def _answer_spec(answer: str) -> ToolSpec | None:
+    """What `--answer` stands for: a tool the answer may call, or a JSON response format."""
+    if answer == "tools":
+        return tool_spec([{"type": "function", "function": {"name": "example_tool"}}], None, None)
+    return tool_spec(None, None, {"type": "json_object"}) if answer == "json" else None
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -271,6 +283,9 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
     limits.append(f"max {facts.max_tokens} output tokens")
     lines.append("          " + ", ".join(limits))
     lines.append(f"prompt    about {facts.prompt_tokens} tokens (length estimate)")
+    if facts.atomic is not None:
+        what = "may be a tool call" if facts.atomic == "tools" else "must be JSON"
+        lines.append(f"answer    {what}: delivered whole, checked against its schema")
     if facts.router_score is not None and facts.router_threshold is not None:
         lines.append(
             f"router    score {facts.router_score:.3f}, threshold {facts.router_threshold:.3f} "
@@ -345,6 +360,7 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "router_score": facts.router_score,
             "router_threshold": facts.router_threshold,
             "privacy_kinds": None if facts.privacy_kinds is None else sorted(facts.privacy_kinds),
+            "atomic": facts.atomic,
             "predicted": {
                 name: {"ttft_s": p.ttft_s, "ttft_p95_s": p.ttft_p95_s, "total_s": p.total_s}
                 for name, p in state.latency.items()
@@ -380,6 +396,7 @@ def run_explain(args: argparse.Namespace) -> int:
         privacy_kinds=found,
         budget_fits=not args.budget_exhausted,
         max_tokens=args.max_tokens,
+        answer=args.answer,
     )
     policy = with_threshold(policy, args.threshold)
     print(as_json(decision, facts, state) if args.json else render(decision, facts, state, policy))

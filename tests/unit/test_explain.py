@@ -222,3 +222,18 @@ def test_explain_shows_that_a_cascade_would_run(
     assert data["refusal"] is None and data["load_rule"] is None
     _, out = run(capsys, "x", "--policy", "cascading", "--policy-dir", str(tmp_path), "--no-router")
     assert "decision  single: local, then cloud" in out  # no router: no cascade
+
+
+def test_a_whole_answer_shows_and_runs_no_handoff(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    handoff = tmp_path / "handoff.toml"
+    handoff.write_text('name = "h"\nplans = ["single", "handoff"]\nplan = "handoff"\n')
+    args = ("Write a long story.", "--policy", str(handoff), "--no-router", "--json")
+    plain = json.loads(run(capsys, *args)[1])
+    tools = json.loads(run(capsys, *args, "--answer", "tools")[1])
+    code, text = run(capsys, *args[:-1], "--answer", "json")
+    assert plain["atomic"] is None and plain["plan"] == "handoff"
+    assert tools["atomic"] == "tools" and tools["plan"] == "single"
+    assert code == 0 and "answer    must be JSON: delivered whole" in text
+    assert "plan=handoff, but the answer is JSON, delivered whole -> no handoff" in text
