@@ -2,7 +2,7 @@
 run (issue 26).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--arms local,cloud,hybrid]
-                                                          [--json out.json]
+        [--calibrate M | --bound B] [--max-share 0.5] [--json out.json]
 
 Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`,
 `irrelevance`; `benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them with an
@@ -10,8 +10,11 @@ AST check of our own). Each is asked once per arm with `tools=` (BFCL's function
 tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
 - local only: Qwen2.5-Coder-0.5B in process (`LlamaCppEngine`);
 - cloud only: Qwen2.5-Coder-1.5B behind `hybridllm serve` on loopback (`OpenAIEngine`);
-- hybrid: both, local first; a local call that fails its check (or an answer without the call
-  `tool_choice="required"` asks for) escalates to the cloud before anything is delivered.
+- hybrid: both, local first; a local call that fails its check escalates to the cloud before
+  anything is delivered, and so does a valid local call below the bound (`[tools]
+  min_call_confidence`: `--bound`, or `--calibrate M`: chosen first on the next M items of each
+  category, run local only and cloud only, as the bound that maximises accuracy with at most
+  `--max-share` of them sent to the cloud; the reported items are never the calibration's).
 Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
 again with jsonschema, independently of hybridllm's own check), the refusals (an
 `InvalidOutputError` where no engine was left), the cloud share (the engine that served),
@@ -40,8 +43,9 @@ CLOUD = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 ALIAS, API_KEY = "stand-in", "sk-bench"
 
 
-def items(n: int) -> list[dict[str, Any]]:
-    return [it for cat in bfcl.CATEGORIES for it in bfcl.load(cat)[:n]]
+def items(n: int, skip: int = 0) -> list[dict[str, Any]]:
+    """Items `skip` to `skip + n` of each category."""
+    return [it for cat in bfcl.CATEGORIES for it in bfcl.load(cat)[skip : skip + n]]
 
 
 def schema_valid(tools: list[dict[str, Any]], name: str, arguments: str) -> bool:
@@ -77,6 +81,9 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
         right=bfcl.score(item["category"], calls, item["answer"]),
         calls=[[c.name, c.arguments] for c in done.tool_calls],
         valid=[schema_valid(tools, c.name, c.arguments) for c in done.tool_calls],
+        confidence=min(
+            (c.confidence for c in done.tool_calls if c.confidence is not None), default=None
+        ),  # fmt: skip
         engine=done.trace.engine,
         ttft_ms=done.trace.ttft_ms,
         total_ms=(time.perf_counter() - t0) * 1e3,
@@ -86,7 +93,9 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def run_arm(arm: str, rows_in: list[dict[str, Any]], cloud_url: str) -> list[dict[str, Any]]:
+async def run_arm(
+    arm: str, rows_in: list[dict[str, Any]], cloud_url: str, bound: float | None = None
+) -> list[dict[str, Any]]:
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.local.resolve import resolve_model
 
@@ -96,7 +105,11 @@ async def run_arm(arm: str, rows_in: list[dict[str, Any]], cloud_url: str) -> li
     if arm in ("cloud", "hybrid"):
         cloud = OpenAIEngine(base_url=cloud_url, api_key=API_KEY, model=ALIAS, timeout=120.0)
     prefer = "cloud" if arm == "cloud" else "local"
-    policy = Policy(name=f"tools-{arm}", routing={"prefer": prefer, "retries": 0})
+    policy = Policy(
+        name=f"tools-{arm}",
+        routing={"prefer": prefer, "retries": 0},
+        tools={"min_call_confidence": bound if arm == "hybrid" else None},
+    )
     out = []
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         for i, item in enumerate(rows_in):
@@ -126,8 +139,38 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def calibrate(
+    local: list[dict[str, Any]], cloud: list[dict[str, Any]], max_share: float
+) -> dict[str, Any]:
+    """The `min_call_confidence` that maximises the hybrid's accuracy on these items with at
+    most `max_share` of them sent to the cloud: a local call below the bound is answered by
+    the cloud (`cloud`'s row for the same item), every other local answer stands. Returns the
+    bound, its accuracy and share, and the whole curve."""
+    pairs = list(zip(local, cloud, strict=True))
+    bounds = sorted({r["confidence"] for r in local if r["confidence"] is not None})
+    curve = []
+    for bound in [0.0, *[b + 1e-9 for b in bounds]]:
+        sent = [c for lo, c in pairs if lo["confidence"] is not None and lo["confidence"] < bound]
+        kept = [lo for lo, c in pairs if not (lo["confidence"] is not None
+                                              and lo["confidence"] < bound)]  # fmt: skip
+        right = sum(r["right"] for r in sent) + sum(r["right"] for r in kept)
+        curve.append(
+            {"bound": bound, "accuracy": right / len(pairs), "share": len(sent) / len(pairs)}
+        )
+    fits = [c for c in curve if c["share"] <= max_share]
+    best = max(fits, key=lambda c: (c["accuracy"], -c["share"]))
+    return best | {"curve": curve}
+
+
 def render(res: dict[str, Any]) -> str:
-    lines = [f"CPU: {res['cpu']}; {res['n']} items per category", ""]
+    lines = [f"CPU: {res['cpu']}; {res['n']} items per category; hybrid bound {res['bound']}"]
+    cal = res.get("calibration")
+    if cal:
+        lines.append(
+            f"calibrated on other items: bound {cal['bound']:.3f}, predicted accuracy "
+            f"{cal['accuracy']:.2f} at a cloud share of {cal['share']:.0%}"
+        )
+    lines.append("")
     cats = list(bfcl.CATEGORIES)
     lines.append("arm      " + "".join(f"{c:>15}" for c in cats) + "    overall  valid calls"
                  "  cloud   TTFT p50 / p95  errors")  # fmt: skip
@@ -146,14 +189,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import HybridServer
 
-    chosen = items(args.n)
     res: dict[str, Any] = {"cpu": cpu_model(), "n": args.n, "arms": {}, "rows": {}}
     model = resolve_model(CLOUD, pull=True)
     with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
         url = f"http://127.0.0.1:{server.port}/v1"
+        if args.calibrate:  # the held-out items follow the calibration ones
+            cal = items(args.calibrate, skip=args.n)
+            local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+            res["calibration"] = calibrate(local, cloud, args.max_share)
+            args.bound = res["calibration"]["bound"]
+        res["bound"] = args.bound
         for arm in args.arms.split(","):
             t0 = time.perf_counter()
-            rows = await run_arm(arm, chosen, url)
+            rows = await run_arm(arm, items(args.n), url, args.bound)
             res["rows"][arm] = rows
             res["arms"][arm] = summarise(rows) | {"wall_s": time.perf_counter() - t0}
     return res
@@ -165,6 +213,12 @@ def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10, help="items per category")
     ap.add_argument("--arms", default="local,cloud,hybrid")
+    ap.add_argument("--bound", type=float, help="the hybrid's [tools] min_call_confidence")
+    ap.add_argument(
+        "--calibrate", type=int, default=0, metavar="M",
+        help="first choose the bound on the M items per category after the first --n",
+    )  # fmt: skip
+    ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bound may use")
     ap.add_argument("--json", help="write the rows and the summary here")
     args = ap.parse_args()
     res = anyio.run(main, args)
