@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridllm.errors import ConfigError
-from hybridllm.guard.privacy import Finding, Texts, scan
+from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
 
 NerMode = Literal["auto", "on", "off"]
@@ -361,16 +361,12 @@ class PrivacyScanner:
 
 
 def _ner_items(texts: Texts, extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(location, text) the NER layer reads: every string but a message's role."""
+    """(location, text) the NER layer reads: every string but a message's role (a tool
+    call's arguments and a tool's result included: `privacy.message_texts`)."""
     if isinstance(texts, str):
         items = [("text", texts)]
     else:
-        items = [
-            (f"messages[{i}].{key}", value)
-            for i, message in enumerate(texts)
-            for key, value in message.items()
-            if isinstance(value, str) and key != "role"
-        ]
+        items = [(loc, text) for loc, text in message_texts(texts) if not loc.endswith(".role")]
     items += [(loc, text) for loc, text in extra if not loc.endswith(".role")]
     return items
 
