@@ -12,6 +12,14 @@ the endpoint refuses the key (401/403), that request fails with `AuthenticationE
 engine stops sending. Either way `info().unavailable` gives the reason (routing then serves
 locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
 `CloudUnavailableError` (nothing sent) until `set_api_key()` gives a new key.
+
+Tools (`GenerationRequest.tools`): `tools`, `tool_choice` and `response_format` are sent as the
+caller gave them (`ToolSpec.wire()`), and a tool loop's messages whole (an assistant message's
+`tool_calls`, a tool message's `tool_call_id`). The streamed `delta.tool_calls` pieces are
+assembled into complete calls (`engines.call_deltas`), each yielded as one `Called`, never
+partial; text deltas stream as before. An answer that called finishes with "tool_calls" (also
+where OpenAI says "stop": a call `tool_choice` forced). A malformed piece is a
+`CloudProtocolError`; whether a call is valid is the runtime's check (`runtime.checked`).
 """
 
 from __future__ import annotations

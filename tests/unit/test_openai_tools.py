@@ -165,7 +165,7 @@ async def test_a_tool_loop_goes_out_whole(endpoint: Endpoint) -> None:
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
     }
-    loop = [
+    loop: list[dict[str, Any]] = [
         *ASK,
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "sunny"}'},
