@@ -188,10 +188,11 @@ def _json_bytes(value: object) -> int:
 
 
 def _arguments_bytes(arguments: str) -> int:
-    """A call's arguments as a template may write them: as given, or parsed and written again
-    (`tojson`: spaces after separators, escapes), whichever is more."""
+    """A call's arguments as a template may write them: as given, as a JSON string (Qwen2.5's
+    template writes the text through `tojson`: quotes and escapes escaped again), or parsed and
+    written again (spaces after separators, escapes), whichever is more."""
     try:
         parsed = json.loads(arguments)
     except ValueError:
         return _json_bytes(arguments)
-    return max(len(arguments.encode("utf-8")), _json_bytes(parsed))
+    return max(_json_bytes(arguments), _json_bytes(parsed))

@@ -84,6 +84,17 @@ def test_an_address_in_call_arguments_is_found_by_the_ner_layer() -> None:
     assert ("address", where) in [(f.kind, f.location) for f in found]
 
 
+def test_the_ner_layer_reads_the_tool_definitions_apart_and_locates_them() -> None:
+    scanner = default_scanner()
+    if not scanner.deep:
+        pytest.skip("the NER layer (hybridllm[privacy]) is not installed")
+    tools = spec(weather(f"Deliveries go to {ADDRESS}, London."))
+    messages = loop('{"city": "Paris"}', "sunny")
+    found = scanner.scan(messages, extra=tool_texts(tools))
+    assert ("address", "tools[0].function.description") in [(f.kind, f.location) for f in found]
+    assert not [f for f in found if f.location.startswith("messages")]
+
+
 def test_every_string_of_the_tool_definitions_is_scanned_and_located() -> None:
     tools = spec(weather(f"Mail {EMAIL} on failure.", unit_doc=f"ask {EMAIL}"))
     texts = dict(tool_texts(tools))
@@ -175,6 +186,11 @@ def test_the_bound_counts_the_call_arguments_in_messages() -> None:
     long = loop(json.dumps({"city": "Paris", "note": "x" * 3_000}), "sunny")
     assert prompt_token_bound(long) - prompt_token_bound(short) >= 3_000
     assert estimate_prompt_tokens(long) > estimate_prompt_tokens(short) + 500
+    # Qwen2.5's template writes the arguments text through `tojson`: escaped once more
+    accented = json.dumps({"city": "Zürich", "note": "é" * 100})
+    written = len(json.dumps(accented))  # each "\u00e9" becomes "\\u00e9"
+    empty = prompt_token_bound(loop("", "sunny"))
+    assert prompt_token_bound(loop(accented, "sunny")) - empty >= written - 2
 
 
 def test_the_reservation_holds_the_tools() -> None:
