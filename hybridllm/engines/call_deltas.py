@@ -77,6 +77,11 @@ class CallAssembler:
         self.handed = 0  # calls handed back
         self.received = False  # whether any piece came (content received)
 
+    @property
+    def pending(self) -> int:
+        """Calls begun and not handed back."""
+        return len(self._open)
+
     def _error(self, problem: str) -> CloudProtocolError:
         return CloudProtocolError(
             f"malformed tool call from {self.endpoint}: {problem}", received_content=self.received

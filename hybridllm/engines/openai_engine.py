@@ -487,6 +487,12 @@ def _finished(request: GenerationRequest, seen: _Seen) -> Finish:
             "its interrupt_requests on, to an answer while another request waits)",
             received_content=seen.received,
         )
+    if seen.calls.pending:
+        raise errors.CloudProtocolError(
+            f"tool call pieces came after the finish reason ({seen.calls.pending} call(s) "
+            "never finished)",
+            received_content=True,
+        )
     estimated = seen.prompt_tokens is None or seen.completion_tokens is None
     prompt_tokens = seen.prompt_tokens
     if prompt_tokens is None:

@@ -314,6 +314,12 @@ async def test_a_piece_without_an_index_is_a_protocol_error(endpoint: Endpoint) 
         await play(endpoint)
 
 
+async def test_a_call_begun_after_the_finish_reason_is_a_protocol_error(endpoint: Endpoint) -> None:
+    endpoint.chunks = [chunk({"content": "Hi."}, "stop"), calls(opens(0, "c1", "set_timer"))]
+    with pytest.raises(CloudProtocolError, match="after the finish reason"):
+        await play(endpoint)
+
+
 # ---- the assembler, piece by piece -----------------------------------------------------------
 
 
