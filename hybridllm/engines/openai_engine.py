@@ -12,6 +12,14 @@ the endpoint refuses the key (401/403), that request fails with `AuthenticationE
 engine stops sending. Either way `info().unavailable` gives the reason (routing then serves
 locally and says why), a `RuntimeWarning` says it once, and `stream()` raises
 `CloudUnavailableError` (nothing sent) until `set_api_key()` gives a new key.
+
+Tools (`GenerationRequest.tools`): `tools`, `tool_choice` and `response_format` are sent as the
+caller gave them (`ToolSpec.wire()`), and a tool loop's messages whole (an assistant message's
+`tool_calls`, a tool message's `tool_call_id`). The streamed `delta.tool_calls` pieces are
+assembled into complete calls (`engines.call_deltas`), each yielded as one `Called`, never
+partial; text deltas stream as before. An answer that called finishes with "tool_calls" (also
+where OpenAI says "stop": a call `tool_choice` forced). A malformed piece is a
+`CloudProtocolError`; whether a call is valid is the runtime's check (`runtime.checked`).
 """
 
 from __future__ import annotations
@@ -41,11 +49,14 @@ from hybridllm.engines.base import (
     chat_messages,
     estimate_prompt_tokens,
 )
+from hybridllm.engines.call_deltas import CallAssembler
 from hybridllm.engines.capabilities import Endpoint, Outgoing
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
+from hybridllm.engines.tokens import estimate_text_tokens
 from hybridllm.events import (
     PRIORITIES,
+    Called,
     Chunk,
     Delta,
     EngineName,
@@ -227,7 +238,7 @@ class OpenAIEngine:
         `max_context` leaves after the (estimated) prompt, in the field the endpoint accepts."""
         sent = request.max_tokens
         if self.max_context is not None:
-            prompt = estimate_prompt_tokens(self._messages(request))
+            prompt = estimate_prompt_tokens(self._messages(request), request.tools)
             sent = max(1, min(sent, self.max_context - prompt))
         param = self.token_limit_param
         if param == "auto":
@@ -249,14 +260,17 @@ class OpenAIEngine:
             kwargs["stop"] = list(request.stop)
         if self.include_usage:
             kwargs["stream_options"] = {"include_usage": True}
+        if request.tools is not None:  # tools, tool_choice, response_format: as given
+            kwargs.update(request.tools.wire())
         if request.assistant_prefix and self.continuation == "continue_final_message":
             extra = dict(kwargs.get("extra_body") or {})
             kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
         return kwargs
 
-    def _messages(self, request: GenerationRequest) -> list[dict[str, str]]:
+    def _messages(self, request: GenerationRequest) -> list[dict[str, Any]]:
         """The chat messages (a continuation's included: `engines.base.chat_messages`, or the
-        delivered text as the open final message: `continuation`)."""
+        delivered text as the open final message: `continuation`), each whole: an assistant
+        message's `tool_calls` and a tool message's `tool_call_id` go as given."""
         if request.assistant_prefix and self.continuation == "continue_final_message":
             final = {"role": "assistant", "content": request.assistant_prefix}
             return [*(dict(m) for m in request.messages), final]
@@ -271,7 +285,7 @@ class OpenAIEngine:
         client, key = await self._ready_client(), self.api_key
         limit = self.token_limit(request)
         kwargs = self._fields(request, limit)
-        seen = _Seen()
+        seen = _Seen(CallAssembler(self.base_url or "the endpoint"))
         limited = self.limit.max_concurrency is not None
         if limited:
             yield Mark("queued", clock.now())
@@ -418,17 +432,28 @@ def _count(value: object) -> int | None:
 
 @dataclass
 class _Seen:
-    """What a cloud stream has told so far: text received, deltas, its finish and its usage."""
+    """What a cloud stream has told so far: text received, deltas, the tool calls being
+    assembled, its finish and its usage."""
 
+    calls: CallAssembler
     received: bool = False
     n_deltas: int = 0
     finish: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    call_tokens: int = 0  # the assembled calls' tokens, estimated (for usage not reported)
+
+    def called(self, calls: list[Called]) -> list[Called]:
+        """`calls`, noted: content received, and their tokens."""
+        for call in calls:
+            self.received = True
+            self.call_tokens += estimate_text_tokens(call.name + call.arguments)
+        return calls
 
 
-def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta]:
-    """The text of one streamed chunk, as deltas; its usage and finish reason noted in `seen`."""
+def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called]:
+    """One streamed chunk's text, as deltas, and the tool calls it completes (assembled from
+    `delta.tool_calls`: `engines.call_deltas`); its usage and finish reason noted in `seen`."""
     usage = getattr(chunk, "usage", None)
     if usage is not None:  # (counts that are not counts: estimated instead)
         seen.prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
@@ -438,13 +463,19 @@ def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta]:
         if text:
             if not isinstance(text, str):  # the SDK does not validate chunks
                 raise TypeError(f"delta content is {type(text).__name__}")
-            seen.received = True
+            seen.received = seen.calls.received = True
             seen.n_deltas += 1
             yield Delta(text, clock.now())
+        pieces = (getattr(choice.delta, "tool_calls", None) if choice.delta else None) or ()
+        if not isinstance(pieces, list | tuple):
+            raise TypeError(f"delta tool_calls is {type(pieces).__name__}")
+        for piece in pieces:
+            yield from seen.called(seen.calls.add(piece))
         if choice.finish_reason:
             if not isinstance(choice.finish_reason, str):
                 raise TypeError(f"finish_reason is {type(choice.finish_reason).__name__}")
             seen.finish = choice.finish_reason
+            yield from seen.called(seen.calls.finish(seen.finish))
 
 
 def _finished(request: GenerationRequest, seen: _Seen) -> Finish:
@@ -456,15 +487,23 @@ def _finished(request: GenerationRequest, seen: _Seen) -> Finish:
             "its interrupt_requests on, to an answer while another request waits)",
             received_content=seen.received,
         )
+    if seen.calls.pending:
+        raise errors.CloudProtocolError(
+            f"tool call pieces came after the finish reason ({seen.calls.pending} call(s) "
+            "never finished)",
+            received_content=True,
+        )
     estimated = seen.prompt_tokens is None or seen.completion_tokens is None
     prompt_tokens = seen.prompt_tokens
     if prompt_tokens is None:
-        prompt_tokens = estimate_prompt_tokens(chat_messages(request))
+        prompt_tokens = estimate_prompt_tokens(chat_messages(request), request.tools)
     completion_tokens = seen.completion_tokens
-    if completion_tokens is None:
-        completion_tokens = seen.n_deltas  # servers send about one delta per token
+    if completion_tokens is None:  # servers send about one delta per token
+        completion_tokens = seen.n_deltas + seen.call_tokens
+    # an answer that called (OpenAI says "stop" when tool_choice names the tool)
+    called = seen.calls.handed > 0 and seen.finish == "stop"
     return Finish(
-        seen.finish,
+        "tool_calls" if called else seen.finish,
         prompt_tokens,
         completion_tokens,
         clock.now(),

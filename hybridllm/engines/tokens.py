@@ -34,13 +34,27 @@ one sentence or snippet each, against the estimate):
 The weights are the midpoint the two vocabularies leave: SmolLM2 splits non-Latin text up to
 twice as finely as the estimate and Qwen up to half as finely; for Latin text and code both are
 within about 15% of it. Where the real count matters, a loaded tokenizer answers instead.
+
+Tools count too (`tools=`, a request's `ToolSpec`): a chat template writes the tool definitions
+into the prompt (Qwen2.5: a system block of about 380 characters of instructions, then each
+definition as JSON; OpenAI: a TypeScript-like namespace, more compact than the JSON), and the
+arguments of the tool calls in earlier assistant messages. The estimate adds the definitions'
+JSON, the calls' names and arguments, and the template's words around them; the bound adds, one
+token per byte, the definitions and the response format as `tojson` writes them (every non-ASCII
+character escaped, HTML-unsafe characters escaped as Jinja's filter does), every string a message
+carries besides its role (tool calls, `tool_call_id`, `name`), and the wrappers around them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridllm.tools import ToolSpec
 
 # chat-template tokens the estimate adds (role markers, separators; the assistant turn's start)
 TEMPLATE_TOKENS_PER_MESSAGE = 4
@@ -48,6 +62,14 @@ TEMPLATE_TOKENS_PER_PROMPT = 3
 # what the bound adds: 8 tokens per message, and 64 per request for a default system prompt
 BOUND_TOKENS_PER_MESSAGE = 8
 BOUND_TOKENS_PER_PROMPT = 64
+# tools: the template's instructions around the definitions (Qwen2.5's: about 95 tokens, 380
+# bytes), words around each definition and each call (`<tool_call>{"name": ..., "arguments":
+# ...}</tool_call>`: about 12 tokens, 48 bytes)
+TEMPLATE_TOKENS_FOR_TOOLS = 100
+TEMPLATE_TOKENS_PER_CALL = 12
+BOUND_TOKENS_FOR_TOOLS = 512
+BOUND_TOKENS_PER_TOOL = 16
+BOUND_TOKENS_PER_CALL = 48
 
 # (character class, tokens per character); whatever no class names counts 1 token per character
 _LETTERS = re.compile(r"[^A-Za-z]")  # these patterns match what is NOT in the class
@@ -91,18 +113,86 @@ def estimate_text_tokens(text: str) -> int:
     return max(1, math.ceil(tokens))
 
 
-def estimate_prompt_tokens(messages: Sequence[Mapping[str, str]]) -> int:
-    """The prompt's tokens for a chat template, estimated from its text (no tokenizer)."""
-    return (
-        sum(
-            TEMPLATE_TOKENS_PER_MESSAGE + estimate_text_tokens(str(m.get("content", "")))
-            for m in messages
-        )
-        + TEMPLATE_TOKENS_PER_PROMPT
-    )
+def estimate_prompt_tokens(
+    messages: Sequence[Mapping[str, Any]], tools: ToolSpec | None = None
+) -> int:
+    """The prompt's tokens for a chat template, estimated from its text (no tokenizer): the
+    messages' contents, the tool calls they carry and the tool definitions (`tools`)."""
+    total = TEMPLATE_TOKENS_PER_PROMPT
+    for m in messages:
+        total += TEMPLATE_TOKENS_PER_MESSAGE + estimate_text_tokens(str(m.get("content") or ""))
+        for name, arguments in _calls(m):
+            total += TEMPLATE_TOKENS_PER_CALL + estimate_text_tokens(name + arguments)
+    if tools is not None and tools.tools:
+        total += TEMPLATE_TOKENS_FOR_TOOLS
+        total += sum(estimate_text_tokens(json.dumps(t.raw)) for t in tools.tools)
+    return total
 
 
-def prompt_token_bound(messages: Sequence[Mapping[str, str]]) -> int:
-    """An upper bound on the prompt tokens any endpoint counts for these chat messages."""
-    content = sum(len(str(m.get("content", "")).encode("utf-8")) for m in messages)
-    return content + BOUND_TOKENS_PER_MESSAGE * len(messages) + BOUND_TOKENS_PER_PROMPT
+def prompt_token_bound(messages: Sequence[Mapping[str, Any]], tools: ToolSpec | None = None) -> int:
+    """An upper bound on the prompt tokens any endpoint counts for these chat messages, and
+    the tool definitions and response format of `tools`."""
+    total = BOUND_TOKENS_PER_MESSAGE * len(messages) + BOUND_TOKENS_PER_PROMPT
+    for m in messages:
+        for key, value in m.items():
+            if key not in ("role", "tool_calls"):
+                total += sum(len(text.encode("utf-8")) for text in _strings(value))
+        for name, arguments in _calls(m):
+            total += BOUND_TOKENS_PER_CALL + _json_bytes(name) + _arguments_bytes(arguments)
+    if tools is not None:
+        if tools.tools:
+            total += BOUND_TOKENS_FOR_TOOLS + BOUND_TOKENS_PER_TOOL * len(tools.tools)
+            total += sum(_json_bytes(t.raw) for t in tools.tools)
+        if tools.response_format is not None:
+            total += _json_bytes(tools.response_format.raw)
+    return total
+
+
+def _calls(message: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(name, arguments) of each tool call an assistant message carries (what it lacks: "")."""
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list | tuple) else ():
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(fn, Mapping):
+            name, arguments = fn.get("name"), fn.get("arguments")
+            yield (
+                name if isinstance(name, str) else "",
+                arguments if isinstance(arguments, str) else "",
+            )
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string in a JSON-like value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+_HTML_UNSAFE = re.compile(r"[<>&']")  # Jinja's `tojson` writes each as \u00XX (6 bytes)
+
+
+def _json_bytes(value: object) -> int:
+    """The most bytes `value` takes in a prompt: its UTF-8 (a string as it is), or as JSON
+    with every non-ASCII and HTML-unsafe character escaped, whichever is more."""
+    if isinstance(value, str):
+        raw = len(value.encode("utf-8"))
+        return max(raw, len(json.dumps(value)) + 5 * len(_HTML_UNSAFE.findall(value)))
+    text = json.dumps(value, default=str)
+    return len(text) + 5 * len(_HTML_UNSAFE.findall(text))
+
+
+def _arguments_bytes(arguments: str) -> int:
+    """A call's arguments as a template may write them: as given, as a JSON string (Qwen2.5's
+    template writes the text through `tojson`: quotes and escapes escaped again), or parsed and
+    written again (spaces after separators, escapes), whichever is more."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return _json_bytes(arguments)
+    return max(_json_bytes(arguments), _json_bytes(parsed))

@@ -6,14 +6,16 @@
 Like an httpx transport middleware, it sees every request the orchestrator sends to the cloud:
 the first attempt, a retry, a fallback, a hedge, a mid-stream continuation (whose
 `assistant_prefix` carries local text) and anything a later plan sends through `stream()`. Before
-any byte leaves, it scans the whole request (every chat message, a continuation's included, and
-every string in the engine options) and raises `PrivacyBlockedError` on a finding (mode
+any byte leaves, it scans the whole request (every chat message, a continuation's included, with
+the tool calls and tool results it carries; every string of the tool definitions and response
+format; every string in the engine options) and raises `PrivacyBlockedError` on a finding (mode
 "keep-local"); then it reserves the worst-case cost or raises `BudgetExceededError`. Both
 refusals are typed and not retryable: the orchestrator answers from the local engine instead, and
 the reason says privacy or budget.
 
 The reservation is settled in a `finally`, so every way a stream ends is accounted for: from the
-`Finish` chunk's reported usage; from counted deltas (and the prompt bound) when usage is missing,
+`Finish` chunk's reported usage; from counted deltas and tool calls (their tokens estimated) and
+the prompt bound (which counts the tool definitions) when usage is missing,
 the consumer left early, the request was cancelled or failed mid-answer; released when the request
 was never sent (the engine yielded no `RequestSent` mark, which it yields just before sending, no
 text and no `Finish`) or the endpoint answered with an HTTP error status (not billed). A settle
@@ -74,6 +76,7 @@ from hybridllm.engines.base import (
 )
 from hybridllm.engines.capabilities import Endpoint, Outgoing, SetsApiKey, VerifiesAtEndpoint
 from hybridllm.engines.options import OpenAIOptions
+from hybridllm.engines.tokens import estimate_text_tokens
 from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
@@ -81,9 +84,9 @@ from hybridllm.errors import (
     PolicyError,
     PrivacyBlockedError,
 )
-from hybridllm.events import Chunk, Delta, EngineName, Finish, RequestSent
+from hybridllm.events import Called, Chunk, Delta, EngineName, Finish, RequestSent
 from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
-from hybridllm.guard.privacy import Finding, kinds
+from hybridllm.guard.privacy import Finding, kinds, message_texts, strings, tool_texts
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
 log = logging.getLogger(__name__)
@@ -120,8 +123,9 @@ class RequestContext:
 
 def request_token_bound(request: GenerationRequest) -> int:
     """The prompt tokens a reservation holds for `request`: `prompt_token_bound` of the chat
-    messages it sends (a continuation's included)."""
-    return prompt_token_bound(chat_messages(request))
+    messages it sends (a continuation's included, tool calls and results with them) and of its
+    tool definitions and response format."""
+    return prompt_token_bound(chat_messages(request), request.tools)
 
 
 def request_output_bound(request: GenerationRequest) -> int:
@@ -145,27 +149,16 @@ def _count(value: object) -> int:
 
 
 def request_texts(request: GenerationRequest) -> Iterator[tuple[str, str]]:
-    """(location, text) for every string that would leave with the request."""
-    for i, message in enumerate(chat_messages(request)):
-        for key, value in message.items():
-            if isinstance(value, str):
-                yield f"messages[{i}].{key}", value
+    """(location, text) for every string that would leave with the request: the chat messages
+    (tool calls' arguments and tool results included), the tool definitions and response
+    format, the engine options."""
+    yield from message_texts(chat_messages(request))
+    yield from tool_texts(request.tools)
     for option in request.options:
         if is_dataclass(option):
             for f in fields(option):
                 where = f"options.{type(option).__name__}.{f.name}"
-                yield from _strings(where, getattr(option, f.name))
-
-
-def _strings(where: str, value: object) -> Iterator[tuple[str, str]]:
-    if isinstance(value, str):
-        yield where, value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _strings(f"{where}.{k}", v)
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            yield from _strings(f"{where}[{i}]", v)
+                yield from strings(where, getattr(option, f.name))
 
 
 def _usage(data: Mapping[str, Any]) -> TokenUsage | None:
@@ -471,6 +464,9 @@ class GuardedEngine:
                         deltas += 1
                         if reservation is not None and deltas > reservation.max_tokens:
                             break  # past the bound it was reserved for: cut here
+                    elif isinstance(chunk, Called):  # a whole call: its tokens, estimated
+                        sent = True
+                        deltas += estimate_text_tokens(chunk.name + chunk.arguments)
                     elif isinstance(chunk, Finish):
                         sent = True
                         finish = chunk

@@ -12,6 +12,12 @@ Numbers are validated (checksums, number plans) so that dates, versions, order n
 hex digests in ordinary prose and code are not flagged. A `Finding` keeps the kind, where it was
 and a redacted hint (at most "card ****1111"): never the matched text, so findings can go into
 traces, logs and error messages.
+
+What is scanned is every string a request sends (`message_texts`, `tool_texts`): each message's
+content and other fields, the arguments of the tool calls an assistant message carries
+("messages[2].tool_calls[0].function.arguments", as the JSON text that is sent), the results in
+"tool" messages (their content), and every string of the tool definitions and the response
+format ("tools[0].function.description", "tools[0].function.parameters.properties.unit.enum[1]").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hybridllm.guard.privacy_rules import (
     DETECTORS,
@@ -32,6 +39,9 @@ from hybridllm.guard.privacy_rules import (
     ssn_ok,
 )
 
+if TYPE_CHECKING:
+    from hybridllm.tools import ToolSpec
+
 __all__ = [
     "Finding",
     "Kind",
@@ -39,10 +49,13 @@ __all__ = [
     "iban_ok",
     "kinds",
     "luhn_ok",
+    "message_texts",
     "scan",
     "scan_text",
     "shannon_bits",
     "ssn_ok",
+    "strings",
+    "tool_texts",
 ]
 
 
@@ -127,19 +140,46 @@ def scan_text(text: str, location: str = "text") -> list[Finding]:
 Texts = str | Iterable[Mapping[str, object]]
 
 
+def strings(where: str, value: object) -> Iterator[tuple[str, str]]:
+    """(location, text) for every string in a JSON-like value (mapping keys excepted)."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from strings(f"{where}.{k}", v)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from strings(f"{where}[{i}]", v)
+
+
+def message_texts(messages: Iterable[Mapping[str, object]]) -> Iterator[tuple[str, str]]:
+    """(location, text) for every string chat messages send: contents (a tool result's
+    included), names, ids, and the tool calls' names and arguments."""
+    for i, message in enumerate(messages):
+        for key, value in message.items():
+            yield from strings(f"messages[{i}].{key}", value)
+
+
+def tool_texts(spec: ToolSpec | None) -> Iterator[tuple[str, str]]:
+    """(location, text) for every string of a request's tool definitions and response format,
+    as sent (`ToolSpec.wire()`: "tools[0].function.description", "tool_choice.function.name",
+    "response_format.json_schema.schema...")."""
+    if spec is not None:
+        for key, value in spec.wire().items():
+            yield from strings(key, value)
+
+
 def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Finding, ...]:
-    """Scan a text, or chat messages (every string value of each message); `extra` adds
-    (location, text) pairs such as an assistant prefix. The conversation is also scanned as the
-    cloud reads it, the contents back to back (`across_messages`), so a value split over two
-    messages (an email's user name in one turn, its domain in the next) is found too."""
+    """Scan a text, or chat messages (every string of each message: `message_texts`); `extra`
+    adds (location, text) pairs such as an assistant prefix or the tools (`tool_texts`). The
+    conversation is also scanned as the cloud reads it, the contents back to back
+    (`across_messages`), so a value split over two messages (an email's user name in one turn,
+    its domain in the next) is found too."""
     items: list[tuple[str, str]] = []
     if isinstance(texts, str):
         items.append(("text", texts))
     else:
-        for i, message in enumerate(texts):
-            for key, value in message.items():
-                if isinstance(value, str):
-                    items.append((f"messages[{i}].{key}", value))
+        items.extend(message_texts(texts))
     items.extend(extra)
     out: list[Finding] = []
     for location, text in items:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridllm.errors import ConfigError
-from hybridllm.guard.privacy import Finding, Texts, scan
+from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
 
 NerMode = Literal["auto", "on", "off"]
@@ -58,6 +58,8 @@ ENTITY_KIND = {
     "NATIONAL_ID": "national_id",
 }
 NER_KINDS = frozenset(ENTITY_KIND.values())
+# the locations of a request's tool definitions and response format (`privacy.tool_texts`)
+DEFINITIONS = ("tools[", "tool_choice", "response_format")
 _KIND_ENTITY = {kind: entity for entity, kind in ENTITY_KIND.items()}
 _CACHE = 16  # recent (text, languages) results kept
 PIECE = 1_000  # characters of a long text the NER layer reads at once (see `pieces`)
@@ -347,7 +349,9 @@ class PrivacyScanner:
     def scan(
         self, texts: Texts, *, extra: Iterable[tuple[str, str]] = (), deep: bool = True
     ) -> tuple[Finding, ...]:
-        """`privacy.scan`'s findings, then (`deep`) the NER layer's over the conversation."""
+        """`privacy.scan`'s findings, then (`deep`) the NER layer's over the conversation, and
+        over the tool definitions and response format apart (`DEFINITIONS`): they are the same
+        from one turn of a tool loop to the next, so the layer's cache reads them once."""
         extra = list(extra)
         found = scan(texts, extra=extra)
         if not deep or self._layer is None:
@@ -356,21 +360,22 @@ class PrivacyScanner:
             _warn_once(self._layer.status())
             return found
         items = _ner_items(texts, extra)
-        joined = _SEP.join(text for _, text in items)
-        return (*found, *_located(items, self._layer.find(joined)))
+        definitions = [item for item in items if item[0].startswith(DEFINITIONS)]
+        conversation = [item for item in items if not item[0].startswith(DEFINITIONS)]
+        for part in (conversation, definitions):
+            if part:
+                joined = _SEP.join(text for _, text in part)
+                found = (*found, *_located(part, self._layer.find(joined)))
+        return found
 
 
 def _ner_items(texts: Texts, extra: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(location, text) the NER layer reads: every string but a message's role."""
+    """(location, text) the NER layer reads: every string but a message's role (a tool
+    call's arguments and a tool's result included: `privacy.message_texts`)."""
     if isinstance(texts, str):
         items = [("text", texts)]
     else:
-        items = [
-            (f"messages[{i}].{key}", value)
-            for i, message in enumerate(texts)
-            for key, value in message.items()
-            if isinstance(value, str) and key != "role"
-        ]
+        items = [(loc, text) for loc, text in message_texts(texts) if not loc.endswith(".role")]
     items += [(loc, text) for loc, text in extra if not loc.endswith(".role")]
     return items
 
