@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridllm.errors import InvalidArgumentError
+from hybridllm.local import loader
 from hybridllm.tools import ResponseFormat, Tool, ToolSpec
 
 __all__ = [
@@ -147,10 +148,9 @@ def answer_gbnf(fmt: ResponseFormat) -> str:
 
 
 def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf  # heavy: only when constraining
-
+    grammars = loader.llama_cpp_part("llama_grammar")  # heavy: only when constraining
     try:
-        body = json_schema_to_gbnf(json.dumps(schema))
+        body = grammars.json_schema_to_gbnf(json.dumps(schema))
     except (ValueError, KeyError, TypeError, NotImplementedError, AssertionError) as exc:
         rule = f"a schema llama.cpp's grammar converter supports ({exc})"
         raise InvalidArgumentError(at, schema, rule) from None
