@@ -40,7 +40,16 @@ from hybridllm.engines.llama.session import (
 from hybridllm.engines.llama.thread import LlamaThread, loop_caller, run_on_llama_thread
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
-from hybridllm.events import PRIORITIES, Chunk, Delta, EngineName, Finish, Mark, Resumed
+from hybridllm.events import (
+    PRIORITIES,
+    Called,
+    Chunk,
+    Delta,
+    EngineName,
+    Finish,
+    Mark,
+    Resumed,
+)
 from hybridllm.local.models import default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
@@ -395,19 +404,21 @@ class LlamaCppEngine:
 
     async def _decode(
         self, session: LlamaSession, gen: Generation, turn: Turn
-    ) -> AsyncGenerator[Delta, None]:
+    ) -> AsyncGenerator[Delta | Called, None]:
         """Decode on the llama thread without pausing between tokens; stop when told, or
-        before the next step once a more urgent request preempts this one (`turn.preempt`)."""
-        send, recv = anyio.create_memory_object_stream[Delta](math.inf)
+        before the next step once a more urgent request preempts this one (`turn.preempt`).
+        A tool call comes as one `Called` once its JSON is complete (never as text)."""
+        send, recv = anyio.create_memory_object_stream[Delta | Called](math.inf)
         stop = threading.Event()
         finished = anyio.Event()
         post = loop_caller()
 
-        def push(delta: Delta) -> None:
+        def push(delta: Delta | Called) -> None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait(delta)
 
         cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
+        sent = [len(gen.calls)]  # calls already delivered (a resumed generation has some)
 
         def decode() -> None:
             try:
@@ -419,6 +430,10 @@ class LlamaCppEngine:
                     self.steps_total += 1
                     if text:
                         post(partial(push, Delta(text, clock.now())))
+                    while len(gen.calls) > sent[0]:
+                        call = gen.calls[sent[0]]
+                        sent[0] += 1
+                        post(partial(push, Called(call.id, call.name, call.arguments, clock.now())))
                     if text is None or gen.finish_reason is not None:
                         break
             finally:
@@ -451,10 +466,10 @@ class LlamaCppEngine:
 
     def _draft_for(self, request: GenerationRequest) -> DraftMode | None:
         """The drafting a request gets: its `LlamaOptions.draft`, else the engine's; greedy
-        requests only."""
+        requests without tools only (a call or JSON answer is sampled under a grammar)."""
         options = request.option(LlamaOptions)
         mode = self.draft if options is None or options.draft is None else options.draft
-        if mode != "prompt-lookup" or request.temperature > 0:
+        if mode != "prompt-lookup" or request.temperature > 0 or request.tools is not None:
             return None
         return "prompt-lookup"
 

@@ -115,6 +115,8 @@ async def _mapped(work: Awaitable[T]) -> T:
         return await work
     except errors.ContextOverflowError as exc:
         raise ApiError(400, str(exc), param="messages", code="context_length_exceeded") from exc
+    except errors.InvalidArgumentError as exc:  # e.g. a schema no grammar can constrain
+        raise ApiError(400, str(exc), param=exc.argument) from exc
     except errors.ConfigError as exc:
         raise ApiError(400, str(exc)) from exc
     except errors.HybridError as exc:

@@ -10,16 +10,19 @@ from contextlib import aclosing
 from typing import Any
 
 from hybridllm import errors
+from hybridllm.engines import validate
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.llama.served import Prepared, ServedModel
+from hybridllm.engines.llama.toolcalls import ParsedCall
 from hybridllm.server.schema import ApiError, ChatBody
+from hybridllm.tools import tool_spec
 
 
 def request_for(body: ChatBody, n_ctx: int) -> GenerationRequest:
     """The request; with vLLM's `continue_final_message` the final message must be the
     assistant's, and it is continued (the template's assistant turn left open: its text is the
     answer's start, `assistant_prefix`), as vLLM does."""
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [m.message() for m in body.messages]
     prefix = ""
     if body.continue_final_message:
         if body.add_generation_prompt:
@@ -42,7 +45,11 @@ def request_for(body: ChatBody, n_ctx: int) -> GenerationRequest:
             param="add_generation_prompt",
         )
     try:
+        tools = tool_spec(body.tools, body.tool_choice, body.response_format)
+        if any("tool_calls" in m or "tool_call_id" in m for m in messages):
+            messages = list(validate.messages(messages))  # a tool loop: each result answers a call
         return GenerationRequest(
+            tools=tools,
             messages=messages,
             assistant_prefix=prefix,
             max_tokens=body.max_completion_tokens or body.max_tokens or n_ctx,
@@ -67,10 +74,16 @@ def _usage(prepared: Prepared, completion_tokens: int) -> dict[str, int]:
 async def complete(model: ServedModel, prepared: Prepared) -> dict[str, Any]:
     parts: list[str] = []
     finish, completion_tokens = "stop", 0
+    calls: list[ParsedCall] = []
     async with aclosing(model.chat(prepared)) as pieces:
         async for text, gen in pieces:
             parts.append(text)
             finish, completion_tokens = gen.finish_reason or "stop", gen.completion_tokens
+            calls = gen.calls
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
+    if calls:  # OpenAI's shape: the calls, and no content unless text came before them
+        message["content"] = message["content"] or None
+        message["tool_calls"] = [_call(c) for c in calls]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -79,7 +92,7 @@ async def complete(model: ServedModel, prepared: Prepared) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "".join(parts)},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -105,16 +118,19 @@ async def stream(
             extra.setdefault("usage", None)
         return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n".encode()
 
-    def delta(d: dict[str, str], finish: str | None = None) -> bytes:
+    def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
         return event([{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}])
 
     yield delta({"role": "assistant", "content": ""})
-    finish, completion_tokens = "stop", 0
+    finish, completion_tokens, sent = "stop", 0, 0
     try:
         async with aclosing(model.chat(prepared)) as pieces:
             async for text, gen in pieces:
                 if text:
                     yield delta({"content": text})
+                for call in gen.calls[sent:]:  # each call whole, in one chunk
+                    yield delta({"tool_calls": [{"index": sent, **_call(call)}]})
+                    sent += 1
                 finish, completion_tokens = gen.finish_reason or "stop", gen.completion_tokens
     except errors.HybridError as exc:
         body = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
@@ -124,3 +140,12 @@ async def stream(
     if include_usage:
         yield event([], usage=_usage(prepared, completion_tokens))
     yield b"data: [DONE]\n\n"
+
+
+def _call(call: ParsedCall) -> dict[str, Any]:
+    """A call in OpenAI's shape."""
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }

@@ -68,6 +68,17 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (OpenAI's shape)
+    tool_call_id: str | None = None  # a tool result: the call it answers
+
+    def message(self) -> dict[str, Any]:
+        """The message as the engines take it (`engines.base.Message`)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: only text ones are understood
@@ -94,6 +105,10 @@ class ChatBody(_Body):
     continue_final_message: bool = False
     # OpenAI's logit_bias: token id (a string) -> a bias from -100 (banned) to 100
     logit_bias: dict[str, float] | None = None
+    # OpenAI's tools, tool_choice and response_format, checked by `hybridllm.tools.tool_spec`
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def bias(self) -> dict[int, float]:
         """`logit_bias` as token ids; a key that is not a token id or a bias out of range is a

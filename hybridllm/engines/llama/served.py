@@ -150,7 +150,8 @@ class ServedModel:
         vocab = self.n_vocab()
         if logit_bias and any(t >= vocab for t in logit_bias):
             raise errors.ConfigError(f"logit_bias: token ids must be below {vocab}")
-        prepared.logit_bias = logit_bias or None
+        bias = {**(prepared.logit_bias or {}), **(logit_bias or {})}  # a tool ban kept
+        prepared.logit_bias = bias or None
         return prepared
 
     async def chat(self, prepared: Prepared) -> AsyncGenerator[tuple[str, Generation], None]:

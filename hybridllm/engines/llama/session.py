@@ -24,6 +24,13 @@ from typing import Any
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
+from hybridllm.engines.llama.toolcalls import (
+    ParsedCall,
+    ToolPlan,
+    parse_call,
+    template_messages,
+    tool_plan,
+)
 from hybridllm.local import loader
 from hybridllm.local.settings import LlamaSettings
 
@@ -41,6 +48,7 @@ class Prepared:
     stop: tuple[str, ...]
     request: GenerationRequest
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100: banned)
+    tools: ToolPlan | None = None  # calls and JSON answers (`toolcalls`; None: plain text)
 
 
 @dataclass
@@ -58,6 +66,8 @@ class Generation:
     )
     _held: str = ""
     _drafter: PromptLookup | None = None
+    calls: list[ParsedCall] = field(default_factory=list)  # the complete calls, in order
+    _call_at: int | None = None  # where in tokens_out the call being generated starts
 
 
 class LlamaSession:
@@ -100,11 +110,13 @@ class LlamaSession:
         self._eos = self.llm.token_eos()
         self._vocab = self.llm._model.vocab
         self._formatter = self._make_formatter()
+        self._grammars: set[str] = set()  # grammars llama.cpp has parsed once
         self.draft_stats = DraftStats()
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
         template = self.llm.metadata.get("tokenizer.chat_template") or _CHATML
+        self._renders_tools = "tools" in template
         model = self.llm._model
         eos = model.token_get_text(self._eos) if self._eos != -1 else ""
         bos_id = self.llm.token_bos()
@@ -113,9 +125,12 @@ class LlamaSession:
 
     # ---- requests -----------------------------------------------------------------------
 
-    def render(self, messages: Sequence[Message]) -> str:
+    def render(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> str:
+        """The prompt through the model's chat template; `tools`: the tool definitions (OpenAI's
+        shape), which a template that knows tools writes into the prompt."""
         try:
-            return str(self._formatter(messages=[dict(m) for m in messages]).prompt)
+            rendered = self._formatter(messages=template_messages(messages), tools=tools or None)
+            return str(rendered.prompt)
         except Exception as exc:  # jinja errors: raise_exception() in templates, bad roles
             raise errors.LocalEngineError(f"chat template failed: {exc}", engine="local") from exc
 
@@ -123,8 +138,15 @@ class LlamaSession:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def prepare(self, request: GenerationRequest) -> Prepared:
-        """Template and tokenize; refuse a prompt that does not fit before any model work."""
-        tokens = self.tokenize(self.render(request.messages) + request.assistant_prefix)
+        """Template and tokenize; refuse a prompt that does not fit before any model work.
+        With tools the definitions are rendered and the plan made (`toolcalls.tool_plan`): an
+        answer that must call starts with the call's opening token."""
+        plan = self.plan(request)
+        spec = request.tools
+        defined = [dict(t.raw) for t in spec.tools] if spec is not None else None
+        tokens = self.tokenize(self.render(request.messages, defined) + request.assistant_prefix)
+        if plan is not None and plan.start_in_call and plan.trigger is not None:
+            tokens.append(plan.trigger)
         room = self.n_ctx - len(tokens)
         if room < 1:
             raise errors.ContextOverflowError(
@@ -133,7 +155,37 @@ class LlamaSession:
                 max_tokens=request.max_tokens,
                 n_ctx=self.n_ctx,
             )
-        return Prepared(tokens, min(request.max_tokens, room), request.stop, request)
+        bias = {t: -100.0 for t in plan.banned} if plan is not None else {}
+        return Prepared(
+            tokens, min(request.max_tokens, room), request.stop, request, bias or None, plan
+        )
+
+    def plan(self, request: GenerationRequest) -> ToolPlan | None:
+        """The request's tool plan, its grammars checked by llama.cpp's parser."""
+        plan = tool_plan(
+            request.tools,
+            renders_tools=self._renders_tools,
+            token_of=self._token_of,
+            tokenize=self.tokenize,
+        )
+        if plan is not None:
+            self._check_grammar("tools", plan.call_grammar)
+            self._check_grammar("response_format", plan.answer_grammar)
+        return plan
+
+    def _token_of(self, text: str) -> int | None:
+        tokens = self.tokenize(text)
+        return tokens[0] if len(tokens) == 1 else None
+
+    def _check_grammar(self, argument: str, grammar: str | None) -> None:
+        if grammar is None or grammar in self._grammars:
+            return
+        lc = self._lc
+        sampler = lc.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise errors.InvalidArgumentError(argument, grammar, "a grammar llama.cpp accepts")
+        lc.llama_sampler_free(sampler)
+        self._grammars.add(grammar)
 
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading prompt tokens are already in the KV cache."""
@@ -188,21 +240,38 @@ class LlamaSession:
         finally:
             self._yield_if = None
         req = prepared.request
-        if draft == "prompt-lookup":
+        if draft == "prompt-lookup" and prepared.tools is None:
             gen._drafter = PromptLookup(llm, tokens)
             return gen
         llm.set_seed(req.seed if req.seed is not None else random.randint(0, 2**31 - 1))
-        gen._gen = llm.generate(
-            tokens,
+        if prepared.tools is not None and prepared.tools.start_in_call:
+            gen._call_at = 0
+        gen._gen = self._generator(gen, tokens)
+        return gen
+
+    def _generator(self, gen: Generation, tokens: Sequence[int]) -> Iterator[int]:
+        """llama.cpp's sampling loop over `tokens` (a cached prefix reused), under the grammar
+        of the phase `gen` is in: a call's JSON, a JSON answer, or none."""
+        prepared, req = gen.prepared, gen.prepared.request
+        plan = prepared.tools
+        grammar = None
+        if plan is not None and gen._call_at is not None:
+            grammar = plan.call_grammar
+        elif plan is not None and not gen.calls:
+            grammar = plan.answer_grammar
+        bias = prepared.logit_bias
+        generated: Iterator[int] = self.llm.generate(
+            list(tokens),
             temp=req.temperature,
             top_p=req.top_p,
             top_k=40,
             min_p=0.05,
             repeat_penalty=1.0,
             reset=True,
-            logits_processor=_biased(prepared.logit_bias) if prepared.logit_bias else None,
+            logits_processor=_biased(bias) if bias else None,
+            grammar=self._lc.LlamaGrammar.from_string(grammar) if grammar else None,
         )
-        return gen
+        return generated
 
     def resume(
         self,
@@ -215,10 +284,14 @@ class LlamaSession:
         still cached, then decode on from there. The text state (held-back stop-string tail,
         a half-decoded UTF-8 character, the counts) is the generation's own, so nothing is
         repeated or lost. Returns the tokens prefilled again."""
+        if gen._call_at is not None:  # a call cut short starts again (its grammar state is gone)
+            del gen.tokens_out[gen._call_at :]
         tokens = gen.prepared.tokens + gen.tokens_out
         again = dataclasses.replace(gen.prepared, tokens=tokens)
         fresh = self.prefill(again, draft=draft, yield_if=yield_if)
         gen._gen, gen._drafter = fresh._gen, fresh._drafter
+        if gen.prepared.tools is not None:  # the grammar of the phase it was in
+            gen._gen = self._generator(gen, tokens)
         return len(tokens) - fresh.reused_tokens
 
     def step(self, gen: Generation, yield_if: Callable[[], bool] | None = None) -> str | None:
@@ -253,11 +326,54 @@ class LlamaSession:
                 raise PrefillPreempted from exc
             raise errors.LocalEngineError(f"decode failed: {exc}", engine="local") from exc
         gen.completion_tokens += 1
+        plan = gen.prepared.tools
+        if gen._call_at is not None:
+            return self._call_token(gen, tok)
         if self._lc.llama_vocab_is_eog(self._vocab, tok):
-            return self._finish(gen, "stop")
+            return self._finish(gen, "tool_calls" if gen.calls else "stop")
+        if plan is not None and tok == plan.trigger:
+            return self._open_call(gen, tok)
         piece = self.llm.detokenize([tok], prev_tokens=gen.tokens_out or None)
         gen.tokens_out.append(tok)
-        return self._emit(gen, gen._decoder.decode(piece))
+        text = gen._decoder.decode(piece)
+        if gen.calls:  # after a call: whitespace before the next is dropped, other text ends
+            return self._finish(gen, "tool_calls", flush=False) if text.strip() else ""
+        return self._emit(gen, text)
+
+    # ---- tool calls (`toolcalls`): the call's JSON under its grammar, never yielded as text --
+
+    def _open_call(self, gen: Generation, trigger: int) -> str:
+        """The model opened a call: decode its JSON under the call grammar from here on."""
+        gen.tokens_out.append(trigger)
+        gen._call_at = len(gen.tokens_out)
+        self._regenerate(gen)
+        held, gen._held = gen._held, ""
+        return held
+
+    def _call_token(self, gen: Generation, tok: int) -> str:
+        """One token of a call's JSON; the end of the text (all the grammar then allows) closes
+        the call: it is parsed, the closing markup added, and plain decoding goes on."""
+        assert gen._call_at is not None and gen.prepared.tools is not None
+        if not self._lc.llama_vocab_is_eog(self._vocab, tok):
+            gen.tokens_out.append(tok)
+            return ""
+        raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
+        text = raw.decode("utf-8", "replace")
+        try:
+            gen.calls.append(parse_call(text))
+        except ValueError as exc:  # not under a working grammar: the runtime would refuse it
+            raise errors.InvalidOutputError("local", "tool_call", text, str(exc)) from exc
+        gen.tokens_out.extend(gen.prepared.tools.close)
+        gen._call_at = None
+        self._regenerate(gen)
+        return ""
+
+    def _regenerate(self, gen: Generation) -> None:
+        """A new sampling loop for the phase `gen` has entered (the KV prefix reused)."""
+        old, gen._gen = gen._gen, None
+        if old is not None:
+            old.close()  # type: ignore[attr-defined]
+        gen._gen = self._generator(gen, gen.prepared.tokens + gen.tokens_out)
 
     def _emit(self, gen: Generation, text: str) -> str | None:
         """Apply stop strings: hold back a tail that might begin one."""

@@ -1,0 +1,201 @@
+"""Tool calls and JSON answers on a local model: the model's own call markup, and grammars.
+
+A chat template that knows tools (Qwen2.5's) writes the tool definitions into the system turn
+and asks for each call as
+
+    <tool_call>
+    {"name": <function-name>, "arguments": <args-json-object>}
+    </tool_call>
+
+where `<tool_call>` is one special token of the vocabulary. `ToolPlan` holds what a session needs
+to produce such calls well-formed by construction: that trigger token, a llama.cpp grammar (GBNF)
+for the call's JSON, `{"name": <one of the callable names>, "arguments": <that tool's
+parameters schema>}`, and the tokens that close a call. The grammar comes from llama.cpp's own
+JSON Schema converter (`llama_cpp.llama_grammar.json_schema_to_gbnf`), given a `oneOf` over the
+callable tools, so a call's arguments always parse and match the schema's types, required fields
+and enums (an object schema without `additionalProperties` admits no other key). A JSON answer
+(`response_format`) gets the grammar of its schema, or of any JSON object.
+
+A schema the converter cannot turn into a grammar (a remote `$ref`, ...) is an
+`InvalidArgumentError` naming the argument: the local engine cannot constrain it.
+
+Assistant messages carrying `tool_calls` hold their arguments as JSON text (OpenAI's shape);
+templates written for Hugging Face expect the parsed object (Qwen's writes
+`arguments | tojson`), so `template_messages` parses them before rendering.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hybridllm.errors import InvalidArgumentError
+from hybridllm.local import loader
+from hybridllm.tools import ResponseFormat, Tool, ToolSpec
+
+__all__ = [
+    "CALL_CLOSE",
+    "CALL_OPEN",
+    "ParsedCall",
+    "ToolPlan",
+    "answer_gbnf",
+    "call_gbnf",
+    "call_id",
+    "call_schema",
+    "parse_call",
+    "template_messages",
+    "tool_plan",
+]
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "\n</tool_call>"
+_BODY = "hybridllm-body"  # the converted schema's root, renamed under our own root rule
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one request's answer is generated. `trigger`: the token opening a call (None: the
+    answer may not call); `call_grammar`: GBNF of a call's JSON; `answer_grammar`: GBNF of the
+    whole text answer (a JSON response format); `start_in_call`: the answer is a call from its
+    first token (tool_choice "required" or a named tool); `banned`: tokens never sampled (the
+    trigger under tool_choice "none"); `close`: the tokens written after a call's JSON."""
+
+    trigger: int | None = None
+    call_grammar: str | None = None
+    answer_grammar: str | None = None
+    start_in_call: bool = False
+    banned: tuple[int, ...] = ()
+    close: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One call as generated: a fresh id, the tool's name, its arguments as compact JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def call_id() -> str:
+    """A fresh id in OpenAI's style."""
+    return f"call_{secrets.token_hex(12)}"
+
+
+def tool_plan(
+    spec: ToolSpec | None,
+    *,
+    renders_tools: bool,
+    token_of: Callable[[str], int | None],
+    tokenize: Callable[[str], list[int]],
+) -> ToolPlan | None:
+    """The plan for a request's `spec` (None: plain text). `renders_tools`: the chat template
+    writes tool definitions; `token_of`: the single token a special text is (None: not one).
+    A model that cannot call (its template ignores tools, or no `<tool_call>` token) is an
+    `InvalidArgumentError` on "tools" when the request has tools."""
+    if spec is None or (not spec.tools and spec.response_format is None):
+        return None
+    fmt = spec.response_format
+    answer = answer_gbnf(fmt) if fmt is not None else None
+    if not spec.tools:
+        return ToolPlan(answer_grammar=answer)
+    trigger = token_of(CALL_OPEN)
+    if not renders_tools or trigger is None:
+        rule = "a local model whose chat template renders tools and has a <tool_call> token"
+        raise InvalidArgumentError("tools", [t.name for t in spec.tools], rule)
+    if not spec.may_call:  # "none": the tools are shown, a call is never started
+        return ToolPlan(answer_grammar=answer, banned=(trigger,))
+    return ToolPlan(
+        trigger=trigger,
+        call_grammar=call_gbnf(spec.callable_tools),
+        answer_grammar=answer,
+        start_in_call=spec.must_call,
+        close=tuple(tokenize(CALL_CLOSE)),
+    )
+
+
+def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
+    """The JSON Schema of one call's JSON: `{"name": <const>, "arguments": <parameters>}` for
+    one tool, a `oneOf` of those for several."""
+    alternatives = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": dict(t.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    if not alternatives:
+        raise InvalidArgumentError("tools", [], "at least one tool the answer may call")
+    return alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
+
+
+def call_gbnf(tools: Sequence[Tool]) -> str:
+    """GBNF of a call's JSON after the `<tool_call>` token (an optional newline first, as the
+    template writes it)."""
+    return _gbnf(call_schema(tools), "tools", lead='"\\n"? ')
+
+
+def answer_gbnf(fmt: ResponseFormat) -> str:
+    """GBNF of a whole JSON answer: the schema's, or any JSON object's."""
+    if fmt.schema is None:
+        return _gbnf({"type": "object"}, "response_format", lead="")
+    return _gbnf(dict(fmt.schema), "response_format.json_schema.schema", lead="")
+
+
+def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
+    grammars = loader.llama_cpp_part("llama_grammar")  # heavy: only when constraining
+    try:
+        body = grammars.json_schema_to_gbnf(json.dumps(schema))
+    except (ValueError, KeyError, TypeError, NotImplementedError, AssertionError) as exc:
+        rule = f"a schema llama.cpp's grammar converter supports ({exc})"
+        raise InvalidArgumentError(at, schema, rule) from None
+    lines = [
+        f"{_BODY} ::={line[len('root ::=') :]}" if line.startswith("root ::=") else line
+        for line in body.splitlines()
+    ]
+    return f"root ::= {lead}{_BODY}\n" + "\n".join(lines) + "\n"
+
+
+def parse_call(text: str) -> ParsedCall:
+    """A call's JSON as generated (`{"name": ..., "arguments": {...}}`, whitespace around it);
+    `ValueError` when it is not that shape."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ValueError("a call must be an object with a string name")
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):  # a model writing the arguments as JSON text
+        arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        raise ValueError("a call's arguments must be an object")
+    compact = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+    return ParsedCall(call_id(), data["name"], compact)
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as chat templates expect them: an assistant's tool calls with their
+    arguments parsed (text that does not parse is kept as text)."""
+    return [_templated(m) for m in messages]
+
+
+def _templated(message: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(message)
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_parsed_call(c) for c in calls]
+    return out
+
+
+def _parsed_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            fn["arguments"] = json.loads(args or "{}")
+        except ValueError:
+            pass
+    return {**call, "function": fn}
