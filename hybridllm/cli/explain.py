@@ -21,9 +21,9 @@ import argparse
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.errors import ConfigError
@@ -161,8 +161,13 @@ class _Exhausted:
 
 
 def _scan_with(stated: frozenset[str]) -> PrivacyScan:
-    def privacy(messages: Sequence[Mapping[str, str]], *, deep: bool = True) -> Collection[str]:
-        found = default_scanner().scan(messages, deep=deep)
+    def privacy(
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        deep: bool = True,
+        extra: Iterable[tuple[str, str]] = (),
+    ) -> Collection[str]:
+        found = default_scanner().scan(messages, deep=deep, extra=extra)
         return {*kinds_of(found), *stated}  # the client's scan, plus the stated findings
 
     return privacy

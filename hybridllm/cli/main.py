@@ -187,9 +187,11 @@ def _register_explain(subparsers: Subparsers) -> None:
         "--threads", type=positive_int, metavar="N", help="CPU threads for --local-model"
     )
     p.add_argument(
-        "--answer", choices=["text", "tools", "json"], default="text",
+        "--answer",
+        choices=["text", "tools", "json"],
+        default="text",
         help="the answer may call tools, or must be JSON (delivered whole: fewer plans run)",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_explain)
 

@@ -7,9 +7,9 @@ ledger, the privacy detector) without this package importing them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hybridllm.events import EngineName
 
@@ -43,10 +43,15 @@ class BudgetGate(Protocol):
 
 class PrivacyScan(Protocol):
     def __call__(
-        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        deep: bool = True,
+        extra: Iterable[tuple[str, str]] = (),
     ) -> Collection[str]:
         """The kinds of personal or secret data found in the conversation (never the values):
-        each message, and the messages read back to back as the cloud would receive them.
+        each message, and the messages read back to back as the cloud would receive them;
+        `extra`: more (location, text) pairs the request sends (its tool definitions).
         `deep` False: the cheap patterns only (the request cannot reach the cloud)."""
         ...
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import functools
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Any, cast
 
 from hybridllm import errors
 from hybridllm.engines.base import (
@@ -49,7 +49,7 @@ from hybridllm.engines.capabilities import (
 from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
-from hybridllm.guard.privacy import kinds
+from hybridllm.guard.privacy import kinds, tool_texts
 from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.policy import PlanName, Policy
 from hybridllm.routing.decide import decide
@@ -163,7 +163,8 @@ class Gatherer:
             else:
                 bound = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
                 deep = policy.privacy.ner and bound
-                kinds = frozenset(self.privacy(request.messages, deep=deep))
+                extra = tuple(tool_texts(request.tools))  # the tool definitions it sends
+                kinds = frozenset(self.privacy(request.messages, deep=deep, extra=extra))
         return RequestFacts(
             prompt_tokens=count_prompt_tokens(request.messages, (engines or {}).values()),
             max_tokens=request.max_tokens,
@@ -191,7 +192,8 @@ class Gatherer:
         cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
         fits, detail = True, ""
         if cloud_ok and self.budget is not None:
-            bound = prompt_token_bound(request.messages)  # what the reservation will hold
+            # what the reservation will hold
+            bound = prompt_token_bound(request.messages, request.tools)
             verdict = self.budget.check(policy, bound, facts.max_tokens)
             fits, detail = verdict.fits, verdict.detail
         cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
@@ -371,9 +373,15 @@ def policy_caps(policy: Policy) -> tuple[Cap, ...]:
     return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
 
 
-def privacy_kinds(messages: Sequence[Mapping[str, str]], *, deep: bool = True) -> tuple[str, ...]:
-    """The kinds the process's privacy scanner finds (`deep`: with its NER layer, if on)."""
-    return kinds(default_scanner().scan(messages, deep=deep))
+def privacy_kinds(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    deep: bool = True,
+    extra: Iterable[tuple[str, str]] = (),
+) -> tuple[str, ...]:
+    """The kinds the process's privacy scanner finds (`deep`: with its NER layer, if on) in the
+    messages and the `extra` (location, text) pairs."""
+    return kinds(default_scanner().scan(messages, deep=deep, extra=extra))
 
 
 class GuardBudget:
@@ -403,7 +411,7 @@ def refusal_error(
     if decision.refusal == "privacy" and found:
         return errors.PrivacyBlockedError(tuple(sorted(found)), reasons=reasons)
     if decision.refusal == "budget" and guard is not None:
-        bound = prompt_token_bound(request.messages)
+        bound = prompt_token_bound(request.messages, request.tools)
         refusal = guard.refusal(policy.name, bound, request.max_tokens)
         if refusal is not None:
             return refusal.with_reasons(reasons)

@@ -24,7 +24,7 @@ class ThreadRecorder:
         self.threads: list[int] = []
 
     def __call__(
-        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True
+        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True, extra: object = ()
     ) -> Collection[str]:
         self.threads.append(threading.get_ident())
         return ()

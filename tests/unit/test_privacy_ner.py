@@ -178,7 +178,7 @@ class Recorder:
         self.deep: list[bool] = []
 
     def __call__(
-        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True
+        self, messages: Sequence[Mapping[str, str]], *, deep: bool = True, extra: object = ()
     ) -> Collection[str]:
         self.deep.append(deep)
         return ()

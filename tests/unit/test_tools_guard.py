@@ -144,12 +144,13 @@ async def test_keep_local_keeps_call_arguments_with_an_email_on_the_device() -> 
 
 
 async def test_keep_local_keeps_a_tool_definition_with_an_email_on_the_device() -> None:
-    """Routing's scan reads the messages; the guard's the tool definitions too: it refuses,
-    and the local engine answers."""
+    """Routing's scan and the guard's read the tool definitions: the request is served locally
+    from the start."""
     tools = [weather(f"Mail {EMAIL} on failure.")]
     done, cloud = await _ask(loop('{"city": "Paris"}', "sunny"), tools, privacy="keep-local")
     assert done.text == "local" and cloud.requests == []
-    assert "privacy" in (done.trace.fallback_reason or "")  # the guard refused it
+    # routing's scan reads the tool definitions as the guard's does: local from the start
+    assert done.trace.fallback_reason is None and "email" in (done.trace.route_reason or "")
 
 
 async def test_a_clean_tool_loop_goes_to_the_cloud_whole() -> None:
@@ -201,8 +202,9 @@ def test_the_reservation_holds_the_tools() -> None:
 
 
 async def test_a_request_whose_tools_break_the_cap_is_kept_from_the_cloud() -> None:
-    """A cap one request of small tools fits, but not one with large tool schemas: the guard's
-    reservation refuses it and the local engine answers."""
+    """A cap one request of small tools fits, but not one with large tool schemas: routing's
+    budget check bounds the tools as the guard's reservation does, so the local engine answers
+    from the start."""
     price = ModelPrice(input_per_million=1.0, output_per_million=1.0)
     budget: dict[str, Any] = {
         "prices": Prices(models={"scripted": price}),
@@ -213,7 +215,7 @@ async def test_a_request_whose_tools_break_the_cap_is_kept_from_the_cloud() -> N
     large, cloud = await _ask(question, [weather("word " * 2_000)], **budget)
     assert small.text == "cloud"
     assert large.text == "local" and cloud.requests == []
-    assert "budget" in (large.trace.fallback_reason or "")  # the guard's reservation refused
+    assert large.trace.fallback_reason is None and "budget" in (large.trace.route_reason or "")
 
 
 async def test_a_call_without_reported_usage_is_settled_with_its_tokens() -> None:
