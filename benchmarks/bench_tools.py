@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import bfcl  # noqa: E402
 from benchmarks._report import cpu_model  # noqa: E402
 
-LOCAL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-CLOUD = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+LOCAL = "qwen2.5-coder-0.5b-instruct"
+CLOUD = "qwen2.5-coder-1.5b-instruct"
 ALIAS, API_KEY = "stand-in", "sk-bench"
 
 

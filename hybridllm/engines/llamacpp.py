@@ -433,7 +433,9 @@ class LlamaCppEngine:
                     while len(gen.calls) > sent[0]:
                         call = gen.calls[sent[0]]
                         sent[0] += 1
-                        post(partial(push, Called(call.id, call.name, call.arguments, clock.now())))
+                        now = clock.now()
+                        called = Called(call.id, call.name, call.arguments, now, call.confidence)
+                        post(partial(push, called))
                     if text is None or gen.finish_reason is not None:
                         break
             finally:

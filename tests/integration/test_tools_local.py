@@ -172,3 +172,22 @@ async def test_a_tool_loop_renders_as_the_template_expects_and_is_answered() -> 
         assert "<tool_call>" not in text
     finally:
         await local.aclose()
+
+
+async def test_auto_reads_a_call_written_as_json_as_a_call_with_its_confidence() -> None:
+    """Under tool_choice "auto" the coder model writes its call as a fenced JSON block, not in
+    its template's <tool_call> markup: the engine reads that opening as a call, makes it under
+    the call grammar, and says how sure the model was. Nothing of the JSON is text."""
+    local = engine()
+    await local.start()
+    try:
+        spec = tool_spec(TOOLS, "auto", None)
+        ask = [{"role": "user", "content": ASKS[0]}]
+        text, calls, finish = await run(local, ask, spec, temperature=0.0)
+    finally:
+        await local.aclose()
+    assert len(calls) >= 1 and finish.reason == "tool_calls"
+    assert "```" not in text and "{" not in text
+    for call in calls:
+        check_call(spec, call.name, call.arguments, engine="local")  # type: ignore[arg-type]
+        assert call.confidence is not None and 0.0 < call.confidence <= 1.0

@@ -4,10 +4,12 @@ built from the tools, the plan per tool choice, the call markup parsed, messages
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
 
+from hybridllm.engines.llama import toolcalls
 from hybridllm.engines.llama.toolcalls import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -145,3 +147,32 @@ def test_template_messages_parse_call_arguments_and_keep_the_rest() -> None:
     assert first == {**call, "function": {"name": "f", "arguments": {"a": 1}}}
     assert second == bad  # text that does not parse stays text
     assert json.loads(messages[1]["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        ("", None),
+        ("\n", None),
+        ("`", None),
+        ("```", None),
+        ("```js", None),
+        ("```json\n", None),
+        ("```json\n{", True),
+        ("```\n{", True),
+        ("  {", True),
+        ("```python", False),
+        ("Sure", False),
+        ("[1", False),
+    ],
+)
+def test_a_json_opening_is_told_from_text_as_soon_as_it_can_be(
+    text: str, verdict: bool | None
+) -> None:
+    assert toolcalls.json_opening(text) is verdict
+
+
+def test_confidence_is_the_geometric_mean_of_the_token_probabilities() -> None:
+    assert toolcalls.confidence(()) is None
+    assert toolcalls.confidence((math.log(0.5), math.log(0.5))) == pytest.approx(0.5)
+    assert toolcalls.confidence((0.0, math.log(0.25))) == pytest.approx(0.5)

@@ -21,12 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
+from hybridllm.engines.llama.signals import last_logits
 from hybridllm.engines.llama.toolcalls import (
     ParsedCall,
     ToolPlan,
+    confidence,
+    json_opening,
     parse_call,
     template_messages,
     tool_plan,
@@ -68,6 +73,11 @@ class Generation:
     _drafter: PromptLookup | None = None
     calls: list[ParsedCall] = field(default_factory=list)  # the complete calls, in order
     _call_at: int | None = None  # where in tokens_out the call being generated starts
+    _call_lps: list[float] = field(default_factory=list)  # its tokens' log-probabilities
+    # the answer's first text, held while it may still open a call written as JSON (None:
+    # decided, or the request cannot call); `toolcalls.json_opening`
+    _opening: str | None = None
+    _opening_at: int = 0  # where in tokens_out that text starts
 
 
 class LlamaSession:
@@ -244,8 +254,11 @@ class LlamaSession:
             gen._drafter = PromptLookup(llm, tokens)
             return gen
         llm.set_seed(req.seed if req.seed is not None else random.randint(0, 2**31 - 1))
-        if prepared.tools is not None and prepared.tools.start_in_call:
+        plan = prepared.tools
+        if plan is not None and plan.start_in_call:
             gen._call_at = 0
+        elif plan is not None and plan.trigger is not None and plan.answer_grammar is None:
+            self._arm_opening(gen)  # "auto": a call written as JSON is read as a call
         gen._gen = self._generator(gen, tokens)
         return gen
 
@@ -328,14 +341,18 @@ class LlamaSession:
         gen.completion_tokens += 1
         plan = gen.prepared.tools
         if gen._call_at is not None:
+            gen._call_lps.append(self._logprob(tok))
             return self._call_token(gen, tok)
         if self._lc.llama_vocab_is_eog(self._vocab, tok):
             return self._finish(gen, "tool_calls" if gen.calls else "stop")
         if plan is not None and tok == plan.trigger:
+            gen._call_lps = [self._logprob(tok)]  # the model chose to call
             return self._open_call(gen, tok)
         piece = self.llm.detokenize([tok], prev_tokens=gen.tokens_out or None)
         gen.tokens_out.append(tok)
         text = gen._decoder.decode(piece)
+        if gen._opening is not None:
+            return self._opening_text(gen, text)
         if gen.calls:  # after a call: whitespace before the next is dropped, other text ends
             return self._finish(gen, "tool_calls", flush=False) if text.strip() else ""
         return self._emit(gen, text)
@@ -350,6 +367,40 @@ class LlamaSession:
         held, gen._held = gen._held, ""
         return held
 
+    def _opening_text(self, gen: Generation, text: str) -> str | None:
+        """The answer's first text under tool_choice "auto": held while it may open a call
+        written as a JSON object or a fenced JSON block (`toolcalls.json_opening`); such an
+        opening is dropped and the call made in the template's own form, under the call
+        grammar; any other opening is released as text."""
+        assert gen._opening is not None and gen.prepared.tools is not None
+        opening = gen._opening + text
+        verdict = json_opening(opening)
+        if verdict is None:
+            gen._opening = opening
+            return ""
+        gen._opening = None
+        if not verdict and gen.calls:  # text after a call is not part of the answer: it ends
+            return self._finish(gen, "tool_calls", flush=False)
+        if not verdict:
+            return self._emit(gen, opening)
+        del gen.tokens_out[gen._opening_at :]  # the JSON opening goes; the call comes instead
+        gen._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        gen._call_lps = []  # the model chose to call, in its own way
+        trigger = gen.prepared.tools.trigger
+        assert trigger is not None
+        return self._open_call(gen, trigger)
+
+    def _arm_opening(self, gen: Generation) -> None:
+        """Hold the text from here while it may open a call written as JSON."""
+        gen._opening, gen._opening_at = "", len(gen.tokens_out)
+
+    def _logprob(self, tok: int) -> float:
+        """The model's log-probability of `tok` at the last evaluated position, from the raw
+        logits (before any grammar or logit bias)."""
+        logits = last_logits(self.llm)
+        top = float(logits.max())
+        return float(logits[tok]) - top - math.log(float(np.exp(logits - top).sum()))
+
     def _call_token(self, gen: Generation, tok: int) -> str:
         """One token of a call's JSON; the end of the text (all the grammar then allows) closes
         the call: it is parsed, the closing markup added, and plain decoding goes on."""
@@ -360,11 +411,16 @@ class LlamaSession:
         raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
         text = raw.decode("utf-8", "replace")
         try:
-            gen.calls.append(parse_call(text))
+            call = parse_call(text)
         except ValueError as exc:  # not under a working grammar: the runtime would refuse it
             raise errors.InvalidOutputError("local", "tool_call", text, str(exc)) from exc
+        lps = tuple(gen._call_lps)
+        gen.calls.append(dataclasses.replace(call, confidence=confidence(lps), logprobs=lps))
+        gen._call_lps = []
         gen.tokens_out.extend(gen.prepared.tools.close)
         gen._call_at = None
+        if gen.prepared.tools.answer_grammar is None:
+            self._arm_opening(gen)  # another call may follow, in either form
         self._regenerate(gen)
         return ""
 
@@ -391,9 +447,11 @@ class LlamaSession:
         return buf[: len(buf) - hold]
 
     def _finish(self, gen: Generation, reason: str, *, flush: bool = True) -> str | None:
-        """Mark finished; return what was still held back (unless a stop string cut it)."""
+        """Mark finished; return what was still held back (unless a stop string cut it): an
+        opening that could still have been a call, the tail a stop string might begin."""
         gen.finish_reason = reason
-        tail = gen._held + gen._decoder.decode(b"", final=True) if flush else ""
+        opening, gen._opening = ("" if gen.calls else gen._opening) or "", None
+        tail = opening + gen._held + gen._decoder.decode(b"", final=True) if flush else ""
         gen._held = ""
         self.close(gen)
         return tail or None

@@ -27,6 +27,7 @@ templates written for Hugging Face expect the parsed object (Qwen's writes
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from hybridllm.tools import ResponseFormat, Tool, ToolSpec
 __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
+    "JSON_OPENINGS",
     "ParsedCall",
     "ToolPlan",
     "answer_gbnf",
     "call_gbnf",
     "call_id",
     "call_schema",
+    "confidence",
+    "json_opening",
     "parse_call",
     "template_messages",
     "tool_plan",
@@ -73,11 +77,15 @@ class ToolPlan:
 
 @dataclass(frozen=True)
 class ParsedCall:
-    """One call as generated: a fresh id, the tool's name, its arguments as compact JSON text."""
+    """One call as generated: a fresh id, the tool's name, its arguments as compact JSON text,
+    and the model's confidence in it (`confidence`: the geometric mean of its probabilities of
+    the call's tokens, before the grammar; None: not measured)."""
 
     id: str
     name: str
     arguments: str
+    confidence: float | None = None
+    logprobs: tuple[float, ...] = ()  # the model's, of each of the call's tokens
 
 
 def call_id() -> str:
@@ -199,3 +207,22 @@ def _parsed_call(call: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass
     return {**call, "function": fn}
+
+
+# how an answer that writes its call as a JSON object, or a fenced JSON block, instead of the
+# template's markup opens (the coder models do so): whitespace removed
+JSON_OPENINGS = ("{", "```json{", "```{")
+
+
+def json_opening(text: str) -> bool | None:
+    """Whether an answer's first text opens a call written as JSON (True), cannot (False), or
+    may still (None: too short to tell)."""
+    s = "".join(text.split())
+    if any(s.startswith(o) for o in JSON_OPENINGS):
+        return True
+    return None if any(o.startswith(s) for o in JSON_OPENINGS) else False
+
+
+def confidence(logprobs: Sequence[float]) -> float | None:
+    """The geometric mean of the probabilities whose logs these are (None: none)."""
+    return math.exp(sum(logprobs) / len(logprobs)) if logprobs else None
