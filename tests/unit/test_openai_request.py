@@ -5,10 +5,7 @@ trace says what was sent. The endpoint is a loopback recorder of request bodies.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,58 +15,15 @@ from hybridllm.engines.base import estimate_prompt_tokens
 from hybridllm.engines.validate import MAX_TOKENS
 from hybridllm.errors import InvalidArgumentError
 from hybridllm.events import TokenLimit
+from tests.unit.sse_endpoint import Endpoint as Recorder, serving
 
 pytestmark = pytest.mark.anyio
 MSGS = ({"role": "user", "content": "hi"},)
 
 
-def _sse(delta: dict[str, Any], finish: str | None) -> bytes:
-    chunk = {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }  # one chunk of OpenAI's stream shape
-    return f"data: {json.dumps(chunk)}\n\n".encode()
-
-
-class Recorder:
-    """A loopback chat endpoint that keeps every request body and answers "ok"."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                length = int(self.headers.get("content-length", 0))
-                outer.bodies.append(json.loads(self.rfile.read(length)))
-                body = _sse({"content": "ok"}, None) + _sse({}, "stop") + b"data: [DONE]\n\n"
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-
 @pytest.fixture
 def recorder() -> Iterator[Recorder]:
-    rec = Recorder()
-    rec.thread.start()
-    try:
-        yield rec
-    finally:
-        rec.server.shutdown()
-        rec.server.server_close()
-        rec.thread.join(5)
+    yield from serving(Recorder())
 
 
 async def _complete(engine: OpenAIEngine, **kwargs: Any) -> Any:

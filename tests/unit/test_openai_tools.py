@@ -7,10 +7,7 @@ by piece, to see when each call is handed back."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -20,6 +17,7 @@ from hybridllm.engines.call_deltas import CallAssembler
 from hybridllm.errors import CloudProtocolError
 from hybridllm.events import Called, Chunk, Delta, Finish
 from hybridllm.tools import tool_spec
+from tests.unit.sse_endpoint import Endpoint, chunk, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -48,17 +46,6 @@ TIMER = {
 ASK = ({"role": "user", "content": "Weather in Paris and a 5 minute timer?"},)
 
 
-def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    """One `chat.completion.chunk` as OpenAI streams it."""
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-
-
 def opens(index: int, call_id: str, name: str) -> dict[str, Any]:
     """The first piece of a call: its id and name, empty arguments (OpenAI's shape)."""
     function = {"name": name, "arguments": ""}
@@ -79,44 +66,9 @@ def calls(*parts: dict[str, Any]) -> dict[str, Any]:
     return chunk({"tool_calls": list(parts)})
 
 
-class Endpoint:
-    """A loopback chat endpoint: plays `self.chunks` as an SSE stream, keeps request bodies."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.chunks: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                length = int(self.headers.get("content-length", 0))
-                outer.bodies.append(json.loads(self.rfile.read(length)))
-                body = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in outer.chunks)
-                body += b"data: [DONE]\n\n"
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-
 @pytest.fixture
 def endpoint() -> Iterator[Endpoint]:
-    ep = Endpoint()
-    thread = threading.Thread(target=ep.server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield ep
-    finally:
-        ep.server.shutdown()
-        ep.server.server_close()
-        thread.join(5)
+    yield from serving(Endpoint([]))
 
 
 def request(messages: Sequence[dict[str, Any]] = ASK, **tools: Any) -> GenerationRequest:
