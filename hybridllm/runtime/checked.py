@@ -7,9 +7,10 @@ delivered.
   request lets the answer call, with arguments that parse and match its schema.
 - With a JSON response format, the answer's text is held until the engine finishes, checked
   whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
-- A call whose engine's own confidence is below the spec's `min_call_confidence` (the policy's
-  `[tools]` bound, set by the plan only where the cloud can answer instead) is not delivered
-  either (`UnsureCallError`).
+- A first call whose engine's own confidence is below the spec's `min_call_confidence` (the
+  policy's `[tools]` bound, set by the plan only where the cloud can answer instead) is not
+  delivered either (`UnsureCallError`); a later call of the same answer stands (the first was
+  delivered: the answer cannot move to the other engine any more).
 - With `tool_choice` "required" (or a named tool), text is held until the call comes (then it
   goes first), and an answer that finishes without a call fails, its text never shown.
 
@@ -47,7 +48,8 @@ async def checked(
         async for chunk in inner:
             if isinstance(chunk, Called):
                 check_call(spec, chunk.name, chunk.arguments, engine=engine)
-                _sure(spec, chunk, engine)
+                if not calls:  # once a call is delivered, the answer cannot move any more
+                    _sure(spec, chunk, engine)
                 calls += 1
                 for piece in held:  # text beside a call: not the answer, delivered with it
                     yield piece

@@ -191,3 +191,19 @@ async def test_auto_reads_a_call_written_as_json_as_a_call_with_its_confidence()
     for call in calls:
         check_call(spec, call.name, call.arguments, engine="local")  # type: ignore[arg-type]
         assert call.confidence is not None and 0.0 < call.confidence <= 1.0
+
+
+async def test_a_call_to_a_function_not_offered_becomes_a_text_answer() -> None:
+    """Asked something no offered tool fits, the coder model writes a call to a function of
+    its own; the engine answers in text rather than forcing that call onto an offered tool."""
+    local = engine()
+    await local.start()
+    try:
+        spec = tool_spec(TOOLS, "auto", None)
+        ask = [
+            {"role": "user", "content": "What is the area of a triangle of base 10 and height 5?"}
+        ]
+        text, calls, finish = await run(local, ask, spec, temperature=0.0, max_tokens=60)
+    finally:
+        await local.aclose()
+    assert calls == [] and finish.reason in ("stop", "length") and text.strip()

@@ -176,3 +176,13 @@ def test_confidence_is_the_geometric_mean_of_the_token_probabilities() -> None:
     assert toolcalls.confidence(()) is None
     assert toolcalls.confidence((math.log(0.5), math.log(0.5))) == pytest.approx(0.5)
     assert toolcalls.confidence((0.0, math.log(0.25))) == pytest.approx(0.5)
+
+
+def test_the_name_a_call_written_as_json_states_is_read_once_complete() -> None:
+    assert toolcalls.intended_name('```json\n{\n  "name": "get_wea') is None
+    assert toolcalls.intended_name('{"name": "get_weather", "argu') == "get_weather"
+    assert toolcalls.intended_name('{ "name" : "a\\"b"') == 'a"b'
+    spec = tool_spec([{"type": "function", "function": {"name": "math_factorial"}}], "auto", None)
+    assert spec is not None
+    assert toolcalls.offered("math_factorial", spec) and toolcalls.offered("math.factorial", spec)
+    assert not toolcalls.offered("calculate_triangle_area", spec)

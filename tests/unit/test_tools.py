@@ -318,3 +318,18 @@ def test_the_confidence_bound_is_checked_like_every_policy_number() -> None:
         with pytest.raises(PolicyError) as info:
             Policy(tools={"min_call_confidence": bad})
         assert info.value.field == "tools.min_call_confidence"
+
+
+async def test_a_later_unsure_call_of_a_parallel_answer_stands() -> None:
+    """The first call was delivered: the answer cannot move, so the second stands."""
+    first = ScriptedCall("set_timer", '{"minutes": 4}', confidence=0.9)
+    second = ScriptedCall("set_timer", '{"minutes": 9}', confidence=0.2)
+    local = ScriptedEngine("local", script=[0.05, first, 0.01, second])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=SURE) as client:
+        done = await client.complete("two timers", tools=[TIMER])
+    assert [(c.engine, c.parsed()["minutes"]) for c in done.tool_calls] == [
+        ("local", 4),
+        ("local", 9),
+    ]
+    assert not cloud.requests

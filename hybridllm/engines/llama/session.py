@@ -28,10 +28,13 @@ from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.llama.signals import last_logits
 from hybridllm.engines.llama.toolcalls import (
+    NAME_WAIT_CHARS,
     ParsedCall,
     ToolPlan,
     confidence,
+    intended_name,
     json_opening,
+    offered,
     parse_call,
     template_messages,
     tool_plan,
@@ -78,6 +81,9 @@ class Generation:
     # decided, or the request cannot call); `toolcalls.json_opening`
     _opening: str | None = None
     _opening_at: int = 0  # where in tokens_out that text starts
+    # the model wrote a call to a function the request does not offer: the answer is text
+    # (the call token banned, and a JSON opening at its first step)
+    _no_call: bool = False
 
 
 class LlamaSession:
@@ -121,6 +127,7 @@ class LlamaSession:
         self._vocab = self.llm._model.vocab
         self._formatter = self._make_formatter()
         self._grammars: set[str] = set()  # grammars llama.cpp has parsed once
+        self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
 
     def _make_formatter(self) -> Any:
@@ -272,7 +279,13 @@ class LlamaSession:
             grammar = plan.call_grammar
         elif plan is not None and not gen.calls:
             grammar = plan.answer_grammar
-        bias = prepared.logit_bias
+        bias = dict(prepared.logit_bias or {})
+        processors = []
+        if gen._no_call and plan is not None and plan.trigger is not None:
+            bias[plan.trigger] = -100.0  # no call, and no call written as JSON to begin with
+            processors.append(_banned_once(self._json_openers(), len(tokens)))
+        if bias:
+            processors.append(_biased(bias)[0])
         generated: Iterator[int] = self.llm.generate(
             list(tokens),
             temp=req.temperature,
@@ -281,7 +294,7 @@ class LlamaSession:
             min_p=0.05,
             repeat_penalty=1.0,
             reset=True,
-            logits_processor=_biased(bias) if bias else None,
+            logits_processor=processors or None,
             grammar=self._lc.LlamaGrammar.from_string(grammar) if grammar else None,
         )
         return generated
@@ -378,17 +391,41 @@ class LlamaSession:
         if verdict is None:
             gen._opening = opening
             return ""
+        name = intended_name(opening) if verdict else None
+        if verdict and name is None and len(opening) < NAME_WAIT_CHARS:
+            gen._opening = opening  # a call written as JSON: which function does it call?
+            return ""
         gen._opening = None
         if not verdict and gen.calls:  # text after a call is not part of the answer: it ends
             return self._finish(gen, "tool_calls", flush=False)
         if not verdict:
             return self._emit(gen, opening)
-        del gen.tokens_out[gen._opening_at :]  # the JSON opening goes; the call comes instead
+        del gen.tokens_out[gen._opening_at :]  # the JSON opening goes: a call, or text, instead
         gen._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        spec = gen.prepared.request.tools
+        if name is not None and spec is not None and not offered(name, spec):
+            return self._no_tool_fits(gen)
         gen._call_lps = []  # the model chose to call, in its own way
         trigger = gen.prepared.tools.trigger
         assert trigger is not None
         return self._open_call(gen, trigger)
+
+    def _no_tool_fits(self, gen: Generation) -> str:
+        """The model wrote a call to a function the request does not offer: no offered tool
+        fits, so the answer is text (after a call already made, the answer ends there)."""
+        if gen.calls:
+            return self._finish(gen, "tool_calls", flush=False) or ""
+        gen._no_call = True
+        self._regenerate(gen)
+        return ""
+
+    def _json_openers(self) -> list[int]:
+        """The tokens whose text opens a JSON object or a code fence (found once per model)."""
+        if self._openers is None:
+            vocab = range(self.llm.n_vocab())
+            texts = ((t, self.llm.detokenize([t]).decode("utf-8", "replace")) for t in vocab)
+            self._openers = [t for t, s in texts if s.lstrip()[:1] in ("{", "`")]
+        return self._openers
 
     def _arm_opening(self, gen: Generation) -> None:
         """Hold the text from here while it may open a call written as JSON."""
@@ -533,6 +570,18 @@ class PrefillPreempted(Exception):  # noqa: N818  (a signal, not an error)
 # small enough to keep progress during a burst of interactive requests, large enough that the
 # extra passes over the weights cost little
 YIELD_CHUNK = 8
+
+
+def _banned_once(ids: list[int], at: int) -> Any:
+    """A logits processor banning `ids` at the step that samples position `at` only (the
+    first token of a regenerated answer)."""
+
+    def ban(input_ids: Any, scores: Any) -> Any:
+        if len(input_ids) == at:
+            scores[ids] = -math.inf
+        return scores
+
+    return ban
 
 
 def _biased(bias: dict[int, float]) -> Any:

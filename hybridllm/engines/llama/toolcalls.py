@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ __all__ = [
     "call_id",
     "call_schema",
     "confidence",
+    "intended_name",
     "json_opening",
+    "offered",
     "parse_call",
     "template_messages",
     "tool_plan",
@@ -226,3 +229,21 @@ def json_opening(text: str) -> bool | None:
 def confidence(logprobs: Sequence[float]) -> float | None:
     """The geometric mean of the probabilities whose logs these are (None: none)."""
     return math.exp(sum(logprobs) / len(logprobs)) if logprobs else None
+
+
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+NAME_WAIT_CHARS = 160  # how much of a JSON opening is read for the name it calls, at most
+
+
+def intended_name(text: str) -> str | None:
+    """The function name a call written as JSON states, once its string is complete (None:
+    not yet, or none)."""
+    found = _NAME.search(text)
+    return json.loads(f'"{found.group(1)}"') if found else None
+
+
+def offered(name: str, spec: ToolSpec) -> bool:
+    """Whether `name` is a tool the answer may call (a dotted name the way BFCL-style tools
+    are written, "math.factorial", counts as its OpenAI form "math_factorial")."""
+    names = {t.name for t in spec.callable_tools}
+    return name in names or name.replace(".", "_") in names
