@@ -216,7 +216,7 @@ def pieces(text: str, size: int = PIECE, margin: int = MARGIN) -> list[Piece]:
 def _space_before(text: str, i: int, floor: int) -> int:
     """The index just after the last whitespace at or before `i` (above `floor`), else `i`."""
     j = max(text.rfind(ch, floor, i + 1) for ch in " \n\t")
-    return j + 1 if j >= floor and j + 1 > floor else i
+    return j + 1 if j >= floor else i
 
 
 def _space_after(text: str, i: int, ceiling: int) -> int:

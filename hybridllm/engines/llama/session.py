@@ -21,12 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
-from hybridllm.engines.llama.signals import last_logits
+from hybridllm.engines.llama.signals import distribution, last_logits
 from hybridllm.engines.llama.toolcalls import (
     NAME_WAIT_CHARS,
     ParsedCall,
@@ -434,9 +432,7 @@ class LlamaSession:
     def _logprob(self, tok: int) -> float:
         """The model's log-probability of `tok` at the last evaluated position, from the raw
         logits (before any grammar or logit bias)."""
-        logits = last_logits(self.llm)
-        top = float(logits.max())
-        return float(logits[tok]) - top - math.log(float(np.exp(logits - top).sum()))
+        return distribution(last_logits(self.llm), tok).logprob
 
     def _call_token(self, gen: Generation, tok: int) -> str:
         """One token of a call's JSON; the end of the text (all the grammar then allows) closes
@@ -451,8 +447,7 @@ class LlamaSession:
             call = parse_call(text)
         except ValueError as exc:  # not under a working grammar: the runtime would refuse it
             raise errors.InvalidOutputError("local", "tool_call", text, str(exc)) from exc
-        lps = tuple(gen._call_lps)
-        gen.calls.append(dataclasses.replace(call, confidence=confidence(lps), logprobs=lps))
+        gen.calls.append(dataclasses.replace(call, confidence=confidence(gen._call_lps)))
         gen._call_lps = []
         gen.tokens_out.extend(gen.prepared.tools.close)
         gen._call_at = None

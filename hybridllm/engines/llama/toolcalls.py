@@ -88,7 +88,6 @@ class ParsedCall:
     name: str
     arguments: str
     confidence: float | None = None
-    logprobs: tuple[float, ...] = ()  # the model's, of each of the call's tokens
 
 
 def call_id() -> str:
