@@ -150,7 +150,9 @@ async def test_dead_endpoint_is_connection_error() -> None:
 
 
 async def test_reset_mid_stream_keeps_delivered_text(proxy: FaultProxy) -> None:
-    proxy.faults = Faults(reset_after_bytes=3000)
+    # a reset after about 4 SSE chunks (200-250 bytes each): any answer of a few tokens meets
+    # it (at 3,000 bytes, a sampled answer that ended early met none, and nothing was reset)
+    proxy.faults = Faults(reset_after_bytes=1000)
     got: list[str] = []
     async with cloud_client(proxy) as client:
         with pytest.raises(CloudConnectionError) as info:
@@ -232,7 +234,9 @@ async def test_deadline_race_real_engines_stalled_cloud_loses(
 async def test_mid_stream_reset_continues_on_the_real_local_engine(
     proxy: FaultProxy, model_path: Path
 ) -> None:
-    proxy.faults = Faults(reset_after_bytes=3000)
+    # a reset after about 4 SSE chunks (200-250 bytes each): any answer of a few tokens meets
+    # it (at 3,000 bytes, a sampled answer that ended early met none, and nothing was reset)
+    proxy.faults = Faults(reset_after_bytes=1000)
     policy = Policy(
         name="failover", routing={"prefer": "cloud"}, sampling={"max_tokens": 60, "temperature": 0}
     )
