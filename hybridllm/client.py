@@ -255,6 +255,7 @@ class HybridClient:
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
         ticket = self._ticket(messages, args, streamed=streamed)
+        trace.policy = ticket.policy.name
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
         run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
@@ -273,6 +274,7 @@ class HybridClient:
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))
         trace.decision = decision.reasons
+        trace.plan, trace.objective = decision.plan, decision.objective
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0

@@ -286,7 +286,7 @@ class LatencyModel:
         `prompt_tokens` is the estimate the prediction used; the share the local engine found
         in its KV cache (`trace.cached_prompt_tokens`) is taken off it."""
         served = trace.engine
-        ttft_ms = trace.ttft_ms
+        ttft_ms = trace.produced_ttft_ms  # the engines' own times, not the app's reading
         if served is None or ttft_ms is None or trace.error is not None:
             return
         for name in {*self.engines, *trace.started}:
@@ -309,8 +309,8 @@ class LatencyModel:
         if "request_sent" in marks and "first_byte" in marks:
             rtt = max(0.0, marks["first_byte"] - marks["request_sent"])
         tpot = None
-        if not trace.switches and trace.n_tokens >= 3 and trace.tpot_ms is not None:
-            tpot = trace.tpot_ms / 1000.0
+        if not trace.switches and trace.n_tokens >= 3 and trace.produced_tpot_ms is not None:
+            tpot = trace.produced_tpot_ms / 1000.0
         fresh = prompt_tokens
         if trace.cached_prompt_tokens and trace.prompt_tokens:
             fresh *= max(0.0, 1.0 - trace.cached_prompt_tokens / trace.prompt_tokens)
@@ -329,11 +329,11 @@ class LatencyModel:
         """A handoff: the first token is the local engine's; the cloud's continuation gives its
         time to a first token (from the ask) and its decode speed."""
         rec = trace.handoff
-        assert rec is not None and trace.ttft_ms is not None
+        assert rec is not None and trace.produced_ttft_ms is not None
         times = trace.token_times
         local = [t for t in times if rec.switched_t is None or t < rec.switched_t]
         tpot = (local[-1] - local[0]) / (len(local) - 1) if len(local) >= 3 else None
-        self.engine("local").observe(prompt_tokens, trace.ttft_ms / 1000.0, tpot_s=tpot)
+        self.engine("local").observe(prompt_tokens, trace.produced_ttft_ms / 1e3, tpot_s=tpot)
         if rec.switched_t is None:
             return
         cloud = [t for t in times if t >= rec.switched_t]

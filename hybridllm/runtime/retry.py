@@ -31,6 +31,7 @@ class Tries:
     then on nothing is retried)."""
 
     content: bool = False
+    n: int = 1  # this attempt's number (2, 3, ...: retries)
 
 
 class RetryPolicy:
@@ -88,4 +89,5 @@ class RetryPolicy:
                     raise
                 on_retry(exc)
             retried += 1
+            tries.n = retried + 1
             await anyio.sleep(wait)

@@ -54,7 +54,7 @@ from hybridllm.events import (
 )
 from hybridllm.runtime.checked import checked
 from hybridllm.runtime.retry import RetryPolicy, Tries
-from hybridllm.runtime.trace import Pause, Trace
+from hybridllm.runtime.trace import Attempt, Pause, Trace, spend_role
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,8 @@ class RequestRun:
         elif isinstance(chunk, Called):  # a tool call counts as a token for the deadline
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
-            self.trace.token(chunk.t)
+            self.trace.token(chunk.t, engine, clock.now())
+            self.trace.tool_calls.append(chunk.name)
             call = ToolCall(
                 chunk.t, chunk.id, chunk.name, chunk.arguments, engine, chunk.confidence
             )
@@ -191,7 +192,7 @@ class RequestRun:
         elif chunk.text:
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
-            self.trace.token(chunk.t)
+            self.trace.token(chunk.t, engine, clock.now())
             self._delivered.append(chunk.text)
             self.emit(Token(chunk.t, chunk.text, engine))
 
@@ -250,16 +251,23 @@ class RequestRun:
         """One attempt, reporting the engine's health (first content token or a clean finish:
         healthy; an error: its outcome). The stream is always closed."""
         healthy = False
+        attempt = self._attempt(engine, tries)
         try:
             async with aclosing(checked(engine.stream(request), request, engine.name)) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, Finish) or is_content(chunk):
                         tries.content = True
-                    if not healthy and is_content(chunk):
-                        healthy = True
-                        self.outcome(engine.name, None)
+                    if is_content(chunk):
+                        attempt.content(clock.now())
+                        if not healthy:
+                            healthy = True
+                            self.outcome(engine.name, None)
                     handle(chunk)
+        except anyio.get_cancelled_exc_class():
+            attempt.ended("cancelled", clock.now())
+            raise
         except Exception as exc:
+            attempt.ended("failed", clock.now(), exc)
             if isinstance(exc, errors.RefusedError):  # privacy / budget: never the secret
                 self.trace.refusals.append(f"{engine.name}: {exc}")
             if isinstance(exc, errors.AuthenticationError | errors.CloudUnavailableError):
@@ -267,8 +275,13 @@ class RequestRun:
                 self.say_unavailable(engine.info().unavailable or str(exc))
             self.outcome(engine.name, exc)
             raise
+        attempt.ended("finished", clock.now())
         if not healthy:
             self.outcome(engine.name, None)
+
+    def _attempt(self, engine: Engine, tries: Tries) -> Attempt:
+        """The trace's record of the engine stream that starts now (its role: the task's)."""
+        return self.trace.attempt(engine.name, engine.info().model, spend_role.get(), tries.n)
 
     def outcome(self, engine: EngineName, exc: BaseException | None) -> None:
         """Report an engine's health to the client (circuit breakers)."""

@@ -14,6 +14,9 @@ counted so far; one never sent is released and costs nothing).
 
 from __future__ import annotations
 
+import json
+import math
+import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm import clock
 from hybridllm.events import EngineName, TokenLimit
+from hybridllm.runtime.trace_export import trace_dict
 
 if TYPE_CHECKING:
     from hybridllm.guard.budget import TokenUsage
@@ -101,6 +105,48 @@ class Switch:
     error_type: type[BaseException] | None = None
 
 
+AttemptOutcome = Literal["running", "finished", "failed", "cancelled"]
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One engine stream this request started (`RequestRun.relay`: a primary, a hedge, a
+    fallback, a parallel start, a continuation or a handoff; the speculative plan adds its
+    verification rounds): the engine and its model, the part it played (`role`, as for money),
+    when it started, produced its first content and ended (`hybridllm.clock.now()` times), how
+    it ended, the class of the error that ended it, and the content chunks it produced (held
+    ones included: a rescue that never served still shows what it made)."""
+
+    engine: EngineName
+    model: str
+    role: SpendRole
+    t_start: float
+    t_first: float | None = None
+    t_end: float | None = None
+    outcome: AttemptOutcome = "running"
+    error_type: type[BaseException] | None = None
+    tokens: int = 0
+    attempt: int = 1  # 2, 3, ...: a retry of the same stream (`RetryPolicy`)
+
+    def content(self, t: float) -> None:
+        if self.t_first is None:
+            self.t_first = t
+        self.tokens += 1
+
+    def ended(self, outcome: AttemptOutcome, t: float, exc: BaseException | None = None) -> None:
+        self.outcome, self.t_end = outcome, t
+        self.error_type = None if exc is None else type(exc)
+
+
+@dataclass(frozen=True, slots=True)
+class TextSpan:
+    """A run of delivered content from one engine: it starts at delivered token `first` (an
+    index into `Trace.token_times`) and goes on to the next span's start or the end."""
+
+    engine: EngineName
+    first: int
+
+
 CascadeDecision = Literal["local", "cloud", "race"]
 
 
@@ -162,9 +208,13 @@ class Speculation:
 @dataclass
 class Trace:
     t_start: float = field(default_factory=clock.now)
+    wall_start: float = field(default_factory=time.time)  # the call, in seconds since the epoch
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     engine: EngineName | None = None
+    policy: str | None = None  # the policy's name (None: refused before one was chosen)
+    plan: str | None = None  # the plan that ran ("single", "race", "cascade", ...)
+    objective: str | None = None  # what the decision optimised (`Decision.objective`)
     route_reason: str = ""
     decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
@@ -200,10 +250,23 @@ class Trace:
     completion_tokens: int | None = None
     usage_estimated: bool = False
     cached_prompt_tokens: int | None = None
+    # content tokens (and tool calls) as produced: when the serving engine's stream yielded
+    # them (the llama thread's stamp for the local engine, the SSE chunk's arrival for the cloud)
     token_times: list[float] = field(default_factory=list, repr=False)
+    # ... and when each was handed to the app (put on its stream, on the event loop, which
+    # resumes the app's waiting iteration next): TTFT, ITL and TPOT are measured at this
+    # delivery; the gap from production is the hop (`hop_ms`). An app that reads late is not
+    # counted: the time is when the token was there for it
+    delivered_times: list[float] = field(default_factory=list, repr=False)
+    spans: list[TextSpan] = field(default_factory=list)  # which engine wrote which tokens
+    attempts: list[Attempt] = field(default_factory=list)  # every engine stream started
+    tool_calls: list[str] = field(default_factory=list)  # names of the tool calls delivered
     marks: dict[str, float] = field(default_factory=dict)
     t_done: float | None = None
     speculation: Speculation | None = None  # the speculative plan's figures (None: not run)
+    # the prompt, the answer and the tool calls' arguments, kept only where the client captures
+    # content (`HybridClient(capture_content=...)`); None: not captured
+    content: dict[str, Any] | None = field(default=None, repr=False)
 
     # ---- recording (used by the orchestrator) -------------------------------------------
 
@@ -242,10 +305,24 @@ class Trace:
         self.switches.append(switch)
         return switch
 
-    def token(self, t: float) -> None:
+    def token(
+        self, t: float, engine: EngineName | None = None, delivered: float | None = None
+    ) -> None:
+        """A content token (or tool call) produced at `t` by `engine` was handed to the app at
+        `delivered` (put on its stream: the app's waiting iteration is resumed next; None: at
+        `t`)."""
         if not self.token_times:
             self.mark("first_token", t)
+        if engine is not None and (not self.spans or self.spans[-1].engine != engine):
+            self.spans.append(TextSpan(engine, len(self.token_times)))
         self.token_times.append(t)
+        self.delivered_times.append(t if delivered is None else delivered)
+
+    def attempt(self, engine: EngineName, model: str, role: SpendRole, n: int = 1) -> Attempt:
+        """Record that an engine stream starts now (`Attempt.ended` closes it)."""
+        record = Attempt(engine, model, role, clock.now(), attempt=n)
+        self.attempts.append(record)
+        return record
 
     def done(self, finish_reason: str, t: float | None = None) -> None:
         self.finish_reason = finish_reason
@@ -256,28 +333,64 @@ class Trace:
 
     @property
     def n_tokens(self) -> int:
-        """Content tokens delivered to the app (deltas carrying text)."""
+        """Content tokens (and tool calls) handed to the app (deltas carrying text)."""
         return len(self.token_times)
 
     @property
+    def times(self) -> list[float]:
+        """The content tokens' times at delivery to the app."""
+        return self.delivered_times
+
+    @property
     def ttft_ms(self) -> float | None:
-        if not self.token_times:
-            return None
-        return (self.token_times[0] - self.t_start) * 1000.0
+        """From the `stream()` call to the first content token's delivery to the app."""
+        tt = self.times
+        return None if not tt else (tt[0] - self.t_start) * 1000.0
+
+    @property
+    def produced_ttft_ms(self) -> float | None:
+        """From the call to the serving engine producing the first content token."""
+        tt = self.token_times
+        return None if not tt else (tt[0] - self.t_start) * 1000.0
 
     @property
     def itl_ms(self) -> list[float]:
-        """Inter-token gaps in milliseconds, in order."""
-        tt = self.token_times
-        return [(b - a) * 1000.0 for a, b in zip(tt, tt[1:], strict=False)]
+        """Inter-token gaps at delivery in milliseconds, in order."""
+        return _gaps_ms(self.times)
+
+    @property
+    def itl_p99_ms(self) -> float | None:
+        return _p99(self.itl_ms)
 
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first (decode speed as the app felt it)."""
-        tt = self.token_times
+        tt = self.times
         if len(tt) < 2:
             return None
         return (tt[-1] - tt[0]) * 1000.0 / (len(tt) - 1)
+
+    @property
+    def produced_tpot_ms(self) -> float | None:
+        """`tpot_ms` from the production times (the serving engines' own decode speed)."""
+        tt = self.token_times
+        return None if len(tt) < 2 else (tt[-1] - tt[0]) * 1000.0 / (len(tt) - 1)
+
+    @property
+    def hop_ms(self) -> list[float]:
+        """For each token the app received: from its production to its delivery (the hop from
+        the engine's thread or socket, through the orchestrator, to the app)."""
+        pairs = zip(self.token_times, self.delivered_times, strict=False)
+        return [(d - p) * 1000.0 for p, d in pairs]
+
+    def span_itl_ms(self) -> list[tuple[EngineName, list[float]]]:
+        """The delivered gaps of each span of text, with its engine (a gap across a seam goes
+        with the span after it)."""
+        tt, out = self.times, []
+        for i, span in enumerate(self.spans):
+            end = self.spans[i + 1].first if i + 1 < len(self.spans) else len(tt)
+            out.append((span.engine, _gaps_ms(tt[max(span.first - 1, 0) : end])))
+        return out
 
     @property
     def total_ms(self) -> float | None:
@@ -323,6 +436,15 @@ class Trace:
         tpot = self.tpot_ms
         return None if not tpot else 1000.0 / tpot
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure of this request as JSON-ready data (`runtime.trace_export`): times in
+        milliseconds since the call; no prompt or answer text unless captured."""
+        return trace_dict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        """`to_dict()` as JSON text (`kwargs` go to `json.dumps`, e.g. `indent=2`)."""
+        return json.dumps(self.to_dict(), **kwargs)
+
     def summary(self) -> dict[str, object]:
         return {
             "engine": self.engine,
@@ -337,6 +459,18 @@ class Trace:
             "cloud_cancelled": self.cloud_cancelled,
             "cost_usd": self.cost_usd,
         }
+
+
+def _gaps_ms(tt: list[float]) -> list[float]:
+    return [(b - a) * 1000.0 for a, b in zip(tt, tt[1:], strict=False)]
+
+
+def _p99(values: list[float]) -> float | None:
+    """The nearest-rank 99th percentile (None: no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
 
 
 def _by_t(item: tuple[str, float]) -> float:

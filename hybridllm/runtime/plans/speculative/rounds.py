@@ -125,7 +125,7 @@ class Rounds:
             self.run.emit(Draft(clock.now(), draft_text))
         round_ = self._round_of(ids, pieces, drafted)
         try:
-            verdict = await self._verify(round_, drafted)
+            verdict = await self._verify_traced(round_, drafted)
         except Unverifiable as exc:
             self._retract(draft_text)
             return self._step_aside(f"the verifier cannot judge this round: {exc}")
@@ -179,6 +179,22 @@ class Rounds:
             text_of=partial(_text_of, self.drafter, list(context)),
             sampling=sampling,
         )
+
+    async def _verify_traced(self, round_: Round, drafted: Drafted) -> Verdict:
+        """`_verify`, recorded in the trace as one verification attempt of the cloud."""
+        cloud = self.setup.cloud
+        attempt = self.run.trace.attempt(cloud.name, cloud.info().model, "verification")
+        try:
+            verdict = await self._verify(round_, drafted)
+        except anyio.get_cancelled_exc_class():
+            attempt.ended("cancelled", clock.now())
+            raise
+        except Exception as exc:
+            attempt.ended("failed", clock.now(), exc)
+            raise
+        attempt.content(clock.now())
+        attempt.ended("finished", clock.now())
+        return verdict
 
     async def _verify(self, round_: Round, drafted: Drafted) -> Verdict:
         """The round's verdict; a pipelined round drafts the next one meanwhile (`ahead`)."""
