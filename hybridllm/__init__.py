@@ -62,6 +62,9 @@ _NAMES = {
     "Spend": "hybridllm.runtime.trace",
     "Switch": "hybridllm.runtime.trace",
     "Trace": "hybridllm.runtime.trace",
+    "Attempt": "hybridllm.runtime.trace",
+    "Telemetry": "hybridllm.telemetry",
+    "StatsReport": "hybridllm.telemetry",
     "ClientStateError": "hybridllm.errors",
     "ConfigError": "hybridllm.errors",
     "EngineError": "hybridllm.errors",
@@ -168,6 +171,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.runtime.admission import StreamArgs as StreamArgs
     from hybridllm.runtime.stream import Stream as Stream
     from hybridllm.runtime.trace import (
+        Attempt as Attempt,
         CascadeRecord as CascadeRecord,
         HandoffRecord as HandoffRecord,
         Pause as Pause,
@@ -175,4 +179,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         Spend as Spend,
         Switch as Switch,
         Trace as Trace,
+    )
+    from hybridllm.telemetry import (
+        StatsReport as StatsReport,
+        Telemetry as Telemetry,
     )

@@ -57,6 +57,7 @@ from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
+from hybridllm.telemetry import StatsReport, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class HybridClient:
         budget_caps: Sequence[Cap] = (),
         latency: LatencyModel | None = None,
         decision_log: DecisionLog | str | Path | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
         engine; `ledger` (a `Ledger` or an SQLite path), `prices` (a `Prices` or a TOML path) and
@@ -131,7 +133,9 @@ class HybridClient:
         engines; None: no router (policies then route by preference and latency alone).
         `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
         features, score, route, outcome - written off the event loop after the request ends;
-        prompt text only with `DecisionLog(path, store_prompts=True)`."""
+        prompt text only with `DecisionLog(path, store_prompts=True)`. `telemetry`: what the
+        client aggregates and exports about its requests (`stats()`, OpenTelemetry; default
+        `Telemetry()`: a one-hour window, OpenTelemetry as `HYBRIDLLM_OTEL` says)."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         for arg, eng in (("local", local), ("cloud", cloud)):
@@ -161,6 +165,9 @@ class HybridClient:
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
         self.decision_log = decision_log
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise errors.InvalidArgumentError("telemetry", telemetry, "a Telemetry or None")
+        self.telemetry = Telemetry() if telemetry is None else telemetry
         self._log_lock = threading.Lock()
         self._log_pending: set[str] = set()  # request ids whose row is not written yet
         self._early_feedback: dict[str, bool] = {}
@@ -385,7 +392,8 @@ class HybridClient:
 
     async def _drive(self, run: RequestRun, ticket: _Ticket) -> None:
         try:
-            await run.run(partial(self._serve, ticket))
+            with self.telemetry.request(run.trace):
+                await run.run(partial(self._serve, ticket))
         finally:
             self._runs.discard(run)
             await self._after(run, ticket)
@@ -400,6 +408,7 @@ class HybridClient:
             ticket.cloud_start.extra = True  # a cloud request paid for and not used
         if "local" in run.trace.started:
             self.routing.note_local(request.messages)
+        self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
         if self.decision_log is None:
             return
         score = None if route is None else route.facts.router_score
@@ -413,6 +422,12 @@ class HybridClient:
             early = self._early_feedback.pop(rid, None)
         if early is not None:
             self.decision_log.feedback(rid, early)
+
+    def stats(self) -> StatsReport:
+        """Rolling P50/P95/P99 of TTFT, TPOT, ITL and the delivery hop, per engine, per policy
+        and overall, with counts (requests, failures, fallbacks, hedges, parallel starts,
+        deadline misses, the cloud's share, the spend), over the telemetry's window."""
+        return self.telemetry.stats.report()
 
     def feedback(self, request: Trace | str, good: bool) -> None:
         """The user's verdict on an answer (by its trace or request id), for the decision log;

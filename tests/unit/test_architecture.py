@@ -79,7 +79,17 @@ def _documented_names() -> list[str]:
     """The public names ARCHITECTURE.md lists (its "public-names" block), room words left out."""
     text = (ROOT / "ARCHITECTURE.md").read_text()
     block = text.split("<!-- public-names -->")[1].split("<!-- /public-names -->")[0]
-    rooms = {"client", "policy", "engines", "routing", "events", "trace", "errors", "logging"}
+    rooms = {
+        "client",
+        "policy",
+        "engines",
+        "routing",
+        "events",
+        "trace",
+        "telemetry",
+        "errors",
+        "logging",
+    }
     return [w for w in block.replace("```", " ").split() if w not in rooms]
 
 
