@@ -37,7 +37,12 @@ from hybridllm.engines.llama.session import (
     LlamaSession,
     PrefillPreempted,
 )
-from hybridllm.engines.llama.thread import LlamaThread, loop_caller, run_on_llama_thread
+from hybridllm.engines.llama.thread import (
+    Handoff,
+    LlamaThread,
+    loop_caller,
+    run_on_llama_thread,
+)
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import (
@@ -62,6 +67,8 @@ if TYPE_CHECKING:
     from hybridllm.engines.llama.signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+# a token on its way from the llama thread to the loop (the thread waits for `ack`: Handoff)
+_Posted = tuple["Delta | Called", threading.Event]
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
 
 
@@ -141,6 +148,9 @@ class LlamaCppEngine:
         self._learned_prefill = self._learned_tpot = False
         # Observability for tests and benchmarks.
         self.steps_total = 0
+        # how long the llama thread waits, after each token, for the loop to hand it on
+        # (`Handoff`; 0: it does not wait)
+        self.handoff_wait_s = 0.004
         self._counts: OrderedDict[tuple[tuple[str, str], ...], int] = OrderedDict()
         self.busy = False
         self.stopped_at: float | None = None
@@ -408,14 +418,15 @@ class LlamaCppEngine:
         """Decode on the llama thread without pausing between tokens; stop when told, or
         before the next step once a more urgent request preempts this one (`turn.preempt`).
         A tool call comes as one `Called` once its JSON is complete (never as text)."""
-        send, recv = anyio.create_memory_object_stream[Delta | Called](math.inf)
+        send, recv = anyio.create_memory_object_stream[_Posted](math.inf)
         stop = threading.Event()
         finished = anyio.Event()
         post = loop_caller()
+        handoff = Handoff(post, self.handoff_wait_s)
 
-        def push(delta: Delta | Called) -> None:
+        def push(delta: Delta | Called, ack: threading.Event) -> None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                send.send_nowait(delta)
+                send.send_nowait((delta, ack))
 
         cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
         sent = [len(gen.calls)]  # calls already delivered (a resumed generation has some)
@@ -429,13 +440,13 @@ class LlamaCppEngine:
                         break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
-                        post(partial(push, Delta(text, clock.now())))
+                        handoff.send(partial(push, Delta(text, clock.now())))
                     while len(gen.calls) > sent[0]:
                         call = gen.calls[sent[0]]
                         sent[0] += 1
                         now = clock.now()
                         called = Called(call.id, call.name, call.arguments, now, call.confidence)
-                        post(partial(push, called))
+                        handoff.send(partial(push, called))
                     if text is None or gen.finish_reason is not None:
                         break
             finally:
@@ -450,10 +461,11 @@ class LlamaCppEngine:
         first = last = None
         try:
             async with recv:
-                async for delta in recv:
+                async for delta, ack in recv:
                     first = first or delta.t
                     last = delta.t
                     yield delta
+                    handoff.taken(ack)
             fut.result()  # raises the worker's error, if any (the stream closed after it ended)
         except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("generation aborted", engine="local") from exc
