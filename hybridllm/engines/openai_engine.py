@@ -25,9 +25,9 @@ where OpenAI says "stop": a call `tool_choice` forced). A malformed piece is a
 from __future__ import annotations
 
 import email.utils
+import inspect
 import logging
 import math
-import inspect
 import os
 import re
 import time
@@ -84,7 +84,6 @@ NO_KEY = (
 log = logging.getLogger(__name__)
 
 
-
 async def _close(stream: Any) -> None:
     """Close the SDK's stream. An instrumentation may hand back its own wrapper of it
     (opentelemetry-instrumentation-openai-v2 does, with a synchronous `close()` that leaves the
@@ -101,6 +100,7 @@ async def _close(stream: Any) -> None:
     closing = stream.close()
     if inspect.isawaitable(closing):
         await closing
+
 
 class OpenAIEngine:
     """An OpenAI-compatible chat endpoint.

@@ -57,7 +57,9 @@ from hybridllm.runtime.trace import Attempt, Spend, Trace
 
 PREFIX = "hybridllm."  # every attribute of hybridllm's own
 OPERATION = ga.GenAiOperationNameValues.CHAT.value
-LOCAL_PROVIDER = "llama_cpp"  # ours: 0.66b2 lists no value for llama.cpp (custom values MAY be used)
+LOCAL_PROVIDER = (
+    "llama_cpp"  # ours: 0.66b2 lists no value for llama.cpp (custom values MAY be used)
+)
 PROVIDERS: dict[EngineName, str] = {
     "local": LOCAL_PROVIDER,
     "cloud": ga.GenAiProviderNameValues.OPENAI.value,
@@ -82,7 +84,10 @@ class _Instruments:
             )
 
         self.duration = histogram(
-            gm.GEN_AI_CLIENT_OPERATION_DURATION, "s", DURATION_BUCKETS_S, "GenAI operation duration."
+            gm.GEN_AI_CLIENT_OPERATION_DURATION,
+            "s",
+            DURATION_BUCKETS_S,
+            "GenAI operation duration.",
         )
         self.tokens = histogram(
             gm.GEN_AI_CLIENT_TOKEN_USAGE,
