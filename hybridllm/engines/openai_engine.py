@@ -25,6 +25,7 @@ where OpenAI says "stop": a call `tool_choice` forced). A malformed piece is a
 from __future__ import annotations
 
 import email.utils
+import inspect
 import logging
 import math
 import os
@@ -81,6 +82,24 @@ NO_KEY = (
 )
 
 log = logging.getLogger(__name__)
+
+
+async def _close(stream: Any) -> None:
+    """Close the SDK's stream. An instrumentation may hand back its own wrapper of it
+    (opentelemetry-instrumentation-openai-v2 does, with a synchronous `close()` that leaves the
+    SDK stream's close un-awaited): then close the stream it wraps and end the wrapper as an
+    async context manager does (its span ends; it ignores a second end)."""
+    if isinstance(stream, openai.AsyncStream):
+        await stream.close()
+        return
+    inner = getattr(stream, "stream", None)
+    if isinstance(inner, openai.AsyncStream):
+        await inner.close()
+        await stream.__aexit__(None, None, None)
+        return
+    closing = stream.close()
+    if inspect.isawaitable(closing):
+        await closing
 
 
 class OpenAIEngine:
@@ -330,7 +349,7 @@ class OpenAIEngine:
             self.limit.release(clock.now() - held_from)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
-                    await stream.close()
+                    await _close(stream)
 
     async def _ready_client(self) -> openai.AsyncOpenAI:
         """The client, started on first use; nothing is sent with a missing or refused key."""
