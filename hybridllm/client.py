@@ -409,6 +409,8 @@ class HybridClient:
         if "local" in run.trace.started:
             self.routing.note_local(request.messages)
         self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
+        with anyio.CancelScope(shield=True):  # the request's spans are not lost on cancel
+            await self.telemetry.export(run.trace)
         if self.decision_log is None:
             return
         score = None if route is None else route.facts.router_score

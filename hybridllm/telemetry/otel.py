@@ -141,10 +141,11 @@ class OtelRecorder:
         with trace.use_span(span, record_exception=False, set_status_on_exception=False):
             yield
 
-    def finished(self, trace_: Trace) -> None:
-        """Make the attempts' spans and metrics from the trace and end the parent span."""
+    def finished(self, trace_: Trace, end: float | None = None) -> None:
+        """Make the attempts' spans and metrics from the trace and end the parent span at `end`
+        (a `clock.now()` time; None: now, which needs the event loop's thread)."""
         parent = self._open.pop(trace_.request_id, None) or self._parent(trace_)
-        end = clock.now()
+        end = clock.now() if end is None else end
         shadowed = openai_v2_active()
         context = trace.set_span_in_context(parent)
         usage = _attempt_usage(trace_)
