@@ -364,6 +364,34 @@ class LlamaCppEngine:
                 if hold.holding:
                     self._queue.release()
 
+    async def warm(self, messages: Sequence[Message]) -> int:
+        """Prefill a conversation whose last message is the assistant's answer (a turn another
+        engine served), at background priority: it waits for the device to be idle and any more
+        urgent request cuts it at once (the chunk under way is aborted). What it prefilled stays
+        in the KV cache, and in a saved state once another prompt takes the cache, so the next
+        turn pays only for its new message. Returns the tokens prefilled (0: already cached)."""
+        await self.start()
+        session = self._session
+        if session is None:
+            raise errors.ClientStateError("the local engine was closed")
+        request = GenerationRequest(messages=tuple(messages), max_tokens=1, priority="background")
+        async with self._prepare_lock:
+            prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
+        if new_tokens <= 1:
+            return 0
+        turn = await self._queue.acquire(self.estimate_s(new_tokens, 0), "background")
+        hold = _Hold()
+        try:
+            fill = partial(session.prefill, prepared, yield_if=_yields(turn))
+            gen, t0 = await self._prefill_in_turn(session, fill, turn, hold, lambda: 0.0)
+            await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
+            self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, clock.now() - t0)
+            return len(prepared.tokens) - gen.reused_tokens
+        finally:
+            if hold.holding:
+                self._queue.release()
+
     async def _resume(
         self,
         session: LlamaSession,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -108,3 +109,26 @@ async def test_interleaved_conversations_stay_warm(model_path: Path) -> None:
     # each second turn found at least its whole first prompt cached (the rest: the answer)
     assert all(cached >= first - 1 for cached, first in warm), warm
     assert cold[0][0] < 10, cold  # without saved states, A's history was overwritten by B
+
+
+async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
+    model_path: Path, proxy: Any
+) -> None:
+    from hybridllm.engines import OpenAIEngine
+    from tests.integration.servers import ALIAS, API_KEY
+
+    local = LlamaCppEngine(model_path, warm_up=False)
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    conv = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hi."}]
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        async with client.stream(conv, engine="cloud", max_tokens=12, temperature=0.0) as s:
+            reply = "".join([t async for t in s])
+        assert s.trace.spans[-1].engine == "cloud" and reply
+        for _ in range(600):  # the warm-up runs in the background: wait for it to end
+            if client._warming is None:
+                break
+            await anyio.sleep(0.05)
+        conv += [{"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
+        known = local.count_tokens([*conv[:2], conv[2]])
+        _, cached, prompt = await _turn(client, conv)
+    assert known is not None and cached >= known - 8, (cached, known, prompt)
