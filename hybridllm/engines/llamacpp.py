@@ -15,6 +15,8 @@ The KV cache is reused for a shared prompt prefix.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -30,6 +32,7 @@ import anyio.to_thread
 from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
+from hybridllm.engines.llama.kvdisk import DEFAULT_DISK_BYTES, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.llama.session import (
@@ -56,12 +59,14 @@ from hybridllm.events import (
     Mark,
     Resumed,
 )
-from hybridllm.local.models import default_n_ctx
+from hybridllm.local.fingerprint import file_stamp, llama_build
+from hybridllm.local.models import cache_dir, default_n_ctx
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
 from hybridllm.local.tune import Tuning, load_tuning
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from hybridllm.engines.capabilities import Drafter
@@ -102,12 +107,15 @@ class LlamaCppEngine:
     `kv_cache_bytes`: the RAM the engine may use for saved KV states of past prompts, so that
     several conversations (and one the cloud served a turn of) stay warm: a prompt that shares a
     longer prefix with a saved state than with the live KV cache has it restored instead of
-    prefilled (`engines.llama.kvstore`; 0: none kept).
+    prefilled (`engines.llama.kvstore`; 0: none kept). `kv_disk_bytes`: the disk the engine may
+    use for the KV states of system prompts, so the first request after a restart does not
+    prefill its system prompt again (`engines.llama.kvdisk`, in `kv_disk_dir`, by default
+    `$HYBRIDLLM_CACHE_DIR/kv-states`; 0: none; it needs `kv_cache_bytes`).
 
     Checked when made (`InvalidArgumentError`): `model` a non-blank name or a path; `n_ctx`,
     `n_threads`, `n_batch` ints >= 1 (or None); `flash_attn` a bool (or None); `use_tuning`,
     `warm_up`, `pull` bools; `settings` a `LlamaSettings`; `llama_kwargs` a dict;
-    `kv_cache_bytes` an int >= 0.
+    `kv_cache_bytes`, `kv_disk_bytes` ints >= 0; `kv_disk_dir` a path or None.
     """
 
     def __init__(
@@ -128,10 +136,16 @@ class LlamaCppEngine:
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
         kv_cache_bytes: int = DEFAULT_KV_BYTES,
+        kv_disk_bytes: int = DEFAULT_DISK_BYTES,
+        kv_disk_dir: str | Path | None = None,
     ) -> None:
         _check_args(model, n_ctx, n_threads, n_batch, flash_attn, settings, llama_kwargs, name)
         validate.integer("kv_cache_bytes", kv_cache_bytes, minimum=0)
-        self.kv_cache_bytes = kv_cache_bytes
+        validate.integer("kv_disk_bytes", kv_disk_bytes, minimum=0)
+        if kv_disk_dir is not None and not isinstance(kv_disk_dir, str | Path):
+            raise errors.InvalidArgumentError("kv_disk_dir", kv_disk_dir, "a path or None")
+        self.kv_cache_bytes, self.kv_disk_bytes = kv_cache_bytes, kv_disk_bytes
+        self.kv_disk_dir = Path(kv_disk_dir) if kv_disk_dir is not None else None
         for arg, value in (("use_tuning", use_tuning), ("warm_up", warm_up), ("pull", pull)):
             validate.flag(arg, value)
         self.name: EngineName = name
@@ -196,7 +210,20 @@ class LlamaCppEngine:
                 self.prefill_tps, self.tpot_s = tuning.prefill_tps, tuning.rates.tpot_s
             self.settings, self.tuning = settings, tuning
             session.kv = KVStore(self.kv_cache_bytes) if self.kv_cache_bytes else None
+            if session.kv is not None and self.kv_disk_bytes:
+                try:
+                    session.disk = await anyio.to_thread.run_sync(self._disk_states, path, n_ctx)
+                except OSError as exc:  # no warm start, and nothing else lost
+                    log.warning("no KV states on disk (%s): the warm start is off", exc)
             self._session = session
+
+    def _disk_states(self, path: Path, n_ctx: int) -> DiskStates:
+        """The disk store of system prompts' states for this model, build and settings."""
+        assert self.settings is not None
+        shape = json.dumps({"n_ctx": n_ctx, **self.settings.to_dict()}, sort_keys=True)
+        identity = f"{path.name}|{file_stamp(path)}|{llama_build()}|{shape}"
+        directory = self.kv_disk_dir or cache_dir() / "kv-states"
+        return DiskStates(directory, identity, self.kv_disk_bytes)
 
     def _resolve(self) -> Path:
         return resolve_model(self.model, pull=self._pull)

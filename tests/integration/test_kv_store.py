@@ -8,6 +8,7 @@ tokens each turn found cached."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import anyio
 import numpy as np
 import pytest
 
-from hybridllm import HybridClient
+from hybridllm import GenerationRequest, HybridClient
 from hybridllm.engines import LlamaCppEngine
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import TIE_MARGIN
@@ -132,3 +133,47 @@ async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
         known = local.count_tokens([*conv[:2], conv[2]])
         _, cached, prompt = await _turn(client, conv)
     assert known is not None and cached >= known - 8, (cached, known, prompt)
+
+
+def _disk_vs_live(session: Any, tokens: list[int], end: int) -> tuple[Any, Any]:
+    """The last position's logits from the system prompt's state read from disk, and from the
+    same tokens evaluated live in the same two batches."""
+    llm = session.llm
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    hit = session._from_disk(tokens, session.kv)
+    assert hit is not None and hit[1] == end and session._restore(hit[0])
+    llm.eval(tokens[end:])
+    restored = last_logits(llm)
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    llm.eval(tokens[:end])
+    llm.eval(tokens[end:])
+    return restored, last_logits(llm)
+
+
+async def test_a_restart_reads_the_system_prompt_from_disk(
+    model_path: Path, tmp_path: Path
+) -> None:
+    first = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hi."}]
+    later = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Where?"}]
+    before = LlamaCppEngine(model_path, warm_up=False, kv_disk_dir=tmp_path)
+    async with HybridClient(local=before, router=None) as client:
+        _, cached, _ = await _turn(client, first)
+    assert cached == 0 and len(os.listdir(tmp_path)) == 1  # one state file
+    after = LlamaCppEngine(model_path, warm_up=False, kv_disk_dir=tmp_path)  # a new process
+    async with HybridClient(local=after, router=None) as client:
+        _, cached, prompt = await _turn(client, later)
+        session = after._session
+        assert session is not None and session.disk is not None
+        end = len(session.disk.states[0].tokens)
+        tokens = session.prepare(GenerationRequest(tuple(later))).tokens
+        restored, live = await run_on_llama_thread(
+            lambda: _disk_vs_live(session, tokens, end), on_cancel=_noop
+        )
+    assert cached == end and 64 <= end < prompt  # the whole system prompt, from disk
+    assert np.array_equal(restored, live)
+    other = LlamaCppEngine(model_path, warm_up=False, kv_disk_dir=tmp_path, n_ctx=768)
+    async with HybridClient(local=other, router=None) as client:  # another cache shape
+        _, cached, _ = await _turn(client, later)
+    assert cached == 0

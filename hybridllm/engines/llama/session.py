@@ -24,7 +24,8 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
-from hybridllm.engines.llama.kvstore import KVStore, SavedState
+from hybridllm.engines.llama.kvdisk import DiskStates
+from hybridllm.engines.llama.kvstore import MIN_TOKENS, KVStore, SavedState, common_prefix
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.llama.signals import distribution, last_logits
 from hybridllm.engines.llama.toolcalls import (
@@ -42,6 +43,8 @@ from hybridllm.engines.llama.toolcalls import (
 from hybridllm.local import loader
 from hybridllm.local.settings import LlamaSettings
 
+log = logging.getLogger(__name__)
+
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -57,6 +60,9 @@ class Prepared:
     request: GenerationRequest
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (-100: banned)
     tools: ToolPlan | None = None  # calls and JSON answers (`toolcalls`; None: plain text)
+    # where the prompt's opening system message ends (its KV state is kept on disk: `kvdisk`);
+    # 0: none, or no disk store
+    system_tokens: int = 0
 
 
 @dataclass
@@ -130,6 +136,7 @@ class LlamaSession:
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
+        self.disk: DiskStates | None = None  # system prompts' states on disk (`kvdisk`)
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
@@ -175,8 +182,28 @@ class LlamaSession:
             )
         bias = {t: -100.0 for t in plan.banned} if plan is not None else {}
         return Prepared(
-            tokens, min(request.max_tokens, room), request.stop, request, bias or None, plan
+            tokens,
+            min(request.max_tokens, room),
+            request.stop,
+            request,
+            bias or None,
+            plan,
+            self._system_end(request.messages, defined, tokens),
         )
+
+    def _system_end(
+        self, messages: Sequence[Message], defined: list[Any] | None, tokens: list[int]
+    ) -> int:
+        """How many of `tokens` the opening system message's rendering accounts for (0: no disk
+        store, no system message, or one shorter than the store keeps)."""
+        if self.disk is None or not messages or messages[0].get("role") != "system":
+            return 0
+        try:
+            alone = self.tokenize(self.render(messages[:1], defined))
+        except errors.LocalEngineError:  # a template that will not render a system alone
+            return 0
+        n = common_prefix(alone, tokens)
+        return n if MIN_TOKENS <= n < len(tokens) - 1 else 0
 
     def plan(self, request: GenerationRequest) -> ToolPlan | None:
         """The request's tool plan, its grammars checked by llama.cpp's parser."""
@@ -219,7 +246,7 @@ class LlamaSession:
         kv = self.kv
         if kv is None:
             return reuse
-        hit = kv.find(tokens)
+        hit = kv.find(tokens) or self._from_disk(tokens, kv)
         if self.llm.n_tokens - reuse >= kv.min_tokens:
             self._save_live(kv)
         if hit is not None and hit[1] - reuse >= kv.min_tokens and self._restore(hit[0]):
@@ -227,6 +254,16 @@ class LlamaSession:
             return self.cached_prefix(tokens)
         kv.misses += hit is None
         return reuse
+
+    def _from_disk(self, tokens: Sequence[int], kv: KVStore) -> tuple[SavedState, int] | None:
+        """A state on disk for this prompt's opening, read into the RAM store (None: none)."""
+        found = None if self.disk is None else self.disk.find(tokens, kv.min_tokens)
+        if found is None or self.disk is None:
+            return None
+        data = self.disk.read(found[0])
+        if data is None or not kv.put(found[0].tokens, data):
+            return None
+        return kv.find(tokens)
 
     def _save_live(self, kv: KVStore) -> None:
         """Copy the live sequence's KV cells out into the store."""
@@ -290,12 +327,12 @@ class LlamaSession:
         gen.reused_tokens = reuse
         self._yield_if = yield_if  # the abort callback cuts a chunk once it says so
         try:
-            todo = tokens[reuse:-1]  # generate() then evaluates just the last token
-            step = len(todo) if yield_if is None else YIELD_CHUNK
-            for i in range(0, len(todo), max(1, step)):
-                if yield_if is not None and yield_if():
-                    raise PrefillPreempted
-                llm.eval(todo[i : i + step])
+            end = prepared.system_tokens  # kept on disk once evaluated (`kvdisk`)
+            if self.disk is not None and reuse < end and not self.disk.has(tokens[:end]):
+                self._eval(tokens[reuse:end], yield_if)
+                self._save_to_disk(tokens[:end])
+                reuse = end
+            self._eval(tokens[reuse:-1], yield_if)  # generate() then evaluates the last one
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
@@ -317,6 +354,29 @@ class LlamaSession:
             self._arm_opening(gen)  # "auto": a call written as JSON is read as a call
         gen._gen = self._generator(gen, tokens)
         return gen
+
+    def _eval(self, todo: Sequence[int], yield_if: Callable[[], bool] | None) -> None:
+        """Evaluate `todo` into the KV cache (a preemptible request: `YIELD_CHUNK` at a time)."""
+        step = len(todo) if yield_if is None else YIELD_CHUNK
+        for i in range(0, len(todo), max(1, step)):
+            if yield_if is not None and yield_if():
+                raise PrefillPreempted
+            self.llm.eval(todo[i : i + step])
+
+    def _save_to_disk(self, tokens: Sequence[int]) -> None:
+        """Write the live sequence (exactly `tokens`) to the disk store; a failed write is a
+        miss later, never an error now."""
+        if self.disk is None or self.llm.n_tokens != len(tokens):
+            return
+        lc, ctx = self._lc, self.llm.ctx
+        size = lc.llama_state_seq_get_size(ctx, 0)
+        data = bytearray(size)
+        got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0)
+        if got:
+            try:
+                self.disk.write(tokens, data if got == size else data[:got])
+            except OSError as exc:
+                log.warning("could not keep a system prompt's KV state on disk: %s", exc)
 
     def _generator(self, gen: Generation, tokens: Sequence[int]) -> Iterator[int]:
         """llama.cpp's sampling loop over `tokens` (a cached prefix reused), under the grammar
