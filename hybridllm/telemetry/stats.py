@@ -146,7 +146,11 @@ class Stats:
 
     def record(self, trace: Trace) -> None:
         """Add one finished request."""
-        samples = _samples(trace)
+        self.add(request_samples(trace))
+
+    def add(self, samples: Samples) -> None:
+        """Add one request's samples (`request_samples`, or `telemetry.logged` for a request
+        read back from the decision log)."""
         with self._lock:
             bucket = self._bucket()
             for key, counts, metrics in samples:
@@ -189,7 +193,7 @@ class Stats:
 Samples = list[tuple[GroupKey, Counts, dict[Metric, list[float | None]]]]
 
 
-def _samples(trace: Trace) -> Samples:
+def request_samples(trace: Trace) -> Samples:
     """Each group's share of one request: its counts and its metric values."""
     counts = _counts(trace)
     whole: dict[Metric, list[float | None]] = {
