@@ -33,6 +33,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
+from hybridllm.engines.capabilities import Warms
 from hybridllm.events import EngineName, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
@@ -176,6 +177,7 @@ class HybridClient:
         self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
+        self._warming: anyio.CancelScope | None = None  # the local engine's warm-up under way
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(name="local"),
@@ -232,6 +234,8 @@ class HybridClient:
         stack, self._stack = self._stack, None
         for run in list(self._runs):
             run.cancel()
+        if self._warming is not None:
+            self._warming.cancel()
         try:
             if stack is not None:
                 await stack.aclose()
@@ -408,7 +412,10 @@ class HybridClient:
             ticket.cloud_start.extra = True  # a cloud request paid for and not used
         if "local" in run.trace.started:
             self.routing.note_local(request.messages)
+        self._continue_locally(run, request)
         self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
+        with anyio.CancelScope(shield=True):  # the request's spans are not lost on cancel
+            await self.telemetry.export(run.trace)
         if self.decision_log is None:
             return
         score = None if route is None else route.facts.router_score
@@ -422,6 +429,31 @@ class HybridClient:
             early = self._early_feedback.pop(rid, None)
         if early is not None:
             self.decision_log.feedback(rid, early)
+
+    def _continue_locally(self, run: RequestRun, request: GenerationRequest) -> None:
+        """The cloud wrote the end of this answer: have the local engine prefill the
+        conversation with it, in the background, so that a local next turn pays only for its
+        new message (one warm-up at a time; a request that arrives meanwhile cuts it)."""
+        trace, local = run.trace, self.engines.get("local")
+        if not isinstance(local, Warms) or self._warming is not None or self._tg is None:
+            return
+        if trace.error_type is not None or run.calls or not trace.spans:
+            return
+        if trace.spans[-1].engine != "cloud" or not run.delivered_text:
+            return
+        answer = {"role": "assistant", "content": run.delivered_text}
+        self._warming = anyio.CancelScope()
+        self._tg.start_soon(self._warm, local, [*request.messages, answer], self._warming)
+
+    async def _warm(self, local: Warms, messages: list[Message], scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                tokens = await local.warm(messages)
+                log.debug("the local engine prefilled %d tokens of a cloud turn", tokens)
+        except errors.HybridError as exc:  # a background nicety: never the app's error
+            log.debug("the local engine did not prefill a cloud turn: %r", exc)
+        finally:
+            self._warming = None
 
     def stats(self) -> StatsReport:
         """Rolling P50/P95/P99 of TTFT, TPOT, ITL and the delivery hop, per engine, per policy

@@ -68,6 +68,16 @@ class ReadsSignals(Protocol):
     ) -> LocalSignals: ...
 
 
+@runtime_checkable
+class Warms(Protocol):
+    """Prefills a conversation ahead of its next turn, at background priority, so that turn
+    pays only for its new message (a turn the cloud served, issue 28)."""
+
+    async def warm(self, messages: Sequence[Message]) -> int:
+        """Prefill `messages` (the last one the assistant's answer); the tokens prefilled."""
+        ...
+
+
 # ---- drafting -------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ import anyio.to_thread
 from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
+from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
 from hybridllm.engines.llama.session import (
     DecodeAborted,
@@ -37,7 +38,12 @@ from hybridllm.engines.llama.session import (
     LlamaSession,
     PrefillPreempted,
 )
-from hybridllm.engines.llama.thread import LlamaThread, loop_caller, run_on_llama_thread
+from hybridllm.engines.llama.thread import (
+    Handoff,
+    LlamaThread,
+    loop_caller,
+    run_on_llama_thread,
+)
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import (
@@ -62,6 +68,11 @@ if TYPE_CHECKING:
     from hybridllm.engines.llama.signals import LocalSignals
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+# a token on its way from the llama thread to the loop (the thread waits for `ack`: Handoff)
+_Posted = tuple["Delta | Called", threading.Event]
+# the bytes of saved KV states a local engine keeps by default (`kv_cache_bytes`): about 20,000
+# tokens of Qwen 0.5B's KV, 9,000 of Qwen 1.5B's
+DEFAULT_KV_BYTES = 256 * 1024 * 1024
 _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once per request)
 
 
@@ -88,9 +99,15 @@ class LlamaCppEngine:
     machine's capacity, shared by every policy; a policy's own tolerance is its
     `ttft_deadline_ms`, which routing already weighs against the expected queue wait.
 
+    `kv_cache_bytes`: the RAM the engine may use for saved KV states of past prompts, so that
+    several conversations (and one the cloud served a turn of) stay warm: a prompt that shares a
+    longer prefix with a saved state than with the live KV cache has it restored instead of
+    prefilled (`engines.llama.kvstore`; 0: none kept).
+
     Checked when made (`InvalidArgumentError`): `model` a non-blank name or a path; `n_ctx`,
     `n_threads`, `n_batch` ints >= 1 (or None); `flash_attn` a bool (or None); `use_tuning`,
-    `warm_up`, `pull` bools; `settings` a `LlamaSettings`; `llama_kwargs` a dict.
+    `warm_up`, `pull` bools; `settings` a `LlamaSettings`; `llama_kwargs` a dict;
+    `kv_cache_bytes` an int >= 0.
     """
 
     def __init__(
@@ -110,8 +127,11 @@ class LlamaCppEngine:
         llama_kwargs: dict[str, Any] | None = None,
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_BYTES,
     ) -> None:
         _check_args(model, n_ctx, n_threads, n_batch, flash_attn, settings, llama_kwargs, name)
+        validate.integer("kv_cache_bytes", kv_cache_bytes, minimum=0)
+        self.kv_cache_bytes = kv_cache_bytes
         for arg, value in (("use_tuning", use_tuning), ("warm_up", warm_up), ("pull", pull)):
             validate.flag(arg, value)
         self.name: EngineName = name
@@ -141,6 +161,9 @@ class LlamaCppEngine:
         self._learned_prefill = self._learned_tpot = False
         # Observability for tests and benchmarks.
         self.steps_total = 0
+        # how long the llama thread waits, after each token, for the loop to hand it on
+        # (`Handoff`; 0: it does not wait)
+        self.handoff_wait_s = 0.004
         self._counts: OrderedDict[tuple[tuple[str, str], ...], int] = OrderedDict()
         self.busy = False
         self.stopped_at: float | None = None
@@ -172,6 +195,7 @@ class LlamaCppEngine:
                 # a longer measurement than the warm-up's, with exactly these settings
                 self.prefill_tps, self.tpot_s = tuning.prefill_tps, tuning.rates.tpot_s
             self.settings, self.tuning = settings, tuning
+            session.kv = KVStore(self.kv_cache_bytes) if self.kv_cache_bytes else None
             self._session = session
 
     def _resolve(self) -> Path:
@@ -288,7 +312,7 @@ class LlamaCppEngine:
         async with self._prepare_lock:
             prepared = await anyio.to_thread.run_sync(session.prepare, request)
         draft = self._draft_for(request)
-        new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
+        new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
         self._queue.check()  # past a bound: QueueFullError now, before the "queued" mark
         yield Mark("queued", clock.now())
         turn = await self._queue.acquire(
@@ -298,7 +322,7 @@ class LlamaCppEngine:
         gen: Generation | None = None
         try:
             self.busy = True
-            new_tokens = len(prepared.tokens) - session.cached_prefix(prepared.tokens)
+            new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
             self._queue.active = (
                 clock.now(),
                 self.estimate_s(new_tokens, prepared.max_tokens),
@@ -339,6 +363,34 @@ class LlamaCppEngine:
                 self.busy = False
                 if hold.holding:
                     self._queue.release()
+
+    async def warm(self, messages: Sequence[Message]) -> int:
+        """Prefill a conversation whose last message is the assistant's answer (a turn another
+        engine served), at background priority: it waits for the device to be idle and any more
+        urgent request cuts it at once (the chunk under way is aborted). What it prefilled stays
+        in the KV cache, and in a saved state once another prompt takes the cache, so the next
+        turn pays only for its new message. Returns the tokens prefilled (0: already cached)."""
+        await self.start()
+        session = self._session
+        if session is None:
+            raise errors.ClientStateError("the local engine was closed")
+        request = GenerationRequest(messages=tuple(messages), max_tokens=1, priority="background")
+        async with self._prepare_lock:
+            prepared = await anyio.to_thread.run_sync(session.prepare, request)
+        new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
+        if new_tokens <= 1:
+            return 0
+        turn = await self._queue.acquire(self.estimate_s(new_tokens, 0), "background")
+        hold = _Hold()
+        try:
+            fill = partial(session.prefill, prepared, yield_if=_yields(turn))
+            gen, t0 = await self._prefill_in_turn(session, fill, turn, hold, lambda: 0.0)
+            await run_on_llama_thread(partial(session.close, gen), on_cancel=_noop)
+            self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, clock.now() - t0)
+            return len(prepared.tokens) - gen.reused_tokens
+        finally:
+            if hold.holding:
+                self._queue.release()
 
     async def _resume(
         self,
@@ -408,14 +460,15 @@ class LlamaCppEngine:
         """Decode on the llama thread without pausing between tokens; stop when told, or
         before the next step once a more urgent request preempts this one (`turn.preempt`).
         A tool call comes as one `Called` once its JSON is complete (never as text)."""
-        send, recv = anyio.create_memory_object_stream[Delta | Called](math.inf)
+        send, recv = anyio.create_memory_object_stream[_Posted](math.inf)
         stop = threading.Event()
         finished = anyio.Event()
         post = loop_caller()
+        handoff = Handoff(post, self.handoff_wait_s)
 
-        def push(delta: Delta | Called) -> None:
+        def push(delta: Delta | Called, ack: threading.Event) -> None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                send.send_nowait(delta)
+                send.send_nowait((delta, ack))
 
         cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
         sent = [len(gen.calls)]  # calls already delivered (a resumed generation has some)
@@ -429,13 +482,13 @@ class LlamaCppEngine:
                         break  # the step under way was cut: the turn goes to the waiting one
                     self.steps_total += 1
                     if text:
-                        post(partial(push, Delta(text, clock.now())))
+                        handoff.send(partial(push, Delta(text, clock.now())))
                     while len(gen.calls) > sent[0]:
                         call = gen.calls[sent[0]]
                         sent[0] += 1
                         now = clock.now()
                         called = Called(call.id, call.name, call.arguments, now, call.confidence)
-                        post(partial(push, called))
+                        handoff.send(partial(push, called))
                     if text is None or gen.finish_reason is not None:
                         break
             finally:
@@ -450,10 +503,11 @@ class LlamaCppEngine:
         first = last = None
         try:
             async with recv:
-                async for delta in recv:
+                async for delta, ack in recv:
                     first = first or delta.t
                     last = delta.t
                     yield delta
+                    handoff.taken(ack)
             fut.result()  # raises the worker's error, if any (the stream closed after it ended)
         except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
             raise errors.LocalEngineError("generation aborted", engine="local") from exc

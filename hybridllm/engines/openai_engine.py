@@ -25,6 +25,8 @@ where OpenAI says "stop": a call `tool_choice` forced). A malformed piece is a
 from __future__ import annotations
 
 import email.utils
+import hashlib
+import inspect
 import logging
 import math
 import os
@@ -81,6 +83,24 @@ NO_KEY = (
 )
 
 log = logging.getLogger(__name__)
+
+
+async def _close(stream: Any) -> None:
+    """Close the SDK's stream. An instrumentation may hand back its own wrapper of it
+    (opentelemetry-instrumentation-openai-v2 does, with a synchronous `close()` that leaves the
+    SDK stream's close un-awaited): then close the stream it wraps and end the wrapper as an
+    async context manager does (its span ends; it ignores a second end)."""
+    if isinstance(stream, openai.AsyncStream):
+        await stream.close()
+        return
+    inner = getattr(stream, "stream", None)
+    if isinstance(inner, openai.AsyncStream):
+        await inner.close()
+        await stream.__aexit__(None, None, None)
+        return
+    closing = stream.close()
+    if inspect.isawaitable(closing):
+        await closing
 
 
 class OpenAIEngine:
@@ -242,11 +262,14 @@ class OpenAIEngine:
             sent = max(1, min(sent, self.max_context - prompt))
         param = self.token_limit_param
         if param == "auto":
-            host = urlsplit(self.base_url or "https://api.openai.com/v1").hostname or ""
-            own = host == "api.openai.com" or host.endswith(".openai.azure.com")  # OpenAI's
-            reasoning = own and REASONING_MODEL.match(self.model) is not None
+            reasoning = self._openai_host() and REASONING_MODEL.match(self.model) is not None
             param = "max_completion_tokens" if reasoning else "max_tokens"
         return TokenLimit(param, sent, request.max_tokens)
+
+    def _openai_host(self) -> bool:
+        """The endpoint is OpenAI's own (or Azure OpenAI), whose documented fields we may add."""
+        host = urlsplit(self.base_url or "https://api.openai.com/v1").hostname or ""
+        return host == "api.openai.com" or host.endswith(".openai.azure.com")
 
     def _fields(self, request: GenerationRequest, limit: TokenLimit) -> dict[str, Any]:
         """The request's fields besides model, messages and stream."""
@@ -262,6 +285,8 @@ class OpenAIEngine:
             kwargs["stream_options"] = {"include_usage": True}
         if request.tools is not None:  # tools, tool_choice, response_format: as given
             kwargs.update(request.tools.wire())
+        if self._openai_host():  # cache affinity: one key per conversation (its opening)
+            kwargs.setdefault("prompt_cache_key", conversation_key(request.messages))
         if request.assistant_prefix and self.continuation == "continue_final_message":
             extra = dict(kwargs.get("extra_body") or {})
             kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
@@ -330,7 +355,7 @@ class OpenAIEngine:
             self.limit.release(clock.now() - held_from)
             if stream is not None:
                 with anyio.CancelScope(shield=True):
-                    await stream.close()
+                    await _close(stream)
 
     async def _ready_client(self) -> openai.AsyncOpenAI:
         """The client, started on first use; nothing is sent with a missing or refused key."""
@@ -423,6 +448,18 @@ def _check_args(
     validate.one_of("name", name, ("local", "cloud"))
 
 
+def conversation_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A stable key for a conversation, sent as OpenAI's `prompt_cache_key` so that its turns
+    reach the same prefix cache: a hash of its system messages and first user message (the
+    part every later turn repeats), never the text itself."""
+    opening: list[str] = []
+    for m in messages:
+        opening.append(f"{m.get('role')}\x00{m.get('content')}")
+        if m.get("role") == "user":
+            break
+    return "hl-" + hashlib.sha256("\x01".join(opening).encode()).hexdigest()[:32]
+
+
 def _count(value: object) -> int | None:
     """A token count from a server's usage, or None if it is not one."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -441,6 +478,9 @@ class _Seen:
     finish: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # the prompt tokens the endpoint served from its prefix cache, where its usage says so
+    # (OpenAI's `usage.prompt_tokens_details.cached_tokens`; vLLM sends it when asked)
+    cached_tokens: int | None = None
     call_tokens: int = 0  # the assembled calls' tokens, estimated (for usage not reported)
 
     def called(self, calls: list[Called]) -> list[Called]:
@@ -458,6 +498,8 @@ def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called]:
     if usage is not None:  # (counts that are not counts: estimated instead)
         seen.prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
         seen.completion_tokens = _count(getattr(usage, "completion_tokens", None))
+        details = getattr(usage, "prompt_tokens_details", None)
+        seen.cached_tokens = _count(getattr(details, "cached_tokens", None))
     for choice in chunk.choices or ():
         text = choice.delta.content if choice.delta else None
         if text:
@@ -508,6 +550,7 @@ def _finished(request: GenerationRequest, seen: _Seen) -> Finish:
         completion_tokens,
         clock.now(),
         usage_estimated=estimated,
+        cached_prompt_tokens=seen.cached_tokens,
     )
 
 

@@ -65,6 +65,8 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 
+# how many recent local prompts routing assumes the local engine still holds (live or saved)
+LOCAL_PROMPTS = 16
 # how many of a policy's recent requests `Policy.parallel_cloud_share` is measured over
 PARALLEL_WINDOW = 20
 
@@ -81,12 +83,15 @@ def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
     return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
 
 
-def uncached_share(text: str, last: str | None) -> float:
-    """The share of `text` the local engine must prefill if its KV cache holds `last` (the
-    previous local prompt): llama.cpp reuses the common prefix."""
-    if not last or not text:
+def uncached_share(text: str, last: str | Sequence[str] | None) -> float:
+    """The share of `text` the local engine must prefill if its KV cache, or one of its saved
+    states (`engines.llama.kvstore`), holds `last` (a previous local prompt, or several): the
+    longest common prefix is reused."""
+    held = [last] if isinstance(last, str) else list(last or ())
+    if not text or not held:
         return 1.0
-    return 1.0 - len(os.path.commonprefix([text, last])) / len(text)
+    best = max(len(os.path.commonprefix([text, h])) for h in held)
+    return 1.0 - best / len(text)
 
 
 @dataclass
@@ -95,7 +100,9 @@ class Gatherer:
     router: Scorer | None = None
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
-    last_local_prompt: str | None = None  # what the local engine's KV cache likely holds
+    # the recent local prompts: what the local engine's KV cache and its saved states likely
+    # hold (newest last; a bounded guess at the engine's store, see `note_local`)
+    local_prompts: deque[str] = field(default_factory=lambda: deque(maxlen=LOCAL_PROMPTS))
     # per policy name, its last PARALLEL_WINDOW decided requests: did each start a cloud request
     # beside another engine (in parallel, or cancelled once the other won)?
     parallel: dict[str, deque[CloudStart]] = field(default_factory=dict)
@@ -120,12 +127,20 @@ class Gatherer:
         return entry
 
     def note_local(self, messages: Sequence[Mapping[str, str]]) -> None:
-        """The local engine ran this prompt: its prefix is in the KV cache now."""
-        self.last_local_prompt = prompt_text(messages)
+        """The local engine ran this prompt: its prefix is in the KV cache now, and stays in a
+        saved state once another prompt takes the cache."""
+        text = prompt_text(messages)
+        kept = [p for p in self.local_prompts if not text.startswith(p)]  # extended: replaced
+        self.local_prompts.clear()
+        self.local_prompts.extend([*kept, text])
+
+    @property
+    def last_local_prompt(self) -> str | None:
+        return self.local_prompts[-1] if self.local_prompts else None
 
     def local_tokens(self, facts: RequestFacts, request: GenerationRequest) -> float:
         """The prompt tokens the local engine would have to prefill."""
-        share = uncached_share(prompt_text(request.messages), self.last_local_prompt)
+        share = uncached_share(prompt_text(request.messages), self.local_prompts)
         return facts.prompt_tokens * share
 
     def seed_from(self, engines: Mapping[EngineName, Engine]) -> None:

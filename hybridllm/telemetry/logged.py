@@ -59,14 +59,17 @@ def _grouped(
     served: str | None,
     per_engine: Mapping[str, MetricValues],
 ) -> Samples:
-    out: Samples = [(("all", ""), counts, whole)]
+    """`stats.request_samples`'s groups: the whole request to the overall and policy groups
+    (and to its engine where one engine wrote it all), else each engine its own spans."""
+    keys: list[GroupKey] = [("all", "")]
     if policy is not None:
-        out.append((("policy", policy), counts, whole))
+        keys.append(("policy", policy))
+    if served is not None and set(per_engine) <= {served}:
+        return [([*keys, ("engine", served)], counts, whole)]  # one engine wrote it all
+    out: Samples = [(keys, counts, whole)]
     for engine in sorted({*per_engine, *([served] if served else [])}):
-        key: GroupKey = ("engine", engine)
-        out.append(
-            (key, counts if engine == served else Counts(), dict(per_engine.get(engine, {})))
-        )
+        share = counts if engine == served else Counts()
+        out.append(([("engine", engine)], share, dict(per_engine.get(engine, {}))))
     return out
 
 

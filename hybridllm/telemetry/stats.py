@@ -145,21 +145,30 @@ class Stats:
         self._lock = threading.Lock()
 
     def record(self, trace: Trace) -> None:
-        """Add one finished request."""
+        """Add one finished request: its figures go into one sketch per metric once, which is
+        then merged into each of its groups (a merge costs the bins, not the samples)."""
         self.add(request_samples(trace))
 
     def add(self, samples: Samples) -> None:
         """Add one request's samples (`request_samples`, or `telemetry.logged` for a request
         read back from the decision log)."""
+        groups = self._groups_of(samples)
         with self._lock:
             bucket = self._bucket()
-            for key, counts, metrics in samples:
-                group = bucket.groups.get(key)
-                if group is None:
-                    group = bucket.groups[key] = _Group(self.accuracy)
-                group.counts = group.counts.plus(counts)
-                for metric, values in metrics.items():
-                    group.add(metric, values)
+            for key, group in groups:
+                _merge_into(bucket.groups, key, group, self.accuracy)
+
+    def _groups_of(self, samples: Samples) -> list[tuple[GroupKey, _Group]]:
+        """The request's share of each group it belongs to (groups given the same sample share
+        one `_Group`: it is only read when merged)."""
+        out: list[tuple[GroupKey, _Group]] = []
+        for keys, counts, metrics in samples:
+            group = _Group(self.accuracy)
+            group.counts = counts
+            for metric, values in metrics.items():
+                group.add(metric, values)
+            out += [(key, group) for key in keys]
+        return out
 
     def report(self) -> StatsReport:
         """The figures of the window, merged from its buckets."""
@@ -190,11 +199,11 @@ class Stats:
         self._ring = [b for b in self._ring if b.index > oldest]
 
 
-Samples = list[tuple[GroupKey, Counts, dict[Metric, list[float | None]]]]
+Samples = list[tuple[list[GroupKey], Counts, dict[Metric, list[float | None]]]]
 
 
 def request_samples(trace: Trace) -> Samples:
-    """Each group's share of one request: its counts and its metric values."""
+    """One request's samples, each with the groups it goes to: its counts and metric values."""
     counts = _counts(trace)
     whole: dict[Metric, list[float | None]] = {
         "ttft_ms": [trace.ttft_ms],
@@ -202,14 +211,17 @@ def request_samples(trace: Trace) -> Samples:
         "itl_ms": list(trace.itl_ms),
         "hop_ms": list(trace.hop_ms),
     }
-    out: Samples = [(("all", ""), counts, whole)]
+    keys: list[GroupKey] = [("all", "")]
     if trace.policy is not None:
-        out.append((("policy", trace.policy), counts, whole))
+        keys.append(("policy", trace.policy))
     served = trace.engine or (trace.started[-1] if trace.started else None)
+    if served is not None and {s.engine for s in trace.spans} <= {served}:
+        return [([*keys, ("engine", served)], counts, whole)]  # one engine wrote it all
+    out: Samples = [(keys, counts, whole)]
     per_engine = _by_engine(trace)
     for engine in sorted({*per_engine, *([served] if served else [])}):
         share = counts if engine == served else Counts()
-        out.append((("engine", engine), share, per_engine.get(engine, {})))
+        out.append(([("engine", engine)], share, per_engine.get(engine, {})))
     return out
 
 

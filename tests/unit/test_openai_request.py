@@ -105,3 +105,45 @@ async def test_auto_sends_max_tokens_to_an_endpoint_that_is_not_openai(recorder:
 def test_auto_chooses_by_host_and_model(base_url: str | None, model: str, param: str) -> None:
     engine = OpenAIEngine(base_url=base_url, api_key="k", model=model)
     assert engine.token_limit(GenerationRequest(MSGS, max_tokens=9)) == TokenLimit(param, 9, 9)
+
+
+# ---- prefix caching ----------------------------------------------------------------------------
+
+
+async def test_cached_prompt_tokens_the_usage_reports_reach_the_trace() -> None:
+    from tests.unit.sse_endpoint import Endpoint, chunk
+
+    usage = {
+        "prompt_tokens": 900,
+        "completion_tokens": 1,
+        "total_tokens": 901,
+        "prompt_tokens_details": {"cached_tokens": 768},
+    }
+    chunks = [chunk({"content": "ok"}), {**chunk({}, "stop"), "usage": usage}]
+    for endpoint in serving(Endpoint(chunks)):
+        done = await _complete(OpenAIEngine(base_url=endpoint.url, api_key="k", model="m"))
+        assert done.trace.cached_prompt_tokens == 768 and done.trace.prompt_tokens == 900
+
+
+async def test_no_prompt_cache_key_to_an_endpoint_that_is_not_openai(recorder: Recorder) -> None:
+    await _complete(OpenAIEngine(base_url=recorder.url, api_key="k", model="m"))
+    assert "prompt_cache_key" not in recorder.bodies[0]
+
+
+def test_a_conversation_keeps_its_cache_key_from_turn_to_turn() -> None:
+    from hybridllm.engines.openai_engine import conversation_key
+
+    sys_ = {"role": "system", "content": "Be brief."}
+    first = [sys_, {"role": "user", "content": "Plan a trip."}]
+    later = [
+        *first,
+        {"role": "assistant", "content": "Where?"},
+        {"role": "user", "content": "Rome"},
+    ]
+    other = [sys_, {"role": "user", "content": "Write a poem."}]
+    assert conversation_key(first) == conversation_key(later) != conversation_key(other)
+    assert "trip" not in conversation_key(first)
+    engine = OpenAIEngine(api_key="k", model="gpt-4o-mini")  # OpenAI's own host
+    request = GenerationRequest(tuple(later))
+    fields = engine._fields(request, engine.token_limit(request))
+    assert fields["prompt_cache_key"] == conversation_key(first)

@@ -175,7 +175,7 @@ def test_a_decision_log_written_before_the_helper_is_adopted(tmp_path: Path) -> 
         assert row["request_id"] == "r1" and row["feedback"] == 1
         log.record(route="cloud", features={}, request_id="r2")
         log.feedback("r2", good=False)
-    assert schema_version(sqlite3.connect(path)) == 3
+    assert schema_version(sqlite3.connect(path)) == 4
 
 
 def test_a_version_1_decision_log_gets_the_feedback_columns(tmp_path: Path) -> None:

@@ -116,7 +116,7 @@ def test_a_logged_trace_gives_the_samples_the_client_aggregates() -> None:
     direct.add(request_samples(tr))
     logged.add(samples_from_dict(json.loads(tr.to_json())))
     _agree(logged.report().to_dict(), direct.report().to_dict())
-    assert samples_from_dict(tr.to_dict())[-1][0] == ("engine", "local")
+    assert samples_from_dict(tr.to_dict())[-1][0] == [("engine", "local")]
 
 
 @pytest.mark.anyio

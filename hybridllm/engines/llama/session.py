@@ -9,6 +9,7 @@ per token. `abort()` may be called from any thread and stops a running `llama_de
 from __future__ import annotations
 
 import codecs
+import ctypes
 import dataclasses
 import logging
 import math
@@ -23,6 +24,7 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
+from hybridllm.engines.llama.kvstore import KVStore, SavedState
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.llama.signals import distribution, last_logits
 from hybridllm.engines.llama.toolcalls import (
@@ -127,6 +129,7 @@ class LlamaSession:
         self._grammars: set[str] = set()  # grammars llama.cpp has parsed once
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
+        self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
@@ -202,6 +205,54 @@ class LlamaSession:
         lc.llama_sampler_free(sampler)
         self._grammars.add(grammar)
 
+    def reusable_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading prompt tokens need no prefill: in the live KV cache, or in a saved
+        state that `prefill` would restore."""
+        live = self.cached_prefix(tokens)
+        hit = None if self.kv is None else self.kv.find(tokens)
+        return live if hit is None else max(live, min(hit[1], len(tokens) - 1))
+
+    def _warm(self, tokens: Sequence[int]) -> int:
+        """Before a prefill: keep the live state if the prompt would cut `min_tokens` of it,
+        and bring back a saved state that shares a longer prefix; returns the cached prefix."""
+        reuse = self.cached_prefix(tokens)
+        kv = self.kv
+        if kv is None:
+            return reuse
+        hit = kv.find(tokens)
+        if self.llm.n_tokens - reuse >= kv.min_tokens:
+            self._save_live(kv)
+        if hit is not None and hit[1] - reuse >= kv.min_tokens and self._restore(hit[0]):
+            kv.used(hit[0])
+            return self.cached_prefix(tokens)
+        kv.misses += hit is None
+        return reuse
+
+    def _save_live(self, kv: KVStore) -> None:
+        """Copy the live sequence's KV cells out into the store."""
+        lc, ctx, n = self._lc, self.llm.ctx, self.llm.n_tokens
+        size = lc.llama_state_seq_get_size(ctx, 0)
+        data = bytearray(size)
+        got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0)
+        if got:
+            kv.put(self.llm._input_ids[:n], data[:got] if got < size else data)
+
+    def _restore(self, state: SavedState) -> bool:
+        """Make a saved state the live one (False: llama.cpp refused it; the cache is empty)."""
+        lc, llm = self._lc, self.llm
+        llm._ctx.kv_cache_clear()
+        size = len(state.data)
+        if not lc.llama_state_seq_set_data(
+            llm.ctx, (ctypes.c_uint8 * size).from_buffer(state.data), size, 0
+        ):
+            llm.reset()
+            llm._ctx.kv_cache_clear()
+            return False
+        n = len(state.tokens)
+        llm.input_ids[:n] = state.tokens  # the whole buffer (`_input_ids`: its first n_tokens)
+        llm.n_tokens = n
+        return True
+
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading prompt tokens are already in the KV cache."""
         n = 0
@@ -230,7 +281,7 @@ class LlamaSession:
         self._abort.clear()
         gen = Generation(prepared)
         tokens = prepared.tokens
-        reuse = self.cached_prefix(tokens)
+        reuse = self._warm(tokens)
         llm = self.llm
         if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
             reuse = 0

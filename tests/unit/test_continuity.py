@@ -1,0 +1,60 @@
+"""Unit tests of continuity across engines: after a turn the cloud wrote, the client has the
+local engine prefill the conversation with the cloud's answer, in the background, one at a
+time; never after a local turn, and a client that closes stops it. `ScriptedEngine` doubles
+(scripted test engines) on the virtual clock; the local one records what it was asked to warm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from hybridllm import HybridClient
+from hybridllm.engines.capabilities import Warms
+from hybridllm.testing import ScriptedEngine
+
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
+
+
+class WarmingLocal(ScriptedEngine):
+    """A scripted local engine that also warms (taking `warm_s` of virtual time)."""
+
+    def __init__(self, warm_s: float = 0.5, **kw: Any) -> None:
+        super().__init__("local", **kw)
+        self.warm_s = warm_s
+        self.warmed: list[list[dict[str, Any]]] = []
+        self.finished = 0
+
+    async def warm(self, messages: Sequence[Any]) -> int:
+        self.warmed.append([dict(m) for m in messages])
+        await anyio.sleep(self.warm_s)
+        self.finished += 1
+        return 10
+
+
+async def test_a_cloud_turn_is_warmed_locally_with_its_answer() -> None:
+    local = WarmingLocal(tokens=["x"])
+    cloud = ScriptedEngine("cloud", tokens=["Hel", "lo"])
+    assert isinstance(local, Warms)
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        _ = [t async for t in client.stream("hi", engine="cloud")]
+        await anyio.sleep(1.0)
+    assert local.warmed == [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+    ]
+    assert local.finished == 1
+
+
+async def test_no_warm_after_a_local_turn_and_one_at_a_time() -> None:
+    local = WarmingLocal(warm_s=10.0, tokens=["x"])
+    cloud = ScriptedEngine("cloud", tokens=["a"])
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        _ = [t async for t in client.stream("one", engine="local")]
+        assert local.warmed == []
+        _ = [t async for t in client.stream("two", engine="cloud")]
+        _ = [t async for t in client.stream("three", engine="cloud")]  # the first still runs
+        await anyio.sleep(0.1)
+        assert len(local.warmed) == 1
+    assert local.finished == 0  # closing the client stopped the warm-up under way
