@@ -104,7 +104,11 @@ def run_stats(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         span = _span(args.since)
-        print_table(report, f"{args.log}: {len(requests)} requests in the last {span}", sys.stdout)
+        print_table(
+            report,
+            f"{args.log}: {len(requests)} requests in the last {span} (times in ms)",
+            sys.stdout,
+        )
     if args.plot:
         from hybridllm.cli.stats_plot import ttft_over_time
 

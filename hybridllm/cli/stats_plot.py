@@ -17,6 +17,7 @@ from hybridllm.cli.stats_log import LoggedRequest, aggregate
 
 SLICES = 24
 COLOURS = {"local": "#1f77b4", "cloud": "#ff7f0e"}
+LINE_COLOURS = {"P50": "#222222", "P95": "#9467bd", "P99": "#d62728"}  # apart from the dots
 
 
 def ttft_over_time(
@@ -36,7 +37,15 @@ def ttft_over_time(
             label=f"{engine} ({len(mine)})",
         )
     for name, (times, values) in _slice_percentiles(requests, window_s).items():
-        ax.plot(times, values, marker="o", markersize=3, linewidth=1.4, label=name)
+        ax.plot(
+            times,
+            values,
+            marker="o",
+            markersize=3,
+            linewidth=1.4,
+            label=name,
+            color=LINE_COLOURS[name],
+        )
     ax.set_yscale("log")
     ax.set_ylabel("TTFT (ms, log scale)")
     ax.set_xlabel("time logged (UTC)")

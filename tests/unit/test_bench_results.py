@@ -121,6 +121,7 @@ def test_the_tables_show_each_part() -> None:
     assert "TTFT against input length" in text and "local floor ms" in text
     assert "9800.0" in text and "8400.0" in text  # 2000 tokens / 238.1 tokens/s
     assert "policy chat" in text and "33%" in text and "880.0" in text
+    assert "cloud started" in text
     assert "median error" in res.check_line(r)
 
 
