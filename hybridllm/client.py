@@ -581,6 +581,7 @@ def _log_decision(
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
         fallback=trace.fallback_reason is not None or bool(trace.switches),
         cascade=None if trace.cascade is None else trace.cascade.as_dict(),
+        trace=trace.to_dict(),
     )
 
 

@@ -8,7 +8,9 @@ HybridError
 │   ├── ManifestError           a model manifest is malformed or unknown
 │   ├── PolicyError             a policy file or name is wrong
 │   ├── RouterThresholdError    a router threshold cannot be met (or its arguments are wrong)
-│   └── DecisionLogError        the decision log was misused (unknown request id, ...)
+│   ├── DecisionLogError        the decision log was misused (unknown request id, ...)
+│   └── MissingExtraError       a feature needs an optional extra that is not installed
+│                               (`extra`: "bench", ...; `module`: what failed to import)
 ├── RefusedError                the request was refused before anything was sent: by routing
 │   │                           (no engine may serve it) or by the guard at the cloud seam.
 │   │                           Never retried; `engine`, `reasons` (routing's, else empty)
@@ -149,6 +151,18 @@ class RouterThresholdError(ConfigError):
 
 class DecisionLogError(ConfigError):
     """The decision log was used wrongly (an unknown request id, a bad value)."""
+
+
+class MissingExtraError(ConfigError):
+    """A feature needs an optional extra (`pip install 'hybridllm[<extra>]'`) that is not
+    installed: `extra` names it, `module` is what failed to import."""
+
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        self.extra = extra
+        self.module = module
+        super().__init__(
+            f"{feature} needs {module}, which is not installed: pip install 'hybridllm[{extra}]'"
+        )
 
 
 class TuneError(ModelError):

@@ -399,6 +399,64 @@ def _register_serve(subparsers: Subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# --- bench and stats ------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from hybridllm.cli.bench import run_bench  # engines, anyio and the models only when it runs
+
+    return run_bench(args)
+
+
+def _register_bench(subparsers: Subparsers) -> None:
+    from hybridllm.cli.bench.options import add_arguments
+
+    p = subparsers.add_parser(
+        "bench",
+        help="measure TTFT, TPOT and throughput of this machine's local model and a cloud",
+        description=(
+            "Measure, on this machine and endpoint: TTFT against input length per engine (with "
+            "the local prefill floor), TPOT and throughput against concurrency on the cloud, "
+            "total time against TTFT + TPOT x tokens, and the TTFT distribution of each routing "
+            "strategy on a mixed workload. Prints a table; --json and --plots write the figures. "
+            "Without OPENAI_BASE_URL (or --cloud-url) a stand-in cloud is started on 127.0.0.1."
+        ),
+    )
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from hybridllm.cli.stats import run_stats
+
+    return run_stats(args)
+
+
+def _register_stats(subparsers: Subparsers) -> None:
+    from hybridllm.cli.stats import since_seconds
+
+    p = subparsers.add_parser(
+        "stats",
+        help="percentiles and counts of a decision log's last hour, day or week",
+        description=(
+            "Read a decision log (HybridClient(decision_log=...)) and print P50/P95/P99 of TTFT, "
+            "TPOT, ITL and the delivery hop, with counts, overall, per policy and per engine, "
+            "as HybridClient.stats() computes them."
+        ),
+    )
+    p.add_argument("--log", required=True, metavar="PATH", help="the decision log (SQLite)")
+    p.add_argument(
+        "--since",
+        type=since_seconds,
+        default=since_seconds("1d"),
+        metavar="SPAN",
+        help="how far back: 1h, 1d, 7d (N and m, h, d or w; default 1d)",
+    )
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--plot", metavar="PNG", help="write the TTFT distribution over time here")
+    p.set_defaults(func=cmd_stats)
+
+
 # --- policy ---------------------------------------------------------------------------------
 
 
@@ -443,6 +501,8 @@ _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_doctor,
     _register_serve,
     _register_policy,
+    _register_bench,
+    _register_stats,
 ]
 
 

@@ -65,6 +65,14 @@ MIGRATIONS: Steps = (
     ALTER TABLE decisions ADD COLUMN signals TEXT;
     ALTER TABLE decisions ADD COLUMN cascade TEXT;
     """,
+    # 4: the request's timing beside TTFT, and its whole trace (`Trace.to_dict()`) as JSON:
+    # what `hybridllm stats` aggregates
+    """
+    ALTER TABLE decisions ADD COLUMN tpot_ms REAL;
+    ALTER TABLE decisions ADD COLUMN itl_p99_ms REAL;
+    ALTER TABLE decisions ADD COLUMN total_ms REAL;
+    ALTER TABLE decisions ADD COLUMN trace TEXT;
+    """,
 )
 
 
@@ -157,18 +165,32 @@ class DecisionLog:
         error_kind: str | None = None,
         fallback: bool = False,
         cascade: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
     ) -> None:
         """Record how the request went: the engine that answered, TTFT, error, fallback, and
         the cascade plan's decision with the local signals it read (`trace.cascade.as_dict()`:
-        the record's fields as JSON, stored as they were when the trace held a dict)."""
+        the record's fields as JSON, stored as they were when the trace held a dict).
+        `trace`: the request's `Trace.to_dict()` (its TPOT, ITL P99 and total time go to their
+        own columns too); captured text in it is dropped unless the log stores prompts."""
         self._update(
             request_id,
             "engine = COALESCE(?, engine), ttft_ms = ?, error_kind = ?, fallback = ?",
             (engine, ttft_ms, error_kind, int(fallback)),
         )
+        if trace is not None:
+            self._trace(request_id, trace)
         if cascade is not None and cascade.get("signals"):
             rest = {k: v for k, v in cascade.items() if k != "signals"}
             self.signals(request_id, cascade["signals"], rest)
+
+    def _trace(self, request_id: str, trace: dict[str, Any]) -> None:
+        kept = trace if self.store_prompts else {k: v for k, v in trace.items() if k != "content"}
+        figures = (trace.get("tpot_ms"), trace.get("itl_p99_ms"), trace.get("total_ms"))
+        self._update(
+            request_id,
+            "tpot_ms = ?, itl_p99_ms = ?, total_ms = ?, trace = ?",
+            (*figures, json.dumps(kept)),
+        )
 
     def signals(
         self, request_id: str, signals: dict[str, float], cascade: dict[str, Any] | None = None
@@ -218,10 +240,14 @@ class DecisionLog:
         if cur.rowcount == 0:
             raise DecisionLogError(f"unknown request id {request_id!r} in {self.path}")
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every logged decision as a dict (features parsed), oldest first."""
+    def rows(self, *, since: float | None = None) -> list[dict[str, Any]]:
+        """Every logged decision as a dict (features parsed), oldest first; `since`: only those
+        logged at or after that time (seconds since the epoch)."""
+        sql, args = "SELECT * FROM decisions", []
+        if since is not None:
+            sql, args = sql + " WHERE time >= ?", [since]
         with self._lock:
-            cur = self._conn.execute("SELECT * FROM decisions ORDER BY id")
+            cur = self._conn.execute(sql + " ORDER BY id", args)
             names = [d[0] for d in cur.description]
             raw = cur.fetchall()
         out = []

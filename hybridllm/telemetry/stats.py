@@ -147,17 +147,22 @@ class Stats:
     def record(self, trace: Trace) -> None:
         """Add one finished request: its figures go into one sketch per metric once, which is
         then merged into each of its groups (a merge costs the bins, not the samples)."""
-        groups = self._groups_of(trace)
+        self.add(request_samples(trace))
+
+    def add(self, samples: Samples) -> None:
+        """Add one request's samples (`request_samples`, or `telemetry.logged` for a request
+        read back from the decision log)."""
+        groups = self._groups_of(samples)
         with self._lock:
             bucket = self._bucket()
             for key, group in groups:
                 _merge_into(bucket.groups, key, group, self.accuracy)
 
-    def _groups_of(self, trace: Trace) -> list[tuple[GroupKey, _Group]]:
+    def _groups_of(self, samples: Samples) -> list[tuple[GroupKey, _Group]]:
         """The request's share of each group it belongs to (groups given the same sample share
         one `_Group`: it is only read when merged)."""
         out: list[tuple[GroupKey, _Group]] = []
-        for keys, counts, metrics in _samples(trace):
+        for keys, counts, metrics in samples:
             group = _Group(self.accuracy)
             group.counts = counts
             for metric, values in metrics.items():
@@ -197,7 +202,7 @@ class Stats:
 Samples = list[tuple[list[GroupKey], Counts, dict[Metric, list[float | None]]]]
 
 
-def _samples(trace: Trace) -> Samples:
+def request_samples(trace: Trace) -> Samples:
     """One request's samples, each with the groups it goes to: its counts and metric values."""
     counts = _counts(trace)
     whole: dict[Metric, list[float | None]] = {

@@ -170,12 +170,12 @@ def test_a_ledger_written_before_the_helper_opens_with_its_spend(tmp_path: Path)
 def test_a_decision_log_written_before_the_helper_is_adopted(tmp_path: Path) -> None:
     path = written(tmp_path / "decisions.db", DECISIONS_V2)
     with DecisionLog(path) as log:  # steps 1-2 do not run again (CREATE TABLE would fail)
-        assert log.schema_version == len(MIGRATIONS) == 3  # 3: the signals columns
+        assert log.schema_version == len(MIGRATIONS) == 4  # 3: the signals, 4: the trace
         (row,) = log.rows()
         assert row["request_id"] == "r1" and row["feedback"] == 1
         log.record(route="cloud", features={}, request_id="r2")
         log.feedback("r2", good=False)
-    assert schema_version(sqlite3.connect(path)) == 3
+    assert schema_version(sqlite3.connect(path)) == 4
 
 
 def test_a_version_1_decision_log_gets_the_feedback_columns(tmp_path: Path) -> None:
