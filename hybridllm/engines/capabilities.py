@@ -69,6 +69,16 @@ class ReadsSignals(Protocol):
 
 
 @runtime_checkable
+class KnowsCache(Protocol):
+    """Says how much of a prompt it would not prefill (its KV cache or a saved state holds it):
+    routing predicts the local time to a first token from the rest."""
+
+    def cached_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The prompt's leading tokens already held (None: it cannot tell now)."""
+        ...
+
+
+@runtime_checkable
 class Warms(Protocol):
     """Prefills a conversation ahead of its next turn, at background priority, so that turn
     pays only for its new message (a turn the cloud served, issue 28)."""

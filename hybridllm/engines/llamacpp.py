@@ -178,7 +178,7 @@ class LlamaCppEngine:
         # how long the llama thread waits, after each token, for the loop to hand it on
         # (`Handoff`; 0: it does not wait)
         self.handoff_wait_s = 0.004
-        self._counts: OrderedDict[tuple[tuple[str, str], ...], int] = OrderedDict()
+        self._counts: OrderedDict[tuple[tuple[str, str], ...], list[int]] = OrderedDict()
         self.busy = False
         self.stopped_at: float | None = None
 
@@ -280,24 +280,37 @@ class LlamaCppEngine:
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         """The prompt's tokens through the model's chat template and tokenizer, exactly what a
         request's prefill counts (None: not started). About 0.1 ms per 1,000 characters; the
-        last few prompts' counts are remembered. Not while `aclose()` runs: the client calls
+        last few prompts' tokens are remembered. Not while `aclose()` runs: the client calls
         it on the event loop or on an admission worker thread its request task waits for."""
+        tokens = self._tokens(messages)
+        return None if tokens is None else len(tokens)
+
+    def cached_tokens(self, messages: Sequence[Message]) -> int | None:
+        """The prompt's leading tokens the next prefill would not evaluate: held in the live
+        KV cache or in a saved state (read without waiting for the llama thread: an estimate
+        while a request runs). None: not started, or the template refuses."""
+        session, tokens = self._session, self._tokens(messages)
+        if session is None or tokens is None:
+            return None
+        return session.reusable_prefix(tokens)
+
+    def _tokens(self, messages: Sequence[Message]) -> list[int] | None:
         session = self._session
         if session is None:
             return None
         key = tuple((str(m.get("role", "")), str(m.get("content", ""))) for m in messages)
-        n = self._counts.get(key)
-        if n is None:
+        tokens = self._counts.get(key)
+        if tokens is None:
             try:
-                n = len(session.tokenize(session.render(messages)))
+                tokens = session.tokenize(session.render(messages))
             except errors.LocalEngineError:  # the template refuses: the request will say so
                 return None
-            self._counts[key] = n
+            self._counts[key] = tokens
             if len(self._counts) > _COUNT_CACHE:
                 self._counts.popitem(last=False)
         else:
             self._counts.move_to_end(key)
-        return n
+        return tokens
 
     def estimate_s(self, prompt_tokens: int, max_tokens: int) -> float:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0

@@ -124,7 +124,16 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     decision = _cascade(decision, facts, policy, state, reasons, asked)
     if left_out:
         decision = replace(decision, unavailable=left_out)
-    return decision
+    return _note_cached(decision, facts, state)
+
+
+def _note_cached(decision: Decision, facts: RequestFacts, state: LiveState) -> Decision:
+    """Say how much of the prompt the local engine holds, where it may serve (words only)."""
+    held = state.local_cached_tokens
+    if not held or "local" not in decision.engines:
+        return decision
+    note = f"local holds {held} of the prompt's {facts.prompt_tokens} tokens in its KV cache"
+    return replace(decision, reasons=(*decision.reasons, note))
 
 
 # the plans that split an answer between engines or verify it piece by piece

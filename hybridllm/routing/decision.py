@@ -102,6 +102,9 @@ class LiveState:
     # (a prediction that keeps an engine out gets no new sample; past `PROBE_AFTER` the engine
     # is probed: the load rules leave it its place once)
     unmeasured: Mapping[EngineName, int] = field(default_factory=dict)
+    # the prompt's leading tokens the local engine holds (live KV cache or a saved state; None:
+    # it cannot say): its prediction counts only the rest, and the reasons say so
+    local_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

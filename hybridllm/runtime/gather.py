@@ -41,6 +41,7 @@ from hybridllm.engines.base import (
 )
 from hybridllm.engines.capabilities import (
     Drafts,
+    KnowsCache,
     LimitsConcurrency,
     ReadsSignals,
     VerifiesAtEndpoint,
@@ -138,10 +139,25 @@ class Gatherer:
     def last_local_prompt(self) -> str | None:
         return self.local_prompts[-1] if self.local_prompts else None
 
-    def local_tokens(self, facts: RequestFacts, request: GenerationRequest) -> float:
-        """The prompt tokens the local engine would have to prefill."""
+    def local_tokens(
+        self, facts: RequestFacts, request: GenerationRequest, cached: int | None = None
+    ) -> float:
+        """The prompt tokens the local engine would have to prefill: less what it says it holds
+        (`cached`), else less the longest prefix shared with its recent prompts."""
+        if cached is not None:
+            return max(0.0, facts.prompt_tokens - cached)
         share = uncached_share(prompt_text(request.messages), self.local_prompts)
         return facts.prompt_tokens * share
+
+    @staticmethod
+    def local_cached(
+        request: GenerationRequest, engines: Mapping[EngineName, Engine]
+    ) -> int | None:
+        """What the local engine says it holds of this prompt (None: it cannot say)."""
+        local = engines.get("local")
+        if local is None or not _declares(local, KnowsCache):
+            return None
+        return cast(KnowsCache, local).cached_tokens(request.messages)
 
     def seed_from(self, engines: Mapping[EngineName, Engine]) -> None:
         """Use warm-up figures (prefill rate, step time) as the latency model's priors."""
@@ -203,6 +219,7 @@ class Gatherer:
         circuit's probe when it is let through; a preview only reads the circuits."""
         infos = {name: engine.info() for name, engine in engines.items()}
         waits = {name: _wait(info, request) for name, info in infos.items()}
+        cached = self.local_cached(request, engines)
         clean = facts.privacy_kinds == frozenset()
         cloud_ok = "cloud" in engines and policy.cloud_allowed and clean
         fits, detail = True, ""
@@ -218,7 +235,8 @@ class Gatherer:
         local_ok = "local" in engines and cloud_ok and not circuit_open
         return LiveState(
             available=frozenset(engines),
-            latency=self.predictions(facts, request, engines, waits),
+            latency=self.predictions(facts, request, engines, waits, cached),
+            local_cached_tokens=cached,
             local_queue_s=waits.get("local", 0.0),
             cloud_queue_s=waits.get("cloud", 0.0),
             cloud_circuit_open=circuit_open,
@@ -241,13 +259,15 @@ class Gatherer:
         request: GenerationRequest,
         engines: Mapping[EngineName, Engine],
         waits: Mapping[EngineName, float],
+        cached: int | None = None,
     ) -> dict[EngineName, Prediction]:
         """Each engine's predicted latency: the latency model's once it knows the engine, else
         the engine's own estimate."""
         latency: dict[EngineName, Prediction] = {}
         for name, engine in engines.items():
             q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
-            n = self.local_tokens(facts, request) if name == "local" else facts.prompt_tokens
+            local = name == "local"
+            n = self.local_tokens(facts, request, cached) if local else facts.prompt_tokens
             if self.latency.knows(name):
                 latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
             else:

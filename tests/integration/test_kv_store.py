@@ -100,7 +100,10 @@ async def _interleaved(kv_bytes: int, model_path: Path) -> list[tuple[int, int]]
         reply_b, _, first_b = await _turn(client, b)
         for conv, reply, first in ((a, reply_a, first_a), (b, reply_b, first_b)):
             conv += [{"role": "assistant", "content": reply}, {"role": "user", "content": "More?"}]
-            out.append(((await _turn(client, conv))[1], first))
+            said = engine.cached_tokens(conv)  # what routing reads before the turn
+            cached = (await _turn(client, conv))[1]
+            assert said == cached, (said, cached)
+            out.append((cached, first))
     return out
 
 
