@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -105,6 +106,10 @@ class Completion:
     parsed: Any = None
 
 
+# conversations the cloud answered that may wait for the local engine's background prefill
+WARM_QUEUE = 4
+
+
 class HybridClient:
     def __init__(
         self,
@@ -177,7 +182,9 @@ class HybridClient:
         self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
-        self._warming: anyio.CancelScope | None = None  # the local engine's warm-up under way
+        self._warming: anyio.CancelScope | None = None  # the local engine's warm-ups, running
+        # conversations the cloud answered, for the local engine to prefill, oldest first
+        self._to_warm: deque[list[Message]] = deque(maxlen=WARM_QUEUE)
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(name="local"),
@@ -433,27 +440,35 @@ class HybridClient:
     def _continue_locally(self, run: RequestRun, request: GenerationRequest) -> None:
         """The cloud wrote the end of this answer: have the local engine prefill the
         conversation with it, in the background, so that a local next turn pays only for its
-        new message (one warm-up at a time; a request that arrives meanwhile cuts it)."""
+        new message (one at a time, the last `WARM_QUEUE` waiting; any request cuts one)."""
         trace, local = run.trace, self.engines.get("local")
-        if not isinstance(local, Warms) or self._warming is not None or self._tg is None:
+        if not isinstance(local, Warms) or self._tg is None:
             return
         if trace.error_type is not None or run.calls or not trace.spans:
             return
         if trace.spans[-1].engine != "cloud" or not run.delivered_text:
             return
-        answer = {"role": "assistant", "content": run.delivered_text}
-        self._warming = anyio.CancelScope()
-        self._tg.start_soon(self._warm, local, [*request.messages, answer], self._warming)
+        self._to_warm.append(
+            [*request.messages, {"role": "assistant", "content": run.delivered_text}]
+        )
+        if self._warming is None:
+            self._warming = anyio.CancelScope()
+            self._tg.start_soon(self._warm_all, local, self._warming)
 
-    async def _warm(self, local: Warms, messages: list[Message], scope: anyio.CancelScope) -> None:
+    async def _warm_all(self, local: Warms, scope: anyio.CancelScope) -> None:
         try:
             with scope:
-                tokens = await local.warm(messages)
-                log.debug("the local engine prefilled %d tokens of a cloud turn", tokens)
-        except errors.HybridError as exc:  # a background nicety: never the app's error
-            log.debug("the local engine did not prefill a cloud turn: %r", exc)
+                while self._to_warm:
+                    await self._warm(local, self._to_warm.popleft())
         finally:
             self._warming = None
+
+    async def _warm(self, local: Warms, messages: list[Message]) -> None:
+        try:
+            tokens = await local.warm(messages)
+            log.debug("the local engine prefilled %d tokens of a cloud turn", tokens)
+        except errors.HybridError as exc:  # a background nicety: never the app's error
+            log.debug("the local engine did not prefill a cloud turn: %r", exc)
 
     def stats(self) -> StatsReport:
         """Rolling P50/P95/P99 of TTFT, TPOT, ITL and the delivery hop, per engine, per policy

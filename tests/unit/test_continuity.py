@@ -47,7 +47,7 @@ async def test_a_cloud_turn_is_warmed_locally_with_its_answer() -> None:
     assert local.finished == 1
 
 
-async def test_no_warm_after_a_local_turn_and_one_at_a_time() -> None:
+async def test_no_warm_after_a_local_turn_one_at_a_time_and_stopped_at_close() -> None:
     local = WarmingLocal(warm_s=10.0, tokens=["x"])
     cloud = ScriptedEngine("cloud", tokens=["a"])
     async with HybridClient(local=local, cloud=cloud, router=None) as client:
@@ -56,5 +56,7 @@ async def test_no_warm_after_a_local_turn_and_one_at_a_time() -> None:
         _ = [t async for t in client.stream("two", engine="cloud")]
         _ = [t async for t in client.stream("three", engine="cloud")]  # the first still runs
         await anyio.sleep(0.1)
-        assert len(local.warmed) == 1
-    assert local.finished == 0  # closing the client stopped the warm-up under way
+        assert len(local.warmed) == 1  # the second waits its turn
+        await anyio.sleep(10.0)
+        assert local.finished == 1 and len(local.warmed) == 2  # then it runs
+    assert local.finished == 1  # closing the client stopped the one under way

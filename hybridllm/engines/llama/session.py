@@ -24,8 +24,8 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
-from hybridllm.engines.llama.kvdisk import DiskStates
-from hybridllm.engines.llama.kvstore import MIN_TOKENS, KVStore, SavedState, common_prefix
+from hybridllm.engines.llama.kvdisk import DISK_MIN_TOKENS, DiskStates
+from hybridllm.engines.llama.kvstore import KVStore, SavedState, common_prefix
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.llama.signals import distribution, last_logits
 from hybridllm.engines.llama.toolcalls import (
@@ -203,7 +203,7 @@ class LlamaSession:
         except errors.LocalEngineError:  # a template that will not render a system alone
             return 0
         n = common_prefix(alone, tokens)
-        return n if MIN_TOKENS <= n < len(tokens) - 1 else 0
+        return n if DISK_MIN_TOKENS <= n < len(tokens) - 1 else 0
 
     def plan(self, request: GenerationRequest) -> ToolPlan | None:
         """The request's tool plan, its grammars checked by llama.cpp's parser."""
