@@ -171,9 +171,7 @@ class HybridClient:
         if isinstance(decision_log, str | Path):
             decision_log = DecisionLog(Path(decision_log).expanduser())
         self.decision_log = decision_log
-        if telemetry is not None and not isinstance(telemetry, Telemetry):
-            raise errors.InvalidArgumentError("telemetry", telemetry, "a Telemetry or None")
-        self.telemetry = Telemetry() if telemetry is None else telemetry
+        self.telemetry = _telemetry(telemetry)
         self._log_lock = threading.Lock()
         self._log_pending: set[str] = set()  # request ids whose row is not written yet
         self._early_feedback: dict[str, bool] = {}
@@ -182,9 +180,9 @@ class HybridClient:
         self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
-        self._warming: anyio.CancelScope | None = None  # the local engine's warm-ups, running
-        # conversations the cloud answered, for the local engine to prefill, oldest first
+        # cloud-answered conversations for the local engine to prefill; the task doing it
         self._to_warm: deque[list[Message]] = deque(maxlen=WARM_QUEUE)
+        self._warming: anyio.CancelScope | None = None
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(name="local"),
@@ -574,6 +572,15 @@ class HybridClient:
         portal = self._blocking_portal()
         result: Completion = portal.call(partial(self.complete, messages, **args))
         return result
+
+
+def _telemetry(telemetry: object) -> Telemetry:
+    """The client's `telemetry=` argument, checked (None: the default `Telemetry()`)."""
+    if telemetry is None:
+        return Telemetry()
+    if not isinstance(telemetry, Telemetry):
+        raise errors.InvalidArgumentError("telemetry", telemetry, "a Telemetry or None")
+    return telemetry
 
 
 def _log_decision(

@@ -406,10 +406,11 @@ class LlamaCppEngine:
 
     async def warm(self, messages: Sequence[Message]) -> int:
         """Prefill a conversation whose last message is the assistant's answer (a turn another
-        engine served), at background priority: it waits for the device to be idle and any more
-        urgent request cuts it at once (the chunk under way is aborted). What it prefilled stays
-        in the KV cache, and in a saved state once another prompt takes the cache, so the next
-        turn pays only for its new message. Returns the tokens prefilled (0: already cached)."""
+        engine served), as a warm-up: it waits for the device to be idle, and any request that
+        arrives cuts it at once (the chunk under way is aborted; `engines.queue`, `Turn.idle`).
+        What it prefilled stays in the KV cache, and in a saved state once another prompt takes
+        the cache, so the next turn pays only for its new message. Returns the tokens prefilled
+        (0: already cached)."""
         await self.start()
         session = self._session
         if session is None:
@@ -420,7 +421,7 @@ class LlamaCppEngine:
         new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
         if new_tokens <= 1:
             return 0
-        turn = await self._queue.acquire(self.estimate_s(new_tokens, 0), "background")
+        turn = await self._queue.acquire(self.estimate_s(new_tokens, 0), "background", idle=True)
         hold = _Hold()
         try:
             fill = partial(session.prefill, prepared, yield_if=_yields(turn))

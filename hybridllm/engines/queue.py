@@ -8,6 +8,9 @@ waited 10 s is served like an interactive one, and before the interactive ones t
 it), so nothing waits without end behind a stream of more urgent requests. The rule reads the
 queue's clock (`clock=`, `hybridllm.clock.now` by default), so tests can drive it.
 
+Warm-ups (`Turn.idle`: a prefill ahead of a conversation's next turn) come after every class,
+never age, and yield to any request that arrives, as below.
+
 Preemption: when an interactive request arrives while a background request holds the engine,
 the holder's `Turn.preempt` is set. The local engine cuts the decode step or prefill chunk under
 way (llama.cpp's abort callback; only that step's or chunk's work is lost), so the background
@@ -48,6 +51,7 @@ from hybridllm.events import Priority
 _SEQ = itertools.count()
 RANK: dict[Priority, int] = {"interactive": 0, "normal": 1, "background": 2}
 DEFAULT_AGE_S = 5.0
+IDLE_RANK = len(RANK)  # warm-ups: after every class
 
 
 @dataclass
@@ -63,12 +67,18 @@ class Turn:
     preempt: threading.Event = field(default_factory=threading.Event)
     preempt_reason: str = ""
     pauses: int = 0
+    # a warm-up (a prefill ahead of a conversation's next turn): served only when nothing else
+    # waits, never aged, and preempted by any request that arrives
+    idle: bool = False
     _seq: int = field(default_factory=lambda: next(_SEQ))
     _since: float = 0.0  # when it joined the queue this time
     _granted: anyio.Event | None = None
 
     def rank(self, now: float, age_s: float) -> int:
-        """The class it is served in now: its own, raised one step per `age_s` waited."""
+        """The class it is served in now: its own, raised one step per `age_s` waited (a
+        warm-up: below every class, always)."""
+        if self.idle:
+            return IDLE_RANK
         waited = self.waited + (now - self._since if self._granted is not None else 0.0)
         return max(0, RANK[self.priority] - int(waited // age_s))
 
@@ -121,8 +131,11 @@ class BoundedQueue:
         return self.waiting + (1 if self.busy else 0)
 
     def _preempts(self, priority: Priority | None) -> bool:
-        """Would a request of `priority` arriving now preempt the holder?"""
+        """Would a request of `priority` arriving now preempt the holder? (A warm-up yields to
+        any request: `priority` None asks for one of unknown class.)"""
         holder = self.holder
+        if holder is not None and holder.idle:
+            return True
         return (
             priority == "interactive"
             and holder is not None
@@ -135,7 +148,9 @@ class BoundedQueue:
         preempt counts as nothing (it yields at once)."""
         rank = None if priority is None else RANK[priority]
         wait = sum(
-            t.estimate_s for t in self.pending.values() if rank is None or RANK[t.priority] <= rank
+            t.estimate_s
+            for t in self.pending.values()
+            if not t.idle and (rank is None or RANK[t.priority] <= rank)
         )
         if self.active is not None and not self._preempts(priority):
             started, est = self.active
@@ -172,18 +187,24 @@ class BoundedQueue:
             raise self._refusal(why)
 
     async def acquire(
-        self, estimate_s: float, priority: Priority = "normal", *, turn: Turn | None = None
+        self,
+        estimate_s: float,
+        priority: Priority = "normal",
+        *,
+        turn: Turn | None = None,
+        idle: bool = False,
     ) -> Turn:
         """Wait for this request's turn (by class, then arrival), holding `estimate_s` (its
         expected run time) in the queue meanwhile, and return its `Turn`. `turn`: a paused
         request's own, to wait again with its arrival and its time waited (no bound refuses
         it: it was admitted once). Raises `QueueFullError` at once past a bound, or after
-        `max_queue_wait_s` of waiting. The caller calls `release()` after its turn."""
+        `max_queue_wait_s` of waiting. The caller calls `release()` after its turn. `idle`: a
+        warm-up (`Turn.idle`)."""
         now = self.clock()
         fresh = turn is None
         if turn is None:
             self.check()
-            turn = Turn(priority, arrived=now, estimate_s=estimate_s)
+            turn = Turn(priority, arrived=now, estimate_s=estimate_s, idle=idle)
         else:
             turn.estimate_s = estimate_s
         turn.preempt.clear()
@@ -192,7 +213,7 @@ class BoundedQueue:
             return turn
         turn._since, turn._granted = now, anyio.Event()
         self.pending[turn._seq] = turn
-        if self._preempts(turn.priority):
+        if not turn.idle and self._preempts(turn.priority):
             assert self.holder is not None
             self.holder.preempt_reason = f"an {turn.priority} request is waiting"
             self.holder.preempt.set()

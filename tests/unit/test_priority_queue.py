@@ -197,3 +197,38 @@ def test_request_priority_is_checked() -> None:
     assert GenerationRequest(msgs, priority="interactive").priority == "interactive"
     with pytest.raises(InvalidArgumentError, match="priority"):
         GenerationRequest(msgs, priority="urgent")  # type: ignore[arg-type]
+
+
+async def test_a_warm_up_yields_to_any_request_and_waits_behind_every_class() -> None:
+    clock = Clock()
+    q = BoundedQueue("local", clock=clock)
+    warm = await q.acquire(3.0, "background", idle=True)
+    assert q.expected_wait_s("normal") == 0.0  # it would yield at once: no wait
+    served: list[str] = []
+    holding, go = anyio.Event(), anyio.Event()
+
+    async def background() -> None:
+        await q.acquire(1.0, "background")
+        served.append("bg")
+        holding.set()
+        await go.wait()
+        q.release()
+
+    async def warm_again() -> None:
+        await q.acquire(3.0, turn=warm)
+        served.append("warm")
+        q.release()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(background)  # even a background request preempts a warm-up
+        await settle()
+        assert warm.preempt.is_set()
+        q.release()  # the warm-up yields ...
+        await holding.wait()
+        tg.start_soon(warm_again)  # ... and waits again
+        await settle()
+        join(tg, q, "n", "normal", served)
+        await settle()
+        clock.now += 100.0  # however long it has waited, it does not age past a request
+        go.set()
+    assert served == ["bg", "n", "warm"]
