@@ -18,6 +18,7 @@ Four conversations interleaved (round robin), six turns each, one shared system 
 Printed: TTFT P50 / P95 per turn index for each variant and its ratio to (a) (target: within
 1.2x for (c) and (d)), the cached prompt tokens, the RAM the saved states use against the
 budget, the bytes of a state per 1,000 tokens and the restore cost in ms per 1,000 tokens.
+One second passes between turns (a person reads and types), in every variant.
 Greedy answers differ between variants (the cache state changes llama.cpp's rounding), so each
 variant has its own histories; TTFT is judged per turn index, not per text.
 """
@@ -64,6 +65,7 @@ QUESTIONS = [
     "Can I pay by bank transfer?",
 ]
 API_KEY = "sk-bench"
+THINK_S = 1.0  # seconds between a turn's answer and the next turn (any conversation)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -85,6 +87,7 @@ async def converse(
             async with client.stream(conv, engine=engine, max_tokens=48, temperature=0.0) as s:
                 text = "".join([x async for x in s])
             conv.append({"role": "assistant", "content": text})
+            await anyio.sleep(THINK_S)  # the user reads and types: the device may be idle
             tr = s.trace
             if engine == "local":
                 out[t].append(
@@ -94,8 +97,6 @@ async def converse(
                         "prompt": tr.prompt_tokens or 0,
                     }
                 )
-            elif cloud_every:
-                await anyio.lowlevel.checkpoint()  # the local warm-up starts (background)
     return out
 
 

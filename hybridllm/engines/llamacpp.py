@@ -215,6 +215,7 @@ class LlamaCppEngine:
                     session.disk = await anyio.to_thread.run_sync(self._disk_states, path, n_ctx)
                 except OSError as exc:  # no warm start, and nothing else lost
                     log.warning("no KV states on disk (%s): the warm start is off", exc)
+                await run_on_llama_thread(session.preload, on_cancel=_noop)
             self._session = session
 
     def _disk_states(self, path: Path, n_ctx: int) -> DiskStates:

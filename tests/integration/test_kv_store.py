@@ -166,10 +166,11 @@ async def test_a_restart_reads_the_system_prompt_from_disk(
     assert cached == 0 and len(os.listdir(tmp_path)) == 1  # one state file
     after = LlamaCppEngine(model_path, warm_up=False, kv_disk_dir=tmp_path)  # a new process
     async with HybridClient(local=after, router=None) as client:
-        _, cached, prompt = await _turn(client, later)
         session = after._session
         assert session is not None and session.disk is not None
         end = len(session.disk.states[0].tokens)
+        assert session.llm.n_tokens == end  # preloaded at start: live before any request
+        _, cached, prompt = await _turn(client, later)
         tokens = session.prepare(GenerationRequest(tuple(later))).tokens
         restored, live = await run_on_llama_thread(
             lambda: _disk_vs_live(session, tokens, end), on_cancel=_noop

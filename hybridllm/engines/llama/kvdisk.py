@@ -66,6 +66,14 @@ class DiskStates:
                 best = (state, n)
         return best
 
+    @staticmethod
+    def used_at(state: DiskState) -> int:
+        """When the state was last written or read (its file's mtime; 0: gone)."""
+        try:
+            return state.path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
     def has(self, tokens: Tokens) -> bool:
         """A state of exactly these tokens is kept."""
         n = len(tokens)

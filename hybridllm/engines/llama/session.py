@@ -255,6 +255,20 @@ class LlamaSession:
         kv.misses += hit is None
         return reuse
 
+    def preload(self) -> int:
+        """At start: make the most recently used system prompt's state on disk the live one,
+        so the first request after a restart finds it already in the cache. Returns its
+        tokens (0: none)."""
+        disk, kv = self.disk, self.kv
+        if disk is None or kv is None or not disk.states:
+            return 0
+        latest = max(disk.states, key=disk.used_at)
+        data = disk.read(latest)
+        if data is None or not kv.put(latest.tokens, data):
+            return 0
+        hit = kv.find(latest.tokens)
+        return len(latest.tokens) if hit is not None and self._restore(hit[0]) else 0
+
     def _from_disk(self, tokens: Sequence[int], kv: KVStore) -> tuple[SavedState, int] | None:
         """A state on disk for this prompt's opening, read into the RAM store (None: none)."""
         found = None if self.disk is None else self.disk.find(tokens, kv.min_tokens)
