@@ -417,7 +417,8 @@ class HybridClient:
             ticket.cloud_start.extra = True  # a cloud request paid for and not used
         if "local" in run.trace.started:
             self.routing.note_local(request.messages)
-        self._continue_locally(run, request)
+        if ticket.forced != "cloud" and "local" in ticket.policy.order:  # a local turn may come
+            self._continue_locally(run, request)
         self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
         with anyio.CancelScope(shield=True):  # the request's spans are not lost on cancel
             await self.telemetry.export(run.trace)
@@ -438,7 +439,10 @@ class HybridClient:
     def _continue_locally(self, run: RequestRun, request: GenerationRequest) -> None:
         """The cloud wrote the end of this answer: have the local engine prefill the
         conversation with it, in the background, so that a local next turn pays only for its
-        new message (one at a time, the last `WARM_QUEUE` waiting; any request cuts one)."""
+        new message (one at a time, the last `WARM_QUEUE` waiting; any request cuts one). Not
+        for a request the caller sent to the cloud, nor under a policy without the local
+        engine: their next turns are the cloud's too, and a warm-up would only spend the
+        device's CPU."""
         trace, local = run.trace, self.engines.get("local")
         if not isinstance(local, Warms) or self._tg is None:
             return

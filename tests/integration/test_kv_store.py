@@ -16,7 +16,7 @@ import anyio
 import numpy as np
 import pytest
 
-from hybridllm import GenerationRequest, HybridClient
+from hybridllm import GenerationRequest, HybridClient, Policy
 from hybridllm.engines import LlamaCppEngine
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import TIE_MARGIN
@@ -124,8 +124,9 @@ async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
     local = LlamaCppEngine(model_path, warm_up=False)
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     conv = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hi."}]
-    async with HybridClient(local=local, cloud=cloud, router=None) as client:
-        async with client.stream(conv, engine="cloud", max_tokens=12, temperature=0.0) as s:
+    cloud_first = Policy(name="cf", routing={"prefer": "cloud", "objective": "latency"})
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=cloud_first) as client:
+        async with client.stream(conv, max_tokens=12, temperature=0.0) as s:  # not forced
             reply = "".join([t async for t in s])
         assert s.trace.spans[-1].engine == "cloud" and reply
         for _ in range(600):  # the warm-up runs in the background: wait for it to end

@@ -11,11 +11,12 @@ from typing import Any
 import anyio
 import pytest
 
-from hybridllm import HybridClient
+from hybridllm import HybridClient, Policy
 from hybridllm.engines.capabilities import Warms
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
+CLOUD_FIRST = Policy(name="c", routing={"prefer": "cloud", "objective": "latency"})
 
 
 class WarmingLocal(ScriptedEngine):
@@ -38,8 +39,8 @@ async def test_a_cloud_turn_is_warmed_locally_with_its_answer() -> None:
     local = WarmingLocal(tokens=["x"])
     cloud = ScriptedEngine("cloud", tokens=["Hel", "lo"])
     assert isinstance(local, Warms)
-    async with HybridClient(local=local, cloud=cloud, router=None) as client:
-        _ = [t async for t in client.stream("hi", engine="cloud")]
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
+        _ = [t async for t in client.stream("hi")]
         await anyio.sleep(1.0)
     assert local.warmed == [
         [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
@@ -50,13 +51,24 @@ async def test_a_cloud_turn_is_warmed_locally_with_its_answer() -> None:
 async def test_no_warm_after_a_local_turn_one_at_a_time_and_stopped_at_close() -> None:
     local = WarmingLocal(warm_s=10.0, tokens=["x"])
     cloud = ScriptedEngine("cloud", tokens=["a"])
-    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
         _ = [t async for t in client.stream("one", engine="local")]
         assert local.warmed == []
-        _ = [t async for t in client.stream("two", engine="cloud")]
-        _ = [t async for t in client.stream("three", engine="cloud")]  # the first still runs
+        _ = [t async for t in client.stream("two")]
+        _ = [t async for t in client.stream("three")]  # the first still runs
         await anyio.sleep(0.1)
         assert len(local.warmed) == 1  # the second waits its turn
         await anyio.sleep(10.0)
         assert local.finished == 1 and len(local.warmed) == 2  # then it runs
     assert local.finished == 1  # closing the client stopped the one under way
+
+
+async def test_no_warm_for_a_turn_sent_to_the_cloud_or_a_policy_without_the_local_engine() -> None:
+    local = WarmingLocal(tokens=["x"])
+    cloud = ScriptedEngine("cloud", tokens=["a"])
+    cloud_only = Policy(name="o", routing={"fallback_order": ["cloud"]})
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
+        _ = [t async for t in client.stream("hi", engine="cloud")]  # the caller chose the cloud
+        _ = [t async for t in client.stream("hi", policy=cloud_only)]
+        await anyio.sleep(1.0)
+    assert local.warmed == []
