@@ -137,6 +137,7 @@ class LlamaSession:
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
         self.disk: DiskStates | None = None  # system prompts' states on disk (`kvdisk`)
+        self._preloaded = False  # the live state is the one `preload` restored, still unused
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
@@ -246,6 +247,12 @@ class LlamaSession:
         kv = self.kv
         if kv is None:
             return reuse
+        if self._preloaded:  # the state preloaded at start serves a prompt that opens like it
+            self._preloaded = False
+            if reuse < kv.min_tokens:  # not this one: a fresh cache, not a few borrowed tokens
+                self.llm.reset()
+                self.llm._ctx.kv_cache_clear()
+                reuse = 0
         hit = kv.find(tokens) or self._from_disk(tokens, kv)
         if self.llm.n_tokens - reuse >= kv.min_tokens:
             self._save_live(kv)
@@ -267,7 +274,8 @@ class LlamaSession:
         if data is None or not kv.put(latest.tokens, data):
             return 0
         hit = kv.find(latest.tokens)
-        return len(latest.tokens) if hit is not None and self._restore(hit[0]) else 0
+        self._preloaded = hit is not None and self._restore(hit[0])
+        return len(latest.tokens) if self._preloaded else 0
 
     def _from_disk(self, tokens: Sequence[int], kv: KVStore) -> tuple[SavedState, int] | None:
         """A state on disk for this prompt's opening, read into the RAM store (None: none)."""
