@@ -133,7 +133,7 @@ def _note_cached(decision: Decision, facts: RequestFacts, state: LiveState) -> D
     if not held or "local" not in decision.engines:
         return decision
     note = f"local holds {held} of the prompt's {facts.prompt_tokens} tokens in its KV cache"
-    return replace(decision, reasons=(note, *decision.reasons))  # a fact the rest reads from
+    return replace(decision, reasons=(*decision.reasons, note))
 
 
 # the plans that split an answer between engines or verify it piece by piece

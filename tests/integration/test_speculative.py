@@ -132,7 +132,8 @@ async def test_committed_text_is_the_verifiers_greedy_text(
             assert len(spec.k) == len(spec.verify_ms) == spec.rounds
             text = "".join(e.text for e in events if isinstance(e, Token))
             assert text and isinstance(events[-1], Done)
-            assert s.trace.engine == "cloud" and "speculative" in s.trace.decision[-1]
+            assert s.trace.engine == "cloud"
+            assert any("speculative" in why for why in s.trace.decision)
             drafts_add_up(events)
             local = client.local
             assert isinstance(local, LlamaCppEngine) and local._session is not None

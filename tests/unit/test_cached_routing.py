@@ -34,7 +34,7 @@ class HoldingLocal(ScriptedEngine):
 def test_the_reasons_say_what_the_local_engine_holds() -> None:
     facts = RequestFacts(900, 64)
     held = decide(facts, LOCAL, LiveState(local_cached_tokens=812))
-    assert held.reasons[0] == "local holds 812 of the prompt's 900 tokens in its KV cache"
+    assert held.reasons[-1] == "local holds 812 of the prompt's 900 tokens in its KV cache"
     assert not any("holds" in r for r in decide(facts, LOCAL, LiveState()).reasons)
 
 
