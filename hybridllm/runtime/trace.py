@@ -15,7 +15,6 @@ counted so far; one never sent is released and costs nothing).
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from contextvars import ContextVar
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm import clock
 from hybridllm.events import EngineName, TokenLimit
-from hybridllm.runtime.trace_export import trace_dict
+from hybridllm.runtime.trace_export import nearest_rank, trace_dict
 
 if TYPE_CHECKING:
     from hybridllm.guard.budget import TokenUsage
@@ -467,10 +466,7 @@ def _gaps_ms(tt: list[float]) -> list[float]:
 
 def _p99(values: list[float]) -> float | None:
     """The nearest-rank 99th percentile (None: no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+    return nearest_rank(sorted(values), 0.99) if values else None
 
 
 def _by_t(item: tuple[str, float]) -> float:

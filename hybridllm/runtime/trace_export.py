@@ -149,8 +149,13 @@ def _spread(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
     ordered = sorted(values)
-    at = [ordered[max(math.ceil(q * len(ordered)) - 1, 0)] for q in (0.5, 0.99)]
-    return {"p50": at[0], "p99": at[1], "max": ordered[-1], "n": len(ordered)}
+    p50, p99 = nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.99)
+    return {"p50": p50, "p99": p99, "max": ordered[-1], "n": len(ordered)}
+
+
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The nearest-rank `q` quantile of sorted, non-empty `ordered`."""
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 def _ms(t: Trace, at: float | None) -> float | None:

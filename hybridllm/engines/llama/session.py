@@ -289,12 +289,17 @@ class LlamaSession:
 
     def _save_live(self, kv: KVStore) -> None:
         """Copy the live sequence's KV cells out into the store."""
-        lc, ctx, n = self._lc, self.llm.ctx, self.llm.n_tokens
+        data = self._live_bytes()
+        if data is not None:
+            kv.put(self.llm._input_ids[: self.llm.n_tokens], data)
+
+    def _live_bytes(self) -> bytearray | None:
+        """llama.cpp's bytes for the live sequence's KV cells (None: it gave none)."""
+        lc, ctx = self._lc, self.llm.ctx
         size = lc.llama_state_seq_get_size(ctx, 0)
         data = bytearray(size)
         got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0)
-        if got:
-            kv.put(self.llm._input_ids[:n], data[:got] if got < size else data)
+        return None if not got else data if got == size else data[:got]
 
     def _restore(self, state: SavedState) -> bool:
         """Make a saved state the live one (False: llama.cpp refused it; the cache is empty)."""
@@ -314,11 +319,7 @@ class LlamaSession:
 
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading prompt tokens are already in the KV cache."""
-        n = 0
-        for a, b in zip(self.llm._input_ids[: self.llm.n_tokens], tokens, strict=False):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(self.llm._input_ids[: self.llm.n_tokens], tokens)
         return min(n, len(tokens) - 1)
 
     def prefill(
@@ -390,13 +391,10 @@ class LlamaSession:
         miss later, never an error now."""
         if self.disk is None or self.llm.n_tokens != len(tokens):
             return
-        lc, ctx = self._lc, self.llm.ctx
-        size = lc.llama_state_seq_get_size(ctx, 0)
-        data = bytearray(size)
-        got = lc.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0)
-        if got:
+        data = self._live_bytes()
+        if data is not None:
             try:
-                self.disk.write(tokens, data if got == size else data[:got])
+                self.disk.write(tokens, data)
             except OSError as exc:
                 log.warning("could not keep a system prompt's KV state on disk: %s", exc)
 
