@@ -52,7 +52,7 @@ class Telemetry:
         capture_content: bool | None = None,
         otel: bool | None = None,
     ) -> None:
-        _check(window_s, buckets, relative_accuracy)
+        _check(window_s, buckets, relative_accuracy, capture_content, otel)
         self.stats = Stats(window_s, buckets, relative_accuracy)
         self.capture_content = (
             _env_flag(CAPTURE_ENV) if capture_content is None else capture_content
@@ -113,10 +113,13 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _check(window_s: float, buckets: int, accuracy: float) -> None:
+def _check(window_s: float, buckets: int, accuracy: float, capture: object, otel: object) -> None:
     if not (isinstance(window_s, int | float) and window_s > 0 and window_s < float("inf")):
         raise errors.InvalidArgumentError("window_s", window_s, "a number of seconds > 0")
     if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
         raise errors.InvalidArgumentError("buckets", buckets, "an int >= 1")
+    for name, flag in (("capture_content", capture), ("otel", otel)):
+        if flag is not None and not isinstance(flag, bool):
+            raise errors.InvalidArgumentError(name, flag, "True, False or None")
     if not (isinstance(accuracy, float) and 0.0 < accuracy < 0.5):
         raise errors.InvalidArgumentError("relative_accuracy", accuracy, "a float in (0, 0.5)")

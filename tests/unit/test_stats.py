@@ -77,6 +77,10 @@ def test_bad_settings_get_typed_errors() -> None:
         Telemetry(window_s=0)
     with pytest.raises(InvalidArgumentError, match="buckets"):
         Telemetry(buckets=0)
+    with pytest.raises(InvalidArgumentError, match="otel"):
+        Telemetry(otel="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="capture_content"):
+        Telemetry(capture_content=1)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="telemetry"):
         HybridClient(local=ScriptedEngine("local"), telemetry="on")  # type: ignore[arg-type]
 
