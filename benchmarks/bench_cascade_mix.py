@@ -17,7 +17,7 @@ engines (the cross-validated one is `benchmarks/router_cv.py --stage2`).
 `complete()` is the whole answer's time for that row).
 
 Engines: local Qwen2.5-Coder-0.5B through `LlamaCppEngine` (in process); the stand-in cloud
-Qwen2.5-Coder-1.5B served by `hybridllm serve` (`HybridServer`) on loopback, through
+Qwen2.5-Coder-1.5B served by `hybridllm serve-model` (`HybridServer`) on loopback, through
 `OpenAIEngine`. Temperature 0, short `max_tokens` per kind.
 
 Three routers, each over all the prompts in its own pass (so no prompt finds itself in a KV

@@ -9,7 +9,7 @@ Four conversations interleaved (round robin), six turns each, one shared system 
   (b) the four interleaved with the live KV cache only (as before: `kv_cache_bytes=0`);
   (c) the four interleaved with saved KV states (`kv_cache_bytes`, the default);
   (d) the four interleaved, every second turn served by the stand-in cloud (SmolLM2 behind
-      `hybridllm serve`, one thread), the local engine prefilling each cloud turn in the
+      `hybridllm serve-model`, one thread), the local engine prefilling each cloud turn in the
       background (continuity); only the local turns' TTFT is compared;
   (e) the first request after a restart: a fresh engine, the system prompt and a short
       question, with the system prompt's state on disk (warm start) and without, against the

@@ -6,7 +6,8 @@ local-only, where the local engine decodes slower than the cloud.
         [--warm|--no-warm] [--json PATH]
 
 How the cloud is made faster per token: the stand-in cloud is a real server on loopback serving
-SmolLM2-135M (one thread): `hybridllm serve` by default (`--server llama-cpp`: llama_cpp.server),
+SmolLM2-135M (one thread): `hybridllm serve-model` by default (`--server llama-cpp`:
+llama_cpp.server),
 the local engine is Qwen2.5-Coder-0.5B through llama-cpp-python (one thread): SmolLM2 decodes
 about twice as fast per token as Qwen 0.5B on the same core. Both engines share this machine's
 2 cores (one thread each): a real device and a real cloud would not.

@@ -5,7 +5,7 @@ out?
                                                           [--json PATH]
 
 The voice preset as a new user builds it: the local engine Qwen2.5-Coder-0.5B (in process, one
-thread) and a stand-in cloud SmolLM2-135M behind `hybridllm serve` on loopback (one thread; a
+thread) and a stand-in cloud SmolLM2-135M behind `hybridllm serve-model` on loopback (one thread; a
 faster, weaker model: the case where a parallel cloud start wins every race). `--n` short voice
 turns, greedy, 16 tokens each, one after another. For each request: the engine that served, the
 TTFT predicted for it at the decision (`trace.predicted_ttft_ms`) against the TTFT measured,

@@ -24,7 +24,7 @@ seeded cloud delays:
   fails mid-stream, past the Router's fallback (an error row, no answer).
 
 Engines: local Qwen2.5-Coder-0.5B (`LlamaCppEngine` in process for hybridllm; the llama.cpp
-server for LiteLLM), one thread; the cloud is Qwen2.5-Coder-1.5B behind `hybridllm serve`
+server for LiteLLM), one thread; the cloud is Qwen2.5-Coder-1.5B behind `hybridllm serve-model`
 (`HybridServer`) on loopback, one thread, behind a `FaultProxy` that delays each response's
 first byte: request i gets delay i in every variant (set on the proxy before the request is
 sent), drawn once per run from `heavy_tail` (lognormal, median 150 ms, p99 3 s, 3% stalls of
@@ -159,7 +159,7 @@ async def _one(
 
 @contextlib.contextmanager
 def cloud_behind_proxy() -> Iterator[Any]:
-    """The stand-in cloud (`hybridllm serve`, one thread) behind a recording FaultProxy: the
+    """The stand-in cloud (`hybridllm serve-model`, one thread) behind a recording FaultProxy: the
     proxy, whose faults each request sets."""
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import FaultProxy, HybridServer

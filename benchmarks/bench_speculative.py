@@ -7,7 +7,8 @@
 The cloud is an OpenAI-compatible endpoint answering a verification dialect (vLLM's
 `prompt_logprobs`, or llama-cpp-python's echo + logprobs, which is correct but far too slow to
 time: see DESIGN.md). `--cloud-url` uses a running one; `--serve` starts one: the project's own
-server (`hybridllm serve`, `HybridServer`), or with `--echo` `llama_cpp.server`. A `FaultProxy`
+server (`hybridllm serve-model`, `HybridServer`), or with `--echo` `llama_cpp.server`. A
+`FaultProxy`
 between the SDK and the server adds the round trip (0, 20, 50, 100 ms by default).
 
 Per RTT and prompt kind (code, prose), for the speculative plan: acceptance, accepted tokens per
@@ -65,8 +66,8 @@ PROMPTS = {
 @contextlib.contextmanager
 def served(model: str, pin: bool = False, echo: bool = False) -> Iterator[tuple[str, str]]:
     """(base_url, model name) of a started stand-in cloud: the project's own fast server
-    (`hybridllm serve`), or with `echo` llama_cpp.server (dialect (a), correct but far too slow
-    to time). `pin`: one thread on CPU 1 (the child inherits this process's affinity at start;
+    (`hybridllm serve-model`), or with `echo` llama_cpp.server (dialect (a), correct but far too
+    slow to time). `pin`: one thread on CPU 1 (the child inherits this process's affinity at start;
     this process then moves to CPU 0, where the local engine runs with one thread)."""
     path = resolve_model(model)
     if echo:
@@ -183,7 +184,7 @@ def main() -> None:
     ap.add_argument(
         "--continuation", choices=["instruction", "continue_final_message"],
         help="how plain streaming continues the committed text (default: continue_final_message "
-        "against hybridllm serve, else instruction)",
+        "against hybridllm serve-model, else instruction)",
     )  # fmt: skip
     ap.add_argument(
         "--cold",

@@ -9,7 +9,7 @@ Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`
 AST check of our own). Each is asked once per arm with `tools=` (BFCL's functions as OpenAI
 tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
 - local only: Qwen2.5-Coder-0.5B in process (`LlamaCppEngine`);
-- cloud only: Qwen2.5-Coder-1.5B behind `hybridllm serve` on loopback (`OpenAIEngine`);
+- cloud only: Qwen2.5-Coder-1.5B behind `hybridllm serve-model` on loopback (`OpenAIEngine`);
 - hybrid: both, local first; a local call that fails its check escalates to the cloud before
   anything is delivered, and so does a valid local call below the bound (`[tools]
   min_call_confidence`: `--bound`, or `--calibrate M`: chosen first on the next M items of each

@@ -1,4 +1,5 @@
-"""Verification calls against `hybridllm serve` (the stand-in cloud): what a draft check costs.
+"""Verification calls against `hybridllm serve-model` (the stand-in cloud): what a draft check
+costs.
 
 For prompts of about 26, 65, 130 and 260 tokens plus an 8-token draft, on Qwen2.5-Coder-1.5B:
 one vLLM-dialect verification call (``/v1/completions``, token ids, ``prompt_logprobs: 1``,

@@ -262,7 +262,7 @@ class HandoffTable(_Table):
     `warm_cloud`: ask the cloud for one token of the prompt at once, so that its prefix cache
     holds the prompt when the continuation comes (the seam is then about a decode step); costs
     a cloud request. It pays where the cloud caches prefixes of this prompt's length: a
-    self-hosted vLLM with prefix caching, `hybridllm serve`; OpenAI caches prompts of 1024
+    self-hosted vLLM with prefix caching, `hybridllm serve-model`; OpenAI caches prompts of 1024
     tokens or more only."""
 
     after_tokens: int = Field(default=4, ge=1)

@@ -6,7 +6,7 @@
     OPENAI_BASE_URL=... OPENAI_API_KEY=... hybridllm demo --model gpt-4o-mini   # a real cloud
 
 Models are pulled (with a progress bar) when missing. Without a configured endpoint the demo
-starts its own OpenAI-compatible "cloud" (`hybridllm serve` with Qwen2.5-Coder-1.5B on
+starts its own OpenAI-compatible "cloud" (`hybridllm serve-model` with Qwen2.5-Coder-1.5B on
 127.0.0.1) and always stops it at the end, on errors and on Ctrl-C too.
 """
 
@@ -291,7 +291,7 @@ def run_demo(args: argparse.Namespace) -> int:
     port = free_port()
     if standin:
         path = _pull(STANDIN_CLOUD_MODEL, out)
-        # hybridllm's own server (`hybridllm serve`); requests run one after another, so the
+        # hybridllm's own server (`hybridllm serve-model`); requests run one after another, so the
         # server may use every core too
         server = HybridServer(
             path, alias=STANDIN_CLOUD_MODEL, n_ctx=4096, port=port, n_threads=threads

@@ -391,7 +391,7 @@ def _register_serve(subparsers: Subparsers) -> None:
     from hybridllm.server.command import add_arguments, run
 
     p = subparsers.add_parser(
-        "serve",
+        "serve-model",
         help="serve one model over an OpenAI-compatible HTTP API (chat, and completions with "
         "vLLM's prompt_logprobs for verifying drafts)",
     )

@@ -126,7 +126,7 @@ class OpenAIEngine:
     is asked for. "instruction" (any endpoint): the delivered text as an assistant turn, then a
     user turn asking to go on (`engines.base.chat_messages`); the model starts a new turn and
     may restart the answer. "continue_final_message" (vLLM's extra chat parameters, and
-    `hybridllm serve`): the delivered text is the final assistant message, left open, and the
+    `hybridllm serve-model`): the delivered text is the final assistant message, left open, and the
     model continues the text itself; its prompt is the original prompt plus the delivered text,
     so a server's prefix cache covers all but the new tokens.
 

@@ -1,6 +1,7 @@
-"""hybridllm's own OpenAI-compatible server for one GGUF model (`hybridllm serve MODEL`).
+"""hybridllm's own OpenAI-compatible server for one GGUF model (`hybridllm serve-model MODEL`).
 
-The stand-in cloud of the demo, the tests and the benchmarks, and the seed of a gateway. All
+The stand-in cloud of the demo, the tests and the benchmarks, and the verifier (the gateway over
+the hybrid client is `hybridllm serve`, `hybridllm.gateway`). All
 llama.cpp work runs on the process's one llama thread, one request at a time; a client that
 disconnects cancels its request (a running llama_decode is aborted).
 

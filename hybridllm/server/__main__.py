@@ -1,4 +1,4 @@
-"""`python -m hybridllm.server MODEL --port N`: the same as `hybridllm serve`."""
+"""`python -m hybridllm.server MODEL --port N`: the same as `hybridllm serve-model`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         return run(args)
-    except HybridError as exc:  # a bad argument: one line, as `hybridllm serve` says it
+    except HybridError as exc:  # a bad argument: one line, as `hybridllm serve-model` says it
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -59,7 +59,7 @@ def create_app(model: ServedModel, *, api_key: str | None = None) -> Starlette:
                 chat.stream(model, prepared, usage), media_type="text/event-stream"
             )
         return JSONResponse(
-            await _until_disconnect(request, _mapped(chat.complete(model, prepared)))
+            await until_disconnect(request, _mapped(chat.complete(model, prepared)))
         )
 
     async def text_completions(request: Request) -> Response:
@@ -67,7 +67,7 @@ def create_app(model: ServedModel, *, api_key: str | None = None) -> Starlette:
         body = parse(CompletionBody, data)
         tokens = completions.prompt_tokens(model, body)
         job = completions.job_for(body, tokens, model.max_logprobs)
-        out = await _until_disconnect(request, _mapped(model.complete(job)))
+        out = await until_disconnect(request, _mapped(model.complete(job)))
         headers = {f"x-hybridllm-{k.replace('_', '-')}": str(v) for k, v in model.last.items()}
         return JSONResponse(completions.response(model, body, tokens, out), headers=headers)
 
@@ -123,7 +123,7 @@ async def _mapped(work: Awaitable[T]) -> T:
         raise ApiError(500, str(exc), type="server_error") from exc
 
 
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it (and so aborting llama.cpp) if the client goes away."""
     result: list[T] = []
     failed: list[Exception] = []

@@ -1,4 +1,4 @@
-"""`hybridllm serve MODEL` (and `python -m hybridllm.server MODEL`): its arguments and runner.
+"""`hybridllm serve-model MODEL` (and `python -m hybridllm.server MODEL`): its arguments and runner.
 
 Every argument is checked before the model loads or uvicorn starts (`check`): a bad one is one
 `hybridllm.errors.ConfigError` naming it (the command prints one line and exits with 2): the
@@ -54,10 +54,10 @@ def check(args: argparse.Namespace) -> None:
     if args.api_key is not None and not args.api_key.strip():
         raise errors.InvalidArgumentError("--api-key", "", "a non-blank key")  # never echoed
     resolve_model(args.model)  # ManifestError, ModelNotFoundError: unknown, not pulled, no file
-    _check_listen(args.host, args.port)
+    check_listen(args.host, args.port)
 
 
-def _check_listen(host: str, port: int) -> None:
+def check_listen(host: str, port: int) -> None:
     """`host` resolves and `port` is free there (bound and let go at once, as uvicorn binds)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(

@@ -4,8 +4,8 @@
   stalls and resets between a client and a real server.
 - :class:`LlamaServer`: a real OpenAI-compatible server (``llama_cpp.server``) on loopback, as a
   subprocess, for integration tests.
-- :class:`HybridServer`: hybridllm's own OpenAI-compatible server (`hybridllm serve`, with vLLM's
-  ``prompt_logprobs``) on loopback, as a subprocess: the stand-in cloud.
+- :class:`HybridServer`: hybridllm's own OpenAI-compatible server (`hybridllm serve-model`, with
+  vLLM's ``prompt_logprobs``) on loopback, as a subprocess: the stand-in cloud.
 - :class:`ScriptedEngine`: an engine that plays a timed script, for unit tests of orchestration.
 
 Timing tests without waiting or flaking: run them on a virtual clock. hybridllm stamps every

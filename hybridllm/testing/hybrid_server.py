@@ -1,4 +1,4 @@
-"""hybridllm's own server (`hybridllm serve`) on loopback, for tests, the demo and benchmarks.
+"""hybridllm's own server (`hybridllm serve-model`) on loopback, for tests, the demo and benchmarks.
 
 ::
 
@@ -8,7 +8,7 @@
 The same life cycle as :class:`LlamaServer` (a child process of ``sys.executable`` on a free
 port of 127.0.0.1, ready once ``GET /v1/models`` answers, its output in a log file), serving
 chat completions and vLLM's ``/v1/completions`` dialect with fast ``prompt_logprobs``
-(`hybridllm.server`). ``extra_args`` are `hybridllm serve` options.
+(`hybridllm.server`). ``extra_args`` are `hybridllm serve-model` options.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["HybridServer"]
 
 
 class HybridServer(LlamaServer):
-    label = "hybridllm serve"
+    label = "hybridllm serve-model"
 
     def command(self, port: int) -> list[str]:
         cmd = [

@@ -3,7 +3,7 @@
 Integration tests use SmolLM2-135M-Instruct (fast on 2 cores) through the real llama-cpp-python
 engine, and a real OpenAI-compatible server started here on a free loopback port, reached
 through a `FaultProxy` so tests can observe disconnects and inject faults. The stand-in cloud
-(`cloud_server`, behind `proxy`) is hybridllm's own server (`hybridllm serve`);
+(`cloud_server`, behind `proxy`) is hybridllm's own server (`hybridllm serve-model`);
 `llama_cpp_server` is llama-cpp-python's `llama_cpp.server`, for tests of its dialect.
 """
 

@@ -1,5 +1,5 @@
 """`hybridllm bench --quick` end to end on real models: SmolLM2-135M as the local engine and as
-the stand-in cloud (`hybridllm serve` on loopback), the JSON's structure and the PNGs."""
+the stand-in cloud (`hybridllm serve-model` on loopback), the JSON's structure and the PNGs."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Local: Qwen2.5-Coder-0.5B through the real llama-cpp-python engine (the model router stage 2 was
 trained on: its signals mean something only for it). Cloud: the stand-in OpenAI-compatible
-server on loopback (`cloud_server`: hybridllm serve, SmolLM2). Router: the shipped artifact
+server on loopback (`cloud_server`: hybridllm serve-model, SmolLM2). Router: the shipped artifact
 with its stage 2.
 Each test judges one generation on its own, never two against each other.
 """

@@ -72,7 +72,7 @@ async def test_stream_tokens_events_and_trace(proxy: FaultProxy) -> None:
     assert seg["request_sent"] <= seg["first_byte"] <= seg["first_token"] <= seg["done"]
     assert tr.completion_tokens and tr.completion_tokens >= tr.n_tokens
     assert usage.completion_tokens == tr.completion_tokens and usage.engine == "cloud"
-    # the stand-in (hybridllm serve) honours include_usage: counted, not estimated
+    # the stand-in (hybridllm serve-model) honours include_usage: counted, not estimated
     assert tr.prompt_tokens and not tr.usage_estimated
     assert not usage.estimated and tr.error is None and tr.error_type is None
 

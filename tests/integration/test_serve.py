@@ -1,4 +1,4 @@
-"""`hybridllm serve` (hybridllm.server) against real models: vLLM's prompt_logprobs shape, the
+"""`hybridllm serve-model` (hybridllm.server) against real models: vLLM's prompt_logprobs shape, the
 scored top-1 against llama.cpp's own greedy choice, KV prefix reuse, typed errors, streaming
 usage and cancellation on disconnect.
 

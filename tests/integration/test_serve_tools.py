@@ -1,4 +1,5 @@
-"""`hybridllm serve` answers tools (issue 26, part 3): Qwen2.5-Coder 0.5B behind the real server,
+"""`hybridllm serve-model` answers tools (issue 26, part 3): Qwen2.5-Coder 0.5B behind the real
+server,
 read with the openai SDK. Non-streamed `message.tool_calls` with content None and finish reason
 "tool_calls"; streamed `delta.tool_calls` then a "tool_calls" finish; a JSON-schema answer; a
 tool loop; a bad tools field is a 400 in OpenAI's error shape."""

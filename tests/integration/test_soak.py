@@ -1,7 +1,7 @@
 """Soak: N mixed requests through `HybridClient` with faults drawn at random per request.
 
 Both engines are real: the local `LlamaCppEngine` on SmolLM2 and the cloud `OpenAIEngine` at
-the loopback stand-in (`hybridllm serve`, SmolLM2 too) through a `FaultProxy`. A few workers
+the loopback stand-in (`hybridllm serve-model`, SmolLM2 too) through a `FaultProxy`. A few workers
 run at once, each with its own client and proxy (the proxy's faults are per proxy, so one
 worker's fault never lands on another's request); they share one budget `Ledger` and one
 `DecisionLog`.

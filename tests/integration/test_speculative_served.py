@@ -1,5 +1,5 @@
 """The speculative plan through dialect (b), vLLM's `prompt_logprobs`, against the project's own
-server (`hybridllm serve`, SmolLM2, the `cloud_server` fixture behind a FaultProxy): the probe
+server (`hybridllm serve-model`, SmolLM2, the `cloud_server` fixture behind a FaultProxy): the probe
 finds the dialect, rounds verify token by token, and every committed token is the server's own
 greedy choice at its position or a near-tie (asked of the same server afterwards, one answer at
 a time: no two generations are compared)."""
@@ -79,7 +79,7 @@ async def test_vllm_dialect_against_hybridllm_serve_commits_the_servers_greedy_t
 
 @pytest.fixture(scope="module")
 def wide_server(model_path: Path) -> Iterator[HybridServer]:
-    """hybridllm serve allowing 64 log-probabilities per position (`--max-logprobs 64`)."""
+    """hybridllm serve-model allowing 64 log-probabilities per position (`--max-logprobs 64`)."""
     with HybridServer(model_path, alias=ALIAS, api_key=API_KEY, n_ctx=1024,
                       extra_args=["--max-logprobs", "64"]) as server:  # fmt: skip
         yield server

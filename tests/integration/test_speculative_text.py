@@ -1,5 +1,5 @@
 """Dialect (b) text-level: SmolLM2 drafts locally, Qwen2.5-Coder 0.5B verifies through
-`hybridllm serve` (another tokenizer), reached through a FaultProxy. The server's own
+`hybridllm serve-model` (another tokenizer), reached through a FaultProxy. The server's own
 tokenization of the drafted text decides; every committed token (in the server's tokenization
 of prompt + answer) must be the server's greedy choice or a near-tie, asked of the same server
 afterwards, one answer at a time (no two generations are compared)."""

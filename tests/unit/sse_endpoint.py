@@ -1,6 +1,6 @@
 """A loopback chat-completions endpoint for the cloud engine's unit tests: it plays a list of
 `chat.completion.chunk`s (OpenAI's documented stream shape) as server-sent events and keeps
-every request body it received. Not a model server: the real one is `hybridllm serve`
+every request body it received. Not a model server: the real one is `hybridllm serve-model`
 (tests/integration)."""
 
 from __future__ import annotations

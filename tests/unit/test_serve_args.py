@@ -1,4 +1,5 @@
-"""`hybridllm serve` checks its arguments before the model loads or uvicorn starts: a bad one is
+"""`hybridllm serve-model` checks its arguments before the model loads or uvicorn starts: a bad
+one is
 one line on stderr and exit code 2, never uvicorn's traceback (issue 24)."""
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_a_bad_option_is_one_line_and_exit_code_2(
     served: list[dict[str, Any]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert says in _one_error_line(["serve", str(gguf), *extra], capsys)
+    assert says in _one_error_line(["serve-model", str(gguf), *extra], capsys)
     assert served == []  # uvicorn never started
 
 
@@ -82,14 +83,14 @@ def test_a_bad_option_is_one_line_and_exit_code_2(
 def test_an_unknown_model_is_one_line(
     model: str, served: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert model in _one_error_line(["serve", model], capsys)
+    assert model in _one_error_line(["serve-model", model], capsys)
     assert served == []
 
 
 def test_a_port_in_use_is_one_line(
     gguf: Path, busy_port: int, served: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    line = _one_error_line(["serve", str(gguf), "--port", str(busy_port)], capsys)
+    line = _one_error_line(["serve-model", str(gguf), "--port", str(busy_port)], capsys)
     assert f"cannot listen on 127.0.0.1:{busy_port}" in line
     assert served == []
 
@@ -97,7 +98,7 @@ def test_a_port_in_use_is_one_line(
 def test_good_arguments_reach_the_server(
     gguf: Path, served: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["serve", str(gguf), "--port", "0", "--n-ctx", "512", "--log-level", "info"]
+    argv = ["serve-model", str(gguf), "--port", "0", "--n-ctx", "512", "--log-level", "info"]
     assert main(argv) == 0
     assert served == [
         {"model": str(gguf), "host": "127.0.0.1", "port": 0, "api_key": None, "log_level": "info"}

@@ -84,7 +84,7 @@ def test_vllm_prompt_logprobs_accepts_rank_one_tokens_and_takes_the_clouds_own()
     assert v.gap == pytest.approx(0.6) and not v.finished
     assert (v.prompt_tokens, v.completion_tokens) == (6, 1)
     # the texts come from the local tokenizer when it is at hand (a server may name tokens
-    # "token_id:N" everywhere with return_tokens_as_token_ids, as hybridllm serve does)
+    # "token_id:N" everywhere with return_tokens_as_token_ids, as hybridllm serve-model does)
     local = replace(ROUND, text_of=lambda ids: "|".join(f"t{i}" for i in ids))
     v = read_prompt_logprobs(vllm_answer(3, [10, 11, 12], reject_at=1), local)
     assert (v.accepted_text, v.text) == ("d0", "t10|t77")

@@ -8,7 +8,7 @@ Four parts, each measured through a `HybridClient` (so it measures what the SDK 
 against input length per engine (with the local prefill floor, prompt tokens / measured prefill
 rate), TPOT and throughput against concurrency on the cloud, total time against TTFT + TPOT x
 tokens, and the TTFT distribution of each routing strategy (cloud only, local only, the
-policy's plan) on a mixed workload. Without an endpoint, a stand-in cloud (`hybridllm serve`)
+policy's plan) on a mixed workload. Without an endpoint, a stand-in cloud (`hybridllm serve-model`)
 runs on 127.0.0.1 for the length of the run.
 
 Modules: `options` (the options, the sizes of a run), `workload` (the prompts), `measure` (the

@@ -125,7 +125,7 @@ def _cloud(setup: Setup, err: Console) -> Iterator[tuple[OpenAIEngine, ModelInfo
         server.start()
     try:
         engine = OpenAIEngine(base_url=server.base_url, api_key="none", model=server.model)
-        where = f"stand-in cloud: hybridllm serve on 127.0.0.1, {setup.threads} threads"
+        where = f"stand-in cloud: hybridllm serve-model on 127.0.0.1, {setup.threads} threads"
         yield engine, ModelInfo(name, quantization(name), where)
     finally:
         server.stop()

@@ -5,5 +5,5 @@ llama thread of the process (`thread`): the synchronous session (`session`: prep
 step, abort), greedy prompt-lookup decoding (`prompt_lookup`), drafting for the speculative plan
 (`draft`), the model's own confidence signals for router stage 2 (`signals`, with the
 multiple-choice `option_rotations`), prompt scoring (`score`) and the model behind
-`hybridllm serve` (`served`).
+`hybridllm serve-model` (`served`).
 """

@@ -1,4 +1,5 @@
-"""`ServedModel`: one GGUF model behind a server (`hybridllm serve`), its work on the llama thread.
+"""`ServedModel`: one GGUF model behind a server (`hybridllm serve-model`), its work on the llama
+thread.
 
 Two kinds of request, served one at a time (an `anyio.Lock`), each llama.cpp call on the one
 llama thread of the process (`thread`) and aborted through llama.cpp's abort callback

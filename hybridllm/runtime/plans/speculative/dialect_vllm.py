@@ -6,7 +6,7 @@ prompt's own token (rank 1: the model's top choice). vLLM computes prompt log-pr
 from a full prefill (no prefix cache for such requests): every round pays the whole context
 again, which the plan's cost counts. What a real vLLM returns are raw log-probabilities (its
 default ``--logprobs-mode raw_logprobs``: before temperature and top_p), at most
-``--max-logprobs`` (20 by default) per position; hybridllm serve does the same.
+``--max-logprobs`` (20 by default) per position; hybridllm serve-model does the same.
 
 - Token-level, greedy (`PromptLogprobsVerifier`, temperature 0, the local and cloud tokenizers
   the same): the prompt goes as token ids; a drafted token is accepted when its rank is 1;

@@ -19,7 +19,7 @@ processing) keeps x with probability min(1, p(x)/q(x)); the first rejected posit
 norm(max(0, p - q)); when all k are kept, the bonus token is drawn from p after the draft. Every
 committed token is then distributed as the cloud's p. Only a verifier that returns raw
 log-probabilities per position of a shared tokenizer can do it (vLLM's `prompt_logprobs`,
-hybridllm serve), and only where p is known exactly: its top_p nucleus must lie inside the 20
+hybridllm serve-model), and only where p is known exactly: its top_p nucleus must lie inside the 20
 returned tokens (checked per position; never with top_p = 1, whose support is the whole
 vocabulary). At a position where it does not, what was decided before it is committed and the
 next round drafts nothing: the cloud draws that token itself (its sampler is p's processing).

@@ -8,7 +8,7 @@ local engine's drafter builds q there, and the served model samples there).
 - Locally (`engines.nucleus.nucleus_of_logits`) the whole vocabulary is at hand: q is exact.
 - The cloud answers with its top N raw log-probabilities l_i = z_i - logsumexp(z) per position
   (vLLM's default `--logprobs-mode raw_logprobs`; N at most its `--max-logprobs`, 20 by
-  default; hybridllm serve the same). Tempering them is exact up to a constant:
+  default; hybridllm serve-model the same). Tempering them is exact up to a constant:
   softmax(z / T)_i is proportional to exp(l_i / T). What is unknown is the rest of the
   vocabulary, the tail, of raw mass R = 1 - sum(exp(l_i)), each of its tokens at most
   m = exp(l_N). Its tempered weight S = sum_tail exp(l_j / T) is bounded with a = 1 / T:
@@ -30,7 +30,7 @@ otherwise the token is drawn from norm(max(0, p - q)). Either way the position's
 distributed as p. When every drafted token is kept, the next token (the bonus token) is the
 cloud's own draw at the position after the draft, so every round commits at least one token;
 its sampler must be p's processing (temperature and top_p only: vLLM's defaults, and
-hybridllm serve's `/v1/completions`).
+hybridllm serve-model's `/v1/completions`).
 """
 
 from __future__ import annotations
