@@ -387,9 +387,26 @@ def _register_doctor(subparsers: Subparsers) -> None:
 # --- serve ----------------------------------------------------------------------------------
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hybridllm.gateway.command import run
+
+    return run(args)
+
+
 def _register_serve(subparsers: Subparsers) -> None:
+    from hybridllm.gateway.command import add_arguments as gateway_arguments
     from hybridllm.server.command import add_arguments, run
 
+    p = subparsers.add_parser(
+        "serve",
+        help="the hybrid gateway: the hybrid client (local model and cloud, routed per request) "
+        "over an OpenAI-compatible HTTP API",
+        description="Serve HybridClient over OpenAI's chat-completions API (docs/gateway.md). "
+        "The cloud comes from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL (or --cloud-url "
+        "/ --cloud-model); without one it serves the local model only.",
+    )
+    gateway_arguments(p)
+    p.set_defaults(func=cmd_serve)
     p = subparsers.add_parser(
         "serve-model",
         help="serve one model over an OpenAI-compatible HTTP API (chat, and completions with "

@@ -1,0 +1,260 @@
+"""The gateway's ASGI app: the hybrid client over OpenAI's HTTP API (Starlette).
+
+`create_app(client, limits, api_key=...)` gives an ASGI app whose lifespan opens and closes the
+client (uvicorn runs it: `gateway.command`). Its door (`Door`, outermost but for CORS) checks
+every HTTP request before a route sees it: the API key (``Authorization: Bearer KEY``, compared
+in constant time), the body's declared size (413), and for chat completions the concurrency
+limit (429 with Retry-After). It writes one access-log line per request (method, path, status,
+milliseconds, policy, engine: never prompt or answer text) to the ``hybridllm.gateway.access``
+logger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hybridllm import errors
+from hybridllm.client import HybridClient
+from hybridllm.gateway import relay, wire
+from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.policy import known_policies
+from hybridllm.server.app import until_disconnect
+from hybridllm.server.schema import ApiError
+
+__all__ = ["CHAT_PATH", "Door", "create_app"]
+
+access_log = logging.getLogger("hybridllm.gateway.access")
+CHAT_PATH = "/v1/chat/completions"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class Door:
+    """Auth, the body's declared size and the concurrency limit, before any route; the access
+    log after (see the module). `active`: chat requests being served now."""
+
+    def __init__(self, app: ASGIApp, limits: GatewayLimits, api_key: str | None) -> None:
+        self.app, self.limits = app, limits
+        self._key = None if api_key is None else f"Bearer {api_key}".encode()
+        self.active = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0, status = time.perf_counter(), [0]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._enter(scope, receive, sending)
+        finally:
+            state = scope.get("state") or {}
+            access_log.info(
+                "%s %s %d %.1f ms policy=%s engine=%s",
+                scope["method"],
+                scope["path"],
+                status[0],
+                (time.perf_counter() - t0) * 1e3,
+                state.get("policy", "-"),
+                state.get("engine", "-"),
+            )
+
+    async def _enter(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(Headers(scope=scope))
+        if refusal is not None:
+            await _answer(refusal, scope, receive, send)
+            return
+        if scope["path"] != CHAT_PATH:
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limits.max_concurrency:
+            busy = ApiError(
+                429,
+                f"the gateway serves {self.limits.max_concurrency} requests at once and all are "
+                f"taken; retry after {self.limits.retry_after_s} s",
+                code="concurrency_limit",
+                type="rate_limit_error",
+            )
+            retry = {"retry-after": str(self.limits.retry_after_s)}
+            await _answer(busy, scope, receive, send, retry)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+    def _refusal(self, headers: Headers) -> ApiError | None:
+        """A request refused at the door: a missing or wrong key (401), a body declared larger
+        than the limit (413)."""
+        if self._key is not None:
+            given = headers.get("authorization", "").encode()
+            if not secrets.compare_digest(given, self._key):
+                return ApiError(401, "invalid or missing API key", code="invalid_api_key")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
+            return _too_large(self.limits)
+        return None
+
+
+def _too_large(limits: GatewayLimits) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than this gateway's {limits.max_body_bytes} bytes",
+        code="request_too_large",
+    )
+
+
+async def _answer(
+    error: ApiError,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    headers: dict[str, str] | None = None,
+) -> None:
+    response = JSONResponse(error.body(), status_code=error.status, headers=headers)
+    await response(scope, receive, send)
+
+
+async def _json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, read up to `limit` bytes (a chunked body larger: 413)."""
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes")
+        parts.append(part)
+    try:
+        data = json.loads(b"".join(parts))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not JSON ({exc})", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+class _Routes:
+    """The endpoints over one client."""
+
+    def __init__(self, client: HybridClient, limits: GatewayLimits) -> None:
+        self.client, self.limits = client, limits
+
+    async def chat(self, request: Request) -> Response:
+        data = await _json(request, self.limits.max_body_bytes)
+        call = wire.chat_call(
+            data,
+            header_policy=request.headers.get("x-hybridllm-policy"),
+            policies=known_policies(dirs=self.client.policies.dirs),
+            limits=self.limits,
+        )
+        request.state.policy = call.policy
+        try:
+            stream = self.client.stream(call.messages, **call.args)
+        except errors.HybridError as exc:
+            raise relay.api_error(exc) from exc
+        events, first = await relay.first_event(stream)
+        request.state.engine = stream.trace.engine or "-"
+        if call.stream:
+            body = relay.sse(stream, events, first, call)
+            return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        done = await until_disconnect(request, relay.whole(stream, events, first, call))
+        request.state.engine = stream.trace.engine or "-"
+        return JSONResponse(done.body, headers=done.headers)
+
+    async def models(self, request: Request) -> Response:
+        names = known_policies(dirs=self.client.policies.dirs)
+        data = [
+            {
+                "id": f"{wire.MODEL_PREFIX}{n}",
+                "object": "model",
+                "created": 0,
+                "owned_by": "hybridllm",
+            }
+            for n in names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(self, request: Request) -> Response:
+        """Each engine: configured or not, its model, its circuit, why it cannot serve now."""
+        engines: dict[str, Any] = {}
+        for name, breaker in self.client.breakers.items():
+            engine = self.client.engines.get(name)
+            if engine is None:
+                engines[name] = {"configured": False}
+                continue
+            info = engine.info()
+            engines[name] = {
+                "configured": True,
+                "model": info.model,
+                "circuit": breaker.state,
+                "unavailable": info.unavailable,
+                "queue_depth": info.queue_depth,
+            }
+        serving = any(
+            e["configured"] and e["circuit"] != "open" and e["unavailable"] is None
+            for e in engines.values()
+        )
+        return JSONResponse({"status": "ok" if serving else "degraded", "engines": engines})
+
+
+def create_app(
+    client: HybridClient,
+    limits: GatewayLimits | None = None,
+    *,
+    api_key: str | None = None,
+) -> ASGIApp:
+    """The gateway over `client`, which its lifespan opens and closes (see the module)."""
+    limits = limits or GatewayLimits()
+    routes = _Routes(client, limits)
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with client:
+            yield
+
+    app: ASGIApp = Door(
+        Starlette(
+            routes=[
+                Route(CHAT_PATH, routes.chat, methods=["POST"]),
+                Route("/v1/models", routes.models, methods=["GET"]),
+                Route("/healthz", routes.health, methods=["GET"]),
+            ],
+            exception_handlers={ApiError: on_error},
+            lifespan=lifespan,
+        ),
+        limits,
+        api_key,
+    )
+    if limits.cors_origins:
+        app = CORSMiddleware(
+            app,
+            allow_origins=list(limits.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-hybridllm-policy"],
+            expose_headers=[
+                f"x-hybridllm-{h}"
+                for h in ("engine", "plan", "policy", "ttft-ms", "cost-usd", "reason")
+            ],
+        )
+    return app

@@ -1,0 +1,199 @@
+"""`hybridllm serve`: the gateway's arguments, their checks, and its runner.
+
+Every argument is checked before a model loads or uvicorn starts (`check`): a bad one is one
+`ConfigError` naming it (the command prints one line and exits with 2). `--port` 0 to 65535
+and free on `--host`, `--host` resolvable, `--local` a manifest name that is pulled or a GGUF
+file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes, the
+limits >= 1, each `--cors-origin` an origin, `--api-key` non-blank and REQUIRED when `--host`
+is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too). The cloud comes from `$OPENAI_BASE_URL`,
+`$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads them; `--cloud-url` and
+`--cloud-model` override them. With neither a URL nor a key the gateway serves the local model
+only, and says so at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from hybridllm import errors
+from hybridllm.engines import validate
+from hybridllm.gateway.limits import GatewayLimits, is_loopback
+from hybridllm.server.command import LOG_LEVELS, check_listen
+
+if TYPE_CHECKING:
+    from hybridllm.client import HybridClient
+    from hybridllm.guard.budget import Ledger
+
+__all__ = ["KEY_ENV", "Settings", "add_arguments", "check", "run"]
+
+KEY_ENV = "HYBRIDLLM_GATEWAY_KEY"
+DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    p.add_argument(
+        "--local",
+        metavar="MODEL",
+        default=DEFAULT_LOCAL_MODEL,
+        help=f"the local model: a manifest name or a GGUF path (default: {DEFAULT_LOCAL_MODEL})",
+    )
+    p.add_argument("--cloud-url", metavar="URL", help="the cloud endpoint ($OPENAI_BASE_URL)")
+    p.add_argument("--cloud-model", metavar="NAME", help="the cloud's model ($OPENAI_MODEL)")
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"demand `Authorization: Bearer KEY` (default: ${KEY_ENV}); required off loopback",
+    )
+    p.add_argument("--ledger", metavar="URL", help="the budget ledger: a path or sqlite:///PATH")
+    p.add_argument("--max-concurrency", type=int, default=8, help="chat requests at once (8)")
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed to call (repeatable; default: none, no CORS)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="(default: 1000000)")
+    p.add_argument("--max-messages", type=int, default=256, help="per request (default: 256)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="per request (default: 4096)")
+    p.add_argument("--n-threads", type=int, help="llama.cpp threads (default: tuned or all cores)")
+    p.add_argument("--log-level", default="info", help="uvicorn's log level (default: info)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The checked arguments: what `run` builds the gateway from."""
+
+    host: str
+    port: int
+    local: str
+    cloud_url: str | None
+    cloud_model: str | None
+    cloud: bool
+    api_key: str | None
+    ledger: Ledger | None
+    limits: GatewayLimits
+    n_threads: int | None
+    log_level: str
+
+
+def check(args: argparse.Namespace) -> Settings:
+    """Every argument checked before any work (see the module); the first bad one raises."""
+    from hybridllm.guard.ledgers import ledger_from_url
+    from hybridllm.local.resolve import resolve_model
+
+    validate.integer("--port", args.port, minimum=0, maximum=65535)
+    validate.one_of("--log-level", args.log_level, LOG_LEVELS)
+    if args.n_threads is not None:
+        validate.integer("--n-threads", args.n_threads, minimum=1)
+    limits = _limits(args)
+    key = _api_key(args.api_key, args.host)
+    cloud_url = args.cloud_url or os.environ.get("OPENAI_BASE_URL") or None
+    if cloud_url is not None and (
+        urlsplit(cloud_url).scheme not in ("http", "https") or not urlsplit(cloud_url).netloc
+    ):
+        raise errors.InvalidArgumentError("--cloud-url", cloud_url, "an http(s):// URL")
+    if args.cloud_model is not None:
+        validate.text("--cloud-model", args.cloud_model)
+    cloud = cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY"))
+    ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
+    resolve_model(args.local)  # ManifestError, ModelNotFoundError: unknown, not pulled, no file
+    check_listen(args.host, args.port)
+    return Settings(
+        args.host,
+        args.port,
+        args.local,
+        cloud_url,
+        args.cloud_model,
+        cloud,
+        key,
+        ledger,
+        limits,
+        args.n_threads,
+        args.log_level,
+    )
+
+
+def _limits(args: argparse.Namespace) -> GatewayLimits:
+    for option in ("--max-concurrency", "--max-body-bytes", "--max-messages", "--max-tokens"):
+        validate.integer(option, getattr(args, option[2:].replace("-", "_")), minimum=1)
+    try:
+        return GatewayLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_messages=args.max_messages,
+            max_tokens=args.max_tokens,
+            max_concurrency=args.max_concurrency,
+            cors_origins=tuple(args.cors_origin),
+        )
+    except errors.InvalidArgumentError as exc:  # a CORS origin: named as the option
+        raise errors.InvalidArgumentError("--cors-origin", exc.value, exc.rule) from None
+
+
+def _api_key(given: str | None, host: str) -> str | None:
+    """The key (the option, else the environment); required where `host` is not loopback."""
+    key = given if given is not None else os.environ.get(KEY_ENV)
+    if key is not None and not key.strip():
+        raise errors.InvalidArgumentError("--api-key", "", "a non-blank key")  # never echoed
+    if key is None and not is_loopback(host):
+        raise errors.ConfigError(
+            f"--api-key: a key is required to listen on {host} (not loopback): pass --api-key "
+            f"or set ${KEY_ENV}"
+        )
+    return key
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check, say what is served, build the client and serve until interrupted."""
+    settings = check(args)
+    import uvicorn
+
+    from hybridllm.gateway.app import create_app
+
+    client = build_client(settings)
+    print(describe(settings, client), file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        create_app(client, settings.limits, api_key=settings.api_key),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # the gateway's own (no query strings, no text): hybridllm.gateway.access
+        timeout_graceful_shutdown=2,
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
+def build_client(settings: Settings) -> HybridClient:
+    from hybridllm.client import HybridClient
+    from hybridllm.engines.llamacpp import LlamaCppEngine
+    from hybridllm.engines.openai_engine import OpenAIEngine
+
+    local = LlamaCppEngine(settings.local, n_threads=settings.n_threads)
+    cloud = None
+    if settings.cloud:
+        cloud = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
+    return HybridClient(local=local, cloud=cloud, ledger=settings.ledger)
+
+
+def describe(settings: Settings, client: HybridClient) -> str:
+    """The lines said at start: where, which engines, whether a key is asked."""
+    lines = [f"hybridllm gateway on http://{settings.host}:{settings.port}/v1"]
+    lines.append(f"  local: {settings.local}")
+    cloud = client.engines.get("cloud")
+    if cloud is None:
+        lines.append(
+            "  cloud: none configured (set OPENAI_BASE_URL / OPENAI_API_KEY or --cloud-url): "
+            "serving the local model only"
+        )
+    else:
+        lines.append(f"  cloud: {cloud.info().model} at {settings.cloud_url or 'the OpenAI API'}")
+    auth = "a key is required" if settings.api_key else "no key (loopback only)"
+    lines.append(f"  auth: {auth}; at most {settings.limits.max_concurrency} requests at once")
+    return "\n".join(lines)
