@@ -21,9 +21,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 
 def call(data: dict[str, Any], header: str | None = None, **limits: Any) -> Any:
-    return chat_call(
-        data, header_policy=header, policies=POLICIES, limits=GatewayLimits(**limits)
-    )
+    return chat_call(data, header_policy=header, policies=POLICIES, limits=GatewayLimits(**limits))
 
 
 def refused(data: dict[str, Any], **limits: Any) -> ApiError:
@@ -36,10 +34,16 @@ def test_the_model_names_the_policy_prefixed_or_bare_and_the_header_overrides_it
     assert call({"model": "hybridllm/chat", "messages": MSGS}).policy == "chat"
     assert call({"model": "voice-assistant", "messages": MSGS}).policy == "voice-assistant"
     c = call({"model": "hybridllm/chat", "messages": MSGS}, header="voice-assistant")
-    assert (c.policy, c.args["policy"], c.model) == ("voice-assistant", "voice-assistant", "hybridllm/chat")
+    assert (c.policy, c.args["policy"], c.model) == (
+        "voice-assistant",
+        "voice-assistant",
+        "hybridllm/chat",
+    )
 
 
-@pytest.mark.parametrize("model", ["gpt-4o", "hybridllm/nope", "../policies/chat.toml", "/etc/x.toml"])
+@pytest.mark.parametrize(
+    "model", ["gpt-4o", "hybridllm/nope", "../policies/chat.toml", "/etc/x.toml"]
+)
 def test_an_unknown_policy_or_a_path_is_a_404_model_not_found(model: str) -> None:
     err = refused({"model": model, "messages": MSGS})
     assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
@@ -102,7 +106,9 @@ def test_limits_on_messages_and_tokens_name_the_parameter() -> None:
     assert (err.status, err.param) == (400, "max_tokens")
     err = refused({"model": "chat", "messages": MSGS, "temperature": 3})
     assert (err.status, err.param) == (400, "temperature")
-    err = refused({"model": "chat", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    err = refused(
+        {"model": "chat", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
+    )
     assert (err.status, err.param) == (400, "messages")
 
 

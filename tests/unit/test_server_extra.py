@@ -1,5 +1,6 @@
-"""The `server` extra in pyproject.toml lists exactly the third-party packages that
-`hybridllm/server/*.py` imports beyond the core dependencies: each one it needs, none more."""
+"""The `server` and `gateway` extras in pyproject.toml list exactly the third-party packages that
+`hybridllm/server/*.py` and `hybridllm/gateway/*.py` import beyond the core dependencies (and
+what the server imports, for the gateway imports the server): each one needed, none more."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-SERVER = ROOT / "hybridllm" / "server"
+PACKAGE = ROOT / "hybridllm"
 
 
 def _name(requirement: str) -> str:
@@ -31,20 +34,23 @@ def _imported(path: Path) -> set[str]:
     return found
 
 
-def _third_party() -> set[str]:
+def _third_party(*rooms: str) -> set[str]:
     modules: set[str] = set()
-    for path in SERVER.glob("*.py"):
+    for path in (p for room in rooms for p in (PACKAGE / room).glob("*.py")):
         modules |= _imported(path)
     stdlib = sys.stdlib_module_names | {"__future__"}
     # each of these import names is its distribution's name (checked when one is added)
     return {_name(m) for m in modules if m not in stdlib and m != "hybridllm"}
 
 
-def test_the_server_extra_is_what_the_server_imports() -> None:
+@pytest.mark.parametrize(
+    ("extra_name", "rooms"), [("server", ("server",)), ("gateway", ("gateway", "server"))]
+)
+def test_the_extra_is_what_its_rooms_import(extra_name: str, rooms: tuple[str, ...]) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {_name(r) for r in project["dependencies"]}
-    extra = {_name(r) for r in project["optional-dependencies"]["server"]}
-    needed = _third_party() - core
-    assert needed, "the server imports something beyond the core dependencies (starlette)"
-    assert needed - extra == set(), "imported by hybridllm/server but not in the server extra"
-    assert extra - needed == set(), "in the server extra but not imported by hybridllm/server"
+    extra = {_name(r) for r in project["optional-dependencies"][extra_name]}
+    needed = _third_party(*rooms) - core
+    assert needed, f"{rooms} import nothing beyond the core dependencies (starlette)"
+    assert needed - extra == set(), f"imported by {rooms} but not in the {extra_name} extra"
+    assert extra - needed == set(), f"in the {extra_name} extra but not imported by {rooms}"
