@@ -14,6 +14,7 @@ only, and says so at start.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     client = build_client(settings)
     print(describe(settings, client), file=sys.stderr, flush=True)
+    _show_access_log(settings.log_level)
     config = uvicorn.Config(
         create_app(client, settings.limits, api_key=settings.api_key),
         host=settings.host,
@@ -168,6 +170,18 @@ def run(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def _show_access_log(level: str) -> None:
+    """The gateway's access log on stderr at uvicorn's levels info and below (uvicorn's own,
+    which would show query strings, is off)."""
+    access = logging.getLogger("hybridllm.gateway.access")
+    if level in ("info", "debug", "trace") and not access.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s access: %(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
 
 
 def build_client(settings: Settings) -> HybridClient:
