@@ -169,7 +169,11 @@ class _Routes:
             stream = self.client.stream(call.messages, **call.args)
         except errors.HybridError as exc:
             raise relay.api_error(exc) from exc
-        events, first = await relay.first_event(stream)
+        try:  # admission (and a queue before the first event) ends if the client leaves
+            events, first = await until_disconnect(request, relay.first_event(stream))
+        except BaseException:
+            await stream.aclose()
+            raise
         request.state.engine = stream.trace.engine or "-"
         if call.stream:
             body = relay.sse(stream, events, first, call)
