@@ -103,7 +103,7 @@ async def test_whole_cloud_answer_with_the_decision_in_headers(
     gateway: InProcessGateway, sdk: Sdk
 ) -> None:
     raw = await sdk().chat.completions.with_raw_response.create(
-        model="gw-cloud",
+        model="hybridllm/gw-local",  # the header overrides it
         messages=HELLO,  # type: ignore[arg-type]
         extra_headers={"x-hybridllm-policy": "gw-cloud"},
     )
@@ -153,13 +153,18 @@ def curl(gw: InProcessGateway, body: dict[str, Any], *headers: str) -> tuple[int
     for h in ("content-type: application/json", *headers):
         args += ["-H", h]
     out = subprocess.run(
-        [*args, "-d", json.dumps(body)], capture_output=True, text=True, timeout=120, check=True
+        [*args, "--data-binary", "@-"],  # the body on stdin: no argv limit
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     text, _, status = out.rpartition("\n")
     return int(status), text
 
 
-def test_curl_streams_a_cloud_answer_and_is_refused_without_the_key(
+def test_curl_streams_a_cloud_answer_is_refused_without_the_key_and_past_the_body_limit(
     gateway: InProcessGateway,
 ) -> None:
     body = {"model": "hybridllm/gw-cloud", "messages": HELLO, "stream": True}
@@ -172,6 +177,9 @@ def test_curl_streams_a_cloud_answer_and_is_refused_without_the_key(
     for headers in ((), ("authorization: Bearer sk-wrong",)):
         status, text = curl(gateway, body, *headers)
         assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+    huge = {**body, "messages": [{"role": "user", "content": "x" * 1_100_000}]}
+    status, text = curl(gateway, huge, f"authorization: Bearer {KEY}")
+    assert status == 413 and json.loads(text)["error"]["code"] == "request_too_large"
 
 
 async def test_bad_input_gets_openai_errors_through_the_sdk(
