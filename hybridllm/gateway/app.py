@@ -66,6 +66,7 @@ class Door:
             await self._enter(scope, receive, sending)
         finally:
             state = scope.get("state") or {}
+            trace = state.get("trace")  # the request's, read at the end: its final engine
             access_log.info(
                 "%s %s %d %.1f ms policy=%s engine=%s",
                 scope["method"],
@@ -73,7 +74,7 @@ class Door:
                 status[0],
                 (time.perf_counter() - t0) * 1e3,
                 state.get("policy", "-"),
-                state.get("engine", "-"),
+                "-" if trace is None or trace.engine is None else trace.engine,
             )
 
     async def _enter(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -174,12 +175,11 @@ class _Routes:
         except BaseException:
             await stream.aclose()
             raise
-        request.state.engine = stream.trace.engine or "-"
+        request.state.trace = stream.trace
         if call.stream:
             body = relay.sse(stream, events, first, call)
             return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
         done = await until_disconnect(request, relay.whole(stream, events, first, call))
-        request.state.engine = stream.trace.engine or "-"
         return JSONResponse(done.body, headers=done.headers)
 
     async def models(self, request: Request) -> Response:

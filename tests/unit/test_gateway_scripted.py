@@ -258,7 +258,8 @@ async def test_no_cors_unless_configured_and_no_prompt_text_in_the_access_log(
         r = await http.post("/v1/chat/completions", json=body("gw-local", SECRET), headers=origin)
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "hybridllm.gateway.access"]
-    assert lines and "POST /v1/chat/completions 200" in lines[0] and "policy=gw-local" in lines[0]
+    assert lines and "POST /v1/chat/completions 200" in lines[0]
+    assert "policy=gw-local engine=local" in lines[0]
     assert not any("4111" in line or "card" in line for line in lines)
     hybrid = HybridClient(local=ScriptedEngine("local", tokens=["x"]), router=None)
     app = create_app(hybrid, GatewayLimits(cors_origins=("https://app.example",)))
