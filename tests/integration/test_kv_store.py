@@ -115,6 +115,49 @@ async def test_interleaved_conversations_stay_warm(model_path: Path) -> None:
     assert cold[0][0] < 10, cold  # without saved states, A's history was overwritten by B
 
 
+async def _keyed(client: HybridClient, text: str, system: str, key: str | None) -> int:
+    """One local turn under the app's key: the prompt tokens it found cached."""
+    conv = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    async with client.stream(
+        conv, engine="local", max_tokens=6, temperature=0.0, conversation=key
+    ) as s:
+        _ = [t async for t in s]
+    return s.trace.cached_prompt_tokens or 0
+
+
+async def test_keyed_conversations_keep_one_state_each_and_forget_frees_it(
+    model_path: Path,
+) -> None:
+    """`conversation=`: the app's key keeps one saved state per conversation (a rewritten
+    history replaces the old state, which content alone would have kept beside it), and
+    `forget` frees it; a forgotten conversation in the live cache is not saved later."""
+    engine = LlamaCppEngine(model_path, warm_up=False, kv_cache_bytes=64 * 2**20)
+    async with HybridClient(local=engine, router=None) as client:
+        session = engine._session
+        assert session is not None and session.kv is not None
+        kv = session.kv
+
+        def keys() -> list[str]:  # (a system prompt read from disk is kept untagged too)
+            return sorted(s.conversation for s in kv.states if s.conversation is not None)
+
+        await _keyed(client, "Hi.", SYSTEM_A, "a")
+        await _keyed(client, "Hello.", SYSTEM_B, "b")  # A's state saved, keyed "a"
+        assert keys() == ["a"]
+        cached = await _keyed(client, "Where is south?", SYSTEM_A, "a")  # "a" rewritten
+        assert cached >= len(session.tokenize(SYSTEM_A)) - 8  # its system prompt came back
+        await _keyed(client, "Bonjour.", SYSTEM_B, None)  # the rewritten "a" is saved
+        assert keys() == ["a", "b"]  # one state for "a": the new one replaced the old
+        (a_state,) = [s for s in kv.states if s.conversation == "a"]
+        assert "south" in session.llm.detokenize(a_state.tokens.tolist()).decode(errors="replace")
+        used = kv.bytes_used
+        await client.forget("a")
+        assert keys() == ["b"] and kv.bytes_used == used - a_state.nbytes
+        await _keyed(client, "Which way?", SYSTEM_A, "d")
+        await client.forget("d")  # "d" holds the live cache: it is not saved when it goes
+        await _keyed(client, "Salut.", SYSTEM_B, "b")
+        assert "d" not in keys()
+
+
 async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
     model_path: Path, proxy: Any
 ) -> None:
