@@ -181,7 +181,7 @@ class HybridClient:
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         # cloud-answered conversations for the local engine to prefill; the task doing it
-        self._to_warm: deque[list[Message]] = deque(maxlen=WARM_QUEUE)
+        self._to_warm: deque[_WarmUp] = deque(maxlen=WARM_QUEUE)
         self._warming: anyio.CancelScope | None = None
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
@@ -450,9 +450,11 @@ class HybridClient:
             return
         if trace.spans[-1].engine != "cloud" or not run.delivered_text:
             return
-        self._to_warm.append(
-            [*request.messages, {"role": "assistant", "content": run.delivered_text}]
-        )
+        messages = [*request.messages, {"role": "assistant", "content": run.delivered_text}]
+        key = request.conversation
+        if key is not None:  # the conversation's newer turn replaces its waiting one
+            self._to_warm = deque((w for w in self._to_warm if w.key != key), WARM_QUEUE)
+        self._to_warm.append(_WarmUp(messages, key))
         if self._warming is None:
             self._warming = anyio.CancelScope()
             self._tg.start_soon(self._warm_all, local, self._warming)
@@ -465,12 +467,23 @@ class HybridClient:
         finally:
             self._warming = None
 
-    async def _warm(self, local: Warms, messages: list[Message]) -> None:
+    async def _warm(self, local: Warms, job: _WarmUp) -> None:
         try:
-            tokens = await local.warm(messages)
+            tokens = await local.warm(job.messages, job.key)
             log.debug("the local engine prefilled %d tokens of a cloud turn", tokens)
         except errors.HybridError as exc:  # a background nicety: never the app's error
             log.debug("the local engine did not prefill a cloud turn: %r", exc)
+
+    async def forget(self, conversation: str) -> None:
+        """The app closed the conversation it keyed `conversation` (`stream(...,
+        conversation=...)`): the local engine drops the KV state it kept for it, and a warm-up
+        waiting for it is dropped, so that it takes no more memory."""
+        validate.conversation(conversation)
+        self._to_warm = deque((w for w in self._to_warm if w.key != conversation), WARM_QUEUE)
+        local = self.engines.get("local")
+        if isinstance(local, Warms):
+            freed = await local.forget(conversation)
+            log.debug("forgot a conversation: %d bytes of KV state freed", freed)
 
     def stats(self) -> StatsReport:
         """Rolling P50/P95/P99 of TTFT, TPOT, ITL and the delivery hop, per engine, per policy
@@ -576,6 +589,19 @@ class HybridClient:
         portal = self._blocking_portal()
         result: Completion = portal.call(partial(self.complete, messages, **args))
         return result
+
+    def forget_sync(self, conversation: str) -> None:
+        """`forget()`, blocking."""
+        self._blocking_portal().call(self.forget, conversation)
+
+
+@dataclass(frozen=True, slots=True)
+class _WarmUp:
+    """A conversation waiting for the local engine to prefill a turn the cloud served, and the
+    app's key for it (None: none given)."""
+
+    messages: list[Message]
+    key: str | None
 
 
 def _telemetry(telemetry: object) -> Telemetry:

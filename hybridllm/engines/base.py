@@ -77,6 +77,8 @@ class GenerationRequest:
     priority: Priority = "normal"
     # the tools, tool choice and response format (`hybridllm.tools.tool_spec`; None: plain text)
     tools: ToolSpec | None = None
+    # the app's key for the conversation (`validate.conversation`; None: found by content)
+    conversation: str | None = None
 
     def __post_init__(self) -> None:
         validate.one_of("priority", self.priority, PRIORITIES)
@@ -86,6 +88,8 @@ class GenerationRequest:
         validate.seed(self.seed)
         object.__setattr__(self, "stop", validate.stop(self.stop))
         validate.text("assistant_prefix", self.assistant_prefix, blank_ok=True)
+        if self.conversation is not None:
+            validate.conversation(self.conversation)
         options = self.options
         if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
             raise InvalidArgumentError(

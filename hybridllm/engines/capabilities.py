@@ -83,8 +83,14 @@ class Warms(Protocol):
     """Prefills a conversation ahead of its next turn, at background priority, so that turn
     pays only for its new message (a turn the cloud served, issue 28)."""
 
-    async def warm(self, messages: Sequence[Message]) -> int:
-        """Prefill `messages` (the last one the assistant's answer); the tokens prefilled."""
+    async def warm(self, messages: Sequence[Message], conversation: str | None = None) -> int:
+        """Prefill `messages` (the last one the assistant's answer), kept under the app's
+        `conversation` key if it gave one; the tokens prefilled."""
+        ...
+
+    async def forget(self, conversation: str) -> int:
+        """Drop what is kept for the app's `conversation` key (it closed that conversation);
+        the bytes freed."""
         ...
 
 

@@ -405,18 +405,20 @@ class LlamaCppEngine:
                 if hold.holding:
                     self._queue.release()
 
-    async def warm(self, messages: Sequence[Message]) -> int:
+    async def warm(self, messages: Sequence[Message], conversation: str | None = None) -> int:
         """Prefill a conversation whose last message is the assistant's answer (a turn another
         engine served), as a warm-up: it waits for the device to be idle, and any request that
         arrives cuts it at once (the chunk under way is aborted; `engines.queue`, `Turn.idle`).
         What it prefilled stays in the KV cache, and in a saved state once another prompt takes
-        the cache, so the next turn pays only for its new message. Returns the tokens prefilled
-        (0: already cached)."""
+        the cache (under the app's `conversation` key if it gave one), so the next turn pays
+        only for its new message. Returns the tokens prefilled (0: already cached)."""
         await self.start()
         session = self._session
         if session is None:
             raise errors.ClientStateError("the local engine was closed")
-        request = GenerationRequest(messages=tuple(messages), max_tokens=1, priority="background")
+        request = GenerationRequest(
+            messages=tuple(messages), max_tokens=1, priority="background", conversation=conversation
+        )
         async with self._prepare_lock:
             prepared = await anyio.to_thread.run_sync(session.prepare, request)
         new_tokens = len(prepared.tokens) - session.reusable_prefix(prepared.tokens)
@@ -433,6 +435,16 @@ class LlamaCppEngine:
         finally:
             if hold.holding:
                 self._queue.release()
+
+    async def forget(self, conversation: str) -> int:
+        """The app closed `conversation` (its key): drop the KV state kept for it, so that it
+        takes no more of `kv_cache_bytes`. Returns the bytes freed (0: none kept, or the engine
+        not started)."""
+        validate.conversation(conversation)
+        session = self._session
+        if session is None:
+            return 0
+        return await run_on_llama_thread(partial(session.forget, conversation), on_cancel=_noop)
 
     async def _resume(
         self,

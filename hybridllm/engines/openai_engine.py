@@ -286,7 +286,8 @@ class OpenAIEngine:
         if request.tools is not None:  # tools, tool_choice, response_format: as given
             kwargs.update(request.tools.wire())
         if self._openai_host():  # cache affinity: one key per conversation (its opening)
-            kwargs.setdefault("prompt_cache_key", conversation_key(request.messages))
+            key = conversation_key(request.messages, request.conversation)
+            kwargs.setdefault("prompt_cache_key", key)
         if request.assistant_prefix and self.continuation == "continue_final_message":
             extra = dict(kwargs.get("extra_body") or {})
             kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
@@ -448,10 +449,13 @@ def _check_args(
     validate.one_of("name", name, ("local", "cloud"))
 
 
-def conversation_key(messages: Sequence[Mapping[str, Any]]) -> str:
+def conversation_key(messages: Sequence[Mapping[str, Any]], given: str | None = None) -> str:
     """A stable key for a conversation, sent as OpenAI's `prompt_cache_key` so that its turns
-    reach the same prefix cache: a hash of its system messages and first user message (the
-    part every later turn repeats), never the text itself."""
+    reach the same prefix cache: a hash of the app's own key (`conversation=`) where it gave
+    one, else of its system messages and first user message (the part every later turn
+    repeats); never the text itself."""
+    if given is not None:
+        return "hl-" + hashlib.sha256(b"app\x00" + given.encode()).hexdigest()[:32]
     opening: list[str] = []
     for m in messages:
         opening.append(f"{m.get('role')}\x00{m.get('content')}")

@@ -121,6 +121,18 @@ def text(argument: str, value: object, *, blank_ok: bool = False) -> str:
     return value
 
 
+CONVERSATION_CHARS = 256
+
+
+def conversation(value: object) -> str:
+    """An app's conversation key: a non-blank string of at most `CONVERSATION_CHARS`."""
+    if not isinstance(value, str) or not value.strip() or len(value) > CONVERSATION_CHARS:
+        raise InvalidArgumentError(
+            "conversation", value, f"a non-blank string of at most {CONVERSATION_CHARS} characters"
+        )
+    return value
+
+
 def one_of(argument: str, value: object, choices: Sequence[T]) -> T:
     for choice in choices:
         if type(value) is type(choice) and value == choice:

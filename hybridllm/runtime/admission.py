@@ -31,8 +31,11 @@ class RequestArgs(TypedDict, total=False):
     verifies; "hedge"; None: the policy's `plan`, else the decision picks); `show_drafts`: the
     speculative plan's Draft/Retract events; `tools`, `tool_choice`, `response_format`:
     OpenAI's chat-completions shapes (`hybridllm.tools`): the answer may call the tools
-    (`ToolCall` events), or must be JSON of the format's schema. None leaves the policy's
-    setting."""
+    (`ToolCall` events), or must be JSON of the format's schema; `conversation`: the app's own
+    key for the conversation this request continues (a non-blank string of at most 256
+    characters): the local engine keeps one saved KV state per key, replacing the last, and
+    the cloud's prompt cache is keyed by its hash (None: the conversation is found by its
+    content). None leaves the policy's setting."""
 
     engine: Literal["local", "cloud"] | None
     max_tokens: int | None
@@ -47,6 +50,7 @@ class RequestArgs(TypedDict, total=False):
     tools: Sequence[Mapping[str, Any]] | None
     tool_choice: str | Mapping[str, Any] | None
     response_format: Mapping[str, Any] | None
+    conversation: str | None
 
 
 class StreamArgs(RequestArgs, total=False):
@@ -81,4 +85,5 @@ def build_request(
         options=args.get("options", ()),  # type: ignore[arg-type]  # checked and copied
         priority=pol.priority if priority is None else priority,  # the queue's class
         tools=tool_spec(args.get("tools"), args.get("tool_choice"), args.get("response_format")),
+        conversation=args.get("conversation"),
     )

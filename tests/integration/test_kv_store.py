@@ -115,6 +115,49 @@ async def test_interleaved_conversations_stay_warm(model_path: Path) -> None:
     assert cold[0][0] < 10, cold  # without saved states, A's history was overwritten by B
 
 
+async def _keyed(client: HybridClient, text: str, system: str, key: str | None) -> int:
+    """One local turn under the app's key: the prompt tokens it found cached."""
+    conv = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    async with client.stream(
+        conv, engine="local", max_tokens=6, temperature=0.0, conversation=key
+    ) as s:
+        _ = [t async for t in s]
+    return s.trace.cached_prompt_tokens or 0
+
+
+async def test_keyed_conversations_keep_one_state_each_and_forget_frees_it(
+    model_path: Path,
+) -> None:
+    """`conversation=`: the app's key keeps one saved state per conversation (a rewritten
+    history replaces the old state, which content alone would have kept beside it), and
+    `forget` frees it; a forgotten conversation in the live cache is not saved later."""
+    engine = LlamaCppEngine(model_path, warm_up=False, kv_cache_bytes=64 * 2**20)
+    async with HybridClient(local=engine, router=None) as client:
+        session = engine._session
+        assert session is not None and session.kv is not None
+        kv = session.kv
+
+        def keys() -> list[str]:  # (a system prompt read from disk is kept untagged too)
+            return sorted(s.conversation for s in kv.states if s.conversation is not None)
+
+        await _keyed(client, "Hi.", SYSTEM_A, "a")
+        await _keyed(client, "Hello.", SYSTEM_B, "b")  # A's state saved, keyed "a"
+        assert keys() == ["a"]
+        cached = await _keyed(client, "Where is south?", SYSTEM_A, "a")  # "a" rewritten
+        assert cached >= len(session.tokenize(SYSTEM_A)) - 8  # its system prompt came back
+        await _keyed(client, "Bonjour.", SYSTEM_B, None)  # the rewritten "a" is saved
+        assert keys() == ["a", "b"]  # one state for "a": the new one replaced the old
+        (a_state,) = [s for s in kv.states if s.conversation == "a"]
+        assert "south" in session.llm.detokenize(a_state.tokens.tolist()).decode(errors="replace")
+        used = kv.bytes_used
+        await client.forget("a")
+        assert keys() == ["b"] and kv.bytes_used == used - a_state.nbytes
+        await _keyed(client, "Which way?", SYSTEM_A, "d")
+        await client.forget("d")  # "d" holds the live cache: it is not saved when it goes
+        await _keyed(client, "Salut.", SYSTEM_B, "b")
+        assert "d" not in keys()
+
+
 async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
     model_path: Path, proxy: Any
 ) -> None:
@@ -137,6 +180,62 @@ async def test_a_turn_the_cloud_served_is_prefilled_locally_for_the_next(
         known = local.count_tokens([*conv[:2], conv[2]])
         _, cached, prompt = await _turn(client, conv)
     assert known is not None and cached >= known - 8, (cached, known, prompt)
+
+
+def _resumed_vs_fresh(session: Any, tokens: list[int]) -> tuple[int, Any, Any]:
+    """What the next prefill of `tokens` reuses (live cache or saved state), the last position's
+    logits computed on top of it, and the same from one fresh evaluation."""
+    llm = session.llm
+    reuse = session._warm(tokens)
+    assert reuse > 0 and llm._ctx.kv_cache_seq_rm(-1, reuse, -1)
+    llm.n_tokens = reuse
+    llm.eval(tokens[reuse:])
+    resumed = last_logits(llm)
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    llm.eval(tokens)
+    return reuse, resumed, last_logits(llm)
+
+
+async def test_a_warm_up_cut_mid_prefill_leaves_only_whole_chunks(model_path: Path) -> None:
+    """A warm-up (a turn the cloud served) cut by a request mid-prefill: the chunk under way is
+    aborted, what the chunks before it evaluated is saved when the request takes the cache, and
+    the warm-up resumes from there. The next turn then computes, on top of what it found, the
+    same next token as a fresh prefill (judged with the near-tie margin); nothing half-written
+    is ever reused."""
+    engine = LlamaCppEngine(model_path, warm_up=False, kv_cache_bytes=64 * 2**20)
+    story = " ".join(f"On day {i} the ship sailed {i % 7} leagues north." for i in range(50))
+    conv = [
+        {"role": "system", "content": SYSTEM_A},
+        {"role": "user", "content": story + " Summarise."},
+        {"role": "assistant", "content": "It sailed north for months."},
+    ]
+    await engine.start()
+    try:
+        session = engine._session
+        assert session is not None and session.kv is not None
+        whole = session.tokenize(session.render(conv))
+        opening = len(session.tokenize(SYSTEM_A))  # (its state may come from disk, untagged)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.warm, conv)
+            for _ in range(30_000):  # until the warm-up is past the system prompt
+                if session.llm.n_tokens >= opening + 64:
+                    break
+                await anyio.sleep(0.002)
+            side = GenerationRequest(({"role": "user", "content": "Say yes."},), max_tokens=2)
+            _ = [c async for c in engine.stream(side)]  # cuts it, takes the cache
+            partial = [len(s.tokens) for s in session.kv.states if len(s.tokens) < len(whole)]
+        assert any(opening + 16 < n for n in partial), partial  # the cut warm-up's chunks
+
+        nxt = session.tokenize(session.render([*conv, {"role": "user", "content": "And then?"}]))
+        reuse, resumed, fresh = await run_on_llama_thread(
+            lambda: _resumed_vs_fresh(session, nxt), on_cancel=_noop
+        )
+    finally:
+        await engine.aclose()
+    assert reuse >= len(whole) - 8, (reuse, len(whole))  # the warm-up resumed and finished
+    top = int(resumed.argmax())
+    assert top == int(fresh.argmax()) or fresh.max() - fresh[top] <= TIE_MARGIN
 
 
 def _disk_vs_live(session: Any, tokens: list[int], end: int) -> tuple[Any, Any]:

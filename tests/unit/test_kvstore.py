@@ -37,6 +37,25 @@ def test_a_newer_state_replaces_the_ones_it_extends() -> None:
     assert sorted(len(s.tokens) for s in kv.states) == [110, 130]
 
 
+def test_a_keyed_conversation_has_one_state_that_wins_ties_and_can_be_forgotten() -> None:
+    """`conversation=`: a keyed conversation's newer state replaces its last one even where it
+    does not extend it (the app trimmed the history); of equal prefixes the keyed one is found;
+    `forget` frees it; untagged states and other keys are left alone."""
+    kv = KVStore(10_000, min_tokens=8)
+    kv.put(SYS + [1] * 40, bytearray(40), "a")
+    kv.put(SYS + [3] * 20, bytearray(20))  # found by content only
+    kv.put(SYS + [2] * 30, bytearray(30), "a")  # "a" rewrote its history
+    assert sorted((len(s.tokens), s.conversation) for s in kv.states) == [(120, None), (130, "a")]
+    prompt = SYS + [9] * 5  # shares only the system prompt with both
+    hit = kv.find(prompt, "a")
+    assert hit is not None and hit[1] == 100 and hit[0].conversation == "a"
+    hit = kv.find(prompt, "zzz")
+    assert hit is not None and hit[1] == 100 and hit[0].conversation is None  # the first found
+    kv.put(SYS + [4] * 10, bytearray(10), "b")
+    assert kv.forget("a") == 30 and kv.forget("a") == 0
+    assert sorted(str(s.conversation) for s in kv.states) == ["None", "b"]
+
+
 def test_eviction_keeps_the_budget_and_weighs_recency_by_cost() -> None:
     now = [0.0]
     kv = KVStore(300, min_tokens=8, clock=lambda: now[0])

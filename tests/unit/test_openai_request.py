@@ -147,3 +147,9 @@ def test_a_conversation_keeps_its_cache_key_from_turn_to_turn() -> None:
     request = GenerationRequest(tuple(later))
     fields = engine._fields(request, engine.token_limit(request))
     assert fields["prompt_cache_key"] == conversation_key(first)
+    # the app's own key (`conversation=`) decides instead, hashed: never sent as given
+    keyed = GenerationRequest(tuple(later), conversation="user-42@example.com")
+    fields = engine._fields(keyed, engine.token_limit(keyed))
+    assert fields["prompt_cache_key"] == conversation_key(later, "user-42@example.com")
+    assert fields["prompt_cache_key"] not in (conversation_key(first), conversation_key(other))
+    assert "user-42" not in str(fields) and "example.com" not in str(fields)

@@ -8,6 +8,12 @@ only, about 12 KB per token for Qwen 0.5B) into this store; a later prompt that 
 prefix with a saved state than with the live one has it copied back (`..._set_data`) and
 prefills only the rest. A conversation is found by its tokens, so the app passes no id.
 
+An app that does pass one (`conversation=`) says what it knows: a state tagged with that key
+is the conversation's one current state. Saving a newer one replaces it even where the newer
+one does not extend it (the app rewrote or trimmed the history, or regenerated an answer: the
+old state would only take memory), it wins a tie of equal prefixes, and `forget(key)` drops
+it when the app closes the conversation.
+
 Memory is bounded by `budget_bytes`. When a new state does not fit, states are evicted by
 value: the tokens a miss would prefill again, divided by the seconds since the state was last
 used (least recently used, weighted by what losing it costs). A state whose tokens are a prefix
@@ -37,6 +43,7 @@ class SavedState:
     tokens: npt.NDArray[np.int32]
     data: bytearray
     used: float = field(default_factory=time.monotonic)
+    conversation: str | None = None  # the app's key for it (None: found by content only)
 
     @property
     def nbytes(self) -> int:
@@ -71,13 +78,18 @@ class KVStore:
     def bytes_used(self) -> int:
         return sum(s.nbytes for s in self.states)
 
-    def find(self, tokens: Tokens) -> tuple[SavedState, int] | None:
+    def find(
+        self, tokens: Tokens, conversation: str | None = None
+    ) -> tuple[SavedState, int] | None:
         """The saved state sharing the longest prefix with `tokens`, and that length (None:
-        none shares `min_tokens`)."""
+        none shares `min_tokens`); of equal prefixes, the one tagged `conversation`."""
         best: tuple[SavedState, int] | None = None
         for state in self.states:
             n = common_prefix(state.tokens, tokens)
-            if n >= self.min_tokens and (best is None or n > best[1]):
+            if n < self.min_tokens or (best is not None and n < best[1]):
+                continue
+            tagged = conversation is not None and state.conversation == conversation
+            if best is None or n > best[1] or tagged:
                 best = (state, n)
         return best
 
@@ -85,15 +97,24 @@ class KVStore:
         state.used = self._clock()
         self.hits += 1
 
-    def put(self, tokens: Tokens, data: bytearray) -> bool:
-        """Keep a state (False: too short, or larger than the whole budget)."""
+    def put(self, tokens: Tokens, data: bytearray, conversation: str | None = None) -> bool:
+        """Keep a state, tagged with the app's `conversation` key if it gave one; it replaces
+        the states it extends and that conversation's last one (False: too short, or larger
+        than the whole budget)."""
         if len(tokens) < self.min_tokens or len(data) > self.budget_bytes:
             return False
-        new = SavedState(np.array(tokens, dtype=np.int32), data, self._clock())  # a copy
-        self.states = [s for s in self.states if not _covered(s.tokens, new.tokens)]
+        new = SavedState(np.array(tokens, dtype=np.int32), data, self._clock(), conversation)
+        self.states = [s for s in self.states if not _replaced_by(s, new)]
         self.states.append(new)
         self._evict(keep=new)
         return True
+
+    def forget(self, conversation: str) -> int:
+        """Drop the state the app keyed `conversation` (it closed that conversation); returns
+        the bytes freed."""
+        gone = [s for s in self.states if s.conversation == conversation]
+        self.states = [s for s in self.states if s.conversation != conversation]
+        return sum(s.nbytes for s in gone)
 
     def _evict(self, keep: SavedState) -> None:
         now = self._clock()
@@ -107,6 +128,12 @@ class KVStore:
 
     def clear(self) -> None:
         self.states.clear()
+
+
+def _replaced_by(old: SavedState, new: SavedState) -> bool:
+    """`new` serves whatever `old` did, or is the newer state of the same keyed conversation."""
+    same = new.conversation is not None and old.conversation == new.conversation
+    return same or _covered(old.tokens, new.tokens)
 
 
 def _covered(old: npt.NDArray[np.int32], new: npt.NDArray[np.int32]) -> bool:

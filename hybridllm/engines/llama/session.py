@@ -138,6 +138,10 @@ class LlamaSession:
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
         self.disk: DiskStates | None = None  # system prompts' states on disk (`kvdisk`)
         self._preloaded = False  # the live state is the one `preload` restored, still unused
+        # the app's key for the conversation in the live cache (None: none given), and whether
+        # the app has since closed it (`forget`: then it is not saved when another prompt comes)
+        self._live_conversation: str | None = None
+        self._live_forgotten = False
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
@@ -240,21 +244,31 @@ class LlamaSession:
         hit = None if self.kv is None else self.kv.find(tokens)
         return live if hit is None else max(live, min(hit[1], len(tokens) - 1))
 
-    def _warm(self, tokens: Sequence[int]) -> int:
+    def _warm(self, tokens: Sequence[int], conversation: str | None = None) -> int:
         """Before a prefill: keep the live state if the prompt would cut `min_tokens` of it,
-        and bring back a saved state that shares a longer prefix; returns the cached prefix."""
+        and bring back a saved state that shares a longer prefix; returns the cached prefix.
+        The live cache then holds `conversation` (the app's key, if it gave one)."""
         reuse = self.cached_prefix(tokens)
         kv = self.kv
         if kv is None:
             return reuse
+        try:
+            return self._swap_in(tokens, kv, reuse, conversation)
+        finally:
+            self._live_conversation, self._live_forgotten = conversation, False
+
+    def _swap_in(
+        self, tokens: Sequence[int], kv: KVStore, reuse: int, conversation: str | None
+    ) -> int:
+        """Save the live state, bring back the best saved one (`_warm`); the cached prefix."""
         if self._preloaded:  # the state preloaded at start serves a prompt that opens like it
             self._preloaded = False
             if reuse < kv.min_tokens:  # not this one: a fresh cache, not a few borrowed tokens
                 self.llm.reset()
                 self.llm._ctx.kv_cache_clear()
                 reuse = 0
-        hit = kv.find(tokens) or self._from_disk(tokens, kv)
-        if self.llm.n_tokens - reuse >= kv.min_tokens:
+        hit = kv.find(tokens, conversation) or self._from_disk(tokens, kv)
+        if self.llm.n_tokens - reuse >= kv.min_tokens and not self._live_forgotten:
             self._save_live(kv)
         if hit is not None and hit[1] - reuse >= kv.min_tokens and self._restore(hit[0]):
             kv.used(hit[0])
@@ -291,7 +305,14 @@ class LlamaSession:
         """Copy the live sequence's KV cells out into the store."""
         data = self._live_bytes()
         if data is not None:
-            kv.put(self.llm._input_ids[: self.llm.n_tokens], data)
+            kv.put(self.llm._input_ids[: self.llm.n_tokens], data, self._live_conversation)
+
+    def forget(self, conversation: str) -> int:
+        """The app closed `conversation`: drop its saved state, and do not save the live one if
+        it holds that conversation. Returns the bytes freed (llama thread)."""
+        if self._live_conversation == conversation:
+            self._live_forgotten = True
+        return 0 if self.kv is None else self.kv.forget(conversation)
 
     def _live_bytes(self) -> bytearray | None:
         """llama.cpp's bytes for the live sequence's KV cells (None: it gave none)."""
@@ -341,7 +362,7 @@ class LlamaSession:
         self._abort.clear()
         gen = Generation(prepared)
         tokens = prepared.tokens
-        reuse = self._warm(tokens)
+        reuse = self._warm(tokens, prepared.request.conversation)
         llm = self.llm
         if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
             reuse = 0
