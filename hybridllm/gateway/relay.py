@@ -9,8 +9,7 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.events import Done, Event, Token, ToolCall
-from hybridllm.gateway import shapes
-from hybridllm.gateway.wire import ChatCall
+from hybridllm.gateway import shapes, wire
 from hybridllm.runtime.stream import Stream
 from hybridllm.server.schema import ApiError
 
@@ -34,7 +33,7 @@ def api_error(exc: errors.HybridError) -> ApiError:
     if isinstance(exc, errors.EngineError):
         return ApiError(502, str(exc), code="engine_error", type="server_error")
     if isinstance(exc, errors.InvalidArgumentError):
-        return ApiError(400, str(exc), param=exc.argument)
+        return ApiError(400, str(exc), param=wire.ARGUMENT_PARAMS.get(exc.argument, exc.argument))
     if isinstance(exc, errors.ConfigError):
         return ApiError(400, str(exc))
     return ApiError(500, str(exc), type="server_error")
@@ -60,7 +59,7 @@ async def _chain(first: Event | None, rest: AsyncIterator[Event]) -> AsyncIterat
 
 
 async def sse(
-    stream: Stream, events: AsyncIterator[Event], first: Event | None, call: ChatCall
+    stream: Stream, events: AsyncIterator[Event], first: Event | None, call: wire.ChatCall
 ) -> AsyncIterator[bytes]:
     """The SSE body. Leaving it (the client went away: Starlette cancels the response) closes
     the stream, which stops every engine; an error after the headers is an ``error`` event."""
@@ -99,7 +98,7 @@ class Whole:
 
 
 async def whole(
-    stream: Stream, events: AsyncIterator[Event], first: Event | None, call: ChatCall
+    stream: Stream, events: AsyncIterator[Event], first: Event | None, call: wire.ChatCall
 ) -> Whole:
     """The whole answer, collected from the events (a failure is its `ApiError`)."""
     spans, pieces, calls = shapes.Spans(), list[str](), list[ToolCall]()

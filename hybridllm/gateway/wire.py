@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from hybridllm.gateway.limits import GatewayLimits
-from hybridllm.runtime.admission import ARG_NAMES, StreamArgs
+from hybridllm.runtime.admission import StreamArgs
 from hybridllm.server.schema import ApiError, ChatBody, parse
 
-__all__ = ["MODEL_PREFIX", "PASSED", "ChatCall", "chat_call", "policy_name"]
+__all__ = ["ARGUMENT_PARAMS", "MODEL_PREFIX", "PASSED", "ChatCall", "chat_call", "policy_name"]
 
 MODEL_PREFIX = "hybridllm/"
 # what reaches the client's StreamArgs, and what shapes the response
@@ -36,7 +36,7 @@ PASSED = frozenset(
         "tool_choice",
         "response_format",
         "user",  # OpenAI's end-user id: accepted, not stored, not logged
-        "prompt_cache_key",  # the client's `conversation=`, where it has one
+        "prompt_cache_key",  # the client's `conversation=`
     }
 )
 # parameters accepted at OpenAI's default only (they ask for what happens anyway)
@@ -46,6 +46,8 @@ NEUTRAL: Mapping[str, object] = {
     "presence_penalty": 0,
     "frequency_penalty": 0,
 }
+# the client's argument -> the request's parameter, where their names differ (error `param`s)
+ARGUMENT_PARAMS: Mapping[str, str] = {"conversation": "prompt_cache_key"}
 # request fields that become StreamArgs as they are (when the request set them)
 AS_IS = ("temperature", "top_p", "seed", "tools", "tool_choice", "response_format")
 
@@ -135,16 +137,10 @@ def _max_tokens(body: ChatBody, limits: GatewayLimits) -> int | None:
 
 
 def _conversation(key: object) -> str:
-    """`prompt_cache_key` as the client's `conversation=`, where the client takes one."""
-    if "conversation" not in ARG_NAMES:
-        raise ApiError(
-            400,
-            "prompt_cache_key is not supported by this build (the client has no conversation=)",
-            param="prompt_cache_key",
-            code="unsupported_parameter",
-        )
-    if not isinstance(key, str) or not key:
-        raise ApiError(400, "prompt_cache_key must be a non-empty string", param="prompt_cache_key")
+    """`prompt_cache_key` as the client's `conversation=` (the client checks the rest of its
+    rule, and its error names the parameter as the request does: `ARGUMENT_PARAMS`)."""
+    if not isinstance(key, str):
+        raise ApiError(400, "prompt_cache_key must be a string", param="prompt_cache_key")
     return key
 
 

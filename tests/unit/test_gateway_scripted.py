@@ -187,16 +187,19 @@ async def test_privacy_and_budget_refusals_have_their_statuses_before_any_chunk(
         (AUTH, json.dumps(body("gpt-4o")), 404, "model_not_found"),
         (AUTH, json.dumps(body("gw-local", "x" * 5000)), 413, "request_too_large"),
         (AUTH, json.dumps(body("gw-local", n=3)), 400, "unsupported_parameter"),
+        (AUTH, json.dumps(body("gw-local", prompt_cache_key=" ")), 400, None),
     ],
 )
 async def test_bad_requests_get_openai_error_bodies(
-    policy_dir: Path, headers: dict[str, str], content: str, status: int, code: str
+    policy_dir: Path, headers: dict[str, str], content: str, status: int, code: str | None
 ) -> None:
     local = ScriptedEngine("local", tokens=["x"])
     async for http in gateway(policy_dir, local):
         http.headers.pop("authorization")
         r = await http.post("/v1/chat/completions", content=content, headers=headers)
     assert r.status_code == status
+    if status == 400 and code is None:  # the client's own check, named as the request names it
+        assert r.json()["error"]["param"] == "prompt_cache_key"
     assert r.json()["error"]["code"] == code and set(r.json()["error"]) == {
         "message",
         "type",

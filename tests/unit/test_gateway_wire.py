@@ -87,11 +87,18 @@ def test_what_the_request_sets_passes_through_and_nothing_else() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("n", 2), ("logprobs", True), ("presence_penalty", 0.5), ("logit_bias", {"1": 2}),
-     ("parallel_tool_calls", False), ("prompt_cache_key", "conv-1")],
+     ("parallel_tool_calls", False)],
 )  # fmt: skip
 def test_an_unsupported_parameter_is_a_400_naming_it(name: str, value: object) -> None:
     err = refused({"model": "chat", "messages": MSGS, name: value})
     assert (err.status, err.param, err.code) == (400, name, "unsupported_parameter")
+
+
+def test_prompt_cache_key_is_the_client_s_conversation() -> None:
+    c = call({"model": "chat", "messages": MSGS, "prompt_cache_key": "conv-1"})
+    assert c.args == {"policy": "chat", "conversation": "conv-1"}
+    err = refused({"model": "chat", "messages": MSGS, "prompt_cache_key": 7})
+    assert (err.status, err.param) == (400, "prompt_cache_key")
 
 
 def test_null_and_openai_defaults_of_unsupported_parameters_are_accepted() -> None:
