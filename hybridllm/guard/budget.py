@@ -331,22 +331,25 @@ class SQLiteLedger:
         """Hold the worst-case cost against every cap that applies to `scope`, or raise
         `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
-        with self._tx() as db:
+        rid: int | None = None
+        with self._tx() as db:  # what expired meanwhile stays expired, refused or not
             now = self._clock()
             day, month = utc_day_month(now)
             self._expire(db, now)
             refusal = self._shortfall(db, caps, scope, amount, day, month)
-            if refusal is not None:
-                log.info("%s", refusal)  # the cap and the amounts, never the request
-                raise refusal
             expires = now + (self.ttl_s if ttl_s is None else ttl_s)
-            cur = db.execute(
-                "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
-                "created_at, expires_at, day, month) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
-                (scope, model, amount, prompt_tokens, now, expires, day, month),
-            )
-            rid = cur.lastrowid
-            _bump(db, scope, day, month, spent=0, held=amount)
+            if refusal is None:
+                cur = db.execute(
+                    "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
+                    "created_at, expires_at, day, month) "
+                    "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                    (scope, model, amount, prompt_tokens, now, expires, day, month),
+                )
+                rid = cur.lastrowid
+                _bump(db, scope, day, month, spent=0, held=amount)
+        if refusal is not None:
+            log.info("%s", refusal)  # the cap and the amounts, never the request
+            raise refusal
         assert rid is not None
         return Reservation(
             rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
