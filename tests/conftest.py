@@ -33,11 +33,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def redis_url() -> Iterator[str]:
     """The URL of a real `redis-server` on a free loopback port with its own temporary
     directory, for the whole session (each test keeps to its own key prefix). Without the binary
-    the tests that need it skip, except in CI (`CI` set), where they fail: `./dev setup`
-    installs it there."""
+    the tests that need it skip, except in CI (`CI` or `HYBRIDLLM_CI` set; `.ci/run` sets the
+    latter and installs redis-server), where they fail."""
     if find_redis_server() is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (./dev setup installs it)")
+        if os.environ.get("CI") or os.environ.get("HYBRIDLLM_CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs it with apt-get)")
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     with RedisServer() as server:
         yield server.url

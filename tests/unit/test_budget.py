@@ -16,7 +16,7 @@ from typing import Protocol
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hybridllm.errors import BudgetExceededError, ConfigError
+from hybridllm.errors import BudgetExceededError, ConfigError, InvalidArgumentError
 from hybridllm.guard.budget import (
     Cap,
     Ledger,
@@ -388,3 +388,57 @@ def test_a_settle_within_the_reservation_is_no_overrun(make_ledger: MakeLedger) 
     ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))  # exactly the bound
     assert ledger.spend("day").overrun_usd == 0 and ledger.entries()[0]["overrun_nano"] == 0
     reserve(ledger, caps)
+
+
+def test_ledger_from_url_reads_paths_and_sqlite_urls(tmp_path: Path) -> None:
+    from hybridllm import HybridClient
+    from hybridllm.guard.ledgers import as_ledger
+    from hybridllm.testing import ScriptedEngine
+
+    for spec in (tmp_path / "a.db", str(tmp_path / "b.db"), f"sqlite://{tmp_path}/c.db"):
+        ledger = ledger_from_url(spec)
+        assert isinstance(ledger, SQLiteLedger) and isinstance(ledger, Ledger)
+        ledger.close()
+    assert {p.name for p in tmp_path.iterdir()} >= {"a.db", "b.db", "c.db"}
+    assert ledger_from_url("sqlite://:memory:").path == ":memory:"  # type: ignore[attr-defined]
+    for bad in ("", "sqlite://", "postgres://db/budget", "https://:pw@example.com/x"):
+        with pytest.raises(InvalidArgumentError) as info:
+            ledger_from_url(bad, argument="--ledger")
+        assert info.value.argument == "--ledger" and "pw" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="^ledger must be a Ledger, or a file path"):
+        as_ledger(42)
+    cloud = ScriptedEngine("cloud")
+    client = HybridClient(cloud=cloud, ledger=f"sqlite://{tmp_path}/d.db", prices=PRICES)
+    assert isinstance(client.cloud.ledger, SQLiteLedger)  # type: ignore[union-attr]
+    with pytest.raises(InvalidArgumentError, match="^ledger must be"):
+        HybridClient(cloud=cloud, ledger="mysql://x/y", prices=PRICES)
+
+
+PRICES = Prices(models={"scripted": PRICE})
+
+
+def test_redis_py_loads_only_when_a_redis_ledger_is_made() -> None:
+    """`hybridllm[redis]` is optional: only guard/budget_redis.py imports redis-py, inside the
+    function that connects, so opening the guard (and an SQLite ledger) never loads it."""
+    import ast
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    importers = set()
+    for path in (root / "hybridllm").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] == "redis" for n in names):
+                importers.add(path.relative_to(root).as_posix())
+    assert importers == {"hybridllm/guard/budget_redis.py"}
+    probe = (
+        "import sys, hybridllm.guard.ledgers as g; g.ledger_from_url(':memory:'); "
+        "print('redis' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
