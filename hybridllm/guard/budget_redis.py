@@ -30,7 +30,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from hybridllm.errors import BudgetExceededError, InvalidArgumentError, MissingExtraError
+from hybridllm.errors import (
+    BudgetExceededError,
+    InvalidArgumentError,
+    LedgerUnavailableError,
+    MissingExtraError,
+)
 from hybridllm.guard.budget import (
     Cap,
     ModelPrice,
@@ -193,26 +198,38 @@ def _split_prefix(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), (prefix[-1] if prefix else DEFAULT_PREFIX)
 
 
-def _connect(url: str) -> redis.Redis:
-    """A client on a pool of connections to `url` (checked with a PING now)."""
+def _connect(url: str) -> tuple[redis.Redis, tuple[type[Exception], ...]]:
+    """A client on a pool of connections to `url` (checked with a PING now), and the errors
+    that mean the server cannot be reached (a lost connection, a timeout). Socket timeouts
+    default to 2 s to connect and 5 s an answer (the URL's `socket_timeout=` and
+    `socket_connect_timeout=` override them), so a hung server never hangs a request."""
     try:
         import redis
     except ImportError:
         raise MissingExtraError("a Redis ledger", "redis", "redis") from None
     try:
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0
+        )
         client.ping()
     except (ValueError, redis.RedisError) as exc:
         shown = redact_url(url)
         reason = f"a reachable Redis URL, redis://host:port/db ({type(exc).__name__}: {exc})"
         raise InvalidArgumentError("ledger", shown, reason) from None
-    return client
+    return client, (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisLedger:
     """Reservations and spend on a Redis server, shared by every process that opens the same
     URL and prefix (`?prefix=NAME` in the URL, default "hybridllm:ledger"). `ttl_s`: how long a
-    reservation may stay open before it expires; `clock`: the time (seconds since the epoch)."""
+    reservation may stay open before it expires; `clock`: the time (seconds since the epoch).
+
+    A server that cannot be reached once the ledger is made fails closed: `reserve` raises and
+    `check` returns `LedgerUnavailableError` (a `BudgetExceededError`: the request goes local),
+    `remaining` is 0 under any day or month cap; `settle` and `release` log a warning and
+    return (the answer was delivered; the reservation, still open on the server, expires at its
+    worst case: the books may overstate, never understate); `spend`, `expire` and `entries`
+    raise it."""
 
     def __init__(
         self,
@@ -227,7 +244,7 @@ class RedisLedger:
         self.ttl_s = ttl_s
         self._clock = clock
         self._key = "{" + prefix + "}"
-        self._redis = _connect(server_url)
+        self._redis, self._unreachable = _connect(server_url)
         self._reserve = self._redis.register_script(_RESERVE)
         self._close = self._redis.register_script(_CLOSE)
         self._spend = self._redis.register_script(_SPEND)
@@ -284,7 +301,10 @@ class RedisLedger:
     ) -> BudgetExceededError | None:
         """What `reserve()` would refuse now, holding nothing (None: it fits every cap)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
-        return self._cap_script(caps, scope, amount, self._clock(), None)[1]
+        try:
+            return self._cap_script(caps, scope, amount, self._clock(), None)[1]
+        except LedgerUnavailableError as exc:
+            return exc
 
     def _cap_script(
         self,
@@ -305,7 +325,7 @@ class RedisLedger:
             who = "*" if cap.scope is None else f"p:{cap.scope}"
             period = month if cap.period == "month" else day
             args += (period, who, int(cap.period == "request"), usd_nano(cap.limit_usd))
-        answer = self._call(self._reserve, args)
+        answer = self._call(self._reserve, args, needed_usd=amount / NANO)
         if answer[0] == 0:
             return int(answer[1]), None
         cap = ordered[int(answer[0]) - 1]
@@ -319,12 +339,26 @@ class RedisLedger:
         cost = reservation.price.cost_nano(usage.prompt_tokens, usage.completion_tokens)
         usage_args = (usage.prompt_tokens, usage.completion_tokens, int(usage.estimated))
         args = (reservation.id, cost, "settled", repr(self._clock()), *usage_args)
-        closed, recorded = self._call(self._close, args)
+        try:
+            closed, recorded = self._call(self._close, args)
+        except LedgerUnavailableError as exc:
+            log.warning(
+                "%s: reservation %d not settled (it expires at its worst case)", exc, reservation.id
+            )
+            return cost / NANO
         return (cost if closed else int(recorded)) / NANO
 
     def release(self, reservation: Reservation) -> None:
         """The request was never sent: drop the hold, record no spend."""
-        self._call(self._close, (reservation.id, 0, "released", repr(self._clock()), 0, 0, 0))
+        args = (reservation.id, 0, "released", repr(self._clock()), 0, 0, 0)
+        try:
+            self._call(self._close, args)
+        except LedgerUnavailableError as exc:
+            log.warning(
+                "%s: reservation %d not released (it expires at its worst case)",
+                exc,
+                reservation.id,
+            )
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -341,8 +375,13 @@ class RedisLedger:
 
     def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
         """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
-        an overrun closed), as `SQLiteLedger.remaining`."""
-        return remaining_under(self, caps, scope)
+        an overrun closed), as `SQLiteLedger.remaining`; 0 under such a cap while the server
+        cannot be reached."""
+        try:
+            return remaining_under(self, caps, scope)
+        except LedgerUnavailableError:
+            stock = any(c.period != "request" and c.applies(scope) for c in caps)
+            return 0.0 if stock else None
 
     def expire(self) -> int:
         """Expire reservations past their time to live now; how many."""
@@ -350,15 +389,25 @@ class RedisLedger:
 
     def entries(self) -> list[dict[str, object]]:
         """Every entry, oldest first, with `SQLiteLedger.entries()`'s keys and types."""
-        last = int(self._redis.get(f"{self._key}:seq") or 0)
-        pipe = self._redis.pipeline(transaction=False)
-        for rid in range(1, last + 1):
-            pipe.hgetall(f"{self._key}:e:{rid}")
-        return [_entry(row) for row in pipe.execute() if row]
 
-    def _call(self, script: Any, args: Sequence[object]) -> Any:
-        """Run one of the scripts under this ledger's prefix."""
-        return script(keys=[self._key], args=list(args))
+        def read() -> list[dict[str, str]]:
+            last = int(self._redis.get(f"{self._key}:seq") or 0)
+            pipe = self._redis.pipeline(transaction=False)
+            for rid in range(1, last + 1):
+                pipe.hgetall(f"{self._key}:e:{rid}")
+            rows: list[dict[str, str]] = pipe.execute()
+            return rows
+
+        return [_entry(row) for row in self._call(read) if row]
+
+    def _call(self, script: Any, args: Sequence[object] = (), needed_usd: float = 0.0) -> Any:
+        """Run one of the scripts under this ledger's prefix (or `script()`, a read); a server
+        that cannot be reached raises `LedgerUnavailableError`."""
+        try:
+            return script(keys=[self._key], args=list(args)) if args else script()
+        except self._unreachable as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            raise LedgerUnavailableError(self.url, cause, needed_usd=needed_usd) from exc
 
 
 def _entry(row: dict[str, str]) -> dict[str, object]:

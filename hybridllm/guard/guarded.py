@@ -81,6 +81,7 @@ from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
     ConfigError,
+    LedgerUnavailableError,
     PolicyError,
     PrivacyBlockedError,
 )
@@ -343,6 +344,8 @@ class GuardedEngine:
         refusal = self.refusal(scope, prompt_tokens, max_tokens)
         if refusal is None:
             return True, ""
+        if isinstance(refusal, LedgerUnavailableError):
+            return False, f"the ledger {refusal.ledger} cannot be reached ({refusal.cause})"
         return False, (
             f"{refusal.cap} cap {usd(refusal.limit_usd)}: spent {usd(refusal.spent_usd)}, "
             f"in flight {usd(refusal.reserved_usd)}, this request up to {usd(refusal.needed_usd)}"

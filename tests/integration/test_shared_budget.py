@@ -17,13 +17,18 @@ from hypothesis import given, settings, strategies as st
 
 from hybridllm import Cap, GuardedEngine, HybridClient, ModelPrice, Policy, Prices
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.errors import BudgetExceededError, InvalidArgumentError, MissingExtraError
+from hybridllm.errors import (
+    BudgetExceededError,
+    InvalidArgumentError,
+    LedgerUnavailableError,
+    MissingExtraError,
+)
 from hybridllm.events import Chunk, Finish
 from hybridllm.guard.budget import Reservation, SQLiteLedger, TokenUsage
 from hybridllm.guard.budget_redis import RedisLedger
 from hybridllm.guard.guarded import request_token_bound
 from hybridllm.guard.ledgers import ledger_from_url
-from hybridllm.testing import ScriptedEngine
+from hybridllm.testing import RedisServer, ScriptedEngine
 
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
 PRICES = Prices(models={"scripted": PRICE})
@@ -214,3 +219,44 @@ def test_without_redis_py_a_redis_url_says_which_extra(
     monkeypatch.setitem(sys.modules, "redis", None)  # import redis fails
     with pytest.raises(MissingExtraError, match=r"hybridllm\[redis\]"):
         ledger_from_url(fresh(redis_url))
+
+
+def test_a_lost_redis_server_fails_closed_and_the_answer_goes_local(redis_url: str) -> None:
+    """The ledger's server dies after start: routing sends the request to the local engine
+    with the reason, the ledger refuses reservations (as over budget), and a request already
+    answered is not turned into an error by a settle that cannot be written. (Its own server,
+    to stop; `redis_url` only for the skip-or-fail rule when redis-server is missing.)"""
+    server = RedisServer()
+    server.start()
+    ledger = RedisLedger(server.url)
+    caps = [Cap(None, "day", 1.0)]
+    held = ledger.reserve(model="m", price=PRICE, prompt_tokens=10, max_tokens=10, caps=caps)
+    client = HybridClient(
+        local=ScriptedEngine("local", tokens=["l"] * 3),
+        cloud=FixedUsageCloud("cloud", tokens=["c"] * 3),
+        policy=CLOUD_FIRST,
+        router=None,
+        ledger=ledger,
+        prices=PRICES,
+        budget_caps=caps,
+    )
+    server.stop()
+
+    async def ask() -> tuple[str, str | None, str]:
+        async with client, client.stream(PROMPT, max_tokens=MAX_TOKENS) as s:
+            text = "".join([t async for t in s])
+        return text, s.trace.engine, s.trace.route_reason
+
+    text, engine, reason = anyio.run(ask)
+    assert (text, engine) == ("lll", "local") and "budget:" in reason
+    assert f"the ledger {server.url} cannot be reached (ConnectionError" in reason
+    with pytest.raises(LedgerUnavailableError) as info:
+        ledger.reserve(model="m", price=PRICE, prompt_tokens=10, max_tokens=10, caps=caps)
+    assert isinstance(info.value, BudgetExceededError) and info.value.ledger == server.url
+    refusal = ledger.check(price=PRICE, prompt_tokens=10, max_tokens=10, caps=caps)
+    assert isinstance(refusal, LedgerUnavailableError)
+    assert ledger.remaining(caps) == 0.0 and ledger.remaining([]) is None
+    assert ledger.settle(held, TokenUsage(10, 5)) == PRICE.cost_usd(10, 5)  # logged, not raised
+    ledger.release(held)
+    with pytest.raises(LedgerUnavailableError):
+        ledger.spend("day")
