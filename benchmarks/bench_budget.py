@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hybridllm.guard.budget import Cap, Ledger, ModelPrice, TokenUsage  # noqa: E402
+from hybridllm.guard.budget import Cap, ModelPrice, SQLiteLedger, TokenUsage  # noqa: E402
 
 PRICE = ModelPrice(input_per_million=0.15, output_per_million=0.6)
 CAPS = [Cap(None, "day", 1e6), Cap("chat", "day", 1e6)]
 
 
 def cycle(path: str, n: int) -> dict[str, list[float]]:
-    ledger = Ledger(path)
+    ledger = SQLiteLedger(path)
     res, sett = [], []
     for _ in range(n):
         t = time.perf_counter()
@@ -81,7 +81,7 @@ def main() -> None:
         base = baseline(str(Path(tmp) / "base.db"), args.n)
         one = cycle(str(Path(tmp) / "one.db"), args.n)
         shared = str(Path(tmp) / "shared.db")
-        Ledger(shared).close()
+        SQLiteLedger(shared).close()
         ctx = multiprocessing.get_context("spawn")
         results: multiprocessing.Queue[dict[str, list[float]]] = ctx.Queue()
         procs = [
@@ -92,7 +92,7 @@ def main() -> None:
         many = [results.get() for _ in procs]
         for p in procs:
             p.join()
-        with Ledger(shared) as ledger:
+        with SQLiteLedger(shared) as ledger:
             n_settled = sum(e["state"] == "settled" for e in ledger.entries())
     multi = {k: [x for m in many for x in m[k]] for k in ("reserve", "settle")}
     print(f"n={args.n} per process; times in ms")

@@ -45,12 +45,12 @@ import anyio  # noqa: E402
 
 from hybridllm import (  # noqa: E402
     HybridClient,
-    Ledger,
     LlamaCppEngine,
     ModelPrice,
     OpenAIEngine,
     Policy,
     Prices,
+    SQLiteLedger,
 )
 from hybridllm.engines.openai_engine import Continuation  # noqa: E402
 from hybridllm.events import Done, Draft  # noqa: E402
@@ -103,7 +103,7 @@ async def per_rtt(
     client = HybridClient(
         LlamaCppEngine(local, n_threads=threads),
         OpenAIEngine(base_url=url, api_key="none", model=model, continuation=continuation),
-        router=None, prices=prices, ledger=Ledger(),
+        router=None, prices=prices, ledger=SQLiteLedger(),
     )  # fmt: skip
     rows = []
     async with client:  # warm-up, not timed: probe the dialect; the cloud's plain speed

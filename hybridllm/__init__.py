@@ -28,6 +28,9 @@ _NAMES = {
     "Policy": "hybridllm.policy",
     "Cap": "hybridllm.guard.budget",
     "Ledger": "hybridllm.guard.budget",
+    "SQLiteLedger": "hybridllm.guard.budget",
+    "RedisLedger": "hybridllm.guard.budget_redis",
+    "ledger_from_url": "hybridllm.guard.ledgers",
     "ModelPrice": "hybridllm.guard.prices",
     "Prices": "hybridllm.guard.prices",
     "Engine": "hybridllm.engines.base",
@@ -158,8 +161,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.guard.budget import (
         Cap as Cap,
         Ledger as Ledger,
+        SQLiteLedger as SQLiteLedger,
     )
+    from hybridllm.guard.budget_redis import RedisLedger as RedisLedger
     from hybridllm.guard.guarded import GuardedEngine as GuardedEngine
+    from hybridllm.guard.ledgers import ledger_from_url as ledger_from_url
     from hybridllm.guard.prices import (
         ModelPrice as ModelPrice,
         Prices as Prices,

@@ -36,7 +36,7 @@ from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import Warms
 from hybridllm.events import EngineName, Token, ToolCall
-from hybridllm.guard.budget import Cap, Ledger, Prices
+from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
@@ -128,20 +128,20 @@ class HybridClient:
         telemetry: Telemetry | None = None,
     ) -> None:
         """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
-        engine; `ledger` (a `Ledger` or an SQLite path), `prices` (a `Prices` or a TOML path) and
-        `budget_caps` reserve and settle every cloud request's cost against the caps (with
-        `prices` alone, an in-memory ledger holds the policies' own `[budget]` caps). The cloud
-        engine is wrapped in a `GuardedEngine`, which enforces both at its seam on every path
+        engine; `ledger` (a `Ledger`, or a path or URL for `ledger_from_url`), `prices` (a `Prices`
+        or a TOML path) and `budget_caps` reserve and settle every cloud request's cost against the
+        caps (with `prices` alone, an in-memory ledger holds the policies' own `[budget]` caps). The
+        cloud engine is wrapped in a `GuardedEngine`, which enforces both at its seam on every path
         (fallback, hedge, continuation); routing reads the same detector and ledger to pick the
         local engine up front, with the reason. `router`: an object with `score(messages)` and
-        `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
-        shipped router (on a worker thread while the engines start) when the client has both
-        engines; None: no router (policies then route by preference and latency alone).
-        `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
-        features, score, route, outcome - written off the event loop after the request ends;
-        prompt text only with `DecisionLog(path, store_prompts=True)`. `telemetry`: what the
-        client aggregates and exports about its requests (`stats()`, OpenTelemetry; default
-        `Telemetry()`: a one-hour window, OpenTelemetry as `HYBRIDLLM_OTEL` says)."""
+        `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the shipped
+        router (on a worker thread while the engines start) when the client has both engines; None:
+        no router (policies then route by preference and latency alone). `decision_log`: a
+        `DecisionLog` (or its SQLite path) that gets one row per request - features, score, route,
+        outcome - written off the event loop after the request ends; prompt text only with
+        `DecisionLog(path, store_prompts=True)`. `telemetry`: what the client aggregates and exports
+        about its requests (`stats()`, OpenTelemetry; default `Telemetry()`: a one-hour window,
+        OpenTelemetry as `HYBRIDLLM_OTEL` says)."""
         if local is None and cloud is None:
             raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
         for arg, eng in (("local", local), ("cloud", cloud)):
@@ -156,7 +156,7 @@ class HybridClient:
         self._guard: GuardedEngine | None = None
         if cloud is not None:
             if prices is not None and ledger is None:
-                ledger = Ledger()
+                ledger = SQLiteLedger()
             cloud = self._guard = GuardedEngine(
                 cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps
             )

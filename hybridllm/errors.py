@@ -17,6 +17,8 @@ HybridError
 │   ├── PrivacyBlockedError     it holds personal or secret data and the privacy mode keeps
 │   │                           it local (privacy "block", or engine="cloud" under "keep-local")
 │   └── BudgetExceededError     its worst-case cost does not fit a budget cap
+│       └── LedgerUnavailableError  the shared ledger (a Redis server) cannot be reached, so
+│                               no cap can be checked: refused, as over budget (fails closed)
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   ├── ModelCorruptError       the file exists but does not load / fails its checksum
@@ -276,6 +278,40 @@ class BudgetExceededError(RefusedError):
             needed_usd=self.needed_usd,
             engine=self.engine or "cloud",
             reasons=reasons,
+        )
+
+
+class LedgerUnavailableError(BudgetExceededError):
+    """The budget ledger cannot be reached (its Redis server is down or unreachable), so no cap
+    can be checked: the cloud request is refused as over budget (the ledger fails closed, and
+    routing answers locally). `ledger`: which one (its URL, never the password); `cause`: what
+    failed, as its type and message."""
+
+    def __init__(
+        self,
+        ledger: str,
+        cause: str,
+        *,
+        needed_usd: float = 0.0,
+        reasons: tuple[str, ...] = (),
+    ) -> None:
+        self.ledger = ledger
+        self.cause = cause
+        self.cap = f"ledger {ledger}"
+        self.limit_usd = self.spent_usd = self.reserved_usd = 0.0
+        self.needed_usd = needed_usd
+        RefusedError.__init__(
+            self,
+            f"budget: the ledger {ledger} cannot be reached ({cause}), so no cap can be "
+            "checked; nothing was sent to the cloud engine",
+            engine="cloud",
+            reasons=reasons,
+        )
+
+    def with_reasons(self, reasons: tuple[str, ...]) -> LedgerUnavailableError:
+        """The same refusal, as routing raises it: with the decision's `reasons`."""
+        return LedgerUnavailableError(
+            self.ledger, self.cause, needed_usd=self.needed_usd, reasons=reasons
         )
 
 

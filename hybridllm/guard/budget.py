@@ -2,17 +2,24 @@
 `hybridllm.guard.prices`, re-exported here).
 
     prices = Prices.from_toml("prices.toml")
-    ledger = Ledger("~/.cache/hybridllm/ledger.db")
+    ledger = SQLiteLedger("~/.cache/hybridllm/ledger.db")   # or ledger_from_url("redis://...")
     r = ledger.reserve(model="gpt-4o-mini", price=prices.price("gpt-4o-mini"),
                        prompt_tokens=812, max_tokens=256, scope="chat",
                        caps=[Cap(None, "day", 5.0), Cap("chat", "request", 0.01)])
     ...                                   # send the request
     ledger.settle(r, TokenUsage(790, 120))  # or ledger.release(r) if it was never sent
 
+`Ledger` is what the client asks of a ledger (a `typing.Protocol`); `SQLiteLedger` keeps it in
+one SQLite file (one machine: the embedded default) and `RedisLedger`
+(`hybridllm.guard.budget_redis`) on a Redis server (several gateways, processes or machines
+sharing one budget); `ledger_from_url` (`hybridllm.guard.ledgers`) picks one from a URL. Both
+keep the same books with the same rules, below.
+
 A reservation holds the request's worst-case cost (prompt tokens plus `max_tokens`) against
 every cap that applies until it is settled from the reported usage or released. Reserving checks
-and records in one `BEGIN IMMEDIATE` transaction on an SQLite file in WAL mode, so processes
-sharing the file and many concurrent streams never overspend a cap together. Amounts are stored
+and records in one atomic step (SQLite: one `BEGIN IMMEDIATE` transaction on a file in WAL mode;
+Redis: one Lua script), so processes sharing the ledger and many concurrent streams never
+overspend a cap together. Amounts are stored
 as integer nano-dollars (exact sums); days and months are UTC, taken at reservation time. A
 reservation left open by a crashed process expires after its time to live and is then counted at
 its worst case (what it may have cost) until, if ever, it is settled.
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from hybridllm.errors import BudgetExceededError, ConfigError
 from hybridllm.guard.prices import NANO, ModelPrice, Prices
@@ -49,6 +56,7 @@ __all__ = [
     "Period",
     "Prices",
     "Reservation",
+    "SQLiteLedger",
     "Spend",
     "TokenUsage",
     "utc_day_month",
@@ -119,7 +127,97 @@ def utc_day_month(t: float) -> tuple[str, str]:
     return d.strftime("%Y-%m-%d"), d.strftime("%Y-%m")
 
 
-# ---- the ledger --------------------------------------------------------------------------------
+# ---- what a ledger is ----------------------------------------------------------------------
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """What the client asks of a ledger: `reserve`, `check`, `settle`, `release` and
+    `remaining` (the guard and routing), and what reports and tests read: `spend`, `expire`,
+    `entries`, `close`. Implemented by `SQLiteLedger` (one machine) and `RedisLedger` (several
+    gateways); both keep the rules of this module and raise the same errors."""
+
+    def reserve(
+        self,
+        *,
+        model: str,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        """Hold the worst-case cost against every cap of `scope`, or raise
+        `BudgetExceededError` naming the first cap it does not fit (nothing held then)."""
+        ...
+
+    def check(
+        self,
+        *,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+    ) -> BudgetExceededError | None:
+        """What `reserve()` would refuse now, holding nothing."""
+        ...
+
+    def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
+        """Record the real cost (USD) of the usage; the hold ends."""
+        ...
+
+    def release(self, reservation: Reservation) -> None:
+        """The request was never sent: drop the hold, record no spend."""
+        ...
+
+    def spend(
+        self, period: Literal["day", "month"], scope: str | None = None, at: float | None = None
+    ) -> Spend:
+        """Spend and open reservations of the UTC day or month holding `at` (default now)."""
+        ...
+
+    def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
+        """USD left under the tightest day/month cap of `scope` (None: no such cap)."""
+        ...
+
+    def expire(self) -> int:
+        """Expire reservations past their time to live now; how many."""
+        ...
+
+    def entries(self) -> list[dict[str, object]]:
+        """Every entry, oldest first, as `SQLiteLedger`'s columns (for reports and tests)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the file or the connections."""
+        ...
+
+
+def ordered_caps(caps: Iterable[Cap], scope: str) -> list[Cap]:
+    """The caps that apply to `scope`, per-request caps first: the order every ledger checks
+    them in, so the first refusal names the same cap whichever ledger refuses."""
+    applicable = [c for c in caps if c.applies(scope)]
+    applicable.sort(key=lambda c: c.period != "request")
+    return applicable
+
+
+def remaining_under(ledger: Ledger, caps: Sequence[Cap], scope: str) -> float | None:
+    """`Ledger.remaining` from `ledger.spend`: the room under the tightest day/month cap that
+    applies (0 for a cap an overrun closed), None when no such cap applies."""
+    left: float | None = None
+    for cap in caps:
+        if cap.period == "request" or not cap.applies(scope):
+            continue
+        s = ledger.spend(cap.period, cap.scope)
+        room = 0.0 if s.overrun_usd else cap.limit_usd - s.settled_usd - s.reserved_usd
+        room = max(0.0, room)  # a cap closed by an overrun has nothing left
+        left = room if left is None else min(left, room)
+    return left
+
+
+# ---- the SQLite ledger -------------------------------------------------------------------------
 
 # Append-only: a new schema change is a new step at the end (`hybridllm.sqlite_migrations`);
 # the version is the file's `PRAGMA user_version`.
@@ -172,9 +270,10 @@ _BUMP = """
 """
 
 
-class Ledger:
+class SQLiteLedger:
     """Reservations and spend on one SQLite file (or ":memory:"), shared safely by threads and
-    processes. `ttl_s`: how long a reservation may stay open before it expires."""
+    processes of one machine. `ttl_s`: how long a reservation may stay open before it
+    expires."""
 
     def __init__(
         self,
@@ -210,7 +309,7 @@ class Ledger:
         with self._lock:
             self._db.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> SQLiteLedger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -232,22 +331,25 @@ class Ledger:
         """Hold the worst-case cost against every cap that applies to `scope`, or raise
         `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
-        with self._tx() as db:
+        rid: int | None = None
+        with self._tx() as db:  # what expired meanwhile stays expired, refused or not
             now = self._clock()
             day, month = utc_day_month(now)
             self._expire(db, now)
             refusal = self._shortfall(db, caps, scope, amount, day, month)
-            if refusal is not None:
-                log.info("%s", refusal)  # the cap and the amounts, never the request
-                raise refusal
             expires = now + (self.ttl_s if ttl_s is None else ttl_s)
-            cur = db.execute(
-                "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
-                "created_at, expires_at, day, month) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
-                (scope, model, amount, prompt_tokens, now, expires, day, month),
-            )
-            rid = cur.lastrowid
-            _bump(db, scope, day, month, spent=0, held=amount)
+            if refusal is None:
+                cur = db.execute(
+                    "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
+                    "created_at, expires_at, day, month) "
+                    "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                    (scope, model, amount, prompt_tokens, now, expires, day, month),
+                )
+                rid = cur.lastrowid
+                _bump(db, scope, day, month, spent=0, held=amount)
+        if refusal is not None:
+            log.info("%s", refusal)  # the cap and the amounts, never the request
+            raise refusal
         assert rid is not None
         return Reservation(
             rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
@@ -309,17 +411,15 @@ class Ledger:
         """THE cap check (`reserve` and `check`): per-request caps first, then each day and
         month cap against its spend and open reservations, in nano-dollars; a cap closed by an
         overrun in its period (see the module) refuses whatever the amount."""
-        applicable = [c for c in caps if c.applies(scope)]
-        applicable.sort(key=lambda c: c.period != "request")
-        for cap in applicable:
+        for cap in ordered_caps(caps, scope):
             key = month if cap.period == "month" else day
             spent, held, overrun = self._sums(db, key, cap.scope)
             if cap.period == "request":
                 spent = held = 0
             if overrun:
-                return _exceeded(cap, spent, held, amount, overrun=overrun)
-            if spent + held + amount > _nano(cap.limit_usd):
-                return _exceeded(cap, spent, held, amount)
+                return exceeded(cap, spent, held, amount, overrun=overrun)
+            if spent + held + amount > usd_nano(cap.limit_usd):
+                return exceeded(cap, spent, held, amount)
         return None
 
     def release(self, reservation: Reservation) -> None:
@@ -348,15 +448,7 @@ class Ledger:
         """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
         an overrun closed). What a router reads as "budget left"; a per-request cap is a limit
         per request, not a stock."""
-        left: float | None = None
-        for cap in caps:
-            if cap.period == "request" or not cap.applies(scope):
-                continue
-            s = self.spend(cap.period, cap.scope)
-            room = 0.0 if s.overrun_usd else cap.limit_usd - s.settled_usd - s.reserved_usd
-            room = max(0.0, room)  # a cap closed by an overrun has nothing left
-            left = room if left is None else min(left, room)
-        return left
+        return remaining_under(self, caps, scope)
 
     def expire(self) -> int:
         """Expire reservations past their time to live now; how many."""
@@ -454,13 +546,15 @@ class _Transaction:
             self._lock.release()
 
 
-def _nano(usd: float) -> int:
+def usd_nano(usd: float) -> int:
+    """An amount in USD as exact integer nano-dollars (what the ledgers compare)."""
     return round(Decimal(str(usd)) * NANO)
 
 
-def _exceeded(
+def exceeded(
     cap: Cap, spent: int, held: int, amount: int, *, overrun: int = 0
 ) -> BudgetExceededError:
+    """The refusal of `cap` (amounts in nano-dollars), the same from every ledger."""
     name = cap.describe()
     if overrun:
         per = "month" if cap.period == "month" else "day"

@@ -1,7 +1,7 @@
 """`GuardedEngine`: privacy and budget checks wrapped around a cloud engine, at the seam.
 
     cloud = GuardedEngine(OpenAIEngine(...), privacy="keep-local",
-                          ledger=Ledger("spend.db"), prices=prices, caps=[Cap(None, "day", 5.0)])
+                          ledger="spend.db", prices=prices, caps=[Cap(None, "day", 5.0)])
 
 Like an httpx transport middleware, it sees every request the orchestrator sends to the cloud:
 the first attempt, a retry, a fallback, a hedge, a mid-stream continuation (whose
@@ -81,11 +81,21 @@ from hybridllm.errors import (
     BudgetExceededError,
     CloudStatusError,
     ConfigError,
+    LedgerUnavailableError,
     PolicyError,
     PrivacyBlockedError,
 )
 from hybridllm.events import Called, Chunk, Delta, EngineName, Finish, RequestSent
-from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
+from hybridllm.guard.budget import (
+    Cap,
+    Ledger,
+    ModelPrice,
+    Prices,
+    Reservation,
+    SQLiteLedger,
+    TokenUsage,
+)
+from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy import Finding, kinds, message_texts, strings, tool_texts
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
@@ -193,7 +203,8 @@ class GuardedEngine:
         caps: Sequence[Cap] = (),
         scanner: PrivacyScanner | None = None,
     ) -> None:
-        """`ledger`: a `Ledger` or the path of its SQLite file; `prices`: a `Prices` or the path
+        """`ledger`: a `Ledger` (`SQLiteLedger`, `RedisLedger`) or what `ledger_from_url` reads
+        (an SQLite path, `sqlite:///path`, `redis://host:port/db`); `prices`: a `Prices` or the path
         of its TOML file (None: the shipped prices, `Prices.shipped()`); `caps` without a ledger
         get an in-memory one (this process only); a ledger for a model no price covers is a
         `ConfigError`;
@@ -202,20 +213,20 @@ class GuardedEngine:
         `preload_privacy` set by a client whose policy turns it on)."""
         if privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
-        if isinstance(ledger, str | Path):
-            ledger = Ledger(ledger)
+        if ledger is not None:
+            ledger = as_ledger(ledger)
         if prices is None:
             prices = Prices.shipped()
         elif isinstance(prices, str | Path):
             prices = Prices.from_toml(prices)
         if caps and ledger is None:
-            ledger = Ledger()  # caps need a ledger: an in-memory one for this process
+            ledger = SQLiteLedger()  # caps need a ledger: an in-memory one for this process
         self.inner = inner
         self.name: EngineName = inner.name
         self.privacy: PrivacyMode = privacy
         self.scanner = scanner or default_scanner()
         self.preload_privacy = False
-        self.ledger = ledger
+        self.ledger: Ledger | None = ledger
         self.caps = tuple(caps)
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
         self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
@@ -319,7 +330,7 @@ class GuardedEngine:
                 field="budget",
             )
         if caps and self.ledger is None:
-            self.ledger = Ledger()  # caps need a ledger: an in-memory one for this process
+            self.ledger = SQLiteLedger()  # caps need a ledger: an in-memory one for this process
         self.scoped_caps[scope] = tuple(caps)
 
     def caps_for(self, scope: str) -> tuple[Cap, ...]:
@@ -333,6 +344,8 @@ class GuardedEngine:
         refusal = self.refusal(scope, prompt_tokens, max_tokens)
         if refusal is None:
             return True, ""
+        if isinstance(refusal, LedgerUnavailableError):
+            return False, f"the ledger {refusal.ledger} cannot be reached ({refusal.cause})"
         return False, (
             f"{refusal.cap} cap {usd(refusal.limit_usd)}: spent {usd(refusal.spent_usd)}, "
             f"in flight {usd(refusal.reserved_usd)}, this request up to {usd(refusal.needed_usd)}"

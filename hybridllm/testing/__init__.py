@@ -6,6 +6,8 @@
   subprocess, for integration tests.
 - :class:`HybridServer`: hybridllm's own OpenAI-compatible server (`hybridllm serve-model`, with
   vLLM's ``prompt_logprobs``) on loopback, as a subprocess: the stand-in cloud.
+- :class:`RedisServer`: a real ``redis-server`` on loopback, as a subprocess, for tests of the
+  Redis ledger (`hybridllm.guard.budget_redis`).
 - :class:`ScriptedEngine`: an engine that plays a timed script, for unit tests of orchestration.
 
 Timing tests without waiting or flaking: run them on a virtual clock. hybridllm stamps every
@@ -25,6 +27,7 @@ from hybridllm.engines.scripted import ScriptedCall, ScriptedEngine
 from hybridllm.testing.faults import StallDist, heavy_tail
 from hybridllm.testing.hybrid_server import HybridServer
 from hybridllm.testing.proxy import ConnectionRecord, FaultProxy, Faults
+from hybridllm.testing.redis_server import RedisServer, find_redis_server
 from hybridllm.testing.server import LlamaServer, ServerStartError
 
 __all__ = [
@@ -33,9 +36,11 @@ __all__ = [
     "Faults",
     "HybridServer",
     "LlamaServer",
+    "RedisServer",
     "ScriptedCall",
     "ScriptedEngine",
     "StallDist",
     "heavy_tail",
+    "find_redis_server",
     "ServerStartError",
 ]

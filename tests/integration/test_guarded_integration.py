@@ -15,12 +15,12 @@ import pytest
 from hybridllm import (
     Cap,
     HybridClient,
-    Ledger,
     LlamaCppEngine,
     ModelPrice,
     OpenAIEngine,
     Policy,
     Prices,
+    SQLiteLedger,
 )
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.errors import AllEnginesFailedError, BudgetExceededError, LocalEngineError
@@ -170,7 +170,7 @@ async def _concurrent_streams(proxy: FaultProxy, tmp_path: Path) -> None:
     req = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_tokens=8)
     worst = PRICES.price(ALIAS).cost_usd(request_token_bound(req), 8)
     cap = 4.5 * worst
-    ledger = Ledger(tmp_path / "spend.db")
+    ledger = SQLiteLedger(tmp_path / "spend.db")
     outcomes: list[str] = []
 
     async def one() -> None:

@@ -3,7 +3,7 @@
 Both engines are real: the local `LlamaCppEngine` on SmolLM2 and the cloud `OpenAIEngine` at
 the loopback stand-in (`hybridllm serve-model`, SmolLM2 too) through a `FaultProxy`. A few workers
 run at once, each with its own client and proxy (the proxy's faults are per proxy, so one
-worker's fault never lands on another's request); they share one budget `Ledger` and one
+worker's fault never lands on another's request); they share one budget `SQLiteLedger` and one
 `DecisionLog`.
 
 Every request draws, from one seeded RNG, a policy, a prompt (some hold a secret under
@@ -57,7 +57,7 @@ from hybridllm import (
     Token,
 )
 from hybridllm.events import Done, Event
-from hybridllm.guard.budget import Cap, Ledger
+from hybridllm.guard.budget import Cap, SQLiteLedger
 from hybridllm.guard.prices import ModelPrice, Prices
 from hybridllm.policy import resolve_policy
 from hybridllm.routing.log import DecisionLog
@@ -451,7 +451,7 @@ def soak_proxies(cloud_server: HybridServer) -> Iterator[list[FaultProxy]]:
 
 
 def make_client(
-    model_path: Path, proxy: FaultProxy, ledger: Ledger, log: DecisionLog
+    model_path: Path, proxy: FaultProxy, ledger: SQLiteLedger, log: DecisionLog
 ) -> HybridClient:
     return HybridClient(
         local=LlamaCppEngine(model_path, n_ctx=1024, n_threads=1),
@@ -475,7 +475,7 @@ async def test_soak(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     specs = draw_specs(SOAK_N, SOAK_SEED)
-    ledger = Ledger(tmp_path / "spend.db")
+    ledger = SQLiteLedger(tmp_path / "spend.db")
     log = DecisionLog(tmp_path / "decisions.db")
     # warm up once, so the process-wide pieces (the llama thread, the SQLite connections, the
     # proxies' threads) exist before the baseline

@@ -21,7 +21,7 @@ import anyio
 import httpx2
 import pytest
 
-from hybridllm import HybridClient, Ledger, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices
+from hybridllm import HybridClient, LlamaCppEngine, ModelPrice, OpenAIEngine, Prices, SQLiteLedger
 from hybridllm.events import Done, Draft, Fallback, Token
 from hybridllm.local.resolve import resolve_model
 from hybridllm.policy import Policy
@@ -217,7 +217,7 @@ async def test_verification_calls_are_settled_in_the_budget(
     vproxy: FaultProxy, model_path: Path
 ) -> None:
     prices = Prices(models={ALIAS: ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     async with client_for(vproxy.url, model_path, prices=prices, ledger=ledger) as client:
         r = await client.complete(PROMPTS["code"], plan="speculative", max_tokens=16,
                                   temperature=0)  # fmt: skip

@@ -1,18 +1,35 @@
-"""The budget ledger: cost math, caps per period and scope, UTC roll-over, expiry, and
-correctness across threads and processes sharing one SQLite file."""
+"""The budget ledgers: cost math, caps per period and scope, UTC roll-over, expiry, and
+correctness across threads and processes sharing one ledger. The behavioural tests run against
+both ledgers (`make_ledger`): `SQLiteLedger`, and `RedisLedger` on a real loopback redis-server
+(`redis_url`, tests/conftest.py; those cases are marked integration)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import threading
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hybridllm.errors import BudgetExceededError, ConfigError
-from hybridllm.guard.budget import Cap, Ledger, ModelPrice, Prices, Reservation, TokenUsage
+from hybridllm.errors import BudgetExceededError, ConfigError, InvalidArgumentError
+from hybridllm.guard.budget import (
+    Cap,
+    Ledger,
+    ModelPrice,
+    Prices,
+    Reservation,
+    Spend,
+    SQLiteLedger,
+    TokenUsage,
+)
+from hybridllm.guard.budget_redis import RedisLedger
+from hybridllm.guard.ledgers import ledger_from_url
+from hybridllm.guard.prices import NANO
 
 # $1 per million input tokens, $2 per million output tokens: 1 token in = 1 micro-dollar
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
@@ -24,6 +41,64 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class MakeLedger(Protocol):
+    """A fresh, empty ledger of the kind under test; `url` the spec another process opens it
+    by (`ledger_from_url`)."""
+
+    url: str
+
+    def __call__(
+        self, *, clock: Callable[[], float] | None = None, ttl_s: float = 900.0
+    ) -> Ledger: ...
+
+    def renew(self) -> None:
+        """New empty books: later calls open those (one hypothesis example each)."""
+        ...
+
+
+class SQLiteLedgers:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.url = ""
+        self.made: list[Ledger] = []
+        self.renew()
+
+    def renew(self) -> None:
+        self.url = str(self.tmp / f"{uuid.uuid4().hex}.db")
+
+    def __call__(self, *, clock: Callable[[], float] | None = None, ttl_s: float = 900.0) -> Ledger:
+        ledger = SQLiteLedger(self.url, ttl_s=ttl_s, **({"clock": clock} if clock else {}))
+        self.made.append(ledger)
+        return ledger
+
+
+class RedisLedgers(SQLiteLedgers):
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        super().__init__(Path())
+
+    def renew(self) -> None:
+        self.url = f"{self.server_url}?prefix=test-{uuid.uuid4().hex}"
+
+    def __call__(self, *, clock: Callable[[], float] | None = None, ttl_s: float = 900.0) -> Ledger:
+        ledger = RedisLedger(self.url, ttl_s=ttl_s, **({"clock": clock} if clock else {}))
+        self.made.append(ledger)
+        return ledger
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.integration)])
+def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeLedger]:
+    """Makes ledgers of one kind; each test gets its own empty books (a new file; a new key
+    prefix on the session's redis-server), and every call of one test opens those books."""
+    if request.param == "redis":
+        ledgers: SQLiteLedgers = RedisLedgers(request.getfixturevalue("redis_url"))
+    else:
+        ledgers = SQLiteLedgers(tmp_path)
+    yield ledgers
+    for ledger in ledgers.made:
+        ledger.close()
 
 
 def reserve(
@@ -63,8 +138,8 @@ def test_prices_from_toml_and_errors(tmp_path: Path) -> None:
         Cap(None, "week", 1.0)  # type: ignore[arg-type]
 
 
-def test_reserve_settle_release_math() -> None:
-    ledger = Ledger()
+def test_reserve_settle_release_math(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
     r = reserve(ledger, [])
     assert r.amount_usd == pytest.approx(1000e-6 + 1000e-6)  # 1000 in + 500 out at $2/M
     assert ledger.spend("day").reserved_usd == pytest.approx(0.002)
@@ -79,8 +154,8 @@ def test_reserve_settle_release_math() -> None:
     assert [e["state"] for e in ledger.entries()] == ["settled", "released"]
 
 
-def test_caps_per_period_and_scope_name_the_cap() -> None:
-    ledger = Ledger()
+def test_caps_per_period_and_scope_name_the_cap(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
     caps = [Cap(None, "day", 0.005), Cap("chat", "day", 0.003), Cap("chat", "request", 0.0025)]
     reserve(ledger, caps)  # chat: 0.002 held
     with pytest.raises(BudgetExceededError) as info:
@@ -98,9 +173,9 @@ def test_caps_per_period_and_scope_name_the_cap() -> None:
     assert ledger.remaining(caps, "batch") == pytest.approx(0.001)
 
 
-def test_utc_day_and_month_roll_over() -> None:
+def test_utc_day_and_month_roll_over(make_ledger: MakeLedger) -> None:
     clock = Clock("2026-01-31T23:59:00")
-    ledger = Ledger(clock=clock)
+    ledger = make_ledger(clock=clock)
     caps = [Cap(None, "day", 0.003), Cap(None, "month", 0.005)]
     ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))  # 0.002 on Jan 31
     with pytest.raises(BudgetExceededError, match="daily"):
@@ -117,9 +192,9 @@ def test_utc_day_and_month_roll_over() -> None:
     assert ledger.spend("month", at=Clock("2026-01-15T00:00:00").t).settled_usd == 0.002
 
 
-def test_stale_reservations_expire_at_their_worst_case() -> None:
+def test_stale_reservations_expire_at_their_worst_case(make_ledger: MakeLedger) -> None:
     clock = Clock("2026-06-01T12:00:00")
-    ledger = Ledger(clock=clock, ttl_s=60)
+    ledger = make_ledger(clock=clock, ttl_s=60)
     caps = [Cap(None, "day", 0.004)]
     crashed = reserve(ledger, caps)  # its process dies: never settled
     late = reserve(ledger, caps)
@@ -136,12 +211,23 @@ def test_stale_reservations_expire_at_their_worst_case() -> None:
     reserve(ledger, caps)
 
 
-def test_a_file_ledger_persists(tmp_path: Path) -> None:
+def test_the_books_outlive_the_ledger_object(make_ledger: MakeLedger) -> None:
+    a = make_ledger()
+    a.settle(reserve(a, []), TokenUsage(1000, 0))
+    open_ = reserve(a, [])
+    a.close()
+    b = make_ledger()  # another object (another process) on the same file or server and prefix
+    assert b.spend("day").settled_usd == pytest.approx(0.001)
+    assert b.spend("day").reserved_usd == pytest.approx(0.002)
+    b.settle(open_, TokenUsage(1000, 0))  # a reservation made through one, settled by another
+    assert [e["state"] for e in b.entries()] == ["settled", "settled"]
+
+
+def test_a_file_ledger_is_in_wal_mode(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    with Ledger(path) as a:
+    with SQLiteLedger(path) as a:
         a.settle(reserve(a, []), TokenUsage(1000, 0))
-    with Ledger(path) as b:
-        assert b.spend("day").settled_usd == pytest.approx(0.001)
+    with SQLiteLedger(path) as b:
         mode = b._db.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
 
@@ -150,9 +236,9 @@ CAP_USD = 0.05  # 25 requests of 0.002 each
 N_WORKERS, TRIES = 4, 20
 
 
-def _hammer(path: str, results: multiprocessing.Queue[int]) -> None:
+def _hammer(url: str, results: multiprocessing.Queue[int]) -> None:
     """A worker process: reserve and settle at the full worst case as long as the cap allows."""
-    ledger = Ledger(path)
+    ledger = ledger_from_url(url)
     ok = 0
     for _ in range(TRIES):
         try:
@@ -165,9 +251,9 @@ def _hammer(path: str, results: multiprocessing.Queue[int]) -> None:
     results.put(ok)
 
 
-def test_processes_sharing_the_file_never_overspend(tmp_path: Path) -> None:
-    path = str(tmp_path / "shared.db")
-    Ledger(path).close()  # created (and migrated) once; the workers race on reserve only
+def test_processes_sharing_the_ledger_never_overspend(make_ledger: MakeLedger) -> None:
+    make_ledger().close()  # created (and migrated) once; the workers race on reserve only
+    path = make_ledger.url
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue[int] = ctx.Queue()
     procs = [ctx.Process(target=_hammer, args=(path, results)) for _ in range(N_WORKERS)]
@@ -177,15 +263,15 @@ def test_processes_sharing_the_file_never_overspend(tmp_path: Path) -> None:
         p.join(60)
     assert all(p.exitcode == 0 for p in procs)
     succeeded = sum(results.get(timeout=5) for _ in procs)
-    with Ledger(path) as ledger:
-        spent = ledger.spend("day").settled_usd
-        states = [e["state"] for e in ledger.entries()]
+    ledger = make_ledger()
+    spent = ledger.spend("day").settled_usd
+    states = [e["state"] for e in ledger.entries()]
     assert succeeded == 25 == states.count("settled") == len(states)
     assert spent == pytest.approx(CAP_USD) and spent <= CAP_USD
 
 
-def test_threads_sharing_one_ledger_never_overspend(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "threads.db")
+def test_threads_sharing_one_ledger_never_overspend(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
     ok: list[int] = []
 
     def work() -> None:
@@ -206,7 +292,9 @@ def test_threads_sharing_one_ledger_never_overspend(tmp_path: Path) -> None:
     assert ledger.spend("day").settled_usd <= CAP_USD
 
 
-@settings(max_examples=60, deadline=None)
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     st.lists(
         st.tuples(
@@ -217,11 +305,15 @@ def test_threads_sharing_one_ledger_never_overspend(tmp_path: Path) -> None:
         max_size=40,
     )
 )
-def test_running_totals_always_match_the_entries(ops: list[tuple[str, int, str]]) -> None:
+def test_running_totals_always_match_the_entries(
+    make_ledger: MakeLedger, ops: list[tuple[str, int, str]]
+) -> None:
     """Any sequence of reserve / settle / release / clock moves (expiry, day and month roll):
-    the running totals a reservation reads equal sums recomputed from the entries."""
+    the running totals a reservation reads (`spend`) equal sums recomputed from the entries.
+    (The fixture is function-scoped, but each example renews the books it opens.)"""
+    make_ledger.renew()
     clock = Clock("2026-01-31T23:00:00")
-    ledger = Ledger(clock=clock, ttl_s=1800)
+    ledger = make_ledger(clock=clock, ttl_s=1800)
     open_: list[Reservation] = []
     for op, n, scope in ops:
         if op == "reserve":
@@ -236,22 +328,26 @@ def test_running_totals_always_match_the_entries(ops: list[tuple[str, int, str]]
         elif op == "wait":
             clock.t += 600 * n
             ledger.expire()
-    db = ledger._db
+    ledger.expire()
+    entries = ledger.entries()
     for period in ("day", "month"):
-        for scope_key, where, args in (("*", "1", ()), ("p:chat", "scope = ?", ("chat",))):
-            rows = db.execute(
-                f"SELECT {period}, "
-                "COALESCE(SUM(CASE WHEN state IN ('settled','expired') THEN cost_nano END), 0), "
-                "COALESCE(SUM(CASE WHEN state = 'reserved' THEN reserved_nano END), 0) "
-                f"FROM entries WHERE {where} GROUP BY {period}",
-                args,
-            ).fetchall()
-            for key, spent, held in rows:
-                total = db.execute(
-                    "SELECT spent_nano, held_nano FROM totals WHERE period = ? AND scope = ?",
-                    (key, scope_key),
-                ).fetchone()
-                assert total == (spent, held), (period, scope_key, key)
+        for scope in (None, "chat"):
+            for key in {str(e[period]) for e in entries}:
+                mine = [e for e in entries if e[period] == key and scope in (None, e["scope"])]
+                spent = sum(int(e["cost_nano"]) for e in mine if e["state"] in SPENT)
+                held = sum(int(e["reserved_nano"]) for e in mine if e["state"] == "reserved")
+                over = sum(int(e["overrun_nano"]) for e in mine)
+                total = ledger.spend(period, scope, at=_inside(key))
+                assert total == Spend(spent / NANO, held / NANO, over / NANO), (period, scope, key)
+
+
+SPENT = ("settled", "expired")
+
+
+def _inside(key: str) -> float:
+    """A time inside the UTC day ("2026-01-31") or month ("2026-02") `key`."""
+    day = key if len(key) == 10 else f"{key}-15"
+    return datetime.fromisoformat(f"{day}T12:00:00").replace(tzinfo=UTC).timestamp()
 
 
 def test_budget_refusal_prints_tiny_amounts_so_they_differ() -> None:
@@ -261,12 +357,14 @@ def test_budget_refusal_prints_tiny_amounts_so_they_differ() -> None:
     assert "cap of $0.0000000200" in str(err) and "needs up to $0.0000000340" in str(err)
 
 
-def test_a_settle_above_the_reservation_is_recorded_and_closes_its_caps() -> None:
+def test_a_settle_above_the_reservation_is_recorded_and_closes_its_caps(
+    make_ledger: MakeLedger,
+) -> None:
     """The reservation is the request's bound. A provider that bills past it: the ledger records
     what was billed, with the overrun, and the caps that applied to that request refuse from
     then on (until their period ends), so the ledger cannot run further past them."""
     clock = Clock("2026-03-10T12:00:00")
-    ledger = Ledger(clock=clock)
+    ledger = make_ledger(clock=clock)
     day_cap, other = Cap(None, "day", 1.0), Cap("other", "month", 1.0)
     r = reserve(ledger, [day_cap], prompt=1000, out=500)  # $0.002 held
     assert ledger.settle(r, TokenUsage(1000, 9500)) == pytest.approx(0.02)  # billed $0.020
@@ -284,9 +382,63 @@ def test_a_settle_above_the_reservation_is_recorded_and_closes_its_caps() -> Non
     reserve(ledger, [day_cap], prompt=1, out=1)
 
 
-def test_a_settle_within_the_reservation_is_no_overrun() -> None:
-    ledger = Ledger()
+def test_a_settle_within_the_reservation_is_no_overrun(make_ledger: MakeLedger) -> None:
+    ledger = make_ledger()
     caps = [Cap(None, "day", 1.0)]
     ledger.settle(reserve(ledger, caps), TokenUsage(1000, 500))  # exactly the bound
     assert ledger.spend("day").overrun_usd == 0 and ledger.entries()[0]["overrun_nano"] == 0
     reserve(ledger, caps)
+
+
+def test_ledger_from_url_reads_paths_and_sqlite_urls(tmp_path: Path) -> None:
+    from hybridllm import HybridClient
+    from hybridllm.guard.ledgers import as_ledger
+    from hybridllm.testing import ScriptedEngine
+
+    for spec in (tmp_path / "a.db", str(tmp_path / "b.db"), f"sqlite://{tmp_path}/c.db"):
+        ledger = ledger_from_url(spec)
+        assert isinstance(ledger, SQLiteLedger) and isinstance(ledger, Ledger)
+        ledger.close()
+    assert {p.name for p in tmp_path.iterdir()} >= {"a.db", "b.db", "c.db"}
+    assert ledger_from_url("sqlite://:memory:").path == ":memory:"  # type: ignore[attr-defined]
+    for bad in ("", "sqlite://", "postgres://db/budget", "https://:pw@example.com/x"):
+        with pytest.raises(InvalidArgumentError) as info:
+            ledger_from_url(bad, argument="--ledger")
+        assert info.value.argument == "--ledger" and "pw" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="^ledger must be a Ledger, or a file path"):
+        as_ledger(42)
+    cloud = ScriptedEngine("cloud")
+    client = HybridClient(cloud=cloud, ledger=f"sqlite://{tmp_path}/d.db", prices=PRICES)
+    assert isinstance(client.cloud.ledger, SQLiteLedger)  # type: ignore[union-attr]
+    with pytest.raises(InvalidArgumentError, match="^ledger must be"):
+        HybridClient(cloud=cloud, ledger="mysql://x/y", prices=PRICES)
+
+
+PRICES = Prices(models={"scripted": PRICE})
+
+
+def test_redis_py_loads_only_when_a_redis_ledger_is_made() -> None:
+    """`hybridllm[redis]` is optional: only guard/budget_redis.py imports redis-py, inside the
+    function that connects, so opening the guard (and an SQLite ledger) never loads it."""
+    import ast
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    importers = set()
+    for path in (root / "hybridllm").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(n.split(".")[0] == "redis" for n in names):
+                importers.add(path.relative_to(root).as_posix())
+    assert importers == {"hybridllm/guard/budget_redis.py"}
+    probe = (
+        "import sys, hybridllm.guard.ledgers as g; g.ledger_from_url(':memory:'); "
+        "print('redis' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"

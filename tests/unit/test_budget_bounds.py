@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hybridllm import GuardedEngine, Ledger, ModelPrice, Prices
+from hybridllm import GuardedEngine, ModelPrice, Prices, SQLiteLedger
 from hybridllm.engines.base import prompt_token_bound
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.runtime.plans.speculative.dialect_openai import PredictionVerifier
@@ -56,7 +56,7 @@ async def test_a_predicted_outputs_round_reserves_its_draft_as_output() -> None:
         "choices": [{"index": 0, "finish_reason": "length", "message": {"content": "d0 x"}}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 6},
     }
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     prices = Prices(models={"scripted": PRICE})
     guard = GuardedEngine(Answers(answer), privacy="off", ledger=ledger, prices=prices)
     cloud = guard.bind(RequestContext())
@@ -84,7 +84,7 @@ async def test_the_predicted_outputs_probe_reserves_its_prediction_as_output() -
         },
         "/completions": 404,
     }
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     prices = Prices(models={"m": PRICE})
     async with replay(openai_like) as engine:
         guard = GuardedEngine(engine, privacy="off", ledger=ledger, prices=prices)

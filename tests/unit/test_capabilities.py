@@ -19,12 +19,12 @@ import pytest
 from hybridllm import (
     GuardedEngine,
     HybridClient,
-    Ledger,
     LlamaCppEngine,
     ModelPrice,
     OpenAIEngine,
     Prices,
     PrivacyBlockedError,
+    SQLiteLedger,
 )
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.capabilities import (
@@ -180,7 +180,7 @@ async def test_set_api_key_on_the_guard_reaches_the_engine_or_says_it_takes_none
 
 async def test_the_guard_scans_reserves_and_settles_each_verification_request() -> None:
     prices = Prices(models={"m": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     settled: list[Any] = []
     context = RequestContext(on_settle=lambda usage, usd, *_: settled.append(usage))
     with recorder() as (url, seen):

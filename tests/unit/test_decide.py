@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybridllm import Cap, GuardedEngine, Ledger, ModelPrice, Policy, Prices, errors
+from hybridllm import Cap, GuardedEngine, ModelPrice, Policy, Prices, SQLiteLedger, errors
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import BudgetTable
@@ -432,7 +432,7 @@ def test_rewording_the_reasons_changes_no_error_type(
         guard = GuardedEngine(
             ScriptedEngine("cloud"),
             privacy="off",
-            ledger=Ledger(),
+            ledger=SQLiteLedger(),
             prices=Prices(
                 models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)}
             ),

@@ -17,12 +17,12 @@ from hybridllm import (
     Fallback,
     GuardedEngine,
     HybridClient,
-    Ledger,
     ModelPrice,
     Policy,
     Prices,
     RefusedError,
     Route,
+    SQLiteLedger,
     Token,
     clock,
 )
@@ -180,7 +180,7 @@ async def test_every_ending_settles_or_releases() -> None:
     def guard(inner: object) -> GuardedEngine:
         return GuardedEngine(inner, privacy="off", ledger=ledger, prices=PRICES)  # type: ignore[arg-type]
 
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     await drain(guard(ReportingEngine(["a", "b", "c"])), req)  # reported usage
     await drain(guard(ReportingEngine(["a", "b", "c", "d"])), req, take=2)  # the consumer left
     with pytest.raises(CloudConnectionError):
@@ -208,7 +208,7 @@ async def test_100_concurrent_streams_never_overspend_a_small_cap() -> None:
     """ScriptedEngine doubles (the real server's version is in test_guarded_integration.py):
     100 streams at once through the client, a cap that covers a few worst cases; every refused
     request is answered locally, some consumers leave early, and settled spend stays under."""
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     local = ScriptedEngine("local", tokens=["l"] * 3, ttft_s=0.01, tpot_s=0.005)
     cloud = ScriptedEngine("cloud", tokens=["c"] * 8, ttft_s=0.02, tpot_s=0.005)
     prompt = "Summarise the news in one line."
@@ -272,7 +272,7 @@ async def test_forced_or_cloud_only_requests_get_the_typed_refusal(tmp_path: Pat
     assert cloud.requests and all(EMAIL not in str(r) for r in cloud.requests)
 
 
-class SlowLedger(Ledger):
+class SlowLedger(SQLiteLedger):
     """A ledger whose reserve() takes 200 ms (a busy file)."""
 
     def reserve(self, **kw: Any) -> Reservation:
@@ -340,7 +340,7 @@ async def test_a_prediction_is_reserved_as_output() -> None:
     from hybridllm import OpenAIOptions
     from hybridllm.errors import BudgetExceededError
 
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     inner: Any = ReportingEngine(["a"])
     guard = GuardedEngine(inner, privacy="off", ledger=ledger, prices=PRICES)
     msgs = [{"role": "user", "content": "hi"}]

@@ -16,12 +16,12 @@ from hybridllm import (
     Fallback,
     GuardedEngine,
     HybridClient,
-    Ledger,
     LlamaOptions,
     ModelPrice,
     OpenAIOptions,
     Policy,
     Prices,
+    SQLiteLedger,
     Token,
 )
 from hybridllm.engines.base import EngineInfo, GenerationRequest
@@ -147,7 +147,7 @@ async def test_an_engine_that_cannot_continue_gets_no_failover() -> None:
 async def test_every_path_of_a_request_carries_its_scope() -> None:
     """The policy's own caps (its scope) bind the hedge and the failover too: the request
     carries no scope, the bound guard does."""
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     cloud = ScriptedEngine("cloud", tokens=["c"], ttft_s=0.01)
     local = ScriptedEngine("local", tokens=["l"], ttft_s=0.3)
     pol = Policy(
@@ -192,7 +192,7 @@ class Unmarked:
 
 @pytest.mark.anyio
 async def test_billing_reads_typed_chunks_not_a_mark_name() -> None:
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     req = GenerationRequest(MSGS, max_tokens=5)
     for fail in (False, True):
         guard = GuardedEngine(Unmarked(fail), privacy="off", ledger=ledger, prices=PRICES)  # type: ignore[arg-type]
@@ -226,7 +226,7 @@ async def test_a_bound_guard_owns_nothing() -> None:
 
 
 def test_fits_and_reserve_share_one_check() -> None:
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     caps = [Cap("p", "request", 0.00002), Cap(None, "day", 0.0001)]
     guard = GuardedEngine(ScriptedEngine("cloud"), ledger=ledger, prices=PRICES, caps=caps)
     # 10 + 4 * 2 = 18 micro-dollars: under both
@@ -252,7 +252,7 @@ def test_fits_and_reserve_share_one_check() -> None:
 
 @pytest.mark.anyio
 async def test_a_budget_refusal_at_the_seam_still_answers_locally() -> None:
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     local, cloud = ScriptedEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
     client = HybridClient(
         local=local,

@@ -28,7 +28,7 @@ import httpx2
 import openai
 import pytest
 
-from hybridllm import GuardedEngine, Ledger, ModelPrice, OpenAIEngine, Policy, Prices
+from hybridllm import GuardedEngine, ModelPrice, OpenAIEngine, Policy, Prices, SQLiteLedger
 from hybridllm.errors import PrivacyBlockedError, ServerError
 from hybridllm.guard.budget import TokenUsage
 from hybridllm.routing.decide import LiveState, RequestFacts, decide
@@ -349,7 +349,7 @@ def test_decide_chooses_speculative_when_asked_or_when_it_pays_with_the_reason()
 
 async def test_verification_calls_go_through_the_guard() -> None:
     prices = Prices(models={"scripted": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     guard = GuardedEngine(ScriptedEngine("cloud"), privacy="keep-local", ledger=ledger,
                           prices=prices)  # fmt: skip
     settled: list[tuple[TokenUsage, float]] = []
@@ -406,7 +406,7 @@ async def test_the_probe_goes_through_the_guard_and_its_tokens_are_billed() -> N
     from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 
     prices = Prices(models={"m": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-    ledger = Ledger()
+    ledger = SQLiteLedger()
     state = SpeculationState()
     async with replay({"/completions": vllm_probe}) as c:
         guard = GuardedEngine(c, ledger=ledger, prices=prices)  # keep-local

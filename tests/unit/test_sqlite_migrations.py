@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hybridllm.errors import BudgetExceededError
-from hybridllm.guard.budget import Cap, Ledger, ModelPrice, TokenUsage
+from hybridllm.guard.budget import Cap, ModelPrice, SQLiteLedger, TokenUsage
 from hybridllm.routing.log import MIGRATIONS, DecisionLog
 from hybridllm.sqlite_migrations import migrate, schema_version
 
@@ -154,7 +154,7 @@ def written(path: Path, script: str) -> Path:
 
 def test_a_ledger_written_before_the_helper_opens_with_its_spend(tmp_path: Path) -> None:
     path = written(tmp_path / "ledger.db", LEDGER_V1)
-    with Ledger(path, clock=lambda: NEW_YEAR) as ledger:
+    with SQLiteLedger(path, clock=lambda: NEW_YEAR) as ledger:
         s = ledger.spend("day", "chat")
         assert (s.settled_usd, s.reserved_usd) == (0.0015, 0.002)
         # the caps still see the old spend: 3.5 m$ of a 5 m$ day, a 2 m$ request does not fit

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hybridllm import Cap, GuardedEngine, HybridClient, Ledger, ModelPrice, Policy, Prices
+from hybridllm import Cap, GuardedEngine, HybridClient, ModelPrice, Policy, Prices, SQLiteLedger
 from hybridllm.engines.base import GenerationRequest, estimate_prompt_tokens, prompt_token_bound
 from hybridllm.guard.guarded import RequestContext, request_texts, request_token_bound
 from hybridllm.guard.privacy import scan, tool_texts
@@ -225,7 +225,7 @@ async def test_a_call_without_reported_usage_is_settled_with_its_tokens() -> Non
     cloud = ScriptedEngine("cloud", script=["Checking.", ScriptedCall("get_weather", args)])
     price = ModelPrice(input_per_million=1.0, output_per_million=1.0)
     guard = GuardedEngine(
-        cloud, privacy="off", ledger=Ledger(), prices=Prices(models={"scripted": price})
+        cloud, privacy="off", ledger=SQLiteLedger(), prices=Prices(models={"scripted": price})
     )
     settled: list[int] = []
     context = RequestContext(

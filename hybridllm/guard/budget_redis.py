@@ -1,0 +1,420 @@
+"""`RedisLedger`: the budget ledger on a Redis server, for several gateways (processes,
+containers, machines) that must share one budget.
+
+    ledger = RedisLedger("redis://ledger.internal:6379/0")          # or ledger_from_url(...)
+    ledger = RedisLedger("redis://:secret@host:6379/2?prefix=team-a")  # a second budget
+
+It keeps the books of `hybridllm.guard.budget` with the same rules and errors as `SQLiteLedger`
+(caps per request, UTC day and month, per scope or global; integer nano-dollars; an overrun
+closes its caps for their period; a reservation left open past its time to live is counted at
+its worst case). Every step that reads and then writes (reserve with its cap check, settle,
+release, the expiry of stale reservations) is one Lua script, which Redis runs atomically: no
+other gateway's step runs in between, so gateways sharing the server never overspend a cap
+together, and none of them coordinates anything itself.
+
+Keys, all under one hash tag (`{<prefix>}`, default `{hybridllm:ledger}`, so a Redis Cluster
+keeps them in one slot): `:seq` (the last entry id), `:e:<id>` (an entry: a hash of
+`SQLiteLedger`'s columns), `:open` (open reservations by expiry time) and `:t:<day or
+month>:<"*" or "p:<scope>">` (running totals: spent, held, overrun). Times come from the
+caller's clock (`clock`, default `time.time`), as in `SQLiteLedger`: gateways sharing a ledger
+should keep their clocks in sync (NTP), since the UTC day and the expiry are read from them.
+
+redis-py is imported only here, and only when a `RedisLedger` is made (`hybridllm[redis]`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from hybridllm.errors import (
+    BudgetExceededError,
+    InvalidArgumentError,
+    LedgerUnavailableError,
+    MissingExtraError,
+)
+from hybridllm.guard.budget import (
+    Cap,
+    ModelPrice,
+    Reservation,
+    Spend,
+    TokenUsage,
+    exceeded,
+    ordered_caps,
+    remaining_under,
+    usd_nano,
+    utc_day_month,
+)
+from hybridllm.guard.prices import NANO
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["RedisLedger", "redact_url"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "hybridllm:ledger"
+
+# Shared by every script: KEYS[1] is the key prefix (`{<prefix>}`); `bump` moves the running
+# totals of an entry's day and month, global and of its scope; `expire_stale` closes every open
+# reservation whose time to live has passed at its worst case; `sums` reads one total.
+_PRELUDE = """
+local P = KEYS[1]
+local function int(x) return string.format('%d', x) end
+local function bump(scope, day, month, spent, held, over)
+  for _, period in ipairs({day, month}) do
+    for _, who in ipairs({'*', 'p:' .. scope}) do
+      local k = P .. ':t:' .. period .. ':' .. who
+      redis.call('HINCRBY', k, 'spent', int(spent))
+      redis.call('HINCRBY', k, 'held', int(held))
+      redis.call('HINCRBY', k, 'overrun', int(over))
+    end
+  end
+end
+local function expire_stale(now)
+  local ids = redis.call('ZRANGEBYSCORE', P .. ':open', '-inf', now)
+  for _, id in ipairs(ids) do
+    local k = P .. ':e:' .. id
+    local e = redis.call('HMGET', k, 'scope', 'day', 'month', 'reserved_nano')
+    local amount = tonumber(e[4])
+    redis.call('HSET', k, 'state', 'expired', 'cost_nano', e[4], 'closed_at', now)
+    bump(e[1], e[2], e[3], amount, -amount, 0)
+    redis.call('ZREM', P .. ':open', id)
+  end
+  return #ids
+end
+local function sums(period, who)
+  local v = redis.call('HMGET', P .. ':t:' .. period .. ':' .. who, 'spent', 'held', 'overrun')
+  return tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0
+end
+"""
+
+# reserve (ARGV[2] == '1') or only check: ARGV = now, record, amount, scope, model,
+# prompt_tokens, expires_at, day, month, the number of caps, then per cap (in the order of
+# `ordered_caps`): its day or month, "*" or "p:<scope>", '1' for a per-request cap, its limit
+# (nano). Answers {0, id} (recorded; id 0 when only checking) or {i, spent, held, overrun}: the
+# i-th cap refuses.
+_RESERVE = (
+    _PRELUDE
+    + """
+local now, amount = ARGV[1], tonumber(ARGV[3])
+expire_stale(now)
+for i = 1, tonumber(ARGV[10]) do
+  local at = 7 + 4 * i
+  local spent, held, over = sums(ARGV[at], ARGV[at + 1])
+  if ARGV[at + 2] == '1' then spent, held = 0, 0 end
+  if over > 0 or spent + held + amount > tonumber(ARGV[at + 3]) then
+    return {i, spent, held, over}
+  end
+end
+if ARGV[2] ~= '1' then return {0, 0} end
+local id = redis.call('INCR', P .. ':seq')
+redis.call('HSET', P .. ':e:' .. id, 'id', id, 'scope', ARGV[4], 'model', ARGV[5],
+  'state', 'reserved', 'reserved_nano', ARGV[3], 'cost_nano', 0, 'prompt_tokens', ARGV[6],
+  'estimated', 0, 'created_at', now, 'expires_at', ARGV[7], 'day', ARGV[8], 'month', ARGV[9],
+  'overrun_nano', 0)
+redis.call('ZADD', P .. ':open', ARGV[7], id)
+bump(ARGV[4], ARGV[8], ARGV[9], 0, amount, 0)
+return {0, id}
+"""
+)
+
+# settle or release: ARGV = id, cost (nano; 0 to release), 'settled' or 'released', now,
+# prompt_tokens, completion_tokens, estimated. Answers {1, cost} when it closed the entry, else
+# {0, the cost recorded} (already closed) or {0, 0} (unknown).
+_CLOSE = (
+    _PRELUDE
+    + """
+local k = P .. ':e:' .. ARGV[1]
+local e = redis.call('HMGET', k, 'state', 'scope', 'day', 'month', 'reserved_nano', 'cost_nano')
+if not e[1] then return {0, 0} end
+if e[1] ~= 'reserved' and e[1] ~= 'expired' then return {0, tonumber(e[6])} end
+local cost, amount = tonumber(ARGV[2]), tonumber(e[5])
+local over = math.max(0, cost - amount)
+if e[1] == 'reserved' then
+  bump(e[2], e[3], e[4], cost, -amount, over)
+  redis.call('ZREM', P .. ':open', ARGV[1])
+else  -- expired: it was counted as spent at its worst case
+  bump(e[2], e[3], e[4], cost - amount, 0, over)
+end
+redis.call('HSET', k, 'state', ARGV[3], 'cost_nano', ARGV[2], 'overrun_nano', int(over),
+  'closed_at', ARGV[4])
+if ARGV[3] == 'settled' then
+  redis.call('HSET', k, 'prompt_tokens', ARGV[5], 'completion_tokens', ARGV[6],
+    'estimated', ARGV[7])
+end
+return {1, cost}
+"""
+)
+
+# the totals of one day or month and scope, after expiring: ARGV = now, period, who
+_SPEND = _PRELUDE + "expire_stale(ARGV[1])\nreturn {sums(ARGV[2], ARGV[3])}\n"
+_EXPIRE = _PRELUDE + "return expire_stale(ARGV[1])\n"
+
+# an entry's fields as `SQLiteLedger.entries()` gives them: its columns, in its order, typed
+_COLUMNS: tuple[tuple[str, Callable[[str], object] | None], ...] = (
+    ("id", int),
+    ("scope", None),
+    ("model", None),
+    ("state", None),
+    ("reserved_nano", int),
+    ("cost_nano", int),
+    ("prompt_tokens", int),
+    ("completion_tokens", int),
+    ("estimated", int),
+    ("created_at", float),
+    ("expires_at", float),
+    ("closed_at", float),
+    ("day", None),
+    ("month", None),
+    ("overrun_nano", int),
+)
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def _split_prefix(url: str) -> tuple[str, str]:
+    """The URL redis-py reads, and the `prefix` query parameter it would not know."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = [v for k, v in query if k == "prefix"]
+    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    if prefix and (not prefix[-1] or any(c in prefix[-1] for c in "{}")):
+        raise InvalidArgumentError(
+            "ledger", redact_url(url), "a URL whose prefix= is non-empty and has no { or }"
+        )
+    return urlunsplit(parts._replace(query=rest)), (prefix[-1] if prefix else DEFAULT_PREFIX)
+
+
+def _connect(url: str) -> tuple[redis.Redis, tuple[type[Exception], ...]]:
+    """A client on a pool of connections to `url` (checked with a PING now), and the errors
+    that mean the server cannot be reached (a lost connection, a timeout). Socket timeouts
+    default to 2 s to connect and 5 s an answer (the URL's `socket_timeout=` and
+    `socket_connect_timeout=` override them), so a hung server never hangs a request."""
+    try:
+        import redis
+    except ImportError:
+        raise MissingExtraError("a Redis ledger", "redis", "redis") from None
+    try:
+        client = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0
+        )
+        client.ping()
+    except (ValueError, redis.RedisError) as exc:
+        shown = redact_url(url)
+        reason = f"a reachable Redis URL, redis://host:port/db ({type(exc).__name__}: {exc})"
+        raise InvalidArgumentError("ledger", shown, reason) from None
+    return client, (redis.ConnectionError, redis.TimeoutError)
+
+
+class RedisLedger:
+    """Reservations and spend on a Redis server, shared by every process that opens the same
+    URL and prefix (`?prefix=NAME` in the URL, default "hybridllm:ledger"). `ttl_s`: how long a
+    reservation may stay open before it expires; `clock`: the time (seconds since the epoch).
+
+    A server that cannot be reached once the ledger is made fails closed: `reserve` raises and
+    `check` returns `LedgerUnavailableError` (a `BudgetExceededError`: the request goes local),
+    `remaining` is 0 under any day or month cap; `settle` and `release` log a warning and
+    return (the answer was delivered; the reservation, still open on the server, expires at its
+    worst case: the books may overstate, never understate); `spend`, `expire` and `entries`
+    raise it."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: float = 900.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        server_url, prefix = _split_prefix(url)
+        self.url = redact_url(url)
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._key = "{" + prefix + "}"
+        self._redis, self._unreachable = _connect(server_url)
+        self._reserve = self._redis.register_script(_RESERVE)
+        self._close = self._redis.register_script(_CLOSE)
+        self._spend = self._redis.register_script(_SPEND)
+        self._expire = self._redis.register_script(_EXPIRE)
+
+    def __repr__(self) -> str:
+        return f"RedisLedger({self.url!r}, prefix={self.prefix!r})"
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> RedisLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- reserve / check / settle / release -------------------------------------------------
+
+    def reserve(
+        self,
+        *,
+        model: str,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        """Hold the worst-case cost against every cap that applies to `scope`, or raise
+        `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
+        amount = price.cost_nano(prompt_tokens, max_tokens)
+        now = self._clock()
+        day, month = utc_day_month(now)
+        expires = now + (self.ttl_s if ttl_s is None else ttl_s)
+        entry = (scope, model, prompt_tokens, repr(expires), day, month)
+        rid, refusal = self._cap_script(caps, scope, amount, now, entry)
+        if refusal is not None:
+            log.info("%s", refusal)  # the cap and the amounts, never the request
+            raise refusal
+        return Reservation(
+            rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
+        )
+
+    def check(
+        self,
+        *,
+        price: ModelPrice,
+        prompt_tokens: int,
+        max_tokens: int,
+        scope: str = "default",
+        caps: Iterable[Cap] = (),
+    ) -> BudgetExceededError | None:
+        """What `reserve()` would refuse now, holding nothing (None: it fits every cap)."""
+        amount = price.cost_nano(prompt_tokens, max_tokens)
+        try:
+            return self._cap_script(caps, scope, amount, self._clock(), None)[1]
+        except LedgerUnavailableError as exc:
+            return exc
+
+    def _cap_script(
+        self,
+        caps: Iterable[Cap],
+        scope: str,
+        amount: int,
+        now: float,
+        entry: tuple[str, str, int, str, str, str] | None,
+    ) -> tuple[int, BudgetExceededError | None]:
+        """Run the reserve script (`entry`: what to record; None: only check): the new entry's
+        id, or the refusal of the first cap it does not fit."""
+        day, month = utc_day_month(now)
+        ordered = ordered_caps(caps, scope)
+        args: list[object] = [repr(now), int(entry is not None), amount]
+        args += entry if entry is not None else ("", "", 0, "0", day, month)
+        args.append(len(ordered))
+        for cap in ordered:
+            who = "*" if cap.scope is None else f"p:{cap.scope}"
+            period = month if cap.period == "month" else day
+            args += (period, who, int(cap.period == "request"), usd_nano(cap.limit_usd))
+        answer = self._call(self._reserve, args, needed_usd=amount / NANO)
+        if answer[0] == 0:
+            return int(answer[1]), None
+        cap = ordered[int(answer[0]) - 1]
+        spent, held, over = (int(x) for x in answer[1:4])
+        return 0, exceeded(cap, spent, held, amount, overrun=over)
+
+    def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
+        """Record the real cost (USD) from the usage, as `SQLiteLedger.settle` does (an expired
+        reservation's worst case is replaced; a cost above the reservation is an overrun; a
+        second settle changes nothing and returns the recorded cost)."""
+        cost = reservation.price.cost_nano(usage.prompt_tokens, usage.completion_tokens)
+        usage_args = (usage.prompt_tokens, usage.completion_tokens, int(usage.estimated))
+        args = (reservation.id, cost, "settled", repr(self._clock()), *usage_args)
+        try:
+            closed, recorded = self._call(self._close, args)
+        except LedgerUnavailableError as exc:
+            log.warning(
+                "%s: reservation %d not settled (it expires at its worst case)", exc, reservation.id
+            )
+            return cost / NANO
+        return (cost if closed else int(recorded)) / NANO
+
+    def release(self, reservation: Reservation) -> None:
+        """The request was never sent: drop the hold, record no spend."""
+        args = (reservation.id, 0, "released", repr(self._clock()), 0, 0, 0)
+        try:
+            self._call(self._close, args)
+        except LedgerUnavailableError as exc:
+            log.warning(
+                "%s: reservation %d not released (it expires at its worst case)",
+                exc,
+                reservation.id,
+            )
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def spend(
+        self, period: Literal["day", "month"], scope: str | None = None, at: float | None = None
+    ) -> Spend:
+        """Spend and open reservations of the UTC day or month holding `at` (default now)."""
+        now = self._clock()
+        day, month = utc_day_month(now if at is None else at)
+        who = "*" if scope is None else f"p:{scope}"
+        key = day if period == "day" else month
+        spent, held, over = (int(x) for x in self._call(self._spend, (repr(now), key, who)))
+        return Spend(spent / NANO, held / NANO, over / NANO)
+
+    def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
+        """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
+        an overrun closed), as `SQLiteLedger.remaining`; 0 under such a cap while the server
+        cannot be reached."""
+        try:
+            return remaining_under(self, caps, scope)
+        except LedgerUnavailableError:
+            stock = any(c.period != "request" and c.applies(scope) for c in caps)
+            return 0.0 if stock else None
+
+    def expire(self) -> int:
+        """Expire reservations past their time to live now; how many."""
+        return int(self._call(self._expire, (repr(self._clock()),)))
+
+    def entries(self) -> list[dict[str, object]]:
+        """Every entry, oldest first, with `SQLiteLedger.entries()`'s keys and types."""
+
+        def read() -> list[dict[str, str]]:
+            last = int(self._redis.get(f"{self._key}:seq") or 0)
+            pipe = self._redis.pipeline(transaction=False)
+            for rid in range(1, last + 1):
+                pipe.hgetall(f"{self._key}:e:{rid}")
+            rows: list[dict[str, str]] = pipe.execute()
+            return rows
+
+        return [_entry(row) for row in self._call(read) if row]
+
+    def _call(self, script: Any, args: Sequence[object] = (), needed_usd: float = 0.0) -> Any:
+        """Run one of the scripts under this ledger's prefix (or `script()`, a read); a server
+        that cannot be reached raises `LedgerUnavailableError`."""
+        try:
+            return script(keys=[self._key], args=list(args)) if args else script()
+        except self._unreachable as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            raise LedgerUnavailableError(self.url, cause, needed_usd=needed_usd) from exc
+
+
+def _entry(row: dict[str, str]) -> dict[str, object]:
+    """One entry hash as a typed row (a field never written, such as `closed_at` of an open
+    reservation, is None)."""
+    out: dict[str, object] = {}
+    for name, kind in _COLUMNS:
+        value = row.get(name)
+        out[name] = value if value is None or kind is None else kind(value)
+    return out
