@@ -16,22 +16,25 @@ from hybridllm.server.schema import ApiError
 __all__ = ["Whole", "api_error", "sse", "whole"]
 
 
+# each refusal's HTTP answer (status, code, type), the first class that matches wins
+_ANSWERS: tuple[tuple[type[errors.HybridError], int, str, str], ...] = (
+    (errors.PrivacyBlockedError, 403, "privacy_blocked", "permission_error"),
+    (errors.BudgetExceededError, 402, "budget_exceeded", "insufficient_quota"),
+    (errors.RefusedError, 403, "refused", "permission_error"),
+    (errors.QueueFullError, 503, "engine_busy", "server_error"),
+    (errors.EngineError, 502, "engine_error", "server_error"),
+)
+
+
 def api_error(exc: errors.HybridError) -> ApiError:
     """A hybridllm error as the HTTP error the gateway answers (docs/gateway.md's table):
     a privacy refusal 403, a budget refusal 402 (``insufficient_quota``), a bad argument 400
     naming it, a busy local queue 503, an engine failure 502."""
-    if isinstance(exc, errors.PrivacyBlockedError):
-        return ApiError(403, str(exc), code="privacy_blocked", type="permission_error")
-    if isinstance(exc, errors.BudgetExceededError):
-        return ApiError(402, str(exc), code="budget_exceeded", type="insufficient_quota")
-    if isinstance(exc, errors.RefusedError):
-        return ApiError(403, str(exc), code="refused", type="permission_error")
     if isinstance(exc, errors.ContextOverflowError):
         return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, errors.QueueFullError):
-        return ApiError(503, str(exc), code="engine_busy", type="server_error")
-    if isinstance(exc, errors.EngineError):
-        return ApiError(502, str(exc), code="engine_error", type="server_error")
+    for kind, status, code, type_ in _ANSWERS:
+        if isinstance(exc, kind):
+            return ApiError(status, str(exc), code=code, type=type_)
     if isinstance(exc, errors.InvalidArgumentError):
         return ApiError(400, str(exc), param=wire.ARGUMENT_PARAMS.get(exc.argument, exc.argument))
     if isinstance(exc, errors.ConfigError):
