@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -55,7 +55,7 @@ ANSWER_S = 180.0  # a bound on waiting for an answer on 2 shared cores, not a ti
 XSS = '<img src=x onerror="window.pwned = 1"><b>bold?</b> Say hello in five words.'
 
 
-def missing(what: str) -> None:
+def missing(what: str) -> NoReturn:
     """Skip without `what`, except in CI where it must be there (.ci/run installs it)."""
     if os.environ.get("CI") or os.environ.get("HYBRIDLLM_CI"):
         pytest.fail(f"{what} is missing (.ci/run and ./dev install it)")
@@ -127,7 +127,9 @@ def wait_answered(page: Page) -> str:
     """Wait until the last answer leaves "streaming"; its state."""
     answer = page.locator(".turn.assistant .answer").last
     page.wait_for_function(
-        "el => el.dataset.state !== 'streaming'", arg=answer.element_handle(), timeout=ANSWER_S * 1e3
+        "el => el.dataset.state !== 'streaming'",
+        arg=answer.element_handle(),
+        timeout=ANSWER_S * 1e3,
     )
     return answer.get_attribute("data-state") or ""
 
@@ -193,6 +195,7 @@ def test_a_conversation_streams_coloured_tokens_and_the_decision(
     second = ask(page, "gw-cloud", "And now in French?")
     check_answer(page, second, "cloud", "gw-cloud")
     sent = second.request.post_data_json
+    assert sent is not None
     assert sent["model"] == "hybridllm/gw-cloud" and sent["stream"] is True
     assert sent["messages"] == [
         {"role": "user", "content": XSS},
@@ -217,7 +220,9 @@ def test_a_wrong_key_shows_the_gateways_error(page: Page) -> None:
     assert page.locator(".turn.assistant .tok").count() == 0
 
 
-def test_stop_aborts_the_fetch_and_the_local_engine_stops(page: Page, local: LlamaCppEngine) -> None:
+def test_stop_aborts_the_fetch_and_the_local_engine_stops(
+    page: Page, local: LlamaCppEngine
+) -> None:
     steps = local.steps_total
     ask(page, "pg-long", "Count from 1 to 300, separated by commas.")
     page.wait_for_selector(".turn.assistant .tok", timeout=ANSWER_S * 1e3)
