@@ -16,6 +16,8 @@ import pytest
 
 from hybridllm import HybridClient
 from hybridllm.gateway.app import create_app
+from hybridllm.gateway.command import Settings, describe
+from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.gateway.playground import page
 from hybridllm.testing import ScriptedEngine
 
@@ -78,3 +80,15 @@ def test_the_page_is_one_file_that_inserts_text_only() -> None:
     assert "localStorage" not in html and "sessionStorage" not in html  # the key: memory only
     assert html.count("<script>") == 1 and "<script src" not in html
     assert 'fetch("/v1/chat/completions"' in html and 'fetch("/v1/models"' in html
+
+
+def test_the_start_lines_name_the_playground() -> None:
+    settings = Settings(
+        "127.0.0.1", 8080, "m", None, None, False, None, None, GatewayLimits(), None, "info"
+    )
+    hybrid = HybridClient(local=ScriptedEngine("local", tokens=["x"]), router=None)
+    lines = describe(settings, hybrid).splitlines()
+    assert lines[:2] == [
+        "hybridllm gateway on http://127.0.0.1:8080/v1",
+        "  playground: http://127.0.0.1:8080/ (open it in a browser)",
+    ]
