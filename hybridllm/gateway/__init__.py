@@ -2,8 +2,10 @@
 client in any language gets hybridllm by changing its base URL.
 
 - `app`: the ASGI app (Starlette): ``POST /v1/chat/completions`` (streamed and not),
-  ``GET /v1/models`` (the policies, as ``hybridllm/<policy>``), ``GET /healthz``; its door
-  (key, limits, concurrency, access log).
+  ``GET /v1/models`` (the policies, as ``hybridllm/<policy>``), ``GET /healthz``, ``GET /`` (the
+  playground page); its door (key, limits, concurrency, access log).
+- `playground`: the playground page (``playground.html``, one file, package data) and its
+  Content-Security-Policy.
 - `wire`: a request body as the client's call (the policy, `StreamArgs`; an unsupported
   parameter is a 400 naming it).
 - `relay`: the client's events as SSE chunks or one completion; hybridllm errors as HTTP ones.

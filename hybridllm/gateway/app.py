@@ -3,8 +3,9 @@
 `create_app(client, limits, api_key=...)` gives an ASGI app whose lifespan opens and closes the
 client (uvicorn runs it: `gateway.command`). Its door (`Door`, outermost but for CORS) checks
 every HTTP request before a route sees it: the API key (``Authorization: Bearer KEY``, compared
-in constant time), the body's declared size (413), and for chat completions the concurrency
-limit (429 with Retry-After). It writes one access-log line per request (method, path, status,
+in constant time; all but ``GET /``, the playground page, which holds no secret and asks for the
+key itself), the body's declared size (413), and for chat completions the concurrency limit (429
+with Retry-After). It writes one access-log line per request (method, path, status,
 milliseconds, policy, engine: never prompt or answer text) to the ``hybridllm.gateway.access``
 logger.
 """
@@ -29,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hybridllm import errors
 from hybridllm.client import HybridClient
-from hybridllm.gateway import relay, wire
+from hybridllm.gateway import playground, relay, wire
 from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.policy import known_policies
 from hybridllm.server.app import until_disconnect
@@ -78,7 +79,8 @@ class Door:
             )
 
     async def _enter(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self._refusal(Headers(scope=scope))
+        page = scope["path"] == playground.PAGE_PATH and scope["method"] in ("GET", "HEAD")
+        refusal = None if page else self._refusal(Headers(scope=scope))
         if refusal is not None:
             await _answer(refusal, scope, receive, send)
             return
@@ -154,8 +156,12 @@ async def _json(request: Request, limit: int) -> dict[str, Any]:
 class _Routes:
     """The endpoints over one client."""
 
-    def __init__(self, client: HybridClient, limits: GatewayLimits) -> None:
-        self.client, self.limits = client, limits
+    def __init__(self, client: HybridClient, limits: GatewayLimits, page: playground.Page) -> None:
+        self.client, self.limits, self.page = client, limits, page
+
+    async def home(self, request: Request) -> Response:
+        """The playground page (`gateway.playground`), with its security headers."""
+        return Response(self.page.body, media_type="text/html", headers=self.page.headers)
 
     async def chat(self, request: Request) -> Response:
         data = await _json(request, self.limits.max_body_bytes)
@@ -226,7 +232,7 @@ def create_app(
 ) -> ASGIApp:
     """The gateway over `client`, which its lifespan opens and closes (see the module)."""
     limits = limits or GatewayLimits()
-    routes = _Routes(client, limits)
+    routes = _Routes(client, limits, playground.page(key_required=api_key is not None))
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -240,6 +246,7 @@ def create_app(
     app: ASGIApp = Door(
         Starlette(
             routes=[
+                Route(playground.PAGE_PATH, routes.home, methods=["GET"]),
                 Route(CHAT_PATH, routes.chat, methods=["POST"]),
                 Route("/v1/models", routes.models, methods=["GET"]),
                 Route("/healthz", routes.health, methods=["GET"]),

@@ -197,8 +197,10 @@ def build_client(settings: Settings) -> HybridClient:
 
 
 def describe(settings: Settings, client: HybridClient) -> str:
-    """The lines said at start: where, which engines, whether a key is asked."""
+    """The lines said at start: where (the API, the playground page), which engines, whether a
+    key is asked."""
     lines = [f"hybridllm gateway on http://{settings.host}:{settings.port}/v1"]
+    lines.append(f"  playground: http://{settings.host}:{settings.port}/ (open it in a browser)")
     lines.append(f"  local: {settings.local}")
     cloud = client.engines.get("cloud")
     if cloud is None:
