@@ -433,7 +433,8 @@ class LlamaCppEngine:
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, clock.now() - t0)
             return len(prepared.tokens) - gen.reused_tokens
         finally:
-            if hold.holding:
+            if hold.holding:  # (a preemption's `_give_way` marked the engine busy again)
+                self.busy = False
                 self._queue.release()
 
     async def forget(self, conversation: str) -> int:
