@@ -39,6 +39,7 @@ from typing import Any, Literal
 from hybridllm.errors import ConfigError
 from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
+from hybridllm.guard.privacy_phone import PhoneFinder
 
 NerMode = Literal["auto", "on", "off"]
 NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
@@ -315,16 +316,22 @@ def _all_but_ner(name: str) -> list[str]:
 @dataclass
 class PrivacyScanner:
     """The privacy scan the guard and routing use: the patterns and checksums always, the NER
-    layer when `ner` allows and it is installed ("auto"; "on": required; "off": never)."""
+    layer when `ner` allows and it is installed ("auto"; "on": required; "off": never).
+    `regions`: the regions whose national phone formats are read (`privacy_phone`); None: the
+    environment's locale region, then `privacy_phone.DEFAULT_REGIONS`."""
 
     ner: NerMode = "auto"
     languages: tuple[str, ...] = ("en", "fr")
     detect: bool = True  # run the pipeline of the language detected (False: all of them)
+    regions: tuple[str, ...] | None = None
     _layer: NerLayer | None = field(default=None, init=False, repr=False)
+    _phones: PhoneFinder = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ner not in NER_MODES:
             raise ConfigError(f"ner must be one of {NER_MODES}, not {self.ner!r}")
+        self._phones = PhoneFinder(self.regions)
+        self.regions = self._phones.regions
         if self.ner != "off":
             self._layer = NerLayer(self.languages, self.detect)
             if self.ner == "on" and not self._layer.available:
@@ -353,7 +360,7 @@ class PrivacyScanner:
         over the tool definitions and response format apart (`DEFINITIONS`): they are the same
         from one turn of a tool loop to the next, so the layer's cache reads them once."""
         extra = list(extra)
-        found = scan(texts, extra=extra)
+        found = scan(texts, extra=extra, phones=self._phones)
         if not deep or self._layer is None:
             return found
         if not self._layer.available:
