@@ -24,6 +24,22 @@ SENSITIVE: list[tuple[str, str, str]] = [
     ("My national insurance number is JG 10 37 42 A, which form do I need?", "uk_nino",
      "JG 10 37 42 A"),
     ("Text my US number (212) 555-0187 when the order ships.", "phone", "(212) 555-0187"),
+    # issue 31: a name with a UK mobile written with a space (libphonenumber's example range)
+    ("Remind Jane Whitfield on 07400 123456 about Saturday's rota.", "phone", "07400 123456"),
+]  # fmt: skip
+
+# issue 31: identifiers given in pieces over a conversation, with words between the pieces
+# (messages, the kind it must be flagged as, the pieces that must never leave the device)
+SPLIT: list[tuple[list[dict[str, str]], str, tuple[str, ...]]] = [
+    (
+        [
+            {"role": "user", "content": "Please update my contact details. My email starts "
+                                        "with jane.doe, the usual format."},
+            {"role": "assistant", "content": "Sure. What comes after that?"},
+            {"role": "user", "content": "Sorry, I was interrupted. And it ends with @example.org."},
+        ],
+        "email", ("jane.doe", "@example.org"),
+    ),
 ]  # fmt: skip
 
 BENIGN: list[str] = [

@@ -41,6 +41,7 @@ from hybridllm.guard.privacy_rules import (
     shannon_bits,
     ssn_ok,
 )
+from hybridllm.guard.privacy_split import split_emails
 
 if TYPE_CHECKING:
     from hybridllm.tools import ToolSpec
@@ -197,7 +198,8 @@ def scan(
     adds (location, text) pairs such as an assistant prefix or the tools (`tool_texts`). The
     conversation is also scanned as the cloud reads it, the contents back to back
     (`across_messages`), so a value split over two messages (an email's user name in one turn,
-    its domain in the next) is found too. `phones`: the phone finder (regions) to use; None:
+    its domain in the next) is found too, and an address given in pieces with words between
+    them (`split_across`). `phones`: the phone finder (regions) to use; None:
     `default_phones()`."""
     items: list[tuple[str, str]] = []
     if isinstance(texts, str):
@@ -209,7 +211,20 @@ def scan(
     for location, text in items:
         out += scan_text(text, location, phones)
     contents = [(loc, text) for loc, text in items if loc == "text" or loc.endswith(".content")]
-    return (*out, *across_messages(contents, out, phones))
+    return (*out, *across_messages(contents, out, phones), *split_across(contents, out))
+
+
+def split_across(
+    contents: Sequence[tuple[str, str]], found: Iterable[Finding] = ()
+) -> list[Finding]:
+    """Email addresses given in pieces with words between them (`privacy_split`): the dangling
+    "@domain" a user name elsewhere in the conversation completes, where no finding is."""
+    known = [(f.location, f.start, f.end) for f in found]
+    return [
+        Finding("email", location, start, end, "email ***@*** (split)")
+        for location, start, end in split_emails(contents)
+        if not any(loc == location and s < end and start < e for loc, s, e in known)
+    ]
 
 
 def across_messages(
