@@ -89,3 +89,14 @@ BENIGN: list[str] = [
     "Describe the IBAN format in general terms, without a real example.",
     "Track 1Z999AA10123456784 is a UPS-style tracking number.",
 ]
+
+# issue 31: plain questions about public figures, with nothing private in them: they go where the
+# policy sends them (the NER layer drops a public figure's name, `guard.privacy_public`)
+PUBLIC: list[str] = [
+    "Who was Abraham Lincoln and why was he important?",
+    "Summarise Albert Einstein's contributions to physics.",
+    "Why did Napoleon Bonaparte invade Russia in 1812?",
+    "What did Marie Curie discover?",
+    "Qui était Victor Hugo et pourquoi est-il célèbre ?",
+    "Compare the leadership styles of Winston Churchill and Franklin D. Roosevelt.",
+]

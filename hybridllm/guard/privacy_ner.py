@@ -6,7 +6,8 @@ patterns and checksums of `hybridllm.guard.privacy`.
     findings = scanner.scan(messages)     # the patterns' findings, then the NER layer's
 
 Kinds it adds: `person` (spaCy's PERSON / PER; a one-word name only after a naming cue such as
-"my name is", "Mme", "mon voisin"), `address`, `date_of_birth`, `passport`, `national_id` (the
+"my name is", "Mme", "mon voisin"; a public figure's name, `privacy_public`, only after one),
+`address`, `date_of_birth`, `passport`, `national_id` (the
 context rules of `privacy_ner_rules`, run as a Presidio recognizer).
 
 It is the optional extra `hybridllm[privacy]` (presidio-analyzer, spaCy, `en_core_web_sm` or its
@@ -40,6 +41,7 @@ from hybridllm.errors import ConfigError
 from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
 from hybridllm.guard.privacy_phone import PhoneFinder
+from hybridllm.guard.privacy_public import names_public_figure
 
 NerMode = Literal["auto", "on", "off"]
 NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
@@ -227,13 +229,16 @@ def _space_after(text: str, i: int, ceiling: int) -> int:
 
 
 def _a_name(text: str, start: int, end: int) -> bool:
-    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont",
-    "Charles de Gaulle"), or any words after a naming cue ("Mme Roux", "my son oliver")."""
+    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont"),
+    or any words after a naming cue ("Mme Roux", "my son oliver"); a public figure's name
+    ("Charles de Gaulle", `privacy_public`) only after a naming cue ("my neighbour Tom Hanks")."""
     span = text[start:end]
     if any(ch.isdigit() for ch in span):
         return False
+    if named_alone(text, start):
+        return True
     caps = sum(w[:1].isupper() for w in span.split())
-    return caps >= 2 or named_alone(text, start)
+    return caps >= 2 and not names_public_figure(text, start, end)
 
 
 def build_analyzer(models: Mapping[str, str]) -> Any:
