@@ -136,17 +136,21 @@ def scan_text(
     text: str, location: str = "text", phones: PhoneFinder | None = None
 ) -> list[Finding]:
     """Every finding in one text, in order; overlapping matches keep the first detector's
-    (`phones`, the phone-number library, reads before the patterns)."""
+    (`phones`, the phone-number library, reads before the phone patterns)."""
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
     lowered = text.lower()
     # a character that lower-cases to several would shift positions: then no anchors
     lower = lowered if len(lowered) == len(text) else None
     windows = _digit_windows(text)
-    for start, end, hint in (phones or default_phones()).find(text, windows):
-        taken.append((start, end))
-        found.append(Finding("phone", location, start, end, hint))
+    library_read = False
     for d in DETECTORS:
+        if d.kind == "phone" and not library_read:  # after the checksummed kinds (an SSN)
+            library_read = True
+            for start, end, hint in (phones or default_phones()).find(text, windows):
+                if not any(start < e and s < end for s, e in taken):
+                    taken.append((start, end))
+                    found.append(Finding("phone", location, start, end, hint))
         for m in _matches(d, text, lower, windows):
             start, end = m.span()
             if any(start < e and s < end for s, e in taken):
