@@ -147,10 +147,10 @@ def scan_text(
     for d in DETECTORS:
         if d.kind == "phone" and not library_read:  # after the checksummed kinds (an SSN)
             library_read = True
-            for start, end, hint in (phones or default_phones()).find(text, windows):
+            for start, end, number in (phones or default_phones()).find(text, windows):
                 if not any(start < e and s < end for s, e in taken):
                     taken.append((start, end))
-                    found.append(Finding("phone", location, start, end, hint))
+                    found.append(Finding("phone", location, start, end, number))
         for m in _matches(d, text, lower, windows):
             start, end = m.span()
             if any(start < e and s < end for s, e in taken):

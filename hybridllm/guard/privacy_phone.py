@@ -34,9 +34,7 @@ from hybridllm.errors import InvalidArgumentError
 # Brazil, Japan, Australia (a number is kept once one region reads it). Left to a locale that
 # names them: China (its plan reads ten-digit constants such as "1000000007" as numbers) and
 # Mexico (its 3-3-4 numbers are North American ones the NANP rules reject: "415-155-2671").
-DEFAULT_REGIONS: tuple[str, ...] = (
-    "US", "GB", "FR", "DE", "ES", "IT", "NL", "BE", "CH", "IN", "BR", "JP", "AU",
-)  # fmt: skip
+DEFAULT_REGIONS: tuple[str, ...] = tuple("US GB FR DE ES IT NL BE CH IN BR JP AU".split())
 LOCALE_VARIABLES = ("LC_ALL", "LC_TELEPHONE", "LANG")
 _LOCALE = re.compile(r"^[a-zA-Z]{2,3}[_-](?P<region>[A-Za-z]{2})(?:[.@]|$)")
 _REGION = re.compile(r"^[A-Z]{2}$")
