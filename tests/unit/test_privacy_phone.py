@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridllm.errors import InvalidArgumentError
+from hybridllm.guard import privacy_ner
 from hybridllm.guard.privacy import kinds, scan
 from hybridllm.guard.privacy_ner import PrivacyScanner
 from hybridllm.guard.privacy_phone import (
@@ -82,3 +83,14 @@ def test_bad_regions_are_a_typed_error_naming_the_argument() -> None:
         check_regions("GB")
     with pytest.raises(InvalidArgumentError, match=r"regions\[0\]"):
         PrivacyScanner(ner="off", regions=(7,))  # type: ignore[arg-type]
+
+
+def test_the_default_scanner_reads_its_regions_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(privacy_ner, "_default", None)
+    monkeypatch.setenv(privacy_ner.REGIONS_ENV, "es, gb")
+    assert privacy_ner.default_scanner().regions == ("ES", "GB")
+    monkeypatch.setattr(privacy_ner, "_default", None)
+    monkeypatch.setenv(privacy_ner.REGIONS_ENV, "GB,Narnia")
+    with pytest.raises(InvalidArgumentError, match=r"\$HYBRIDLLM_PRIVACY_REGIONS\[1\]"):
+        privacy_ner.default_scanner()
+    monkeypatch.setattr(privacy_ner, "_default", None)
