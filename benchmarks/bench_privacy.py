@@ -1,112 +1,67 @@
-"""Privacy scan benchmark: what it finds on the labelled corpus, and what it costs per prompt.
+"""Privacy scan benchmark: what the scan finds on the labelled corpus, and what it costs, with
+main's code ("before") beside this checkout's ("after").
 
-    python benchmarks/bench_privacy.py [--quick] [--n 200] [--json PATH]
+    python benchmarks/bench_privacy.py [--quick] [--n 100] [--before-ref main] [--json PATH]
 
-Quality, on `data/privacy/corpus.jsonl` (labels: data/privacy/README.md), for the patterns
-alone ("before") and patterns + the NER layer ("after"), per language:
+Sets (labels: data/privacy/README.md), reported apart:
+- "development": `data/privacy/corpus.jsonl`, the items the rules were written against (its
+  issue-24 held-out items included: they have been seen since);
+- "held-out": `data/privacy/heldout31.jsonl`, written after the issue-31 rules were frozen.
+
+Per set, scan mode (patterns only; patterns + the NER layer) and language, before and after:
 - recall per kind: the share of (item, expected kind) pairs whose kind was found (a national
-  ID counts when found as `national_id`, `ssn`, `uk_nino` or `es_dni`);
-- kept local: the share of items with personal data on which anything at all was found (what
-  `privacy="keep-local"` acts on: such a request does not go to the cloud);
-- false positives: the share of benign items flagged, and of items naming public figures
-  (labelled benign: see the README) flagged.
-The "held-out" column is the 31 items written after the rules were frozen (the others were
-written alongside them, so their figures flatter the rules).
-The NER layer runs in both of its language modes: the language detected (the default) and
-every pipeline on every text.
+  ID counts as `national_id`, `ssn`, `uk_nino` or `es_dni`);
+- kept local: the share of private items on which anything was found (what
+  `privacy="keep-local"` acts on: such a request stays on the device);
+- FP benign, FP public: the share of benign items, and of public-figure questions, on which
+  something was found (kept local without reason).
+Cost: P50/P99 ms of one `PrivacyScanner.scan` on cloud-bound prompts of about 50 and 2,000 tokens
+(benign prose, a new text each call so that no cache answers), patterns only and with NER.
 
-Cost, on cloud-bound prompts of about 50 and 2,000 tokens (benign prose from the corpus, each
-call a new text so that the NER layer's result cache never answers): P50/P99 milliseconds of
-`PrivacyScanner.scan` with patterns only and with the NER layer, plus the one-time load.
+"Before" is main's code exported with `git archive` into a temporary directory (the repository
+is not touched); each side runs in its own process, one after the other, this same file with
+`--worker` and the code's directory first on `sys.path`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent.parent
+CODE = Path(os.environ.get("HYBRIDLLM_BENCH_CODE", HERE))
+sys.path.insert(0, str(CODE))
 
-from hybridllm.engines.tokens import estimate_text_tokens  # noqa: E402
-from hybridllm.guard.privacy import kinds  # noqa: E402
-from hybridllm.guard.privacy_ner import PrivacyScanner  # noqa: E402
-
-CORPUS = ROOT / "data" / "privacy" / "corpus.jsonl"
+SETS = {
+    "development": HERE / "data" / "privacy" / "corpus.jsonl",
+    "held-out": HERE / "data" / "privacy" / "heldout31.jsonl",
+}
 SAME = {"national_id": {"national_id", "ssn", "uk_nino", "es_dni"}}
+LANGS = ("all", "en", "fr", "de", "es", "it")
+MODES = ("patterns", "+NER")
+Item = dict[str, Any]
 
 
-def load() -> list[dict[str, object]]:
-    return [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line]
+def load(path: Path) -> list[Item]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def hit(expected: str, found: set[str]) -> bool:
-    return bool(SAME.get(expected, {expected}) & found)
+# ---- the worker: runs under the code being measured ------------------------------------------
 
 
-def evaluate(items: list[dict[str, object]], scanner: PrivacyScanner) -> dict[str, object]:
-    per_kind: dict[str, Counter[str]] = defaultdict(Counter)  # lang -> kind -> hits / total
-    flagged: dict[str, Counter[str]] = defaultdict(Counter)  # lang -> group -> flagged / total
-    missed: list[str] = []
-    for item in items:
-        lang, group = str(item["lang"]), str(item["group"])
-        expected = list(item["kinds"])  # type: ignore[call-overload]
-        found = set(kinds(scanner.scan(item["messages"])))  # type: ignore[arg-type]
-        buckets = (lang, "all", "held-out") if item.get("heldout") else (lang, "all")
-        for bucket in buckets:
-            flagged[bucket][group + "/n"] += 1
-            flagged[bucket][group] += bool(found)
-            for k in expected:
-                per_kind[bucket][k + "/n"] += 1
-                per_kind[bucket][k] += hit(k, found)
-        missed += [f"{item['id']}: {k}" for k in expected if not hit(k, found)]
-    return {"kinds": per_kind, "flagged": flagged, "missed": missed}
+def prose(tokens: int, benign: Sequence[str], salt: int) -> str:
+    from hybridllm.engines.tokens import estimate_text_tokens
 
-
-def share(c: Counter[str], key: str) -> str:
-    n = c[key + "/n"]
-    return f"{c[key] / n:6.0%} ({c[key]}/{n})" if n else "     -"
-
-
-def report(name: str, result: dict[str, object]) -> None:
-    per_kind: dict[str, Counter[str]] = result["kinds"]  # type: ignore[assignment]
-    flagged: dict[str, Counter[str]] = result["flagged"]  # type: ignore[assignment]
-    print(f"\n== {name}")
-    langs = ["all", "en", "fr", "de", "es", "held-out"]
-    print(f"{'':22}" + "".join(f"{lang:>16}" for lang in langs))
-    kind_names = sorted({k[:-2] for c in per_kind.values() for k in c if k.endswith("/n")})
-    for k in kind_names:
-        print(f"recall {k:15}" + "".join(f"{share(per_kind[lang], k):>16}" for lang in langs))
-    for label, group in (("kept local", None), ("FP benign", "benign"), ("FP public", "public")):
-        row = []
-        for lang in langs:
-            c = flagged[lang]
-            if group is None:  # items with personal data on which anything was found
-                hits = c["sensitive"] + c["split"]
-                n = c["sensitive/n"] + c["split/n"]
-                row.append(f"{hits / n:6.0%} ({hits}/{n})" if n else "     -")
-            else:
-                row.append(share(c, group))
-        print(f"{label:22}" + "".join(f"{r:>16}" for r in row))
-    total = Counter[str]()
-    for k in kind_names:
-        total["x"] += per_kind["all"][k]
-        total["x/n"] += per_kind["all"][k + "/n"]
-    print(f"{'recall, all kinds':22}{share(total, 'x'):>16}")
-
-
-def prose(tokens: int, items: list[dict[str, object]], salt: int) -> str:
-    benign = [
-        str(m["content"])  # type: ignore[index]
-        for i in items
-        if i["group"] == "benign"
-        for m in i["messages"]  # type: ignore[attr-defined]
-    ]
     parts, i = [f"Request {salt}."], salt
     while estimate_text_tokens(" ".join(parts)) < tokens:
         parts.append(benign[i % len(benign)])
@@ -114,8 +69,8 @@ def prose(tokens: int, items: list[dict[str, object]], salt: int) -> str:
     return " ".join(parts)
 
 
-def latency(scanner: PrivacyScanner, tokens: int, n: int, items: list[dict[str, object]]) -> str:
-    texts = [[{"role": "user", "content": prose(tokens, items, s)}] for s in range(n + 5)]
+def latency(scanner: Any, tokens: int, n: int, benign: Sequence[str]) -> dict[str, float]:
+    texts = [[{"role": "user", "content": prose(tokens, benign, s)}] for s in range(n + 5)]
     for t in texts[:5]:
         scanner.scan(t)
     ms = []
@@ -124,44 +79,142 @@ def latency(scanner: PrivacyScanner, tokens: int, n: int, items: list[dict[str, 
         scanner.scan(t)
         ms.append((time.perf_counter() - t0) * 1e3)
     q = statistics.quantiles(ms, n=100, method="inclusive")
-    return f"p50 {q[49]:7.2f} ms  p99 {q[98]:7.2f} ms"
+    return {"p50": q[49], "p99": q[98]}
+
+
+def worker(n: int) -> dict[str, Any]:
+    """What the code on `sys.path` finds on each item, per mode, and its latencies."""
+    from hybridllm.guard.privacy import kinds
+    from hybridllm.guard.privacy_ner import PrivacyScanner
+
+    scanners = {"patterns": PrivacyScanner(ner="off"), "+NER": PrivacyScanner(ner="on")}
+    t0 = time.perf_counter()
+    scanners["+NER"].warm()
+    out: dict[str, Any] = {"load_s": time.perf_counter() - t0, "found": {}, "latency": {}}
+    for mode, scanner in scanners.items():
+        out["found"][mode] = {
+            item["id"]: list(kinds(scanner.scan(item["messages"])))
+            for path in SETS.values()
+            for item in load(path)
+        }
+    benign = [
+        str(m["content"]) for i in load(SETS["development"]) if i["group"] == "benign"
+        for m in i["messages"]
+    ]  # fmt: skip
+    for tokens in (50, 2000):
+        for mode, scanner in scanners.items():
+            out["latency"][f"{tokens} {mode}"] = latency(scanner, tokens, n, benign)
+    return out
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+
+def hit(expected: str, found: set[str]) -> bool:
+    return bool(SAME.get(expected, {expected}) & found)
+
+
+def tally(items: list[Item], found: dict[str, list[str]]) -> dict[str, Counter[str]]:
+    """lang -> counters: "k:KIND" hits and "k:KIND/n"; "g:GROUP" flagged and "g:GROUP/n"."""
+    out: dict[str, Counter[str]] = defaultdict(Counter)
+    for item in items:
+        got = set(found[item["id"]])
+        group = "private" if item["group"] in ("sensitive", "split") else item["group"]
+        for lang in ("all", item["lang"]):
+            c = out[lang]
+            c[f"g:{group}/n"] += 1
+            c[f"g:{group}"] += bool(got)
+            for k in item["kinds"]:
+                c[f"k:{k}/n"] += 1
+                c[f"k:{k}"] += hit(k, got)
+    return out
+
+
+def share(c: Counter[str], key: str) -> str:
+    n = c[key + "/n"]
+    return f"{c[key] / n:4.0%} {c[key]:>2}/{n:<2}" if n else "-"
+
+
+def report_set(name: str, items: list[Item], runs: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"\n== {name} ({len(items)} items: {dict(Counter(i['group'] for i in items))})"]
+    langs = [lang for lang in LANGS if lang == "all" or any(i["lang"] == lang for i in items)]
+    kinds_ = sorted({k for i in items for k in i["kinds"]})
+    rows = [(f"recall {k}", f"k:{k}") for k in kinds_]
+    rows += [("kept local (private)", "g:private"), ("FP benign", "g:benign")]
+    rows += [("FP public figures", "g:public")]
+    for mode in MODES:
+        lines.append(f"-- {mode}: before -> after")
+        lines.append(f"{'':22}" + "".join(f"{lang:>26}" for lang in langs))
+        tallies = {side: tally(items, run["found"][mode]) for side, run in runs.items()}
+        for label, key in rows:
+            cells = []
+            for lang in langs:
+                b, a = (share(tallies[side][lang], key) for side in ("before", "after"))
+                cells.append(f"{b} -> {a}" if a != "-" else "-")
+            lines.append(f"{label:22}" + "".join(f"{c:>26}" for c in cells))
+    return lines
+
+
+def missed(items: list[Item], found: dict[str, list[str]]) -> list[str]:
+    out = []
+    for item in items:
+        got = set(found[item["id"]])
+        if item["group"] in ("benign", "public") and got:
+            out.append(f"{item['id']}: flagged {sorted(got)}")
+        out += [f"{item['id']}: missed {k}" for k in item["kinds"] if not hit(k, got)]
+    return out
+
+
+def run_side(code: Path, n: int) -> dict[str, Any]:
+    env = {**os.environ, "HYBRIDLLM_BENCH_CODE": str(code), "PYTHONPATH": str(code)}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, "--worker", "--n", str(n), "--json", f.name]
+        subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
+        result: dict[str, Any] = json.loads(Path(f.name).read_text())
+        return result
+
+
+def export(ref: str, into: Path) -> None:
+    """`ref`'s hybridllm package, exported with `git archive` (the repository is not touched)."""
+    archive = subprocess.run(
+        ["git", "-C", str(HERE), "archive", ref, "hybridllm"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer latency samples (n=30)")
-    ap.add_argument("--n", type=int, default=200, help="latency samples per figure")
+    ap.add_argument("--n", type=int, default=100, help="latency samples per figure")
+    ap.add_argument("--before-ref", default="main", help="the git ref measured as 'before'")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = 30 if args.quick else args.n
-    items = load()
-    print(f"corpus: {len(items)} items, {dict(Counter(str(i['group']) for i in items))}")
-    patterns = PrivacyScanner(ner="off")
-    ner = PrivacyScanner(ner="on")
-    both = PrivacyScanner(ner="on", detect=False)
-    t0 = time.perf_counter()
-    ner.warm()
-    load_s = time.perf_counter() - t0
-    both.warm()
-    print(f"NER layer: {ner.status().describe()}")
-    results = {
-        "before: patterns only": evaluate(items, patterns),
-        "after: patterns + NER (language detected)": evaluate(items, ner),
-        "after: patterns + NER (both pipelines on every text)": evaluate(items, both),
-    }
-    for name, result in results.items():
-        report(name, result)
-    print("\nmissed with NER (language detected):")
-    for line in results["after: patterns + NER (language detected)"]["missed"]:  # type: ignore[attr-defined]
-        print("  ", line)
-    print(f"\nlatency of one scan, n={n} (NER layer load, once per process: {load_s:.2f} s)")
-    cost = {}
-    for tokens in (50, 2000):
-        for name, s in (("patterns", patterns), ("+NER", ner), ("+NER both", both)):
-            cost[f"{tokens} tokens {name}"] = figure = latency(s, tokens, n, items)
-            print(f"  ~{tokens:4} tokens  {name:10} {figure}")
+    if args.worker:
+        args.json.write_text(json.dumps(worker(n)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        export(args.before_ref, Path(tmp))
+        runs = {"before": run_side(Path(tmp), n), "after": run_side(HERE, n)}
+    lines = [f"before: {args.before_ref} (git archive); after: {HERE}"]
+    for name, path in SETS.items():
+        items = load(path)
+        lines += report_set(name, items, runs)
+        lines.append(f"-- after, +NER, what is still wrong in the {name} set:")
+        lines += [f"   {m}" for m in missed(items, runs["after"]["found"]["+NER"])]
+    lines.append(f"\nlatency of one scan, n={n}, P50 / P99 ms (before -> after)")
+    for key in runs["after"]["latency"]:
+        b, a = runs["before"]["latency"][key], runs["after"]["latency"][key]
+        lines.append(
+            f"  ~{key:16} p50 {b['p50']:7.2f} -> {a['p50']:7.2f}   "
+            f"p99 {b['p99']:7.2f} -> {a['p99']:7.2f}"
+        )
+    load_s = {side: f"{run['load_s']:.2f} s" for side, run in runs.items()}
+    lines.append(f"NER layer load, once per process: {load_s}")
+    print("\n".join(lines))
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "latency": cost}, indent=1))
+        args.json.write_text(json.dumps(runs, indent=1))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from hybridllm.engines.capabilities import Warms
 from hybridllm.events import EngineName, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
+from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import Scorer
@@ -110,6 +111,26 @@ class Completion:
 WARM_QUEUE = 4
 
 
+def _check_engines(local: object, cloud: object) -> None:
+    if local is None and cloud is None:
+        raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
+    for arg, eng in (("local", local), ("cloud", cloud)):
+        if eng is not None and not isinstance(eng, Engine):
+            raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
+
+
+def _judge(seconds: object, local: Engine | None) -> PrivacyJudge | None:
+    """The privacy judge `privacy_judge` asks for: None, or seconds above 0 with a local
+    engine to judge with."""
+    if seconds is None:
+        return None
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds <= 0:
+        raise errors.InvalidArgumentError("privacy_judge", seconds, "None or seconds above 0")
+    if local is None:
+        raise errors.InvalidArgumentError("privacy_judge", seconds, "None without a local engine")
+    return PrivacyJudge(local, budget_s=seconds)
+
+
 class HybridClient:
     def __init__(
         self,
@@ -126,6 +147,7 @@ class HybridClient:
         latency: LatencyModel | None = None,
         decision_log: DecisionLog | str | Path | None = None,
         telemetry: Telemetry | None = None,
+        privacy_judge: float | None = None,
     ) -> None:
         """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
         engine; `ledger` (a `Ledger`, or a path or URL for `ledger_from_url`), `prices` (a `Prices`
@@ -134,31 +156,31 @@ class HybridClient:
         cloud engine is wrapped in a `GuardedEngine`, which enforces both at its seam on every path
         (fallback, hedge, continuation); routing reads the same detector and ledger to pick the
         local engine up front, with the reason. `router`: an object with `score(messages)` and
-        `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the shipped
-        router (on a worker thread while the engines start) when the client has both engines; None:
-        no router (policies then route by preference and latency alone). `decision_log`: a
-        `DecisionLog` (or its SQLite path) that gets one row per request - features, score, route,
-        outcome - written off the event loop after the request ends; prompt text only with
-        `DecisionLog(path, store_prompts=True)`. `telemetry`: what the client aggregates and exports
-        about its requests (`stats()`, OpenTelemetry; default `Telemetry()`: a one-hour window,
-        OpenTelemetry as `HYBRIDLLM_OTEL` says)."""
-        if local is None and cloud is None:
-            raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
-        for arg, eng in (("local", local), ("cloud", cloud)):
-            if eng is not None and not isinstance(eng, Engine):
-                raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
+        `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
+        shipped router (on a worker thread while the engines start) when the client has both
+        engines; None: no router (policies then route by preference and latency alone).
+        `ledger` also takes a path or URL for `ledger_from_url` (sqlite, redis).
+        `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
+        features, score, route, outcome - written off the event loop after the request ends;
+        prompt text only with `DecisionLog(path, store_prompts=True)`. `telemetry`: what the
+        client aggregates and exports about its requests (`stats()`, OpenTelemetry; default
+        `Telemetry()`: a one-hour window, OpenTelemetry as `HYBRIDLLM_OTEL` says).
+        `privacy_judge`: seconds the local model may take to judge a borderline prompt bound for
+        the cloud under "keep-local" (`guard.privacy_judge`; None: no judge)."""
+        _check_engines(local, cloud)
         validate.one_of("privacy", privacy, PRIVACY_MODES)
         policy = validate.policy_ref(policy)
         for i, d in enumerate(policy_dirs or ()):
             validate.directory(f"policy_dirs[{i}]", d)
         if router not in (None, "default") and not callable(getattr(router, "score", None)):
             raise errors.InvalidArgumentError("router", router, 'None, "default" or a Router')
+        judge = _judge(privacy_judge, local)
         self._guard: GuardedEngine | None = None
         if cloud is not None:
             if prices is not None and ledger is None:
                 ledger = SQLiteLedger()
             cloud = self._guard = GuardedEngine(
-                cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps
+                cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps, judge=judge
             )
         self.privacy: PrivacyMode = privacy
         self.local = local
@@ -302,7 +324,7 @@ class HybridClient:
         )
         privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(
-            scope=pol.name, privacy=privacy, on_settle=trace.settled, ner=pol.privacy.ner
+            scope=pol.name, privacy=privacy, on_settle=trace.settled, ner=pol.privacy.ner, due=due
         )
         await self._plan(decision, ticket.request, context, pol, lead)(run)
 

@@ -24,6 +24,22 @@ SENSITIVE: list[tuple[str, str, str]] = [
     ("My national insurance number is JG 10 37 42 A, which form do I need?", "uk_nino",
      "JG 10 37 42 A"),
     ("Text my US number (212) 555-0187 when the order ships.", "phone", "(212) 555-0187"),
+    # issue 31: a name with a UK mobile written with a space (libphonenumber's example range)
+    ("Remind Jane Whitfield on 07400 123456 about Saturday's rota.", "phone", "07400 123456"),
+]  # fmt: skip
+
+# issue 31: identifiers given in pieces over a conversation, with words between the pieces
+# (messages, the kind it must be flagged as, the pieces that must never leave the device)
+SPLIT: list[tuple[list[dict[str, str]], str, tuple[str, ...]]] = [
+    (
+        [
+            {"role": "user", "content": "Please update my contact details. My email starts "
+                                        "with jane.doe, the usual format."},
+            {"role": "assistant", "content": "Sure. What comes after that?"},
+            {"role": "user", "content": "Sorry, I was interrupted. And it ends with @example.org."},
+        ],
+        "email", ("jane.doe", "@example.org"),
+    ),
 ]  # fmt: skip
 
 BENIGN: list[str] = [
@@ -72,4 +88,15 @@ BENIGN: list[str] = [
     "Card games: which is older, bridge or poker?",
     "Describe the IBAN format in general terms, without a real example.",
     "Track 1Z999AA10123456784 is a UPS-style tracking number.",
+]
+
+# issue 31: plain questions about public figures, with nothing private in them: they go where the
+# policy sends them (the NER layer drops a public figure's name, `guard.privacy_public`)
+PUBLIC: list[str] = [
+    "Who was Abraham Lincoln and why was he important?",
+    "Summarise Albert Einstein's contributions to physics.",
+    "Why did Napoleon Bonaparte invade Russia in 1812?",
+    "What did Marie Curie discover?",
+    "Qui était Victor Hugo et pourquoi est-il célèbre ?",
+    "Compare the leadership styles of Winston Churchill and Franklin D. Roosevelt.",
 ]

@@ -97,6 +97,7 @@ from hybridllm.guard.budget import (
 )
 from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy import Finding, kinds, message_texts, strings, tool_texts
+from hybridllm.guard.privacy_judge import PrivacyJudge, borderline
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,9 @@ class RequestContext:
     # scan with the NER layer too (when installed); a client passes its policy's `[privacy] ner`
     ner: bool = True
     on_settle: SettleHook | None = field(default=None, compare=False, repr=False)
+    # when the request's deadline falls (`clock.now()` time; None: none): the privacy judge's
+    # budget ends there
+    due: float | None = None
 
     def __post_init__(self) -> None:
         if self.privacy is not None and self.privacy not in PRIVACY_MODES:
@@ -202,6 +206,7 @@ class GuardedEngine:
         prices: Prices | str | Path | None = None,
         caps: Sequence[Cap] = (),
         scanner: PrivacyScanner | None = None,
+        judge: PrivacyJudge | None = None,
     ) -> None:
         """`ledger`: a `Ledger` (`SQLiteLedger`, `RedisLedger`) or what `ledger_from_url` reads
         (an SQLite path, `sqlite:///path`, `redis://host:port/db`); `prices`: a `Prices` or the path
@@ -210,7 +215,8 @@ class GuardedEngine:
         `ConfigError`;
         `scanner`: the privacy scan (None: the process's shared one, patterns + NER when
         installed). `start()` loads its NER pipelines when privacy is on (`privacy` here, or
-        `preload_privacy` set by a client whose policy turns it on)."""
+        `preload_privacy` set by a client whose policy turns it on). `judge`: the local model
+        as the judge of borderline prompts under "keep-local" (`privacy_judge`; None: none)."""
         if privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
         if ledger is not None:
@@ -225,6 +231,7 @@ class GuardedEngine:
         self.name: EngineName = inner.name
         self.privacy: PrivacyMode = privacy
         self.scanner = scanner or default_scanner()
+        self.judge = judge
         self.preload_privacy = False
         self.ledger: Ledger | None = ledger
         self.caps = tuple(caps)
@@ -303,14 +310,40 @@ class GuardedEngine:
         """What the scanner finds in everything the request would send."""
         return self.scanner.scan((), extra=request_texts(request), deep=deep)
 
-    def check(self, request: GenerationRequest, context: RequestContext | None = None) -> None:
-        """Raise `PrivacyBlockedError` if the request may not leave the device."""
+    def check(
+        self, request: GenerationRequest, context: RequestContext | None = None
+    ) -> tuple[Finding, ...]:
+        """Raise `PrivacyBlockedError` if the request may not leave the device; else what was
+        found (names alone, left to a judge that `clears_names`)."""
         mode = (context.privacy if context is not None else None) or self.privacy
-        if mode == "keep-local":
-            found = self.findings(request, deep=context is None or context.ner)
-            if found:
-                log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
-                raise PrivacyBlockedError(kinds(found), engine=self.name)
+        if mode != "keep-local":
+            return ()
+        found = self.findings(request, deep=context is None or context.ner)
+        judge = self.judge
+        if found and not (judge and judge.clears_names and set(kinds(found)) == {"person"}):
+            log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
+            raise PrivacyBlockedError(kinds(found), engine=self.name)
+        return found
+
+    async def judged(
+        self, request: GenerationRequest, context: RequestContext, found: Sequence[Finding]
+    ) -> None:
+        """Ask the judge about a borderline request (`privacy_judge.borderline`) bound for the
+        cloud under "keep-local"; raise `PrivacyBlockedError` (kind "judge") when it says
+        private or its budget (the judge's own, cut at the request's deadline) runs out."""
+        mode = context.privacy or self.privacy
+        if self.judge is None or mode != "keep-local":
+            return
+        texts = [text for loc, text in request_texts(request) if loc.endswith(".content")]
+        case = borderline(texts, kinds(found))
+        if case is None:
+            return
+        budget = None if context.due is None else max(0.0, context.due - clock.now())
+        verdict = await self.judge.verdict(texts, budget)
+        if verdict.private:
+            why = "its deadline" if verdict.missed_deadline else "private data"
+            log.info("privacy: judge (%s): %s, kept from the %s engine", case, why, self.name)
+            raise PrivacyBlockedError(("judge",), engine=self.name)
 
     def budget_left_usd(self, scope: str = "default") -> float | None:
         """USD left under the tightest day/month cap for `scope` (None: no cap or no ledger)."""
@@ -454,9 +487,10 @@ class GuardedEngine:
         deep = self.scanner.deep and context.ner
         limit = 0 if deep else _SCAN_IN_THREAD_CHARS
         if sum(len(text) for _, text in request_texts(request)) > limit:
-            await anyio.to_thread.run_sync(self.check, request, context)  # keep the loop free
+            found = await anyio.to_thread.run_sync(self.check, request, context)  # loop free
         else:
-            self.check(request, context)
+            found = self.check(request, context)
+        await self.judged(request, context, found)
         reservation: Reservation | None = None
         sent = False
         deltas = 0

@@ -8,6 +8,8 @@ Kinds: `email`, `phone`, `card` (Luhn and issuer prefix), `iban` (country length
 excluded), `es_dni` (Spanish DNI/NIE, check letter), `api_key` (OpenAI, Anthropic, AWS, GitHub,
 Slack, Google, Stripe, JWT, and high-entropy `api_key=...` assignments), `private_key` (PEM).
 
+Phone numbers are read first by `phonenumbers` (`privacy_phone.PhoneFinder`: every national
+format of the locale's region and a default list, valid numbers only), then by the patterns.
 Numbers are validated (checksums, number plans) so that dates, versions, order numbers and
 hex digests in ordinary prose and code are not flagged. A `Finding` keeps the kind, where it was
 and a redacted hint (at most "card ****1111"): never the matched text, so findings can go into
@@ -27,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hybridllm.guard.privacy_phone import PhoneFinder
 from hybridllm.guard.privacy_rules import (
     DETECTORS,
     DIGIT_RUN,
@@ -38,6 +41,7 @@ from hybridllm.guard.privacy_rules import (
     shannon_bits,
     ssn_ok,
 )
+from hybridllm.guard.privacy_split import split_emails
 
 if TYPE_CHECKING:
     from hybridllm.tools import ToolSpec
@@ -116,15 +120,37 @@ def _matches(
         yield from d.pattern.finditer(text)  # (lower-casing changed the length: no anchors)
 
 
-def scan_text(text: str, location: str = "text") -> list[Finding]:
-    """Every finding in one text, in order; overlapping matches keep the first detector's."""
+_phones: PhoneFinder | None = None
+
+
+def default_phones() -> PhoneFinder:
+    """The phone finder `scan` uses when given none: the environment's locale region, then
+    `privacy_phone.DEFAULT_REGIONS` (made on first use)."""
+    global _phones
+    if _phones is None:
+        _phones = PhoneFinder()
+    return _phones
+
+
+def scan_text(
+    text: str, location: str = "text", phones: PhoneFinder | None = None
+) -> list[Finding]:
+    """Every finding in one text, in order; overlapping matches keep the first detector's
+    (`phones`, the phone-number library, reads before the phone patterns)."""
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
     lowered = text.lower()
     # a character that lower-cases to several would shift positions: then no anchors
     lower = lowered if len(lowered) == len(text) else None
     windows = _digit_windows(text)
+    library_read = False
     for d in DETECTORS:
+        if d.kind == "phone" and not library_read:  # after the checksummed kinds (an SSN)
+            library_read = True
+            for start, end, number in (phones or default_phones()).find(text, windows):
+                if not any(start < e and s < end for s, e in taken):
+                    taken.append((start, end))
+                    found.append(Finding("phone", location, start, end, number))
         for m in _matches(d, text, lower, windows):
             start, end = m.span()
             if any(start < e and s < end for s, e in taken):
@@ -169,12 +195,16 @@ def tool_texts(spec: ToolSpec | None) -> Iterator[tuple[str, str]]:
             yield from strings(key, value)
 
 
-def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Finding, ...]:
+def scan(
+    texts: Texts, *, extra: Iterable[tuple[str, str]] = (), phones: PhoneFinder | None = None
+) -> tuple[Finding, ...]:
     """Scan a text, or chat messages (every string of each message: `message_texts`); `extra`
     adds (location, text) pairs such as an assistant prefix or the tools (`tool_texts`). The
     conversation is also scanned as the cloud reads it, the contents back to back
     (`across_messages`), so a value split over two messages (an email's user name in one turn,
-    its domain in the next) is found too."""
+    its domain in the next) is found too, and an address given in pieces with words between
+    them (`split_across`). `phones`: the phone finder (regions) to use; None:
+    `default_phones()`."""
     items: list[tuple[str, str]] = []
     if isinstance(texts, str):
         items.append(("text", texts))
@@ -183,13 +213,28 @@ def scan(texts: Texts, *, extra: Iterable[tuple[str, str]] = ()) -> tuple[Findin
     items.extend(extra)
     out: list[Finding] = []
     for location, text in items:
-        out += scan_text(text, location)
+        out += scan_text(text, location, phones)
     contents = [(loc, text) for loc, text in items if loc == "text" or loc.endswith(".content")]
-    return (*out, *across_messages(contents, out))
+    return (*out, *across_messages(contents, out, phones), *split_across(contents, out))
+
+
+def split_across(
+    contents: Sequence[tuple[str, str]], found: Iterable[Finding] = ()
+) -> list[Finding]:
+    """Email addresses given in pieces with words between them (`privacy_split`): the dangling
+    "@domain" a user name elsewhere in the conversation completes, where no finding is."""
+    known = [(f.location, f.start, f.end) for f in found]
+    return [
+        Finding("email", location, start, end, "email ***@*** (split)")
+        for location, start, end in split_emails(contents)
+        if not any(loc == location and s < end and start < e for loc, s, e in known)
+    ]
 
 
 def across_messages(
-    contents: Sequence[tuple[str, str]], found: Iterable[Finding] = ()
+    contents: Sequence[tuple[str, str]],
+    found: Iterable[Finding] = (),
+    phones: PhoneFinder | None = None,
 ) -> list[Finding]:
     """Findings that span the boundary between consecutive texts when they are read back to
     back (location "conversation", span in the joined text). Those inside one text, and any
@@ -209,7 +254,7 @@ def across_messages(
     ]
     return [
         f
-        for f in scan_text(joined, "conversation")
+        for f in scan_text(joined, "conversation", phones)
         if any(f.start < b < f.end for b in bounds)
         and not any(f.start < e and s < f.end for s, e in known)
     ]

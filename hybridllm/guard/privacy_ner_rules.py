@@ -9,8 +9,11 @@ Python: what spaCy's NER models do not label, found by a context word next to a 
 - `national_id`: a number (5+ digits) shortly after an ID's name ("ID card", "carte
   d'identité", "numéro de sécurité sociale", "Personalausweis", "DNI", "driver's licence",
   "tax ID"...), and a French social security number (NIR) anywhere when its key checks.
-- `address`: a house number with a street type ("42 Baker Street", "12 rue de la Paix",
-  "Hauptstraße 5", "Calle Mayor 10").
+- `address`: a house number with a street type ("42 Baker Street", "4821 Copper Creek Trl",
+  "12 rue de la Paix", "Hauptstraße 5", "Calle Mayor 10"). The English and French street types
+  come from postal standards shipped as data (`privacy_streets`: USPS Publication 28 C1, Royal
+  Mail's thoroughfare descriptors, AFNOR XP Z10-011); the German and Spanish ones are a short
+  list of our own.
 
 `detect_languages` picks the pipelines a text needs by counting common function words (about
 0.1 ms for 2,000 tokens); `named_alone` says whether a one-word person name has a naming cue
@@ -22,6 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from hybridllm.guard.privacy_streets import french_street_types, street_types
 
 _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
@@ -80,22 +85,16 @@ NIR = re.compile(
 
 _NUM = r"\d{1,5}(?: ?(?:bis|ter|[A-Ha-h]))?"
 _CAP = r"[A-ZÀ-Ý][\w'’.-]+"
-_EN_STREET = (
-    r"street|st|road|rd|avenue|ave|lane|ln|boulevard|blvd|drive|dr|court|ct|place|pl|way|"
-    r"terrace|close|crescent|square|sq|gardens|grove|parkway|pkwy|highway|hwy|row|mews|walk"
-)
-_FR_STREET = (
-    r"rue|avenue|av\.|boulevard|bd|chemin|allée|allee|impasse|place|quai|route|cours|"
-    r"passage|square|faubourg|résidence|sentier|voie"
-)
+_EN_STREET = street_types()  # USPS Publication 28 C1 and UK descriptors (`privacy_streets`)
+_FR_STREET = french_street_types()  # AFNOR XP Z10-011 types de voie
 _ES_STREET = r"calle|c/|avenida|avda\.?|plaza|paseo|camino|carrera|carretera|ronda|travesía"
 _DE_SUFFIX = r"straße|strasse|str\.|weg|platz|allee|gasse|ring|damm|ufer|chaussee"
 ADDRESS = re.compile(
     # 42 Baker Street / 1600 Pennsylvania Ave / 310 West 72nd Street
     rf"(?<![\w.,-]){_NUM},? (?:(?:{_CAP}|\d{{1,3}}(?:st|nd|rd|th)) ){{1,4}}"
-    rf"(?i:{_EN_STREET})\.?(?![\w])"
+    rf"(?:{_EN_STREET})\.?(?![\w])"
     # 12 rue de la Paix / 5 bis, avenue Victor Hugo
-    rf"|(?<![\w.,-]){_NUM},? (?i:{_FR_STREET}) (?:(?:de la|de l'|du|des|de|d'|l'|la|le) ?)?{_CAP}"
+    rf"|(?<![\w.,-]){_NUM},? (?:{_FR_STREET})\.? (?:(?:de la|de l'|du|des|de|d'|l'|la|le) ?)?{_CAP}"
     # Hauptstraße 5 / Berliner Str. 12a / Am Weiher Weg 3
     rf"|(?<![\w])[A-ZÄÖÜ][\wäöüß-]*(?i:{_DE_SUFFIX})(?: \d{{1,4}}[a-z]?)(?![\w])"
     rf"|(?<![\w])(?:{_CAP} ){{1,2}}(?:Straße|Strasse|Str\.|Weg|Platz|Allee|Gasse) \d{{1,4}}[a-z]?"

@@ -1,7 +1,8 @@
 """The privacy scan's NER layer with the real Presidio and spaCy pipelines, against the real
 loopback server through a recording FaultProxy: names with home addresses, dates of birth and
 passport numbers, in English and French, and a name and address split over two turns, never
-reach the cloud under privacy="keep-local"; benign prompts do. What reached the network is read
+reach the cloud under privacy="keep-local"; benign prompts and a question about a public figure
+do. What reached the network is read
 back from the proxy's log of request bodies."""
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ PRIVATE: list[tuple[list[dict[str, str]], str, tuple[str, ...]]] = [
      "passport", ("533380006",)),
     ([{"role": "user", "content": "Mon numéro de passeport est 12AB34567, est-il valide ?"}],
      "passport", ("12AB34567",)),
+    # issue 31: a US address with no name beside it, its street type (Trail) from USPS Pub 28
+    ([{"role": "user", "content": "Ship the replacement part to 4821 Copper Creek Trail, Boise, "
+                                  "ID 83709."}],
+     "address", ("4821 Copper Creek Trail",)),
     (
         [
             {"role": "user", "content": "I need a letter to my landlord."},
@@ -63,6 +68,8 @@ BENIGN = [
     "What is a passport number used for?",
     "Comment formater une adresse postale dans un formulaire web ?",
     "Summarise the plot of Hamlet in three sentences.",
+    # issue 31: a public figure in a question about public life is not private data
+    "Who was Abraham Lincoln and why was he important?",
 ]
 
 
