@@ -159,7 +159,6 @@ class HybridClient:
         `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
         shipped router (on a worker thread while the engines start) when the client has both
         engines; None: no router (policies then route by preference and latency alone).
-        `ledger` also takes a path or URL for `ledger_from_url` (sqlite, redis).
         `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
         features, score, route, outcome - written off the event loop after the request ends;
         prompt text only with `DecisionLog(path, store_prompts=True)`. `telemetry`: what the

@@ -1,13 +1,16 @@
-"""`hybridllm demo`: stream a few scenarios through a local model and a cloud, live.
+"""`hybridllm demo`: stream requests through a local model and a cloud, live.
 
-    hybridllm demo                   # local Qwen2.5-Coder-0.5B + a stand-in cloud on loopback
+    hybridllm demo                   # the tour: router, fallback, handoff, cascade, speculative,
+                                     # priorities, a tool call, a privacy refusal (demo_tour)
     hybridllm demo --quick           # three short requests
-    hybridllm demo --no-cloud        # local only
+    hybridllm demo --no-cloud        # local only (the policies' scenarios)
     OPENAI_BASE_URL=... OPENAI_API_KEY=... hybridllm demo --model gpt-4o-mini   # a real cloud
 
 Models are pulled (with a progress bar) when missing. Without a configured endpoint the demo
 starts its own OpenAI-compatible "cloud" (`hybridllm serve-model` with Qwen2.5-Coder-1.5B on
-127.0.0.1) and always stops it at the end, on errors and on Ctrl-C too.
+127.0.0.1), behind a `FaultProxy` (the tour's fallback stalls it), and always stops it at the
+end, on errors and on Ctrl-C too. That stand-in shares this machine's cores with the local
+model, which the demo says: its latencies are not a real cloud's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TextIO
 
 import anyio
 
+from hybridllm.cli.demo_tour import Stage, TourRow, run_tour
 from hybridllm.cli.progress import ProgressBar, render_table
 from hybridllm.client import HybridClient
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine
@@ -36,6 +40,7 @@ from hybridllm.events import EngineName, ParallelStart, Route, Token
 from hybridllm.guard.guarded import usd
 from hybridllm.local import resolve, waitpolicy
 from hybridllm.testing.hybrid_server import HybridServer
+from hybridllm.testing.proxy import FaultProxy
 from hybridllm.testing.server import free_port
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -101,6 +106,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
 )
 QUICK_MAX_TOKENS = 32
+TOUR_MAX_TOKENS = 40
+SHARED_CORES = (
+    "note: the stand-in cloud runs on this machine, on the same {n} cores as the local model: "
+    "its latencies include that contention (a plan that runs both engines at once slows both) "
+    "and are not a real cloud's"
+)
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,15 @@ def format_table(rows: list[Row]) -> str:
     return render_table(head, cells, numeric_from=2)
 
 
+def format_tour(rows: list[TourRow]) -> str:
+    head = ("act", "engine", "plan", "what happened", "TTFT ms", "tokens", "total ms")
+    cells = [
+        (r.act, r.engine, r.plan, r.note, _ms(r.ttft_ms), str(r.tokens), _ms(r.total_ms))
+        for r in rows
+    ]
+    return render_table(head, cells, numeric_from=4)
+
+
 def parallel_note(rows: list[Row]) -> str:
     """What the parallel cloud starts of a run cost, in words ("" when there were none)."""
     n = sum(r.parallel == "cloud" for r in rows)
@@ -266,69 +286,85 @@ def run_demo(args: argparse.Namespace) -> int:
     if threads < 1:
         raise ConfigError(f"--threads must be at least 1, not {threads}")
     local_name: str = args.local_model or DEFAULT_LOCAL_MODEL
-    scenarios = [s for s in SCENARIOS if s.quick or not args.quick]
     cloud = None if args.no_cloud else _configured_cloud(args)
     standin = not args.no_cloud and cloud is None
-
-    out.write(f"hybridllm demo: {len(scenarios)} requests, one after another\n")
+    tour = not args.quick and not args.no_cloud
+    scenarios = [s for s in SCENARIOS if s.quick or not args.quick]
+    what = "the tour" if tour else f"{len(scenarios)} requests, one after another"
+    out.write(f"hybridllm demo: {what}\n")
     out.write(f"  local: {local_name} (llama.cpp, {threads} threads)\n")
     if cloud is not None:
         out.write(f"  cloud: {cloud.model} at {cloud.base_url or 'the OpenAI API'}\n")
     elif standin:
-        out.write(f"  cloud: no endpoint configured, using a stand-in: {STANDIN_CLOUD_MODEL}\n")
+        name = args.standin_model or STANDIN_CLOUD_MODEL
+        out.write(f"  cloud: no endpoint configured, using a stand-in: {name}\n")
+        out.write("\n".join(textwrap.wrap(SHARED_CORES.format(n=os.cpu_count()), 100)) + "\n")
     else:
         out.write("  cloud: none (--no-cloud)\n")
     out.write("\n")
     out.flush()
-
     if standin:
         # the stand-in cloud and the local engine share these cores (a race runs both at once):
         # threads that spin while they wait would slow each other down many times over
         os.environ.setdefault(waitpolicy.ENV, "PASSIVE")
     _pull(local_name, out)
     local = LlamaCppEngine(local_name, n_threads=threads, warm_up=False, pull=True)
-    server: HybridServer | None = None
-    port = free_port()
-    if standin:
-        path = _pull(STANDIN_CLOUD_MODEL, out)
-        # hybridllm's own server (`hybridllm serve-model`); requests run one after another, so the
-        # server may use every core too
-        server = HybridServer(
-            path, alias=STANDIN_CLOUD_MODEL, n_ctx=4096, port=port, n_threads=threads
-        )
-    try:
-        if server is not None:
-            with Status(f"starting stand-in cloud (Qwen2.5-Coder-1.5B on 127.0.0.1:{port})", out):
-                server.start()
-            cloud = OpenAIEngine(base_url=server.base_url, api_key="none", model=server.model)
-        rows = anyio.run(_run_async, local, cloud, standin, scenarios, args.quick, out)
-    except BaseException:
-        out.write("\n")
-        out.flush()
-        raise
-    finally:
-        if server is not None and server.pid is not None:  # pid is None: never started
-            server.stop()
-            out.write("stand-in cloud stopped\n")
-            out.flush()
-    out.write("\nsummary\n" + format_table(rows) + "\n")
-    note = parallel_note(rows)
-    if note:
-        out.write("\n" + "\n".join(textwrap.wrap(note, 100)) + "\n")
-    out.flush()
+    with contextlib.ExitStack() as stack:
+        standin_name: str = args.standin_model or STANDIN_CLOUD_MODEL
+        proxy = _start_standin(stack, standin_name, threads, out) if standin else None
+        if proxy is not None:
+            cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key="none", model=standin_name)
+        show = _Show(scenarios, args.quick, tour, proxy, standin)
+        rows = anyio.run(_run_async, local, cloud, show, out)
+    _summary(rows, out)
     return 0
 
 
+def _start_standin(stack: contextlib.ExitStack, name: str, threads: int, out: TextIO) -> FaultProxy:
+    """The stand-in cloud (`hybridllm serve-model NAME`) behind a FaultProxy, both stopped when
+    `stack` closes (on errors and Ctrl-C too)."""
+    path = _pull(name, out)
+    port = free_port()
+    # requests mostly run one after another, so the server may use every core too
+    server = HybridServer(path, alias=name, n_ctx=4096, port=port, n_threads=threads)
+
+    def stop() -> None:
+        if server.pid is not None:  # None: never started
+            server.stop()
+            out.write("stand-in cloud stopped\n")
+            out.flush()
+
+    stack.callback(stop)
+    with Status(f"starting stand-in cloud ({name} on 127.0.0.1:{port})", out):
+        server.start()
+    return stack.enter_context(FaultProxy(upstream=("127.0.0.1", port)))
+
+
+def _summary(rows: list[Row] | list[TourRow], out: TextIO) -> None:
+    tour = [r for r in rows if isinstance(r, TourRow)]
+    plain = [r for r in rows if isinstance(r, Row)]
+    out.write("\nsummary\n" + (format_tour(tour) if tour else format_table(plain)) + "\n")
+    note = parallel_note(plain)
+    if note:
+        out.write("\n" + "\n".join(textwrap.wrap(note, 100)) + "\n")
+    out.flush()
+
+
+@dataclass(frozen=True)
+class _Show:
+    """What the demo runs: the scenarios (or the tour), and the stand-in's proxy if any."""
+
+    scenarios: list[Scenario]
+    quick: bool
+    tour: bool
+    proxy: FaultProxy | None
+    standin: bool
+
+
 async def _run_async(
-    local: LlamaCppEngine,
-    cloud: Engine | None,
-    warm_cloud: bool,
-    scenarios: list[Scenario],
-    quick: bool,
-    out: TextIO,
-) -> list[Row]:
+    local: LlamaCppEngine, cloud: Engine | None, show: _Show, out: TextIO
+) -> list[Row] | list[TourRow]:
     client = HybridClient(local=local, cloud=cloud)
-    rows: list[Row] = []
     async with contextlib.AsyncExitStack() as stack:
         with Status(f"loading local model {local.model}", out):
             await stack.enter_async_context(client)
@@ -339,12 +375,17 @@ async def _run_async(
                 f"local model ready: prefill ~{local.prefill_tps:.0f} tokens/s, "
                 f"decode ~{local.tpot_s * 1000:.0f} ms/token\n"
             )
-        if warm_cloud:
+        if show.standin:
             with Status("warming up stand-in cloud", out):
                 await client.complete(WARM_UP_PROMPT, engine="cloud", max_tokens=4, temperature=0)
-        for i, scenario in enumerate(scenarios, 1):
-            rows.append(await _one(client, scenario, f"[{i}/{len(scenarios)}]", quick, out))
-    return rows
+        if show.tour:
+            stage = Stage(client, show.proxy, out, TOUR_MAX_TOKENS, out.isatty())
+            return await run_tour(stage)
+        n = len(show.scenarios)
+        return [
+            await _one(client, sc, f"[{i}/{n}]", show.quick, out)
+            for i, sc in enumerate(show.scenarios, 1)
+        ]
 
 
 async def _one(client: HybridClient, sc: Scenario, counter: str, quick: bool, out: TextIO) -> Row:

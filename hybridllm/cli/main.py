@@ -121,17 +121,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _register_demo(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="stream a few scenarios through the local model and a cloud, with timings",
+        help="a tour of what hybridllm does, live, through the local model and a cloud",
         description=(
-            "Stream requests from several scenarios (code completion, voice, chat, translation, "
-            "long writing) through a local model and a cloud, printing the route, the live "
-            "tokens, TTFT and TPOT. Without OPENAI_BASE_URL / OPENAI_API_KEY (or --base-url / "
-            "--api-key) a stand-in cloud (Qwen2.5-Coder-1.5B) is started on 127.0.0.1."
+            "With a cloud: a tour, each request streamed with its route reason and figures: the "
+            "router on a mix of prompts, a fallback on a stalled cloud, a handoff, a cascade "
+            "kept local and one escalated, speculative drafting (drafts and retractions "
+            "painted), an interactive request overtaking a background one, a tool call, a "
+            "privacy refusal; then a table. --quick and --no-cloud run the policies' scenarios "
+            "instead. Without OPENAI_BASE_URL / OPENAI_API_KEY (or --base-url / --api-key) a "
+            "stand-in cloud (Qwen2.5-Coder-1.5B) is started on 127.0.0.1."
         ),
     )
     p.add_argument("--quick", action="store_true", help="fewer and shorter requests")
     p.add_argument("--no-cloud", action="store_true", help="local engine only")
     p.add_argument("--local-model", metavar="NAME", help="local model name or GGUF path")
+    p.add_argument(
+        "--standin-model",
+        metavar="NAME",
+        help="the stand-in cloud's model (default: qwen2.5-coder-1.5b-instruct)",
+    )
     p.add_argument(
         "--threads",
         type=positive_int,

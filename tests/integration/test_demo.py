@@ -71,3 +71,28 @@ def test_voice_loop_barge_in_stops_generation(model_path: Path) -> None:
 def test_sync_script(model_path: Path) -> None:
     out = run_example(model_path, "sync_script.py")
     assert "'engine': 'local'" in out
+
+
+def test_demo_tour_shows_every_act(model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tour on small models (Qwen2.5-Coder-0.5B local: it renders tools; SmolLM2 as the
+    stand-in cloud): every act runs and is in the table, the stalled cloud is rescued by the
+    local engine, the privacy act is refused with nothing sent, and the demo says the stand-in
+    shares the device's cores. What each plan decided is the models' business, not asserted."""
+    argv = ["demo", "--local-model", "qwen2.5-coder-0.5b-instruct"]
+    argv += ["--standin-model", TEST_MODEL, "--threads", "1"]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "note: the stand-in cloud runs on this machine" in out
+    for act in ("router", "fallback", "handoff", "cascade", "speculative", "priority", "tool"):
+        assert f"\n[{act}" in out, act
+    rows = out[out.index("\nsummary\n") :].splitlines()[4:]
+    acts = [r.split()[0] for r in rows]
+    assert acts[:4] == ["router", "router", "router", "fallback"], rows
+    assert {"handoff", "cascade", "speculative", "background", "interactive"} <= set(acts)
+    assert "failed" not in out[out.index("\nsummary\n") :], rows
+    fallback = rows[3].split()
+    assert fallback[1] == "local", rows[3]  # the stalled cloud never answered
+    assert rows[-1].split()[0] == "privacy" and "refused; nothing was sent" in rows[-1]
+    assert "|| paused after" in out  # the background answer gave way
+    assert "() tool call get_weather" in out
