@@ -35,7 +35,7 @@ from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import Warms
-from hybridllm.events import EngineName, Token, ToolCall
+from hybridllm.events import EngineName, Event, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.policy import PlanName, Policy, PolicyCache
@@ -581,6 +581,24 @@ class HybridClient:
                 except StopAsyncIteration:
                     return
                 yield token
+        finally:
+            portal.call(s.aclose)
+
+    def events_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Iterator[Event]:
+        """Blocking iterator of the typed events of `stream(...).events()`, for framework
+        adapters whose sync methods need the route, tool calls and trace as well as the text
+        (`hybridllm.integrations.langchain`). Leaving it early stops every engine, as
+        `Stream.aclose()` does."""
+        portal = self._blocking_portal()
+        s: Stream = portal.call(partial(self.stream, messages, **args))
+        events = s.events()
+        try:
+            while True:
+                try:
+                    event: Event = portal.call(events.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield event
         finally:
             portal.call(s.aclose)
 
