@@ -7,6 +7,8 @@ and a cancelled `astream` stopping the engine. Answers are short (max_tokens bou
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,3 +211,19 @@ def test_sync_invoke_and_stream(sync_client: HybridClient) -> None:
     assert next(stopped).content
     stopped.close()  # leaving early stops the engine through the portal
     assert not sync_client.local.busy  # type: ignore[union-attr]
+
+
+def test_the_chain_example_runs() -> None:
+    """examples/langchain_chain.py: each line a parsed `Capital` and its route."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "langchain_chain.py"
+    proc = subprocess.run(
+        [sys.executable, str(example), "--threads", "1", "France"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parsed, route = proc.stdout.splitlines()[:2]
+    assert parsed.startswith("Capital(country=") and "capital=" in parsed
+    assert route.split()[0] == "engine=local"
