@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,10 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
-from hybridllm.events import ToolCall
 from hybridllm.integrations.langchain import HybridChatModel
 from hybridllm.local.resolve import resolve_model
-from hybridllm.runtime.trace import Trace
-from hybridllm.telemetry import Telemetry
 from hybridllm.testing import HybridServer
+from tests.integration.recorded import Recorded
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -52,24 +50,6 @@ class City(BaseModel):
 def local() -> LlamaCppEngine:
     path = resolve_model("qwen2.5-coder-0.5b-instruct", pull=True)
     return LlamaCppEngine(str(path), n_threads=1, n_ctx=2048, warm_up=False)
-
-
-class Recorded(Telemetry):
-    """The client's telemetry, keeping every finished request's trace (cancelled ones too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.traces: list[Trace] = []
-
-    def finished(
-        self,
-        trace: Trace,
-        messages: Sequence[Mapping[str, Any]],
-        answer: str,
-        calls: Sequence[ToolCall],
-    ) -> None:
-        super().finished(trace, messages, answer, calls)
-        self.traces.append(trace)
 
 
 @pytest.fixture
