@@ -79,7 +79,7 @@ async def cancel_to_stop(model: Any, local: Any, repeats: int) -> dict[str, list
     for _ in range(repeats):
         first = asyncio.Event()
 
-        async def consume() -> None:
+        async def consume(first: asyncio.Event = first) -> None:
             async for _ in model.astream(COUNT):
                 first.set()
 

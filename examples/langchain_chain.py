@@ -52,7 +52,8 @@ async def main(args: argparse.Namespace) -> None:
             out: dict[str, Any] = await chain.ainvoke({"country": country})
             meta = out["raw"].response_metadata
             print(f"{out['parsed']!r}")
-            print(f"  engine={meta['engine']} ttft_ms={meta['ttft_ms']:.0f} reason={meta['reason']}")
+            route = f"engine={meta['engine']} ttft_ms={meta['ttft_ms']:.0f}"
+            print(f"  {route} reason={meta['reason']}")
 
 
 def parse() -> argparse.Namespace:

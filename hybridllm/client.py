@@ -18,7 +18,7 @@ import math
 import threading
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -584,7 +584,9 @@ class HybridClient:
         finally:
             portal.call(s.aclose)
 
-    def events_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Iterator[Event]:
+    def events_sync(
+        self, messages: Messages, **args: Unpack[StreamArgs]
+    ) -> Generator[Event, None, None]:
         """Blocking iterator of the typed events of `stream(...).events()`, for framework
         adapters whose sync methods need the route, tool calls and trace as well as the text
         (`hybridllm.integrations.langchain`). Leaving it early stops every engine, as

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -85,7 +85,8 @@ class HybridChatModel(BaseChatModel):
             if name not in type(self).model_fields:
                 rule = "a field of the chat model (request arguments go in model.bind(...))"
                 raise errors.InvalidArgumentError(name, kw[name], rule)
-        super().__init__(client=client, policy=policy, **kw)
+        fields: dict[str, Any] = {"client": client, "policy": policy, **kw}
+        super().__init__(**fields)
 
     @property
     def _llm_type(self) -> str:
@@ -106,7 +107,7 @@ class HybridChatModel(BaseChatModel):
         args: dict[str, Any] = {"policy": self.policy, **bound}
         if stop:
             args["stop"] = stop
-        return StreamArgs(**args)  # type: ignore[typeddict-item]  # names checked above
+        return cast("StreamArgs", args)  # the names checked above, the values by the client
 
     async def _astream(
         self,
