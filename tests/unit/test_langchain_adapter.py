@@ -4,6 +4,9 @@ words become OpenAI's, which the client then checks against the tools."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
@@ -74,3 +77,10 @@ def test_messages_become_openai_chat_dicts() -> None:
         "arguments": '{"city": "Lisbon"}',
     }
     assert out[3]["tool_call_id"] == "call_1" and out[3]["content"] == "Sunny"
+
+
+def test_the_integrations_package_imports_no_framework() -> None:
+    """`import hybridllm.integrations` loads no framework: only its adapter modules do."""
+    code = "import sys, hybridllm.integrations; print('langchain_core' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
