@@ -18,7 +18,7 @@ import math
 import threading
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +35,7 @@ from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import Warms
-from hybridllm.events import EngineName, Token, ToolCall
+from hybridllm.events import EngineName, Event, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.guard.privacy_judge import PrivacyJudge
@@ -602,6 +602,26 @@ class HybridClient:
                 except StopAsyncIteration:
                     return
                 yield token
+        finally:
+            portal.call(s.aclose)
+
+    def events_sync(
+        self, messages: Messages, **args: Unpack[StreamArgs]
+    ) -> Generator[Event, None, None]:
+        """Blocking iterator of the typed events of `stream(...).events()`, for framework
+        adapters whose sync methods need the route, tool calls and trace as well as the text
+        (`hybridllm.integrations.langchain`). Leaving it early stops every engine, as
+        `Stream.aclose()` does."""
+        portal = self._blocking_portal()
+        s: Stream = portal.call(partial(self.stream, messages, **args))
+        events = s.events()
+        try:
+            while True:
+                try:
+                    event: Event = portal.call(events.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield event
         finally:
             portal.call(s.aclose)
 

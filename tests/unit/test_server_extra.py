@@ -54,3 +54,17 @@ def test_the_extra_is_what_its_rooms_import(extra_name: str, rooms: tuple[str, .
     assert needed, f"{rooms} import nothing beyond the core dependencies (starlette)"
     assert needed - extra == set(), f"imported by {rooms} but not in the {extra_name} extra"
     assert extra - needed == set(), f"in the {extra_name} extra but not imported by {rooms}"
+
+
+@pytest.mark.parametrize(("extra_name", "module"), [("langchain", "integrations/langchain.py")])
+def test_an_adapter_extra_is_what_its_module_imports(extra_name: str, module: str) -> None:
+    """Each framework adapter (`hybridllm.integrations.*`) is one module with its own extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(r) for r in project["dependencies"]}
+    extra = {_name(r) for r in project["optional-dependencies"][extra_name]}
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    imported = _imported(PACKAGE / module) - stdlib - {"hybridllm"}
+    needed = {_name(m) for m in imported} - core
+    assert needed == extra, f"{module} imports {sorted(needed)}; the extra is {sorted(extra)}"
+    dev = project["optional-dependencies"]["dev"][0]  # "hybridllm[server,gateway,...]"
+    assert extra_name in dev[dev.index("[") + 1 : -1].split(","), "the dev extra lacks it"
