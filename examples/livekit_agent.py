@@ -58,7 +58,9 @@ def show(events: list[Any]) -> None:
             print(f"tool output: {item.output}")
         elif event.type == "message":
             route = item.extra.get("hybridllm", {})
-            print(f"reply ({route.get('engine')}, {route.get('route_reason')}): {item.text_content}")
+            print(
+                f"reply ({route.get('engine')}, {route.get('route_reason')}): {item.text_content}"
+            )
 
 
 def figures(collected: list[metrics.LLMMetrics], traces: list[Trace]) -> None:

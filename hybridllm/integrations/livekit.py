@@ -105,7 +105,9 @@ class HybridLLM(llm.LLM[Literal["hybridllm_trace"]]):
         if schemas:
             args["tools"] = schemas
             if is_given(tool_choice):
-                args["tool_choice"] = dict(tool_choice) if isinstance(tool_choice, Mapping) else tool_choice
+                args["tool_choice"] = (
+                    dict(tool_choice) if isinstance(tool_choice, Mapping) else tool_choice
+                )
         args["policy"] = self._policy
         return HybridLLMStream(
             self,
@@ -207,7 +209,9 @@ def to_chunk(event: Event, request_id: str) -> llm.ChatChunk | None:
         return llm.ChatChunk(id=request_id, delta=delta)
     if isinstance(event, ToolCall):
         call = llm.FunctionToolCall(name=event.name, arguments=event.arguments, call_id=event.id)
-        return llm.ChatChunk(id=request_id, delta=llm.ChoiceDelta(role="assistant", tool_calls=[call]))
+        return llm.ChatChunk(
+            id=request_id, delta=llm.ChoiceDelta(role="assistant", tool_calls=[call])
+        )
     if isinstance(event, Usage):
         usage = llm.CompletionUsage(
             prompt_tokens=event.prompt_tokens,

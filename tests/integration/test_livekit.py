@@ -63,7 +63,6 @@ async def test_a_reply_streams_as_chat_chunks_with_the_route_and_livekits_metric
         hybrid.on("hybridllm_trace", traces.append)
         async with hybrid.chat(chat_ctx=ask("Say hello.")) as stream:
             chunks = [chunk async for chunk in stream]
-        await anyio.sleep(0)  # LiveKit's metrics task reports after the stream's end
     text = "".join(c.delta.content or "" for c in chunks if c.delta)
     assert text.strip()
     trace = stream.trace
@@ -117,7 +116,9 @@ async def test_a_session_interruption_stops_the_engine(
         hybrid.on("hybridllm_trace", traces.append)
         async with AgentSession(llm=hybrid) as session:
             await session.start(Agent(instructions="You count."))
-            session.on("agent_state_changed", lambda ev: ev.new_state == "speaking" and first_text.set())
+            session.on(
+                "agent_state_changed", lambda ev: ev.new_state == "speaking" and first_text.set()
+            )
             run = session.run(user_input=LONG)
             with anyio.fail_after(60):
                 await first_text.wait()

@@ -54,3 +54,20 @@ def test_the_extra_is_what_its_rooms_import(extra_name: str, rooms: tuple[str, .
     assert needed, f"{rooms} import nothing beyond the core dependencies (starlette)"
     assert needed - extra == set(), f"imported by {rooms} but not in the {extra_name} extra"
     assert extra - needed == set(), f"in the {extra_name} extra but not imported by {rooms}"
+
+
+# an adapter's extra: its module's third-party imports, by the distribution that provides each
+ADAPTERS = {"livekit": ("integrations/livekit.py", {"livekit": "livekit-agents"})}
+
+
+@pytest.mark.parametrize("extra_name", sorted(ADAPTERS))
+def test_an_adapters_extra_is_what_its_module_imports(extra_name: str) -> None:
+    module, distributions = ADAPTERS[extra_name]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = {_name(r) for r in project["optional-dependencies"][extra_name]}
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    imported = _imported(PACKAGE / module) - stdlib - {"hybridllm"}
+    assert imported <= set(distributions), f"{module} imports {imported - set(distributions)}"
+    assert extra == {distributions[m] for m in imported}
+    dev = " ".join(project["optional-dependencies"]["dev"])
+    assert re.search(rf"hybridllm\[[^\]]*\b{extra_name}\b", dev), f"dev lacks {extra_name}"
