@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from livekit.agents import RunContext, function_tool, llm
+from livekit.agents import APIConnectionError, RunContext, function_tool, llm
 
-from hybridllm import HybridClient, OpenAIEngine
-from hybridllm.errors import InvalidArgumentError
+from hybridllm import HybridClient, OpenAIEngine, Policy
+from hybridllm.errors import EngineError, InvalidArgumentError
 from hybridllm.events import Route, Token, ToolCall, Usage
 from hybridllm.integrations.livekit import HybridLLM, chat_messages, to_chunk, tool_schemas
 
@@ -118,3 +118,24 @@ async def test_bad_arguments_are_refused_by_name() -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         hybrid.chat(chat_ctx=ctx, extra_kwargs={"policy": "chat"})
     assert caught.value.argument == "extra_kwargs.policy"
+
+
+@pytest.mark.anyio
+async def test_every_engine_failing_is_one_non_retryable_livekit_error() -> None:
+    """A cloud on a closed loopback port (refused at once) and no other engine: hybridllm's
+    failure reaches LiveKit as a non-retryable `APIConnectionError`, so neither LiveKit's retry
+    loop nor a `FallbackAdapter` runs the hybrid plan again on its own."""
+    dead = OpenAIEngine(base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    policy = Policy(name="once", routing={"prefer": "cloud", "retries": 0})
+    errors_seen: list[llm.LLMError] = []
+    async with HybridClient(cloud=dead, policy=policy, router=None) as client:
+        hybrid = HybridLLM(client=client)
+        hybrid.on("error", errors_seen.append)
+        ctx = llm.ChatContext.empty()
+        ctx.add_message(role="user", content="hi")
+        with pytest.raises(APIConnectionError) as caught:
+            async with hybrid.chat(chat_ctx=ctx) as stream:
+                async for _ in stream:
+                    pass
+    assert not caught.value.retryable and isinstance(caught.value.__cause__, EngineError)
+    assert [e.recoverable for e in errors_seen] == [False]
