@@ -52,7 +52,7 @@ from pipecat.services.llm_service import FunctionCallParams
 from pipecat.services.settings import LLMSettings
 from pipecat.workers.runner import WorkerRunner
 
-from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy, clock
+from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, clock
 from hybridllm.integrations.pipecat import HybridLLMService, HybridRouteMetricsData
 
 WEATHER_QUESTION = "What's the weather in Paris?"
