@@ -40,7 +40,8 @@ from pipecat.metrics.metrics import LLMTokenUsage, MetricsData
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
-from pipecat.services.settings import LLMSettings, is_given
+from pipecat.services.settings import LLMSettings
+from pipecat.utils.types import is_given
 
 from hybridllm import clock, errors
 from hybridllm.client import HybridClient

@@ -54,3 +54,21 @@ def test_the_extra_is_what_its_rooms_import(extra_name: str, rooms: tuple[str, .
     assert needed, f"{rooms} import nothing beyond the core dependencies (starlette)"
     assert needed - extra == set(), f"imported by {rooms} but not in the {extra_name} extra"
     assert extra - needed == set(), f"in the {extra_name} extra but not imported by {rooms}"
+
+
+# a framework's import name -> its distribution's, where they differ
+DISTRIBUTIONS = {"pipecat": "pipecat-ai"}
+
+
+@pytest.mark.parametrize(("extra_name", "module"), [("pipecat", "integrations/pipecat.py")])
+def test_an_integrations_extra_is_what_its_module_imports(extra_name: str, module: str) -> None:
+    """Each framework adapter (hybridllm/integrations/) is its own extra, listed in `dev`."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    imported = _imported(PACKAGE / module) - stdlib - {"hybridllm"}
+    needed = {_name(DISTRIBUTIONS.get(m, m)) for m in imported} - core
+    assert needed == {_name(r) for r in extras[extra_name]}
+    (dev_self,) = [r for r in extras["dev"] if _name(r) == "hybridllm"]
+    assert extra_name in re.split(r"[\[\],]", dev_self), f"the dev extra lacks {extra_name}"
