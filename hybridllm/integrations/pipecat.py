@@ -128,17 +128,25 @@ class HybridLLMService(LLMService):
         return True
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        """Answer a context frame; pass every other frame on. An interruption's own handling
-        (Pipecat's, in the base classes) cancels the answer's task, which closes its stream."""
-        at = clock.now()
-        cut = self._stream.trace if self._stream is not None else None
-        await super().process_frame(frame, direction)
+        """Answer a context frame; pass every other frame on."""
         if isinstance(frame, InterruptionFrame):
-            self.interruptions.append(Interruption(at, clock.now(), cut))
+            await self._interrupted(frame, direction)
+            return
+        await super().process_frame(frame, direction)
         if isinstance(frame, LLMContextFrame):
             await self._answer(frame.context)
         else:
             await self.push_frame(frame, direction)
+
+    async def _interrupted(self, frame: InterruptionFrame, direction: FrameDirection) -> None:
+        """Pipecat's own handling (the base classes) cancels the task answering the context
+        frame, which closes its stream and waits until every engine let go; then the
+        interruption is recorded and handed on."""
+        at = clock.now()
+        cut = self._stream.trace if self._stream is not None else None
+        await super().process_frame(frame, direction)
+        self.interruptions.append(Interruption(at, clock.now(), cut))
+        await self.push_frame(frame, direction)
 
     async def run_inference(
         self,
@@ -237,17 +245,19 @@ class HybridLLMService(LLMService):
 
     def _args(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The `stream()` arguments: the service's `request`, Pipecat's given settings over
-        it, the context's messages, tools and tool choice."""
+        it, the context's messages, and its tools with their tool choice (Pipecat's NOT_GIVEN:
+        none; a tool choice with no tools is dropped, as it asks nothing)."""
         args: dict[str, Any] = dict(self._request)
         for name in ("temperature", "max_tokens", "top_p", "seed"):
             value = getattr(self._settings, name)
             if is_given(value) and value is not None:
                 args[name] = value
         args["messages"] = chat_messages(params["messages"])
-        for name in _FROM_CONTEXT:
-            value = params.get(name)
-            if isinstance(value, list | str | Mapping):
-                args[name] = value
+        tools, choice = params.get("tools"), params.get("tool_choice")
+        if isinstance(tools, list) and tools:  # a tool choice without tools says nothing
+            args["tools"] = tools
+            if isinstance(choice, str | Mapping):
+                args["tool_choice"] = choice
         return args
 
 

@@ -308,3 +308,13 @@ def test_the_voice_loop_example_calls_the_tool_then_is_cut_by_barge_in() -> None
     assert report["interrupted"] and report["busy_at_interruption"]
     assert report["steps_after_interruption"] <= 1 and report["busy_after"] is False
     assert all(r["engine"] == "local" for r in report["routes"])
+
+
+async def test_an_out_of_band_inference_is_answered_with_its_trace(model_path: Path) -> None:
+    """Pipecat's `run_inference` (summaries and the like): one answer, outside the pipeline."""
+    async with HybridClient(local=local_engine(model_path), router=None) as client:
+        llm = HybridLLMService(client=client)
+        text = await llm.run_inference(asked("Say hello.").context, max_tokens=6)
+    trace = llm.last_trace
+    assert text and trace is not None and trace.engine == "local"
+    assert trace.completion_tokens is not None and 0 < trace.completion_tokens <= 6
