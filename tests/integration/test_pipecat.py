@@ -15,7 +15,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +62,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = PipelineParams(enable_metrics=True, enable_usage_metrics=True)
 LONG = "Count from 1 to 300, separated by commas."
+# ~880 SmolLM2 tokens: a prefill long enough to interrupt while both engines are at work
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 85
 TOOL_MODEL = "qwen2.5-coder-0.5b-instruct"  # the smallest model whose template renders tools
 WEATHER = FunctionSchema(
     name="get_weather",
@@ -201,12 +203,29 @@ async def test_barge_in_stops_the_local_engine_within_one_decode_step(model_path
     assert any(isinstance(f, LLMFullResponseEndFrame) for f in down)
 
 
-async def test_barge_in_stops_both_engines_and_closes_the_cloud_connection(
+async def test_barge_in_mid_answer_closes_the_cloud_connection(
     model_path: Path, proxy: FaultProxy
 ) -> None:
-    """The cloud stalls before its first byte; past the deadline the local engine answers
-    while the cloud's request is still open. The user talks over the local answer: both stop,
-    and the FaultProxy sees the cloud's connection closed."""
+    cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
+    policy = Policy(name="cloud", routing={"prefer": "cloud"})
+    async with HybridClient(cloud=cloud, policy=policy, router=None) as client:
+        llm = HybridLLMService(client=client, request={"max_tokens": 300})
+        talk = TalkOver()
+        await run_test(Pipeline([llm, talk]), frames_to_send=[asked(LONG)])
+        (rec,) = proxy.connections
+        closed = await anyio.to_thread.run_sync(lambda: proxy.wait_client_closed(rec.id, 3.0))
+    (cut,) = llm.interruptions
+    assert talk.sent and cut.trace is not None and cut.trace.engine == "cloud"
+    assert closed is not None, "the cloud connection was left open"
+    assert cut.trace.completion_tokens != 300 and rec.bytes_down < 4000  # cut, not played out
+
+
+async def test_barge_in_before_the_first_token_stops_both_engines(
+    model_path: Path, proxy: FaultProxy
+) -> None:
+    """The cloud stalls before its first byte; past the deadline the local engine starts on a
+    long prompt beside it. The user talks before either has answered: both stop before the
+    service hands the interruption on, and the FaultProxy sees the cloud's connection close."""
     proxy.faults = Faults(first_byte_stall_ms=10_000)
     policy = Policy(name="race", routing={"prefer": "cloud", "ttft_deadline_ms": 200})
     local = local_engine(model_path)
@@ -214,14 +233,36 @@ async def test_barge_in_stops_both_engines_and_closes_the_cloud_connection(
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
         llm = HybridLLMService(client=client, request={"max_tokens": 300})
         at = watch(llm, local, proxy)
-        await run_test(Pipeline([llm, TalkOver()]), frames_to_send=[asked(LONG)])
+        worker = PipelineWorker(Pipeline([llm]), cancel_on_idle_timeout=False)
+
+        def both_running() -> bool:
+            return local.busy and any(c.closed_at is None for c in proxy.connections)
+
+        async def script() -> None:
+            await worker.queue_frame(asked(LONG_PROMPT + LONG))
+            await wait_until(both_running, 20.0)
+            await worker.queue_frame(InterruptionFrame())
+            await wait_until(lambda: bool(at.seen), 20.0)
+            await worker.queue_frame(EndFrame())
+
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        await asyncio.gather(runner.run(), script())
         (rec,) = proxy.connections
         closed = await anyio.to_thread.run_sync(lambda: proxy.wait_client_closed(rec.id, 3.0))
     assert at.busy and at.cloud_open, "both engines were running at the interruption"
     assert at.steps_after <= 1 and not at.busy_after
     assert closed is not None, "the cloud connection was left open"
     (cut,) = llm.interruptions
-    assert cut.trace is not None and sorted(cut.trace.started) == ["cloud", "local"]
+    assert cut.trace is not None and cut.trace.started == ["cloud", "local"]
+    assert cut.trace.n_tokens == 0
+
+
+async def wait_until(cond: Callable[[], bool], limit_s: float) -> None:
+    """Poll plain engine state (no event to wait on) every 5 ms, `limit_s` at most."""
+    with anyio.fail_after(limit_s):
+        while not cond():  # noqa: ASYNC110
+            await anyio.sleep(0.005)
 
 
 # ---- Pipecat's function-calling flow --------------------------------------------------------
