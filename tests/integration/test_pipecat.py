@@ -51,7 +51,6 @@ from pipecat.tests.utils import run_test
 from pipecat.workers.runner import WorkerRunner
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
-from hybridllm.errors import InvalidArgumentError
 from hybridllm.integrations.pipecat import HybridLLMService, HybridRouteMetricsData
 from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import FaultProxy, Faults
@@ -123,16 +122,6 @@ async def test_a_context_frame_is_answered_in_frames_with_metrics_from_the_trace
         trace.route_reason,
     )
     assert route.trace["request_id"] == trace.request_id
-
-
-async def test_a_bad_argument_is_refused_by_name(model_path: Path) -> None:
-    async with HybridClient(local=local_engine(model_path), router=None) as client:
-        with pytest.raises(InvalidArgumentError) as bad:
-            HybridLLMService(client=client, request={"tools": []})
-        assert bad.value.argument == "request['tools']"
-        with pytest.raises(InvalidArgumentError) as bad:
-            HybridLLMService(client="client")  # type: ignore[arg-type]
-        assert bad.value.argument == "client"
 
 
 # ---- barge-in ---------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The framework adapters' room (issue 30): importing it loads no framework, and the Pipecat
-adapter's message conversion (Pipecat's OpenAI messages -> hybridllm's)."""
+adapter's arguments and its message conversion (Pipecat's OpenAI messages -> hybridllm's). The
+adapter's behaviour is tested in real pipelines in tests/integration/test_pipecat.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 
 import pytest
 
-from hybridllm.errors import InvalidArgumentError
-from hybridllm.integrations.pipecat import chat_messages
+from hybridllm import HybridClient, OpenAIEngine
+from hybridllm.errors import InvalidArgumentError, PolicyError
+from hybridllm.integrations.pipecat import HybridLLMService, chat_messages
 
 FRAMEWORKS = ("pipecat", "livekit", "langchain_core")
 
@@ -44,3 +46,20 @@ def test_a_part_other_than_text_is_refused_naming_the_message() -> None:
     with pytest.raises(InvalidArgumentError) as bad:
         chat_messages(messages)
     assert bad.value.argument == "context.messages[1].content"
+
+
+def client() -> HybridClient:
+    """A client that is never opened: nothing is sent."""
+    cloud = OpenAIEngine(base_url="http://127.0.0.1:9/v1", api_key="sk-x", model="m")
+    return HybridClient(cloud=cloud, router=None)
+
+
+def test_the_services_bad_arguments_are_refused_by_name() -> None:
+    with pytest.raises(InvalidArgumentError) as bad:
+        HybridLLMService(client="client")  # type: ignore[arg-type]
+    assert bad.value.argument == "client"
+    with pytest.raises(InvalidArgumentError) as bad:
+        HybridLLMService(client=client(), request={"tool_choice": "auto"})
+    assert bad.value.argument == "request['tool_choice']"
+    with pytest.raises(PolicyError, match="nope"):
+        HybridLLMService(client=client(), policy="nope")
