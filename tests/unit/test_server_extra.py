@@ -60,6 +60,7 @@ def test_the_extra_is_what_its_rooms_import(extra_name: str, rooms: tuple[str, .
 ADAPTERS = {
     "langchain": ("integrations/langchain.py", {"langchain_core": "langchain-core"}),
     "livekit": ("integrations/livekit.py", {"livekit": "livekit-agents"}),
+    "pipecat": ("integrations/pipecat.py", {"pipecat": "pipecat-ai"}),
 }
 
 
