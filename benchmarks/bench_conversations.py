@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import anyio.lowlevel
 from bench_telemetry import cpu_name  # noqa: E402
 
-from hybridllm import HybridClient  # noqa: E402
+from hybridllm import HybridClient, Policy  # noqa: E402
 from hybridllm.engines import LlamaCppEngine, OpenAIEngine  # noqa: E402
 from hybridllm.local.resolve import resolve_model  # noqa: E402
 from hybridllm.testing import HybridServer  # noqa: E402
@@ -66,6 +66,11 @@ QUESTIONS = [
 ]
 API_KEY = "sk-bench"
 THINK_S = 1.0  # seconds between a turn's answer and the next turn (any conversation)
+# a cloud turn as an app gets one: its policy prefers the cloud (a turn the caller forces to the
+# cloud with engine="cloud" is not warmed locally: the caller said where its turns go)
+CLOUD_TURN = Policy.model_validate(
+    {"name": "cloud-turn", "routing": {"prefer": "cloud", "ttft_deadline_ms": 30_000}}
+)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -84,7 +89,10 @@ async def converse(
         for c, conv in enumerate(convs):
             conv.append({"role": "user", "content": QUESTIONS[(t + c) % len(QUESTIONS)]})
             engine = "cloud" if cloud_every and t % cloud_every == 1 else "local"
-            async with client.stream(conv, engine=engine, max_tokens=48, temperature=0.0) as s:
+            where: dict[str, Any] = (
+                {"policy": CLOUD_TURN} if engine == "cloud" else {"engine": engine}
+            )
+            async with client.stream(conv, max_tokens=48, temperature=0.0, **where) as s:
                 text = "".join([x async for x in s])
             conv.append({"role": "assistant", "content": text})
             await anyio.sleep(THINK_S)  # the user reads and types: the device may be idle
