@@ -18,13 +18,13 @@ import math
 import threading
 import warnings
 from collections import deque
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, Unpack
+from typing import Any, Literal, Self, TypeVar, Unpack
 
 import anyio
 import anyio.to_thread
@@ -106,6 +106,8 @@ class Completion:
     finish_reason: str | None = None
     parsed: Any = None
 
+
+T = TypeVar("T")
 
 # conversations the cloud answered that may wait for the local engine's background prefill
 WARM_QUEUE = 4
@@ -593,17 +595,7 @@ class HybridClient:
     def stream_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Iterator[str]:
         """Blocking token iterator for scripts without an event loop (the arguments of
         `stream()`)."""
-        portal = self._blocking_portal()
-        s: Stream = portal.call(partial(self.stream, messages, **args))
-        try:
-            while True:
-                try:
-                    token: str = portal.call(s.__anext__)
-                except StopAsyncIteration:
-                    return
-                yield token
-        finally:
-            portal.call(s.aclose)
+        return self._blocking(_texts, messages, args)
 
     def events_sync(
         self, messages: Messages, **args: Unpack[StreamArgs]
@@ -612,16 +604,23 @@ class HybridClient:
         adapters whose sync methods need the route, tool calls and trace as well as the text
         (`hybridllm.integrations.langchain`). Leaving it early stops every engine, as
         `Stream.aclose()` does."""
+        return self._blocking(Stream.events, messages, args)
+
+    def _blocking(
+        self, items_of: Callable[[Stream], AsyncIterator[T]], messages: Messages, args: StreamArgs
+    ) -> Generator[T, None, None]:
+        """`items_of(stream)` one by one through the client's blocking portal; leaving early
+        closes the stream (every engine stops)."""
         portal = self._blocking_portal()
         s: Stream = portal.call(partial(self.stream, messages, **args))
-        events = s.events()
+        items = items_of(s)
         try:
             while True:
                 try:
-                    event: Event = portal.call(events.__anext__)
+                    item: T = portal.call(items.__anext__)
                 except StopAsyncIteration:
                     return
-                yield event
+                yield item
         finally:
             portal.call(s.aclose)
 
@@ -643,6 +642,10 @@ class _WarmUp:
 
     messages: list[Message]
     key: str | None
+
+
+def _texts(stream: Stream) -> AsyncIterator[str]:
+    return stream  # `async for text in stream`: the answer's text
 
 
 def _telemetry(telemetry: object) -> Telemetry:
