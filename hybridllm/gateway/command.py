@@ -3,7 +3,8 @@
 Every argument is checked before a model loads or uvicorn starts (`check`): a bad one is one
 `ConfigError` naming it (the command prints one line and exits with 2). `--port` 0 to 65535
 and free on `--host`, `--host` resolvable, `--local` a manifest name that is pulled or a GGUF
-file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes, the
+file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes, `--prices` a
+prices TOML, the
 limits >= 1, each `--cors-origin` an origin, `--api-key` non-blank and REQUIRED when `--host`
 is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too). The cloud comes from `$OPENAI_BASE_URL`,
 `$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads them; `--cloud-url` and
@@ -29,6 +30,7 @@ from hybridllm.server.command import LOG_LEVELS, check_listen
 if TYPE_CHECKING:
     from hybridllm.client import HybridClient
     from hybridllm.guard.budget import Ledger
+    from hybridllm.guard.prices import Prices
 
 __all__ = ["KEY_ENV", "Settings", "add_arguments", "check", "run"]
 
@@ -52,7 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY",
         help=f"demand `Authorization: Bearer KEY` (default: ${KEY_ENV}); required off loopback",
     )
-    p.add_argument("--ledger", metavar="URL", help="the budget ledger: a path or sqlite:///PATH")
+    p.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="the budget ledger: a path, sqlite://PATH or redis://HOST:PORT/DB (shared)",
+    )
+    p.add_argument(
+        "--prices",
+        metavar="TOML",
+        help="the cloud model's prices per 1M tokens (default: the shipped prices.toml)",
+    )
     p.add_argument("--max-concurrency", type=int, default=8, help="chat requests at once (8)")
     p.add_argument(
         "--cors-origin",
@@ -80,6 +91,7 @@ class Settings:
     cloud: bool
     api_key: str | None
     ledger: Ledger | None
+    prices: Prices | None
     limits: GatewayLimits
     n_threads: int | None
     log_level: str
@@ -105,6 +117,7 @@ def check(args: argparse.Namespace) -> Settings:
         validate.text("--cloud-model", args.cloud_model)
     cloud = cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY"))
     ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
+    prices = None if args.prices is None else _prices(args.prices)
     resolve_model(args.local)  # ManifestError, ModelNotFoundError: unknown, not pulled, no file
     check_listen(args.host, args.port)
     return Settings(
@@ -116,10 +129,22 @@ def check(args: argparse.Namespace) -> Settings:
         cloud,
         key,
         ledger,
+        prices,
         limits,
         args.n_threads,
         args.log_level,
     )
+
+
+def _prices(path: str) -> Prices:
+    """`--prices`: a prices TOML (`guard/prices.toml`'s format); a missing or bad file is an
+    `InvalidArgumentError` naming the option."""
+    from hybridllm.guard.prices import Prices
+
+    try:
+        return Prices.from_toml(path)
+    except errors.ConfigError as exc:
+        raise errors.InvalidArgumentError("--prices", path, f"a prices TOML file ({exc})") from None
 
 
 def _limits(args: argparse.Namespace) -> GatewayLimits:
@@ -193,7 +218,7 @@ def build_client(settings: Settings) -> HybridClient:
     cloud = None
     if settings.cloud:
         cloud = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
-    return HybridClient(local=local, cloud=cloud, ledger=settings.ledger)
+    return HybridClient(local=local, cloud=cloud, ledger=settings.ledger, prices=settings.prices)
 
 
 def describe(settings: Settings, client: HybridClient) -> str:
