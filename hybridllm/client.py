@@ -42,7 +42,8 @@ from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import Scorer
-from hybridllm.routing.log import DecisionLog
+from hybridllm.routing.log import DecisionLogLike
+from hybridllm.routing.logs import as_decision_log
 from hybridllm.routing.score import RouterScore
 from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
 from hybridllm.runtime.gather import (
@@ -147,7 +148,7 @@ class HybridClient:
         prices: Prices | str | Path | None = None,
         budget_caps: Sequence[Cap] = (),
         latency: LatencyModel | None = None,
-        decision_log: DecisionLog | str | Path | None = None,
+        decision_log: DecisionLogLike | str | Path | None = None,
         telemetry: Telemetry | None = None,
         privacy_judge: float | None = None,
     ) -> None:
@@ -161,11 +162,13 @@ class HybridClient:
         `threshold(...)`, such as `hybridllm.routing.Router.load(path)`; "default" loads the
         shipped router (on a worker thread while the engines start) when the client has both
         engines; None: no router (policies then route by preference and latency alone).
-        `decision_log`: a `DecisionLog` (or its SQLite path) that gets one row per request -
-        features, score, route, outcome - written off the event loop after the request ends;
-        prompt text only with `DecisionLog(path, store_prompts=True)`. `telemetry`: what the
-        client aggregates and exports about its requests (`stats()`, OpenTelemetry; default
-        `Telemetry()`: a one-hour window, OpenTelemetry as `HYBRIDLLM_OTEL` says).
+        `decision_log`: a `DecisionLog` or `RedisDecisionLog` (or a path or URL for
+        `decision_log_from_url`: `redis://...` shares one log among gateways) that gets one row
+        per request - features, score, route, outcome - written off the event loop after the
+        request ends; prompt text only with `DecisionLog(path, store_prompts=True)`.
+        `telemetry`: what the client aggregates and exports about its requests (`stats()`,
+        OpenTelemetry; default `Telemetry()`: a one-hour window, OpenTelemetry as
+        `HYBRIDLLM_OTEL` says).
         `privacy_judge`: seconds the local model may take to judge a borderline prompt bound for
         the cloud under "keep-local" (`guard.privacy_judge`; None: no judge)."""
         _check_engines(local, cloud)
@@ -191,9 +194,7 @@ class HybridClient:
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
             self._guard.preload_privacy = self.policy.privacy.ner
         gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
-        if isinstance(decision_log, str | Path):
-            decision_log = DecisionLog(Path(decision_log).expanduser())
-        self.decision_log = decision_log
+        self.decision_log = as_decision_log(decision_log)
         self.telemetry = _telemetry(telemetry)
         self._log_lock = threading.Lock()
         self._log_pending: set[str] = set()  # request ids whose row is not written yet
@@ -658,7 +659,7 @@ def _telemetry(telemetry: object) -> Telemetry:
 
 
 def _log_decision(
-    log: DecisionLog, trace: Trace, request: GenerationRequest, scope: str, score: float | None
+    log: DecisionLogLike, trace: Trace, request: GenerationRequest, scope: str, score: float | None
 ) -> None:
     from hybridllm.routing.features import extract
 

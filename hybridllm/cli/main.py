@@ -221,7 +221,11 @@ def _register_router(subparsers: Subparsers) -> None:
     p = sub.add_parser("train", help="train the router from labelled data (deterministic)")
     p.add_argument("--data", metavar="PATH", help="labels.jsonl (default: data/router/)")
     p.add_argument("--out", metavar="DIR", help="artifact directory (default: models/router/)")
-    p.add_argument("--from-log", metavar="PATH", help="also learn from a decision log's feedback")
+    p.add_argument(
+        "--from-log",
+        metavar="URL",
+        help="also learn from a decision log's feedback (a path, sqlite://PATH or redis://...)",
+    )
     p.add_argument("--label", choices=["cloud-needed", "local-wrong"], default="cloud-needed",
                    help="what the score predicts (default: cloud-needed)")  # fmt: skip
     p.add_argument("--form", choices=["factored", "single"], default=None,
@@ -254,7 +258,12 @@ def _register_router(subparsers: Subparsers) -> None:
     p = sub.add_parser(
         "recalibrate", help="cloud-share thresholds from the scores of your own logged traffic"
     )
-    p.add_argument("--from-log", required=True, metavar="PATH", help="decision log (SQLite)")
+    p.add_argument(
+        "--from-log",
+        required=True,
+        metavar="URL",
+        help="the decision log: a path, sqlite://PATH or redis://HOST:PORT/DB[?prefix=NAME]",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="where to write the new artifact")
     p.add_argument("--router", metavar="DIR", help="artifact directory (default: models/router/)")
     p.add_argument("--policy", metavar="NAME", help="only this policy's requests")
@@ -469,7 +478,12 @@ def _register_stats(subparsers: Subparsers) -> None:
             "as HybridClient.stats() computes them."
         ),
     )
-    p.add_argument("--log", required=True, metavar="PATH", help="the decision log (SQLite)")
+    p.add_argument(
+        "--log",
+        required=True,
+        metavar="URL",
+        help="the decision log: a path, sqlite://PATH or redis://HOST:PORT/DB[?prefix=NAME]",
+    )
     p.add_argument(
         "--since",
         type=since_seconds,

@@ -32,7 +32,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else default_dir()
     data = Path(args.data) if args.data else default_data()
-    from_log = Path(args.from_log) if args.from_log else None
+    from_log = args.from_log or None  # a path or URL: decision_log_from_url
     signals = _signals_path(args, data)
     train(data, out, from_log=from_log, label=args.label, form=args.form, seed=args.seed,
           signals=signals)  # fmt: skip
@@ -113,13 +113,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:
-    from hybridllm.routing.log import DecisionLog
+    from hybridllm.routing.logs import decision_log_from_url
     from hybridllm.routing.router import Router
     from hybridllm.training.save import save_recalibrated
 
     router = Router.load(Path(args.router) if args.router else None)
-    with DecisionLog(Path(args.from_log)) as log:
+    log = decision_log_from_url(args.from_log, argument="--from-log")
+    try:
         scores = log.scores(policy=args.policy)
+    finally:
+        log.close()
     new = router.recalibrate(scores)
     out = save_recalibrated(new, Path(args.out))
     for share in (0.2, 0.5, 0.8):

@@ -3,10 +3,12 @@
     hybridllm stats --log decisions.db                 # the last day, as a table
     hybridllm stats --log decisions.db --since 1h --json
     hybridllm stats --log decisions.db --since 7d --plot ttft.png
+    hybridllm stats --log redis://log.internal:6379/0  # the log several gateways share
 
-Each logged request (one row of `hybridllm.routing.log.DecisionLog`) goes through the same
-aggregator as `HybridClient.stats()` (`telemetry.stats.Stats`, DDSketch at 0.5% relative
-accuracy), by way of its trace (`telemetry.logged`): overall, per policy and per serving engine.
+Each logged request (one row of `hybridllm.routing.log.DecisionLog`, or of the
+`RedisDecisionLog` several gateways share) goes through the same aggregator as
+`HybridClient.stats()` (`telemetry.stats.Stats`, DDSketch at 0.5% relative accuracy), by way of
+its trace (`telemetry.logged`): overall, per policy and per serving engine.
 Rows logged before the log kept traces count with their TTFT only.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hybridllm.cli.stats_log import aggregate, read_log
+from hybridllm.redis_urls import redact_url
 from hybridllm.telemetry.stats import GroupStats, StatsReport
 
 UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -97,8 +100,9 @@ def print_table(report: StatsReport, title: str, out: TextIO) -> None:
 
 def run_stats(args: argparse.Namespace) -> int:
     """The `hybridllm stats` command (see the module docstring)."""
-    requests = read_log(Path(args.log), args.since)
+    requests = read_log(args.log, args.since)
     report = aggregate(requests, args.since)
+    shown = redact_url(args.log)  # a Redis URL's password is never printed
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -106,13 +110,13 @@ def run_stats(args: argparse.Namespace) -> int:
         span = _span(args.since)
         print_table(
             report,
-            f"{args.log}: {len(requests)} requests in the last {span} (times in ms)",
+            f"{shown}: {len(requests)} requests in the last {span} (times in ms)",
             sys.stdout,
         )
     if args.plot:
         from hybridllm.cli.stats_plot import ttft_over_time
 
-        path = ttft_over_time(requests, args.since, Path(args.plot), f"{args.log}")
+        path = ttft_over_time(requests, args.since, Path(args.plot), shown)
         print(f"wrote {path}", file=sys.stderr)
     return 0
 

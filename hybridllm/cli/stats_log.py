@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm.errors import DecisionLogError
-from hybridllm.routing.log import DecisionLog
+from hybridllm.routing.logs import decision_log_from_url, sqlite_path
 from hybridllm.telemetry.logged import samples_from_columns, samples_from_dict
 from hybridllm.telemetry.stats import Samples, Stats, StatsReport
 
@@ -27,14 +27,19 @@ class LoggedRequest:
     samples: Samples
 
 
-def read_log(path: Path, since_s: float, now: float | None = None) -> list[LoggedRequest]:
-    """The requests logged within `since_s` seconds of `now` (default: the current time). A
-    missing file is an error: opening one would create it."""
-    if not path.is_file():
+def read_log(url: str | Path, since_s: float, now: float | None = None) -> list[LoggedRequest]:
+    """The requests logged within `since_s` seconds of `now` (default: the current time) in
+    the log `url` names (a path, `sqlite://PATH` or `redis://...`: `decision_log_from_url`).
+    A missing SQLite file is an error: opening one would create it."""
+    path = sqlite_path(url, argument="--log")
+    if path is not None and not path.is_file():
         raise DecisionLogError(f"no decision log at {path}")
     cutoff = (time.time() if now is None else now) - since_s
-    with DecisionLog(path) as log:
+    log = decision_log_from_url(url, argument="--log")
+    try:
         rows = log.rows(since=cutoff)
+    finally:
+        log.close()
     return [_logged(row) for row in rows]
 
 

@@ -3,13 +3,13 @@
 Every argument is checked before a model loads or uvicorn starts (`check`): a bad one is one
 `ConfigError` naming it (the command prints one line and exits with 2). `--port` 0 to 65535
 and free on `--host`, `--host` resolvable, `--local` a manifest name that is pulled or a GGUF
-file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes, `--prices` a
-prices TOML, the
-limits >= 1, each `--cors-origin` an origin, `--api-key` non-blank and REQUIRED when `--host`
-is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too). The cloud comes from `$OPENAI_BASE_URL`,
-`$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads them; `--cloud-url` and
-`--cloud-model` override them. With neither a URL nor a key the gateway serves the local model
-only, and says so at start.
+file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes,
+`--decision-log` a path or a URL `decision_log_from_url` takes (opened, a Redis one reached,
+now), `--prices` a prices TOML, the limits >= 1, each `--cors-origin` an origin, `--api-key`
+non-blank and REQUIRED when `--host` is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too). The
+cloud comes from `$OPENAI_BASE_URL`, `$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads
+them; `--cloud-url` and `--cloud-model` override them. With neither a URL nor a key the gateway
+serves the local model only, and says so at start.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from hybridllm.client import HybridClient
     from hybridllm.guard.budget import Ledger
     from hybridllm.guard.prices import Prices
+    from hybridllm.routing.log import DecisionLogLike
 
 __all__ = ["KEY_ENV", "Settings", "add_arguments", "check", "run"]
 
@@ -58,6 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ledger",
         metavar="URL",
         help="the budget ledger: a path, sqlite://PATH or redis://HOST:PORT/DB (shared)",
+    )
+    p.add_argument(
+        "--decision-log",
+        metavar="URL",
+        help="log each request's route and outcome: a path, sqlite://PATH or redis://HOST:PORT/DB "
+        "(shared by several gateways; read it with hybridllm stats --log URL)",
     )
     p.add_argument(
         "--prices",
@@ -92,6 +99,7 @@ class Settings:
     api_key: str | None
     ledger: Ledger | None
     prices: Prices | None
+    decision_log: DecisionLogLike | None
     limits: GatewayLimits
     n_threads: int | None
     log_level: str
@@ -101,6 +109,7 @@ def check(args: argparse.Namespace) -> Settings:
     """Every argument checked before any work (see the module); the first bad one raises."""
     from hybridllm.guard.ledgers import ledger_from_url
     from hybridllm.local.resolve import resolve_model
+    from hybridllm.routing.logs import decision_log_from_url
 
     validate.integer("--port", args.port, minimum=0, maximum=65535)
     validate.one_of("--log-level", args.log_level, LOG_LEVELS)
@@ -118,6 +127,8 @@ def check(args: argparse.Namespace) -> Settings:
     cloud = cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY"))
     ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
     prices = None if args.prices is None else _prices(args.prices)
+    dlog = args.decision_log
+    dlog = None if dlog is None else decision_log_from_url(dlog, argument="--decision-log")
     resolve_model(args.local)  # ManifestError, ModelNotFoundError: unknown, not pulled, no file
     check_listen(args.host, args.port)
     return Settings(
@@ -130,6 +141,7 @@ def check(args: argparse.Namespace) -> Settings:
         key,
         ledger,
         prices,
+        dlog,
         limits,
         args.n_threads,
         args.log_level,
@@ -218,7 +230,13 @@ def build_client(settings: Settings) -> HybridClient:
     cloud = None
     if settings.cloud:
         cloud = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
-    return HybridClient(local=local, cloud=cloud, ledger=settings.ledger, prices=settings.prices)
+    return HybridClient(
+        local=local,
+        cloud=cloud,
+        ledger=settings.ledger,
+        prices=settings.prices,
+        decision_log=settings.decision_log,
+    )
 
 
 def describe(settings: Settings, client: HybridClient) -> str:

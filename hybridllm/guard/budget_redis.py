@@ -19,7 +19,8 @@ month>:<"*" or "p:<scope>">` (running totals: spent, held, overrun). Times come 
 caller's clock (`clock`, default `time.time`), as in `SQLiteLedger`: gateways sharing a ledger
 should keep their clocks in sync (NTP), since the UTC day and the expiry are read from them.
 
-redis-py is imported only here, and only when a `RedisLedger` is made (`hybridllm[redis]`).
+redis-py is imported only when a `RedisLedger` is made (`hybridllm.redis_urls.connect`;
+`hybridllm[redis]`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, Literal
 
-from hybridllm.errors import (
-    BudgetExceededError,
-    InvalidArgumentError,
-    LedgerUnavailableError,
-    MissingExtraError,
-)
+from hybridllm.errors import BudgetExceededError, LedgerUnavailableError
 from hybridllm.guard.budget import (
     Cap,
     ModelPrice,
@@ -49,9 +44,7 @@ from hybridllm.guard.budget import (
     utc_day_month,
 )
 from hybridllm.guard.prices import NANO
-
-if TYPE_CHECKING:
-    import redis
+from hybridllm.redis_urls import connect, redact_url, split_prefix
 
 __all__ = ["RedisLedger", "redact_url"]
 
@@ -175,50 +168,6 @@ _COLUMNS: tuple[tuple[str, Callable[[str], object] | None], ...] = (
 )
 
 
-def redact_url(url: str) -> str:
-    """`url` without its password (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def _split_prefix(url: str) -> tuple[str, str]:
-    """The URL redis-py reads, and the `prefix` query parameter it would not know."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    prefix = [v for k, v in query if k == "prefix"]
-    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-    if prefix and (not prefix[-1] or any(c in prefix[-1] for c in "{}")):
-        raise InvalidArgumentError(
-            "ledger", redact_url(url), "a URL whose prefix= is non-empty and has no { or }"
-        )
-    return urlunsplit(parts._replace(query=rest)), (prefix[-1] if prefix else DEFAULT_PREFIX)
-
-
-def _connect(url: str) -> tuple[redis.Redis, tuple[type[Exception], ...]]:
-    """A client on a pool of connections to `url` (checked with a PING now), and the errors
-    that mean the server cannot be reached (a lost connection, a timeout). Socket timeouts
-    default to 2 s to connect and 5 s an answer (the URL's `socket_timeout=` and
-    `socket_connect_timeout=` override them), so a hung server never hangs a request."""
-    try:
-        import redis
-    except ImportError:
-        raise MissingExtraError("a Redis ledger", "redis", "redis") from None
-    try:
-        client = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0
-        )
-        client.ping()
-    except (ValueError, redis.RedisError) as exc:
-        shown = redact_url(url)
-        reason = f"a reachable Redis URL, redis://host:port/db ({type(exc).__name__}: {exc})"
-        raise InvalidArgumentError("ledger", shown, reason) from None
-    return client, (redis.ConnectionError, redis.TimeoutError)
-
-
 class RedisLedger:
     """Reservations and spend on a Redis server, shared by every process that opens the same
     URL and prefix (`?prefix=NAME` in the URL, default "hybridllm:ledger"). `ttl_s`: how long a
@@ -238,13 +187,15 @@ class RedisLedger:
         ttl_s: float = 900.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        server_url, prefix = _split_prefix(url)
+        server_url, prefix = split_prefix(url, argument="ledger", default=DEFAULT_PREFIX)
         self.url = redact_url(url)
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._clock = clock
         self._key = "{" + prefix + "}"
-        self._redis, self._unreachable = _connect(server_url)
+        self._redis, self._unreachable = connect(
+            server_url, argument="ledger", feature="a Redis ledger"
+        )
         self._reserve = self._redis.register_script(_RESERVE)
         self._close = self._redis.register_script(_CLOSE)
         self._spend = self._redis.register_script(_SPEND)

@@ -1,7 +1,8 @@
 """Routing: prompt features, the router's score and thresholds, the decision log, and the pure
 decision of where a request runs (`decide`) with its inputs.
 
-`Router` (the score: P(local answer wrong)), `DecisionLog` and `decide` are the public entry
+`Router` (the score: P(local answer wrong)), `DecisionLog` (SQLite; `RedisDecisionLog` for
+several gateways, `decision_log_from_url` picks one) and `decide` are the public entry
 points. Nothing here imports an engine or the runtime: routing is a pure function of facts,
 policy and live state. Names load on first use; scikit-learn and skops load only to train or
 load an artifact.
@@ -26,6 +27,10 @@ _NAMES = {
     "PrivacyScan": "hybridllm.routing.inputs",
     "Scorer": "hybridllm.routing.inputs",
     "DecisionLog": "hybridllm.routing.log",
+    "DecisionLogLike": "hybridllm.routing.log",
+    "SQLiteDecisionLog": "hybridllm.routing.log",
+    "RedisDecisionLog": "hybridllm.routing.log_redis",
+    "decision_log_from_url": "hybridllm.routing.logs",
     "Calibration": "hybridllm.routing.heads",
     "Router": "hybridllm.routing.router",
     "RouterScore": "hybridllm.routing.score",
@@ -47,6 +52,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         PrivacyScan as PrivacyScan,
         Scorer as Scorer,
     )
-    from hybridllm.routing.log import DecisionLog as DecisionLog
+    from hybridllm.routing.log import (
+        DecisionLog as DecisionLog,
+        DecisionLogLike as DecisionLogLike,
+        SQLiteDecisionLog as SQLiteDecisionLog,
+    )
+    from hybridllm.routing.log_redis import RedisDecisionLog as RedisDecisionLog
+    from hybridllm.routing.logs import decision_log_from_url as decision_log_from_url
     from hybridllm.routing.router import Router as Router
     from hybridllm.routing.score import RouterScore as RouterScore

@@ -17,6 +17,11 @@ timeout, so several processes and threads can write to it at once.
 answered by the local engine (feedback on a cloud answer says nothing about the local model).
 The cloud's answer to them is unknown and taken as right, so a bad local answer counts as
 "cloud needed" under either label.
+
+`DecisionLogLike` is what the log's users call (the client, `hybridllm stats`, `router train
+--from-log`): `DecisionLog` (this SQLite file, one machine) and
+`hybridllm.routing.log_redis.RedisDecisionLog` (several gateways sharing one log) both are one;
+`hybridllm.routing.logs.decision_log_from_url` picks one from a path or URL.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from hybridllm.errors import DecisionLogError
 from hybridllm.routing.features import Messages
@@ -88,8 +93,91 @@ def _legacy_version(conn: sqlite3.Connection) -> int:
     return int(row[0] or 0)
 
 
+@runtime_checkable
+class DecisionLogLike(Protocol):
+    """What the decision log's users call; see `DecisionLog` for each method's meaning (the
+    SQLite log; `RedisDecisionLog` keeps the same rows on a Redis server)."""
+
+    store_prompts: bool
+
+    def record(
+        self,
+        *,
+        route: str,
+        features: dict[str, float],
+        score: float | None = None,
+        policy: str | None = None,
+        engine: str | None = None,
+        messages: Messages | None = None,
+        request_id: str | None = None,
+        at: float | None = None,
+    ) -> str: ...
+
+    def outcome(
+        self,
+        request_id: str,
+        *,
+        engine: str | None = None,
+        ttft_ms: float | None = None,
+        error_kind: str | None = None,
+        fallback: bool = False,
+        cascade: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    def signals(
+        self, request_id: str, signals: dict[str, float], cascade: dict[str, Any] | None = None
+    ) -> None: ...
+
+    def feedback(self, request_id: str, good: bool) -> None: ...
+
+    def rows(self, *, since: float | None = None) -> list[dict[str, Any]]: ...
+
+    def scores(self, *, policy: str | None = None, since: float | None = None) -> list[float]: ...
+
+    def training_examples(self) -> list[Example]: ...
+
+    def training_signals(self) -> dict[str, dict[str, float]]: ...
+
+    def training_whole(self) -> dict[str, dict[str, float]]: ...
+
+    def close(self) -> None: ...
+
+
+def stored_prompt(messages: Messages | None, store_prompts: bool) -> str | None:
+    """The prompt as a row keeps it: None unless the log stores prompts; plain text as it is,
+    a message list as JSON."""
+    if not store_prompts or messages is None:
+        return None
+    return messages if isinstance(messages, str) else json.dumps(list(messages))
+
+
+def kept_trace(trace: dict[str, Any], store_prompts: bool) -> dict[str, Any]:
+    """The trace a row keeps: its captured text (`content`) only if the log stores prompts."""
+    return trace if store_prompts else {k: v for k, v in trace.items() if k != "content"}
+
+
+def signals_json(signals: dict[str, float]) -> str:
+    """The local signals as a row keeps them (NaN, which JSON lacks, as null)."""
+    return json.dumps({k: None if v != v else v for k, v in signals.items()})
+
+
+def training_signal_pair(
+    signals: str, cascade: str | None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A row's stored signals and its cascade's whole-answer signals (`answer_signals`, {} when
+    none) as floats, null back to NaN."""
+
+    def floats(values: dict[str, Any]) -> dict[str, float]:
+        return {k: float("nan") if v is None else float(v) for k, v in values.items()}
+
+    whole = (json.loads(cascade) if cascade else {}).get("answer_signals") or {}
+    return floats(json.loads(signals)), floats(whole)
+
+
 class DecisionLog:
-    """Append-mostly SQLite log of routing decisions (thread-safe; multi-process safe)."""
+    """Append-mostly SQLite log of routing decisions (thread-safe; multi-process safe on one
+    machine). Also named `SQLiteDecisionLog`."""
 
     def __init__(
         self, path: Path | str, *, store_prompts: bool = False, busy_timeout_s: float = 10.0
@@ -140,9 +228,7 @@ class DecisionLog:
     ) -> str:
         """Log one decision; returns its request id. `messages` are stored only if opted in."""
         rid = request_id or uuid.uuid4().hex
-        prompt = None
-        if self.store_prompts and messages is not None:
-            prompt = messages if isinstance(messages, str) else json.dumps(list(messages))
+        prompt = stored_prompt(messages, self.store_prompts)
         row = (rid, time.time() if at is None else at, policy, json.dumps(features), score,
                route, engine, prompt)  # fmt: skip
         with self._lock:
@@ -184,7 +270,7 @@ class DecisionLog:
             self.signals(request_id, cascade["signals"], rest)
 
     def _trace(self, request_id: str, trace: dict[str, Any]) -> None:
-        kept = trace if self.store_prompts else {k: v for k, v in trace.items() if k != "content"}
+        kept = kept_trace(trace, self.store_prompts)
         figures = (trace.get("tpot_ms"), trace.get("itl_p99_ms"), trace.get("total_ms"))
         self._update(
             request_id,
@@ -197,9 +283,8 @@ class DecisionLog:
     ) -> None:
         """The local model's signals on this request's prompt (stage 2 learns from them with
         the feedback) and, for the cascade plan, its decision and held time."""
-        clean = {k: None if v != v else v for k, v in signals.items()}  # NaN is not JSON
         plan = None if cascade is None else json.dumps(cascade)
-        self._update(request_id, "signals = ?, cascade = ?", (json.dumps(clean), plan))
+        self._update(request_id, "signals = ?, cascade = ?", (signals_json(signals), plan))
 
     def training_signals(self) -> dict[str, dict[str, float]]:
         """{"log/<request id>": signals} of the `training_examples` rows that recorded them."""
@@ -217,15 +302,7 @@ class DecisionLog:
                 "SELECT request_id, signals, cascade FROM decisions WHERE prompt IS NOT NULL "
                 "AND feedback IS NOT NULL AND engine = 'local' AND signals IS NOT NULL ORDER BY id"
             ).fetchall()
-
-        def floats(values: dict[str, Any]) -> dict[str, float]:
-            return {k: float("nan") if v is None else float(v) for k, v in values.items()}
-
-        out = {}
-        for rid, sig, cascade in raw:
-            whole = (json.loads(cascade) if cascade else {}).get("answer_signals") or {}
-            out[f"log/{rid}"] = (floats(json.loads(sig)), floats(whole))
-        return out
+        return {f"log/{rid}": training_signal_pair(sig, cascade) for rid, sig, cascade in raw}
 
     def feedback(self, request_id: str, good: bool) -> None:
         """The user's verdict on the answer of this request (the latest verdict wins)."""
@@ -277,18 +354,17 @@ class DecisionLog:
                 "SELECT request_id, prompt, feedback FROM decisions WHERE prompt IS NOT NULL "
                 "AND feedback IS NOT NULL AND engine = 'local' ORDER BY id"
             ).fetchall()
-        out = []
-        for rid, prompt, good in raw:
-            text = _prompt_text(prompt)
-            out.append(
-                Example(
-                    source="log", id=rid, prompt=text, local_correct=bool(good), cloud_correct=True
-                )  # fmt: skip
-            )
-        return out
+        return [log_example(rid, prompt, bool(good)) for rid, prompt, good in raw]
 
 
-def _prompt_text(stored: str) -> Messages:
+def log_example(request_id: str, prompt: str, good: bool) -> Example:
+    """A row with a stored prompt and feedback as a training example: the local answer right
+    as the user said; the cloud's, unknown, taken as right."""
+    text = prompt_text(prompt)
+    return Example(source="log", id=request_id, prompt=text, local_correct=good, cloud_correct=True)
+
+
+def prompt_text(stored: str) -> Messages:
     """A stored prompt back as it was given: a message list (stored as JSON) or plain text."""
     if stored.startswith("["):
         try:
@@ -298,3 +374,6 @@ def _prompt_text(stored: str) -> Messages:
         if isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs):
             return msgs
     return stored
+
+
+SQLiteDecisionLog = DecisionLog  # beside RedisDecisionLog; `DecisionLog` stays its name

@@ -19,6 +19,8 @@ the train split.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -265,29 +267,47 @@ class Rows:
     log_whole: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def read_rows(data: Path, from_log: Path | None) -> Rows:
-    """The labelled rows of `data` by split, with the feedback rows of a decision log joining
-    the train split (and the signals those rows recorded)."""
+def read_rows(data: Path, from_log: Path | str | None) -> Rows:
+    """The labelled rows of `data` by split, with the feedback rows of a decision log (a path,
+    `sqlite://PATH` or `redis://...`: `decision_log_from_url`) joining the train split (and the
+    signals those rows recorded)."""
     examples = load_examples(data)
     splits: dict[str, list[Example]] = {k: v for k, v in by_split(examples).items()}
     rows = Rows(examples, splits, list(splits["train"]))
     if from_log is not None:
-        from hybridllm.routing.log import DecisionLog
+        from hybridllm.routing.logs import decision_log_from_url
 
-        with DecisionLog(from_log) as dlog:
+        dlog = decision_log_from_url(from_log, argument="--from-log")
+        try:
             extra = dlog.training_examples()
             rows.log_signals = dlog.training_signals()
             rows.log_whole = dlog.training_whole()
+        finally:
+            dlog.close()
         rows.train += extra
-        rows.log_info = {"path": str(from_log), "sha256": file_sha256(from_log), "rows": len(extra)}
+        rows.log_info = {**_log_source(from_log, extra), "rows": len(extra)}
     return rows
+
+
+def _log_source(from_log: Path | str, extra: list[Example]) -> dict[str, Any]:
+    """The manifest's record of the log learned from: an SQLite file's path and its hash; a
+    Redis log's URL (no password) and the hash of the rows read (the log has no file)."""
+    from hybridllm.redis_urls import redact_url
+    from hybridllm.routing.logs import sqlite_path
+
+    path = sqlite_path(from_log, argument="--from-log")
+    if path is not None:
+        return {"path": str(path), "sha256": file_sha256(path)}
+    read = [[e.id, e.prompt, e.local_correct] for e in extra]
+    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
+    return {"url": redact_url(str(from_log)), "sha256": digest}
 
 
 def train(
     data: Path,
     out: Path,
     *,
-    from_log: Path | None = None,
+    from_log: Path | str | None = None,
     label: Label = DEFAULT_LABEL,
     form: Form | None = None,
     seed: int = SEED,

@@ -84,7 +84,19 @@ def test_the_page_is_one_file_that_inserts_text_only() -> None:
 
 def test_the_start_lines_name_the_playground() -> None:
     settings = Settings(
-        "127.0.0.1", 8080, "m", None, None, False, None, None, None, GatewayLimits(), None, "info"
+        "127.0.0.1",
+        8080,
+        "m",
+        None,
+        None,
+        False,
+        None,
+        None,
+        None,
+        None,
+        GatewayLimits(),
+        None,
+        "info",
     )
     hybrid = HybridClient(local=ScriptedEngine("local", tokens=["x"]), router=None)
     lines = describe(settings, hybrid).splitlines()
