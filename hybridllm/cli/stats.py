@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hybridllm.cli.stats_log import aggregate, read_log
-from hybridllm.redis_urls import redact_url
+from hybridllm.stores.redis_urls import redact_url
 from hybridllm.telemetry.stats import GroupStats, StatsReport
 
 UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

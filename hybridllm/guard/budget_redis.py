@@ -19,7 +19,7 @@ month>:<"*" or "p:<scope>">` (running totals: spent, held, overrun). Times come 
 caller's clock (`clock`, default `time.time`), as in `SQLiteLedger`: gateways sharing a ledger
 should keep their clocks in sync (NTP), since the UTC day and the expiry are read from them.
 
-redis-py is imported only when a `RedisLedger` is made (`hybridllm.redis_urls.connect`;
+redis-py is imported only when a `RedisLedger` is made (`hybridllm.stores.redis_urls.connect`;
 `hybridllm[redis]`).
 """
 
@@ -44,7 +44,7 @@ from hybridllm.guard.budget import (
     utc_day_month,
 )
 from hybridllm.guard.prices import NANO
-from hybridllm.redis_urls import connect, redact_url, split_prefix
+from hybridllm.stores.redis_urls import connect, redact_url, split_prefix
 
 __all__ = ["RedisLedger", "redact_url"]
 

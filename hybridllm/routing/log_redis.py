@@ -15,10 +15,11 @@ Every write touches one row and runs on the server as one step (a small Lua scri
 Redis runs atomically): `record` adds the row only if its request id is new, and each later
 update (outcome, trace, signals, feedback) sets its fields only if the row exists. So any
 process may write any row (a gateway may take the feedback on a request another answered), and
-none coordinates anything itself. Rows come back oldest first by their time, then their
-number; times come from the writers' clocks (keep them in sync with NTP).
+none coordinates anything itself. Rows come back in the order the server took them (their
+number), as the SQLite log's come in its row order; `since` reads the times, which come from
+the writers' clocks (keep them in sync with NTP).
 
-redis-py is imported only when a `RedisDecisionLog` is made (`hybridllm.redis_urls.connect`;
+redis-py is imported only when a `RedisDecisionLog` is made (`hybridllm.stores.redis_urls.connect`;
 `hybridllm[redis]`).
 """
 
@@ -31,7 +32,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hybridllm.errors import DecisionLogError
-from hybridllm.redis_urls import connect, redact_url, split_prefix
 from hybridllm.routing.features import Messages
 from hybridllm.routing.labels import Example
 from hybridllm.routing.log import (
@@ -41,6 +41,7 @@ from hybridllm.routing.log import (
     stored_prompt,
     training_signal_pair,
 )
+from hybridllm.stores.redis_urls import connect, redact_url, split_prefix
 
 __all__ = ["DEFAULT_PREFIX", "RedisDecisionLog"]
 
@@ -224,8 +225,9 @@ class RedisDecisionLog:
     # ---- reads ------------------------------------------------------------------------------
 
     def rows(self, *, since: float | None = None) -> list[dict[str, Any]]:
-        """Every logged decision as a dict (features parsed; the SQLite log's columns), oldest
-        first; `since`: only those logged at or after that time (seconds since the epoch)."""
+        """Every logged decision as a dict (features parsed; the SQLite log's columns), in the
+        order they were logged; `since`: only those logged at or after that time (seconds
+        since the epoch)."""
         low = "-inf" if since is None else _stored(float(since))
 
         def read() -> list[dict[str, str]]:
@@ -240,7 +242,7 @@ class RedisDecisionLog:
             return out
 
         rows = [_row(raw) for raw in self._call(read) if raw]
-        return sorted(rows, key=lambda r: (r["time"], r["id"]))
+        return sorted(rows, key=lambda r: r["id"])
 
     def scores(self, *, policy: str | None = None, since: float | None = None) -> list[float]:
         """Logged router scores (for `Router.recalibrate` on the user's own traffic)."""

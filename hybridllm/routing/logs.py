@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.redis_urls import REDIS_SCHEMES, redact_url
 from hybridllm.routing.log import DecisionLog, DecisionLogLike
+from hybridllm.stores.redis_urls import REDIS_SCHEMES, redact_url
 
 __all__ = ["DECISION_LOG_URL_RULE", "as_decision_log", "decision_log_from_url", "sqlite_path"]
 

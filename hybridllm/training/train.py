@@ -292,8 +292,8 @@ def read_rows(data: Path, from_log: Path | str | None) -> Rows:
 def _log_source(from_log: Path | str, extra: list[Example]) -> dict[str, Any]:
     """The manifest's record of the log learned from: an SQLite file's path and its hash; a
     Redis log's URL (no password) and the hash of the rows read (the log has no file)."""
-    from hybridllm.redis_urls import redact_url
     from hybridllm.routing.logs import sqlite_path
+    from hybridllm.stores.redis_urls import redact_url
 
     path = sqlite_path(from_log, argument="--from-log")
     if path is not None:

@@ -418,8 +418,9 @@ PRICES = Prices(models={"scripted": PRICE})
 
 
 def test_redis_py_loads_only_when_a_redis_ledger_is_made() -> None:
-    """`hybridllm[redis]` is optional: only guard/budget_redis.py imports redis-py, inside the
-    function that connects, so opening the guard (and an SQLite ledger) never loads it."""
+    """`hybridllm[redis]` is optional: only hybridllm/stores/redis_urls.py imports redis-py, inside
+    the function that connects (for the Redis ledger and the Redis decision log), so opening
+    the guard, an SQLite ledger or an SQLite decision log never loads it."""
     import ast
     import subprocess
     import sys
@@ -433,9 +434,10 @@ def test_redis_py_loads_only_when_a_redis_ledger_is_made() -> None:
                 names = [node.module]
             if any(n.split(".")[0] == "redis" for n in names):
                 importers.add(path.relative_to(root).as_posix())
-    assert importers == {"hybridllm/guard/budget_redis.py"}
+    assert importers == {"hybridllm/stores/redis_urls.py"}
     probe = (
-        "import sys, hybridllm.guard.ledgers as g; g.ledger_from_url(':memory:'); "
+        "import sys, tempfile, hybridllm.guard.ledgers as g, hybridllm.routing.logs as d; "
+        "g.ledger_from_url(':memory:'); d.decision_log_from_url(tempfile.mktemp()).close(); "
         "print('redis' in sys.modules)"
     )
     out = subprocess.run(

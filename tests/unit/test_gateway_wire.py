@@ -158,6 +158,8 @@ def one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--cloud-url", "ftp://x"], "--cloud-url"),
         (["--ledger", "redis://127.0.0.1:1/0"], "--ledger"),  # nothing listens there
         (["--ledger", "ftp://x"], "--ledger"),
+        (["--decision-log", "redis://127.0.0.1:1/0"], "--decision-log"),  # nothing listens
+        (["--decision-log", "ftp://x"], "--decision-log"),
         (["--prices", "/no/such/prices.toml"], "--prices"),
         (["--local", "no-such-model"], "no-such-model"),
     ],
