@@ -5,7 +5,9 @@ the real local engine (SmolLM2, one thread) and the stand-in cloud on loopback. 
 once, 50 through each, under one small daily cap of a cloud-first policy: the two settle at most
 the cap together with no overrun and nothing left reserved, and every stream is answered (by the
 cloud while the cap covers it, then by the local engine: the policy's `on_exceeded = "local"`).
-What the two gateways settle is read back from Redis, not from either gateway."""
+What the two gateways settle is read back from Redis, not from either gateway. Both also write
+one decision log on the same server (`--decision-log redis://...`): it holds every stream's
+row, whichever gateway served it, and `hybridllm stats --log` counts them all."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ import anyio
 import httpx
 import pytest
 
+from hybridllm.cli.main import main
 from hybridllm.guard.budget_redis import RedisLedger
+from hybridllm.routing.log_redis import RedisDecisionLog
 from hybridllm.testing import HybridServer
 from hybridllm.testing.server import free_port
 from tests.integration.servers import ALIAS, API_KEY
@@ -41,12 +45,14 @@ POLICY = (
 STREAMS = 100
 
 
-def _gateway(model: Path, cloud: HybridServer, ledger: str, tmp: Path) -> tuple[str, Any]:
+def _gateway(
+    model: Path, cloud: HybridServer, ledger: str, dlog: str, tmp: Path
+) -> tuple[str, Any]:
     port = free_port()
     argv = [sys.executable, "-m", "hybridllm.cli.main", "serve", "--port", str(port)]
     argv += ["--local", str(model), "--cloud-url", cloud.base_url, "--cloud-model", ALIAS]
     argv += ["--ledger", ledger, "--prices", str(tmp / "prices.toml"), "--n-threads", "1"]
-    argv += ["--max-concurrency", str(STREAMS), "--log-level", "warning"]
+    argv += ["--max-concurrency", str(STREAMS), "--log-level", "warning", "--decision-log", dlog]
     env = {**os.environ, "OPENAI_API_KEY": API_KEY, "HYBRIDLLM_POLICY_PATH": str(tmp)}
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     return f"http://127.0.0.1:{port}", proc
@@ -68,15 +74,17 @@ def _wait_ready(url: str, proc: Any) -> None:
 @pytest.fixture
 def gateways(
     model_path: Path, cloud_server: HybridServer, redis_url: str, tmp_path: Path
-) -> Iterator[tuple[list[str], str]]:
+) -> Iterator[tuple[list[str], str, str]]:
     (tmp_path / "prices.toml").write_text(PRICES)
     (tmp_path / "shared.toml").write_text(POLICY)
-    ledger = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=gw-{uuid.uuid4().hex[:8]}"
-    started = [_gateway(model_path, cloud_server, ledger, tmp_path) for _ in range(2)]
+    run = uuid.uuid4().hex[:8]
+    ledger = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=gw-{run}"
+    dlog = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix=gw-log-{run}"
+    started = [_gateway(model_path, cloud_server, ledger, dlog, tmp_path) for _ in range(2)]
     try:
         for url, proc in started:
             _wait_ready(url, proc)
-        yield [url for url, _ in started], ledger
+        yield [url for url, _ in started], ledger, dlog
     finally:
         for _, proc in started:
             proc.terminate()
@@ -100,9 +108,9 @@ async def _stream(http: httpx.AsyncClient, url: str, i: int) -> tuple[int, str |
 
 
 async def test_two_gateways_never_overspend_one_shared_cap(
-    gateways: tuple[list[str], str],
+    gateways: tuple[list[str], str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    urls, ledger_url = gateways
+    urls, ledger_url, log_url = gateways
     results: list[tuple[int, str | None]] = []
 
     async def one(i: int) -> None:
@@ -121,4 +129,19 @@ async def test_two_gateways_never_overspend_one_shared_cap(
     assert day.settled_usd <= CAP_USD and day.overrun_usd == 0.0, day
     assert day.reserved_usd == 0.0, day  # every reservation settled or released
     assert day.settled_usd > 0.0
+    rows = _logged_rows(log_url)
+    assert sorted(r["engine"] for r in rows) == sorted(engines)  # both gateways' requests
+    assert main(["stats", "--log", log_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overall"]["counts"]["requests"] == STREAMS
     print(f"cloud answers {engines.count('cloud')}/{STREAMS}; settled ${day.settled_usd:.4f}")
+
+
+def _logged_rows(url: str) -> list[dict[str, Any]]:
+    """The shared decision log's rows once it holds every stream's (each gateway writes a row
+    just after its stream ends; waited for, up to a minute)."""
+    deadline = time.monotonic() + 60.0
+    with RedisDecisionLog(url) as log:
+        while len(rows := log.rows()) < STREAMS and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert len(rows) == STREAMS, len(rows)
+    return rows
