@@ -446,19 +446,33 @@ class HybridClient:
         self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
         with anyio.CancelScope(shield=True):  # the request's spans are not lost on cancel
             await self.telemetry.export(run.trace)
-        if self.decision_log is None:
-            return
+        if self.decision_log is not None:
+            await self._log_row(self.decision_log, run.trace, ticket)
+
+    async def _log_row(self, dlog: DecisionLogLike, trace: Trace, ticket: _Ticket) -> None:
+        """The request's row in the decision log, and feedback the app gave before it was
+        written. A log that fails (a lost Redis server, a full disk) costs that row, with a
+        warning: the answer was delivered, and the client's other requests go on."""
+        route = ticket.route
         score = None if route is None else route.facts.router_score
-        with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
-            await anyio.to_thread.run_sync(
-                _log_decision, self.decision_log, run.trace, request, ticket.policy.name, score
+        rid = trace.request_id
+        try:
+            with anyio.CancelScope(shield=True):  # a few ms: the row is not lost on cancel
+                await anyio.to_thread.run_sync(
+                    _log_decision, dlog, trace, ticket.request, ticket.policy.name, score
+                )
+            with self._log_lock:
+                self._log_pending.discard(rid)
+                early = self._early_feedback.pop(rid, None)
+            if early is not None:
+                dlog.feedback(rid, early)
+        except Exception as exc:  # whatever the store raised: never the app's error
+            with self._log_lock:
+                self._log_pending.discard(rid)
+                self._early_feedback.pop(rid, None)
+            log.warning(
+                "the decision log lost request %s's row: %s: %s", rid, type(exc).__name__, exc
             )
-        rid = run.trace.request_id
-        with self._log_lock:
-            self._log_pending.discard(rid)
-            early = self._early_feedback.pop(rid, None)
-        if early is not None:
-            self.decision_log.feedback(rid, early)
 
     def _continue_locally(self, run: RequestRun, request: GenerationRequest) -> None:
         """The cloud wrote the end of this answer: have the local engine prefill the

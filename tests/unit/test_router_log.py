@@ -291,3 +291,28 @@ def test_decision_log_urls(tmp_path: Path, redis_url: str) -> None:
         decision_log_from_url("redis://:secret@127.0.0.1:1/0")  # nothing listens there
     with pytest.raises(InvalidArgumentError, match="^decision_log must be"):
         HybridClient(local=ScriptedEngine("local"), router=None, decision_log=3)  # type: ignore[arg-type]
+
+
+class FailingLog(DecisionLog):
+    """The SQLite log with a store that fails on every write (a full disk, a lost server)."""
+
+    def record(self, **kw: object) -> str:  # type: ignore[override]
+        raise sqlite3.OperationalError("disk I/O error")
+
+
+@pytest.mark.anyio
+async def test_a_failing_log_costs_its_row_not_the_answer_nor_the_client(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The row is written after the answer, in the client's own task group: a store that
+    fails there must not end the client (and every other request with it)."""
+    local = ScriptedEngine("local", tokens=["a", "b"])
+    dlog = FailingLog(tmp_path / "d.db")
+    async with HybridClient(local=local, router=None, decision_log=dlog) as client:
+        first = await client.complete("one")
+        second = await client.complete("two")  # the client still serves
+        with pytest.raises(DecisionLogError):  # feedback on a row that was never written
+            client.feedback(first.trace, good=True)
+    assert first.text == second.text == "ab"
+    lost = [r for r in caplog.records if "decision log lost" in r.getMessage()]
+    assert len(lost) == 2 and "OperationalError" in lost[0].getMessage()
