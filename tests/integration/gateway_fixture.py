@@ -12,10 +12,21 @@ from typing import Self
 
 import uvicorn
 
-from hybridllm import HybridClient
+from hybridllm import HybridClient, LlamaCppEngine
 from hybridllm.gateway.app import create_app
 from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.local.resolve import resolve_model
 from hybridllm.testing.server import free_port
+
+# a local model whose template renders tools (SmolLM2's does not)
+LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def local_engine() -> LlamaCppEngine:
+    """The gateway tests' local engine: Qwen2.5-Coder 0.5B, one thread, a 2,048-token context."""
+    path = resolve_model(LOCAL_MODEL, pull=True)
+    return LlamaCppEngine(str(path), n_threads=1, n_ctx=2048, warm_up=False)
+
 
 # a model here is a policy: these pin the engine, so a test knows which one answers
 POLICIES = {

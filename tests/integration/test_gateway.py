@@ -21,15 +21,13 @@ import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
 from hybridllm.gateway.limits import GatewayLimits
-from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import FaultProxy, Faults, HybridServer
-from tests.integration.gateway_fixture import InProcessGateway, write_policies
+from tests.integration.gateway_fixture import InProcessGateway, local_engine, write_policies
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 KEY = "sk-gateway-test"
-LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 COUNT = [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]
 HELLO = [{"role": "user", "content": "Say hello in five words."}]
 LONG = 300  # max_tokens of the disconnect tests: far more than they wait for
@@ -43,9 +41,7 @@ def cloud_proxy(cloud_server: HybridServer) -> Iterator[FaultProxy]:
 
 @pytest.fixture(scope="module")
 def local() -> LlamaCppEngine:
-    """Qwen2.5-Coder 0.5B: a local model whose template renders tools (SmolLM2's does not)."""
-    path = resolve_model(LOCAL_MODEL, pull=True)
-    return LlamaCppEngine(str(path), n_threads=1, n_ctx=2048, warm_up=False)
+    return local_engine()
 
 
 @pytest.fixture(scope="module")

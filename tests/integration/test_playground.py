@@ -24,9 +24,8 @@ import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine
 from hybridllm.gateway.limits import GatewayLimits
-from hybridllm.local.resolve import resolve_model
 from hybridllm.testing import HybridServer
-from tests.integration.gateway_fixture import InProcessGateway, write_policies
+from tests.integration.gateway_fixture import InProcessGateway, local_engine, write_policies
 from tests.integration.servers import ALIAS, API_KEY
 
 if TYPE_CHECKING:
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 KEY = "sk-playground-test"
-LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 LONG = 300  # the Stop test's max_tokens: far more than it waits for
 LONG_POLICY = (
     f'[sampling]\ntemperature = 0.0\nmax_tokens = {LONG}\n[routing]\nprefer = "local"\n'
@@ -79,8 +77,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture(scope="module")
 def local() -> LlamaCppEngine:
-    path = resolve_model(LOCAL_MODEL, pull=True)
-    return LlamaCppEngine(str(path), n_threads=1, n_ctx=2048, warm_up=False)
+    return local_engine()
 
 
 @pytest.fixture(scope="module")
