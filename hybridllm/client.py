@@ -491,7 +491,7 @@ class HybridClient:
         messages = [*request.messages, {"role": "assistant", "content": run.delivered_text}]
         key = request.conversation
         if key is not None:  # the conversation's newer turn replaces its waiting one
-            self._to_warm = deque((w for w in self._to_warm if w.key != key), WARM_QUEUE)
+            self._drop_warm_ups(key)
         self._to_warm.append(_WarmUp(messages, key))
         if self._warming is None:
             self._warming = anyio.CancelScope()
@@ -512,12 +512,16 @@ class HybridClient:
         except errors.HybridError as exc:  # a background nicety: never the app's error
             log.debug("the local engine did not prefill a cloud turn: %r", exc)
 
+    def _drop_warm_ups(self, key: str) -> None:
+        """Drop the warm-ups waiting for the conversation the app keyed `key`."""
+        self._to_warm = deque((w for w in self._to_warm if w.key != key), WARM_QUEUE)
+
     async def forget(self, conversation: str) -> None:
         """The app closed the conversation it keyed `conversation` (`stream(...,
         conversation=...)`): the local engine drops the KV state it kept for it, and a warm-up
         waiting for it is dropped, so that it takes no more memory."""
         validate.conversation(conversation)
-        self._to_warm = deque((w for w in self._to_warm if w.key != conversation), WARM_QUEUE)
+        self._drop_warm_ups(conversation)
         local = self.engines.get("local")
         if isinstance(local, Warms):
             freed = await local.forget(conversation)

@@ -433,8 +433,7 @@ class LlamaCppEngine:
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, clock.now() - t0)
             return len(prepared.tokens) - gen.reused_tokens
         finally:
-            if hold.holding:  # (a preemption's `_give_way` marked the engine busy again)
-                self.busy = False
+            if hold.holding:
                 self._queue.release()
 
     async def forget(self, conversation: str) -> int:
@@ -492,11 +491,12 @@ class LlamaCppEngine:
                 await self._give_way(turn, hold, estimate_s())
 
     async def _give_way(self, turn: Turn, hold: _Hold, estimate_s: float) -> None:
-        """Release the turn to a more urgent request and wait for it again."""
-        self.busy, hold.holding = False, False
+        """Release the turn to a more urgent request and wait for it again; the engine is as
+        busy after as before (a warm-up never marks it busy: any request cuts it)."""
+        busy, self.busy, hold.holding = self.busy, False, False
         self._queue.release()
         await self._queue.acquire(estimate_s, turn=turn)
-        hold.holding, self.busy = True, True
+        hold.holding, self.busy = True, busy
 
     async def _on_thread(self, session: LlamaSession, fn: Callable[[], T]) -> T:
         """A prefill on the llama thread, cut by llama.cpp's abort when the caller leaves."""
