@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from hybridllm.guard.privacy_phone import PhoneFinder
@@ -41,7 +42,7 @@ from hybridllm.guard.privacy_rules import (
     shannon_bits,
     ssn_ok,
 )
-from hybridllm.guard.privacy_split import split_emails
+from hybridllm.guard.privacy_split import split_emails, split_numbers
 
 if TYPE_CHECKING:
     from hybridllm.tools import ToolSpec
@@ -215,20 +216,37 @@ def scan(
     for location, text in items:
         out += scan_text(text, location, phones)
     contents = [(loc, text) for loc, text in items if loc == "text" or loc.endswith(".content")]
-    return (*out, *across_messages(contents, out, phones), *split_across(contents, out))
+    return (
+        *out,
+        *across_messages(contents, out, phones),
+        *split_across(contents, out, phones),
+    )
+
+
+SPLIT_HINT = {"email": "email ***@*** (split)"}
 
 
 def split_across(
-    contents: Sequence[tuple[str, str]], found: Iterable[Finding] = ()
+    contents: Sequence[tuple[str, str]],
+    found: Iterable[Finding] = (),
+    phones: PhoneFinder | None = None,
 ) -> list[Finding]:
-    """Email addresses given in pieces with words between them (`privacy_split`): the dangling
-    "@domain" a user name elsewhere in the conversation completes, where no finding is."""
+    """Values given in pieces with words between them (`privacy_split`), where no finding is:
+    the dangling "@domain" a user name elsewhere in the conversation completes, and a number
+    (phone, card, ID) whose digit pieces in two or three texts read as one."""
     known = [(f.location, f.start, f.end) for f in found]
+    emails = [("email", *where) for where in split_emails(contents)]
+    numbers = split_numbers(contents, partial(_kinds_at, phones=phones))
     return [
-        Finding("email", location, start, end, "email ***@*** (split)")
-        for location, start, end in split_emails(contents)
+        Finding(kind, location, start, end, SPLIT_HINT.get(kind, f"{kind} *** (split)"))
+        for kind, location, start, end in (*emails, *numbers)
         if not any(loc == location and s < end and start < e for loc, s, e in known)
     ]
+
+
+def _kinds_at(text: str, phones: PhoneFinder | None = None) -> list[tuple[str, int, int]]:
+    """(kind, start, end) of the pattern layer's findings on `text` (`split_numbers`' reader)."""
+    return [(f.kind, f.start, f.end) for f in scan_text(text, "text", phones)]
 
 
 def across_messages(

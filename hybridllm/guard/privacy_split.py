@@ -14,12 +14,21 @@ name is given elsewhere in the conversation:
   "name1984"), when the conversation speaks of mail ("email", "mailbox", "courriel"...).
 A domain alone ("block mail from @example.org") or code ("@dataclass", "npm i @types/node") is
 not flagged.
+
+A number given in pieces ("my mobile starts 07911" ... "then 234567"; "the card begins 4539
+1488" ... "and ends 0343 6467") is found by `split_numbers`: digit pieces of different texts,
+two or three in a row, are joined with a space and read by the whole pattern layer (phone
+library, checksums), so a piece counts only when the joined value is a valid identifier of
+some kind. A piece counts only after a cue that it is part of something ("starts", "then",
+"the rest is", "puis", "luego", "dann") or in a conversation that names a number ("phone",
+"mobile", "card", "numéro", "Handy", "teléfono"), so that the numbers of a recipe or a
+timetable are never joined.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # "@example.org" not preceded by a user name (the per-text patterns read complete addresses)
 DANGLING_DOMAIN = re.compile(
@@ -67,3 +76,72 @@ def _completed(texts: Sequence[tuple[str, str]], at: int, start: int) -> bool:
         if j != at and SHAPED_LOCAL.search(text) and about_mail:
             return True
     return False
+
+
+# a run of digits given on its own, grouped or not ("07911", "234 567", "+44 7911", "0343-6467")
+DIGIT_PIECE = re.compile(r"(?<![\w.,/:@+-])\+?\d(?:[ -]?\d){1,15}(?![\w@]|[.,/:]\d)")
+_PIECE_CUES = re.compile(
+    r"(?i)(?<![\w])(?:starts?(?: with)?|begins?(?: with)?|beginning|first (?:part|digits|half)|"
+    r"then|next|after that|followed by|the rest|rest is|ends?(?: with| in)?|last (?:part|digits|"
+    r"half)|second (?:part|half)|commence par|débute par|puis|ensuite|la suite|finit par|"
+    r"empieza (?:por|con)|comienza (?:por|con)|luego|después|termina (?:en|con)|beginnt mit|"
+    r"fängt mit|dann|danach|endet mit)\W{0,3}$"
+)
+NUMBER_WORDS = re.compile(
+    r"(?i)phone|mobile|cell|number|\bno\.|digits|card|account|iban|sort code|passport|"
+    r"licen[cs]e|téléphone|portable|numéro|carte|compte|telefon|handy|nummer|karte|konto|"
+    r"teléfono|móvil|número|tarjeta|cuenta|telefono|cellulare|numero"
+)
+MAX_PIECES = 3  # pieces joined at most ("07911" / "234" / "567")
+Piece = tuple[int, int, int, str]  # (text index, start, end, digits as written)
+
+
+def digit_pieces(texts: Sequence[tuple[str, str]]) -> list[Piece]:
+    """Every digit piece of the conversation, in order."""
+    return [
+        (i, m.start(), m.end(), m.group(0))
+        for i, (_, text) in enumerate(texts)
+        for m in DIGIT_PIECE.finditer(text)
+    ]
+
+
+def split_numbers(
+    texts: Sequence[tuple[str, str]], read: Callable[[str], Sequence[tuple[str, int, int]]]
+) -> list[tuple[str, str, int, int]]:
+    """(kind, location, start, end) of each number given in pieces over two or three texts:
+    `read(joined)` is the pattern layer's (kind, start, end) findings on the pieces joined with
+    a space; one that starts in the first piece and ends in the last is kept, located at the
+    last piece (where the value is completed)."""
+    pieces = digit_pieces(texts)
+    about_numbers = any(NUMBER_WORDS.search(text) for _, text in texts)
+    out: list[tuple[str, str, int, int]] = []
+    for a in range(len(pieces)):
+        for b in range(a + 1, min(a + MAX_PIECES, len(pieces))):
+            run = pieces[a : b + 1]
+            if len({p[0] for p in run}) != len(run):
+                break  # two pieces of one text: the per-text scan reads them together
+            if not _cued(texts, run, about_numbers):
+                continue
+            found = _read_joined(run, read)
+            if found is not None:
+                last = run[-1]
+                out.append((found, texts[last[0]][0], last[1], last[2]))
+    return out
+
+
+def _cued(texts: Sequence[tuple[str, str]], run: Sequence[Piece], about_numbers: bool) -> bool:
+    """Whether the pieces of `run` may be one value: the conversation names a number, or a cue
+    ("starts", "then") stands right before one of them."""
+    return about_numbers or any(_PIECE_CUES.search(texts[i][1][:start]) for i, start, _, _ in run)
+
+
+def _read_joined(
+    run: Sequence[Piece], read: Callable[[str], Sequence[tuple[str, int, int]]]
+) -> str | None:
+    """The kind of a finding on the joined pieces that spans them all, else None."""
+    joined = " ".join(p[3] for p in run)
+    last_start = len(joined) - len(run[-1][3])
+    for kind, start, end in read(joined):
+        if start < len(run[0][3]) and end > last_start:
+            return kind
+    return None

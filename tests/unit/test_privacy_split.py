@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridllm.guard.privacy import kinds, scan
-from hybridllm.guard.privacy_split import split_emails
+from hybridllm.guard.privacy_split import split_emails, split_numbers
 from tests.privacy_corpus import SPLIT
 
 
@@ -61,3 +61,55 @@ def test_a_domain_without_a_user_name_for_it_is_left_alone(
     messages: list[dict[str, str]],
 ) -> None:
     assert scan(messages) == ()
+
+
+# ---- numbers given in pieces (split_numbers) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("messages", "kind"),
+    [
+        (conversation("Save my mobile, it starts 07911", "Go on.", "then 234567, thanks"), "phone"),
+        (conversation("Mon portable commence par 06 45", "Oui ?", "puis 78 12 90"), "phone"),
+        (conversation("Mi móvil empieza por 612", "¿Y?", "luego 345 678"), "phone"),
+        (conversation("the card begins 4539 1488", "and?", "ends 9981 1003"), "card"),
+        (conversation("my mobile is 07911", "ok", "234", "ok", "567"), "phone"),
+    ],
+)
+def test_a_number_given_in_pieces_is_found_where_it_is_completed(
+    messages: list[dict[str, str]], kind: str
+) -> None:
+    found = scan(messages)
+    assert kind in kinds(found)
+    (split,) = [f for f in found if f.hint.endswith("(split)")]
+    assert split.location == f"messages[{len(messages) - 1}].content"
+    assert not any(c.isdigit() for c in split.hint)
+
+
+def test_a_piece_is_the_pattern_layers_reading_of_the_joined_digits() -> None:
+    texts = [("a", "starts 07911"), ("b", "then 234567")]
+    seen: list[str] = []
+
+    def read(joined: str) -> list[tuple[str, int, int]]:
+        seen.append(joined)
+        return [("phone", 0, len(joined))]
+
+    assert split_numbers(texts, read) == [("phone", "b", 5, 11)]
+    assert seen == ["07911 234567"]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        # numbers with no cue and no talk of a number are never joined
+        conversation("Bake at 180 for 25 minutes", "And then?", "Rest it 10 minutes"),
+        conversation("The train leaves at 07 45", "And back?", "at 19 30"),
+        # cued, but the joined digits are no valid identifier
+        conversation("my number starts 12", "go on", "then 34"),
+        conversation("order 2024", "ok", "then 2025"),
+        # the pieces of one text are the per-text scan's (nothing split)
+        conversation("Reference 07911 and 234567 are two order numbers"),
+    ],
+)
+def test_pieces_that_are_no_identifier_are_left_alone(messages: list[dict[str, str]]) -> None:
+    assert not [f for f in scan(messages) if f.hint.endswith("(split)")]
