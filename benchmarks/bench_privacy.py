@@ -6,7 +6,15 @@ main's code ("before") beside this checkout's ("after").
 Sets (labels: data/privacy/README.md), reported apart:
 - "development": `data/privacy/corpus.jsonl`, the items the rules were written against (its
   issue-24 held-out items included: they have been seen since);
-- "held-out": `data/privacy/heldout31.jsonl`, written after the issue-31 rules were frozen.
+- "held-out": `data/privacy/heldout31.jsonl`, written after the issue-31 rules were frozen;
+- "held-out 2": `data/privacy/heldout31b.jsonl`, written before the second pass's rules were
+  frozen (the split numbers, German nouns, the longer list, the name test) and not run before.
+
+`--judge-model PATH` adds the mode "+NER+judge" on the "after" side: an item whose only
+finding is a name alone is asked of the privacy judge on that GGUF model (the name test,
+`guard.privacy_known`; no time limit, so every verdict is measured), and cleared when every
+name is known. It reports the judge's time per judged item (the TTFT it adds to such a request
+bound for the cloud) and the bar's one-off measurement.
 
 Per set, scan mode (patterns only; patterns + the NER layer) and language, before and after:
 - recall per kind: the share of (item, expected kind) pairs whose kind was found (a national
@@ -45,10 +53,12 @@ sys.path.insert(0, str(CODE))
 SETS = {
     "development": HERE / "data" / "privacy" / "corpus.jsonl",
     "held-out": HERE / "data" / "privacy" / "heldout31.jsonl",
+    "held-out 2": HERE / "data" / "privacy" / "heldout31b.jsonl",
 }
 SAME = {"national_id": {"national_id", "ssn", "uk_nino", "es_dni"}}
 LANGS = ("all", "en", "fr", "de", "es", "it")
-MODES = ("patterns", "+NER")
+MODES = ("patterns", "+NER", "+NER+judge")
+JUDGE = "HYBRIDLLM_BENCH_JUDGE_MODEL"  # set by --judge-model for the "after" side
 Item = dict[str, Any]
 
 
@@ -97,6 +107,8 @@ def worker(n: int) -> dict[str, Any]:
             for path in SETS.values()
             for item in load(path)
         }
+    if os.environ.get(JUDGE):
+        out["found"]["+NER+judge"], out["judge"] = judged(scanners["+NER"], os.environ[JUDGE])
     benign = [
         str(m["content"]) for i in load(SETS["development"]) if i["group"] == "benign"
         for m in i["messages"]
@@ -105,6 +117,42 @@ def worker(n: int) -> dict[str, Any]:
         for mode, scanner in scanners.items():
             out["latency"][f"{tokens} {mode}"] = latency(scanner, tokens, n, benign)
     return out
+
+
+def judged(scanner: Any, model: str) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Each item's kinds after the judge's name test, and the judge's times."""
+    import anyio
+
+    from hybridllm.engines.llamacpp import LlamaCppEngine
+    from hybridllm.guard.privacy import kinds
+    from hybridllm.guard.privacy_judge import PrivacyJudge, person_names
+
+    async def run() -> tuple[dict[str, list[str]], dict[str, Any]]:
+        engine = LlamaCppEngine(model, n_ctx=1024, n_threads=2)
+        await engine.start()
+        judge = PrivacyJudge(engine, budget_s=600)
+        assert judge.names is not None
+        t0 = time.perf_counter()
+        bar = await judge.names.bar()
+        times: dict[str, Any] = {"bar": bar, "bar_s": time.perf_counter() - t0, "ms": []}
+        out: dict[str, list[str]] = {}
+        for path in SETS.values():
+            for item in load(path):
+                found = scanner.scan(item["messages"])
+                out[item["id"]] = list(kinds(found))
+                if set(out[item["id"]]) != {"person"}:
+                    continue
+                sent = [(f"messages[{i}].content", m["content"]) for i, m in
+                        enumerate(item["messages"])]  # fmt: skip
+                t1 = time.perf_counter()
+                verdict = await judge.verdict([t for _, t in sent], names=person_names(found, sent))
+                times["ms"].append((time.perf_counter() - t1) * 1e3)
+                if not verdict.private:
+                    out[item["id"]] = []
+        await engine.aclose()
+        return out, times
+
+    return anyio.run(run)
 
 
 # ---- the report --------------------------------------------------------------------------------
@@ -145,7 +193,12 @@ def report_set(name: str, items: list[Item], runs: dict[str, dict[str, Any]]) ->
     for mode in MODES:
         lines.append(f"-- {mode}: before -> after")
         lines.append(f"{'':22}" + "".join(f"{lang:>26}" for lang in langs))
-        tallies = {side: tally(items, run["found"][mode]) for side, run in runs.items()}
+        if mode not in runs["after"]["found"]:
+            continue
+        tallies = {
+            side: tally(items, run["found"].get(mode, run["found"]["+NER"]))
+            for side, run in runs.items()
+        }
         for label, key in rows:
             cells = []
             for lang in langs:
@@ -165,8 +218,11 @@ def missed(items: list[Item], found: dict[str, list[str]]) -> list[str]:
     return out
 
 
-def run_side(code: Path, n: int) -> dict[str, Any]:
+def run_side(code: Path, n: int, judge_model: str | None = None) -> dict[str, Any]:
     env = {**os.environ, "HYBRIDLLM_BENCH_CODE": str(code), "PYTHONPATH": str(code)}
+    env.pop(JUDGE, None)
+    if judge_model:
+        env[JUDGE] = judge_model
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--worker", "--n", str(n), "--json", f.name]
         subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
@@ -188,6 +244,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100, help="latency samples per figure")
     ap.add_argument("--before-ref", default="main", help="the git ref measured as 'before'")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--judge-model", help="a GGUF file: add the judge's name test (after only)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     n = 30 if args.quick else args.n
@@ -196,19 +253,30 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         export(args.before_ref, Path(tmp))
-        runs = {"before": run_side(Path(tmp), n), "after": run_side(HERE, n)}
+        runs = {"before": run_side(Path(tmp), n), "after": run_side(HERE, n, args.judge_model)}
     lines = [f"before: {args.before_ref} (git archive); after: {HERE}"]
     for name, path in SETS.items():
         items = load(path)
         lines += report_set(name, items, runs)
-        lines.append(f"-- after, +NER, what is still wrong in the {name} set:")
-        lines += [f"   {m}" for m in missed(items, runs["after"]["found"]["+NER"])]
+        for mode in ("+NER", "+NER+judge"):
+            if mode in runs["after"]["found"]:
+                lines.append(f"-- after, {mode}, what is still wrong in the {name} set:")
+                lines += [f"   {m}" for m in missed(items, runs["after"]["found"][mode])]
     lines.append(f"\nlatency of one scan, n={n}, P50 / P99 ms (before -> after)")
     for key in runs["after"]["latency"]:
         b, a = runs["before"]["latency"][key], runs["after"]["latency"][key]
         lines.append(
             f"  ~{key:16} p50 {b['p50']:7.2f} -> {a['p50']:7.2f}   "
             f"p99 {b['p99']:7.2f} -> {a['p99']:7.2f}"
+        )
+    if "judge" in runs["after"]:
+        j = runs["after"]["judge"]
+        ms = sorted(j["ms"]) or [0.0]
+        q = statistics.quantiles(ms, n=100, method="inclusive") if len(ms) > 1 else ms * 99
+        lines.append(
+            f"judge (name test, {args.judge_model}): {len(j['ms'])} items judged; added TTFT "
+            f"P50 {q[49]:.0f} ms, P99 {q[98]:.0f} ms; bar {j['bar']:.2f} measured once in "
+            f"{j['bar_s']:.1f} s"
         )
     load_s = {side: f"{run['load_s']:.2f} s" for side, run in runs.items()}
     lines.append(f"NER layer load, once per process: {load_s}")

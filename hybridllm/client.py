@@ -39,6 +39,7 @@ from hybridllm.events import EngineName, Event, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.guard.privacy_judge import PrivacyJudge
+from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
 from hybridllm.routing.inputs import Scorer
@@ -58,6 +59,7 @@ from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.cascade import score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
+from hybridllm.runtime.public_names import clear_public_names
 from hybridllm.runtime.retry import RetryPolicy
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
@@ -178,7 +180,7 @@ class HybridClient:
             validate.directory(f"policy_dirs[{i}]", d)
         if router not in (None, "default") and not callable(getattr(router, "score", None)):
             raise errors.InvalidArgumentError("router", router, 'None, "default" or a Router')
-        judge = _judge(privacy_judge, local)
+        judge = self._judge = _judge(privacy_judge, local)
         self._guard: GuardedEngine | None = None
         if cloud is not None:
             if prices is not None and ledger is None:
@@ -245,7 +247,18 @@ class HybridClient:
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        if self._judge is not None and self._judge.names is not None:
+            self._tg.start_soon(self._measure_name_bar, self._judge.names)
         return self
+
+    async def _measure_name_bar(self, names: NameRecogniser) -> None:
+        """The privacy judge's bar for names (`NameRecogniser.bar`), measured in the background
+        at start (a few seconds of short local jobs that any request overtakes), so that the
+        first name alone is judged within its deadline."""
+        try:
+            await names.bar()
+        except errors.HybridError as exc:
+            log.warning("privacy judge: the bar for names was not measured (%s)", exc)
 
     async def _load_default_router(self) -> None:
         from hybridllm.routing.router import Router  # scikit-learn loads only here
@@ -308,6 +321,9 @@ class HybridClient:
     async def _serve(self, ticket: _Ticket, run: RequestRun) -> None:
         """Admit the request (its facts off the loop where they cost), decide, run the plan."""
         facts = await self._facts(ticket)
+        facts = await clear_public_names(
+            self._judge, ticket.request, ticket.policy, ticket.forced, facts
+        )
         route = ticket.route = self._route(ticket, facts, preview=False)
         ticket.cloud_start = self.routing.note_decision(ticket.policy.name, route.decision)
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace

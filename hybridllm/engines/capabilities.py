@@ -8,6 +8,7 @@ class) and mypy sees the methods it then calls.
 
 ```
 ReadsSignals        its own confidence signals on a prompt (LlamaCppEngine)
+ScoresText          log-probabilities of a plain text after a prefix (LlamaCppEngine)
 Drafts              a `Drafter`: drafts tokens after a token context (LlamaCppEngine)
 VerifiesAtEndpoint  posts a verifier's raw request through its own client (OpenAIEngine)
 SetsApiKey          takes a new API key (OpenAIEngine)
@@ -43,6 +44,7 @@ __all__ = [
     "LimitsConcurrency",
     "Outgoing",
     "ReadsSignals",
+    "ScoresText",
     "SetsApiKey",
     "VerificationPost",
     "VerifiesAtEndpoint",
@@ -66,6 +68,16 @@ class ReadsSignals(Protocol):
         *,
         rotations_within_s: float | None = None,
     ) -> LocalSignals: ...
+
+
+@runtime_checkable
+class ScoresText(Protocol):
+    """Scores a plain text under its model (no chat template): the privacy judge asks whether
+    the model knows a name (`guard.privacy_known`)."""
+
+    async def text_logprobs(self, prefix: str, text: str) -> tuple[float, ...]:
+        """The log-probability of each token of `text` written after `prefix`."""
+        ...
 
 
 @runtime_checkable

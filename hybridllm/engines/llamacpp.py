@@ -334,6 +334,14 @@ class LlamaCppEngine:
 
         return await engine_signals(self, messages, n_answer, rotations_within_s)
 
+    async def text_logprobs(self, prefix: str, text: str) -> tuple[float, ...]:
+        """The log-probability of each token of the plain text `text` after `prefix` (no chat
+        template), as one queued job (`engines/llama/textscore.py`): the privacy judge's test
+        of whether the model knows a name."""
+        from hybridllm.engines.llama.textscore import engine_text_logprobs
+
+        return await engine_text_logprobs(self, prefix, text)
+
     def drafter(self) -> Drafter:
         """A drafting handle for one speculative request (`engines.capabilities.Drafts`)."""
         from hybridllm.engines.llama.draft import LocalDrafter  # numpy: once a plan drafts

@@ -97,7 +97,7 @@ from hybridllm.guard.budget import (
 )
 from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy import Finding, kinds, message_texts, strings, tool_texts
-from hybridllm.guard.privacy_judge import PrivacyJudge, borderline
+from hybridllm.guard.privacy_judge import PrivacyJudge, borderline, person_names
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
 
 log = logging.getLogger(__name__)
@@ -334,12 +334,14 @@ class GuardedEngine:
         mode = context.privacy or self.privacy
         if self.judge is None or mode != "keep-local":
             return
-        texts = [text for loc, text in request_texts(request) if loc.endswith(".content")]
+        sent = list(request_texts(request))
+        texts = [text for loc, text in sent if loc.endswith(".content")]
         case = borderline(texts, kinds(found))
         if case is None:
             return
         budget = None if context.due is None else max(0.0, context.due - clock.now())
-        verdict = await self.judge.verdict(texts, budget)
+        names = person_names(found, sent) if case == "name_alone" else []
+        verdict = await self.judge.verdict(texts, budget, names)
         if verdict.private:
             why = "its deadline" if verdict.missed_deadline else "private data"
             log.info("privacy: judge (%s): %s, kept from the %s engine", case, why, self.name)

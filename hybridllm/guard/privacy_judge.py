@@ -14,9 +14,15 @@ A prompt is borderline (`borderline`) when their answer may be wrong either way:
 - `lower_name`: nothing was found, but two lower-case words that may be a name follow "from",
   "named", "called" or "by" ("the email is from dmitri volkov").
 
-The judge asks the local model one question ("does this conversation hold personal data about
-a private person, and which span?") with the answer constrained by a JSON schema, which the
-local engine turns into a llama.cpp grammar: the verdict is always parseable. It runs on the
+A name alone is judged by whether the local model knows the name (`privacy_known`: the rest of
+the name's log-probability after its first word, in an encyclopedic list, against a bar measured
+on invented private names with the same model): every name known means public figures, and the
+request goes where its policy sends it. This needs an engine that `ScoresText`
+(`LlamaCppEngine`); with another engine names are left to the fast layers unless
+`clears_names=True`. For the other cases the judge asks the local model one question ("does
+this conversation hold personal data about a private person, and which span?") with the answer
+constrained by a JSON schema, which the local engine turns into a llama.cpp grammar: the
+verdict is always parseable. It runs on the
 local engine like any request (its own worker thread: the event loop is free), at interactive
 priority, with a budget of time: a verdict that would come too late counts as private (the
 request goes local), never as a pass to the cloud unjudged.
@@ -35,8 +41,11 @@ from typing import Literal
 import anyio
 
 from hybridllm.engines.base import Engine, GenerationRequest
+from hybridllm.engines.capabilities import ScoresText
 from hybridllm.errors import InvalidArgumentError
 from hybridllm.events import Chunk, Delta
+from hybridllm.guard.privacy import Finding
+from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.guard.privacy_split import DANGLING_DOMAIN
 from hybridllm.tools import tool_spec
 
@@ -110,20 +119,24 @@ class PrivacyJudge:
         engine: Engine,
         *,
         budget_s: float = 2.0,
-        clears_names: bool = False,
+        clears_names: bool | None = None,
         max_tokens: int = 40,
     ) -> None:
         """`budget_s`: the most time a verdict may take (cut further by a request's deadline);
         `clears_names`: whether a name alone is judged too (a "not private" verdict then lets it
-        go to the cloud). Off by default: the small local models measured clear private names
-        too (docs/privacy-and-budget.md)."""
+        go to the cloud). None: where the engine `ScoresText`, whose name test is measured to
+        clear no private name of ours (docs/privacy-and-budget.md); True with another engine
+        asks the generative question, which the small models answered "not private" for
+        private names too."""
         if not isinstance(budget_s, int | float) or isinstance(budget_s, bool) or budget_s <= 0:
             raise InvalidArgumentError("budget_s", budget_s, "a number of seconds above 0")
-        if not isinstance(clears_names, bool):
-            raise InvalidArgumentError("clears_names", clears_names, "True or False")
+        if clears_names is not None and not isinstance(clears_names, bool):
+            raise InvalidArgumentError("clears_names", clears_names, "None, True or False")
         self.engine = engine
         self.budget_s = float(budget_s)
-        self.clears_names = clears_names
+        self.names = NameRecogniser(engine) if isinstance(engine, ScoresText) else None
+        auto = self.names is not None
+        self.clears_names = auto if clears_names is None else clears_names
         self.max_tokens = max_tokens
 
     def request(self, texts: Sequence[str]) -> GenerationRequest:
@@ -143,20 +156,32 @@ class PrivacyJudge:
             ),
         )
 
-    async def verdict(self, texts: Sequence[str], budget_s: float | None = None) -> Verdict:
+    async def verdict(
+        self, texts: Sequence[str], budget_s: float | None = None, names: Sequence[str] = ()
+    ) -> Verdict:
         """The verdict on `texts`, or, past `budget_s` (None: the judge's own; the smaller of
-        the two), a private one (`missed_deadline`)."""
+        the two), a private one (`missed_deadline`). `names`: the person entities of a name
+        alone (`person_names`), judged by whether the model knows each (where it `ScoresText`);
+        the span of a name it does not know is the verdict's."""
         budget = self.budget_s if budget_s is None else min(self.budget_s, budget_s)
         t0 = time.perf_counter()
-        answer: str | None = None
+        out: tuple[bool, str] | None = None
         if budget > 0:
             with anyio.move_on_after(budget):
-                answer = await _text(self.engine.stream(self.request(texts)))
+                out = await self._judge(texts, names)
         seconds = time.perf_counter() - t0
-        if answer is None:
+        if out is None:
             return Verdict(True, "", True, seconds)
-        private, span = parse(answer)
-        return Verdict(private, span, False, seconds)
+        return Verdict(out[0], out[1], False, seconds)
+
+    async def _judge(self, texts: Sequence[str], names: Sequence[str]) -> tuple[bool, str]:
+        """(private, span): the name test for names, else the model's answer to the question."""
+        if names and self.names is not None:
+            for name in names:
+                if not await self.names.known(name):
+                    return True, name
+            return False, ""
+        return parse(await _text(self.engine.stream(self.request(texts))))
 
 
 async def _text(chunks: AsyncGenerator[Chunk, None]) -> str:
@@ -166,6 +191,13 @@ async def _text(chunks: AsyncGenerator[Chunk, None]) -> str:
             if isinstance(chunk, Delta):
                 parts.append(chunk.text)
     return "".join(parts)
+
+
+def person_names(found: Sequence[Finding], texts: Sequence[tuple[str, str]]) -> list[str]:
+    """The text of each `person` finding, read from `texts` ((location, text) pairs as
+    scanned); a finding whose location is not among them gives "" (never known: private)."""
+    by_location = dict(texts)
+    return [by_location.get(f.location, "")[f.start : f.end] for f in found if f.kind == "person"]
 
 
 def parse(answer: str) -> tuple[bool, str]:

@@ -39,7 +39,13 @@ from typing import Any, Literal
 
 from hybridllm.errors import ConfigError
 from hybridllm.guard.privacy import Finding, Texts, message_texts, scan
-from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone
+from hybridllm.guard.privacy_ner_rules import (
+    detect_languages,
+    find,
+    german,
+    name_words,
+    named_alone,
+)
 from hybridllm.guard.privacy_phone import PhoneFinder, check_regions
 from hybridllm.guard.privacy_public import names_public_figure
 
@@ -230,16 +236,17 @@ def _space_after(text: str, i: int, ceiling: int) -> int:
 
 
 def _a_name(text: str, start: int, end: int) -> bool:
-    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont"),
-    or any words after a naming cue ("Mme Roux", "my son oliver"); a public figure's name
-    ("Charles de Gaulle", `privacy_public`) only after a naming cue ("my neighbour Tom Hanks")."""
+    """A person entity counts when it has no digit and two capitalised words ("Marie Dupont";
+    in German text, not nouns: `name_words`), or any words after a naming cue ("Mme Roux",
+    "my son oliver"); a public figure's name ("Charles de Gaulle", `privacy_public`) only
+    after a naming cue ("my neighbour Tom Hanks")."""
     span = text[start:end]
     if any(ch.isdigit() for ch in span):
         return False
     if named_alone(text, start):
         return True
-    caps = sum(w[:1].isupper() for w in span.split())
-    return caps >= 2 and not names_public_figure(text, start, end)
+    de = german(text)  # every noun capitalised: fewer words count as a name's
+    return name_words(span, de) >= 2 and not names_public_figure(text, start, end, nouns=de)
 
 
 def build_analyzer(models: Mapping[str, str]) -> Any:

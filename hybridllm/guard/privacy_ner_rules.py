@@ -193,6 +193,39 @@ def detect_languages(text: str, languages: tuple[str, ...] = ("en", "fr")) -> tu
     return languages
 
 
+_DE = frozenset(
+    "der die das den dem des und ist sind nicht ein eine einen einem im ich mein meine wir sie "
+    "er es was wie wer wann wo welche welcher welches hat haben bei mit von für auf zu aus über "
+    "auch noch nach vor seine seiner ihre ihrer".split()
+)
+# endings of German nouns that no given name or surname of ours has ("Einigung", "Freiheit",
+# "Wissenschaft", "Deutschlands"): in German text, where every noun is capitalised, such a word
+# is not a name word
+_DE_ENDS = tuple(
+    "ung ungen ungs heit heits keit keits schaft tion ität ismus nis tum lands reich".split()
+)
+
+
+def german(text: str) -> bool:
+    """Whether German function words clearly dominate `text` (as `detect_languages` reads
+    English and French)."""
+    words = _WORDS.findall(text.lower())
+    de = sum(w in _DE for w in words)
+    en = sum(w in _EN for w in words)
+    fr = sum(w in _FR for w in words)
+    return de >= 2 and de * 2 >= max(en, fr) * 3
+
+
+def name_words(span: str, german_text: bool) -> int:
+    """The capitalised words of a person entity that may be name words: all of them, but in
+    German text none that is a function word ("Welche") or ends as German nouns do."""
+    words = [w.strip(".,;:!?\"'()") for w in span.split()]
+    caps = [w for w in words if w[:1].isupper()]
+    if german_text:
+        caps = [w for w in caps if w.lower() not in _DE and not w.lower().endswith(_DE_ENDS)]
+    return len(caps)
+
+
 _NAMING_CUE = re.compile(
     r"(?i)(?<![\w'])(?:my name is|name is|name:|i am|i'm|called|named|"
     r"mr\.?|mrs\.?|ms\.?|miss|dr\.?|prof\.?|sir|madam|dear|hi|hello|"

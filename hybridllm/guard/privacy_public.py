@@ -62,11 +62,13 @@ _WORD = re.compile(r"\S+")
 _SENTENCE_END = tuple('.!?:;\n¿¡«"“(')
 
 
-def names_public_figure(text: str, start: int, end: int) -> bool:
+def names_public_figure(text: str, start: int, end: int, *, nouns: bool = False) -> bool:
     """Whether the entity `text[start:end]` is a public figure's name, give or take words the
     NER model took in with it: two or more of its words name one, and its other words are
     lower case or the sentence's first word ("What did Marie Curie", "Summarise Albert
-    Einstein's"). One name word beside another capitalised one ("Hannah Einstein") is not."""
+    Einstein's"), or (`nouns`: German text, every noun capitalised) any words after the name
+    ("Albert Einstein im Jahr"). One name word beside another capitalised one before it
+    ("Hannah Einstein") is not."""
     words = [m.group(0) for m in _WORD.finditer(text, start, end)]
     if is_public_figure(" ".join(words)):
         return True
@@ -74,7 +76,7 @@ def names_public_figure(text: str, start: int, end: int) -> bool:
     for i in range(len(words)):
         for j in range(i + 2, len(words) + 1):
             if is_public_figure(" ".join(words[i:j])):
-                rest = [(k, w) for k, w in enumerate(words) if not i <= k < j]
+                rest = [(k, w) for k, w in enumerate(words) if k < i or (k >= j and not nouns)]
                 if all(not w[:1].isupper() or (k == 0 and first) for k, w in rest):
                     return True
     return False

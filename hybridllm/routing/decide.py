@@ -360,6 +360,8 @@ def _restrict(
     if not policy.cloud_allowed and "cloud" in state.available:
         removed = drop("policy", f"policy {policy.name!r}: never leaves the device -> local")
     kinds = facts.privacy_kinds
+    if facts.public_names and not kinds:
+        reasons.append(f"privacy: {_names(facts.public_names)} known to the local model -> public")
     if kinds is None and policy.privacy.mode != "off":
         removed = drop("no_scanner", "privacy: no detector to scan the prompt -> local only")
     elif kinds and policy.privacy.mode == "off":
@@ -665,3 +667,7 @@ def _cascade_missing(decision: Decision, state: LiveState) -> str | None:
     if decision.primary != "local" and not decision.by_router:
         return "the cloud serves first for a reason other than the router's score"
     return None
+
+
+def _names(n: int) -> str:
+    return "a name alone" if n == 1 else f"{n} names alone"

@@ -56,6 +56,8 @@ class RequestFacts:
     router_threshold: float | None = None  # the cut for this policy (score >= it: cloud)
     # kinds found, e.g. {"email", "api_key"} (never the values); None: the prompt was not scanned
     privacy_kinds: frozenset[str] | None = frozenset()
+    # names alone that the privacy judge knew as public figures', dropped from privacy_kinds
+    public_names: int = 0
     forced: EngineName | None = None  # the caller named the engine
     # the plan the caller asked for (a call's `plan=`); None: the policy's `plan`, if any
     plan: PlanName | None = None

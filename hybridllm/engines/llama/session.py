@@ -27,6 +27,7 @@ from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llama.kvdisk import DISK_MIN_TOKENS, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore, SavedState, common_prefix
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
+from hybridllm.engines.llama.score import Scorer
 from hybridllm.engines.llama.signals import distribution, last_logits
 from hybridllm.engines.llama.toolcalls import (
     NAME_WAIT_CHARS,
@@ -142,6 +143,7 @@ class LlamaSession:
         # the app has since closed it (`forget`: then it is not saved when another prompt comes)
         self._live_conversation: str | None = None
         self._live_forgotten = False
+        self._text_scorer: Scorer | None = None  # `text_logprobs`, once asked
 
     def _make_formatter(self) -> Any:
         Jinja2ChatFormatter = loader.llama_cpp_part("llama_chat_format").Jinja2ChatFormatter
@@ -647,6 +649,29 @@ class LlamaSession:
         g, gen._gen = gen._gen, None
         if g is not None:
             g.close()  # type: ignore[attr-defined]
+
+    def text_logprobs(self, prefix: str, text: str) -> list[float]:
+        """The log-probability of each token of the plain text `text` after `prefix` (no chat
+        template): the live state is kept first where the text would cut it (`_warm`), and the
+        scorer evaluates only what the KV cache does not hold (`engines/llama/textscore.py`)."""
+        head = self.llm.tokenize(prefix.encode("utf-8"), add_bos=True, special=False)
+        tail = self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        if not tail:
+            return []
+        tokens = head + tail
+        self._abort.clear()
+        self._warm(tokens)
+        if self._text_scorer is None:
+            self._text_scorer = Scorer(self.llm, top_k=1)
+        try:
+            scores = self._text_scorer.score(tokens)
+        except RuntimeError as exc:  # cut by the abort callback, or a failure
+            self._after_abort()
+            self._text_scorer.forget()
+            if self._abort.is_set():
+                raise DecodeAborted from exc
+            raise errors.LocalEngineError(f"scoring failed: {exc}", engine="local") from exc
+        return [float(x) for x in scores.logprob[len(head) :]]
 
     # ---- cancellation & warm-up -----------------------------------------------------------
 
