@@ -19,8 +19,7 @@ from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.capabilities import ScoresText
 from hybridllm.guard.privacy_judge import PrivacyJudge, person_names
 from hybridllm.guard.privacy_known import FRAME, MARGIN, NameRecogniser, invented_names, name_words
-from hybridllm.guard.privacy_ner_rules import german
-from hybridllm.guard.privacy_ner_rules import name_words as capitalised_name_words
+from hybridllm.guard.privacy_ner_rules import german, name_words as capitalised_name_words
 from hybridllm.guard.privacy_public import names_public_figure
 from hybridllm.routing.decision import RequestFacts
 from hybridllm.runtime.public_names import clear_public_names
