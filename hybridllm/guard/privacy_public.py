@@ -31,15 +31,23 @@ _SPACES = re.compile(r"[\s\-–.]+")
 _POSSESSIVE = re.compile(r"['’]s$|['’]$")
 
 
-def normalise(name: str) -> str:
-    """Lower case, no accents, no dots or hyphens, no possessive, no leading titles."""
+def normalise(name: str, titles: bool = False) -> str:
+    """Lower case, no accents, no dots or hyphens, no possessive, no leading titles (`titles`:
+    kept)."""
     text = unicodedata.normalize("NFKD", name.strip())
     text = "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
     text = _POSSESSIVE.sub("", text)
     words = [w for w in _SPACES.split(text) if w]
-    while len(words) > 1 and words[0] in _TITLES:
+    while not titles and len(words) > 1 and words[0] in _TITLES:
         words = words[1:]
     return " ".join(words)
+
+
+def _entry(name: str) -> str:
+    """A list entry's key: without its titles, unless that leaves one word of a titled name
+    ("Prince Harry" stays "prince harry": "harry" alone is anyone's first name)."""
+    bare = normalise(name)
+    return normalise(name, titles=True) if " " not in bare else bare
 
 
 @lru_cache(maxsize=1)
@@ -49,13 +57,14 @@ def public_figures() -> frozenset[str]:
     names: set[str] = set()
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
-            names.update(normalise(n) for n in line.split("|") if n.strip())
+            names.update(_entry(n) for n in line.split("|") if n.strip())
     return frozenset(names)
 
 
 def is_public_figure(span: str) -> bool:
     """Whether `span` (a person entity's text) names a public figure of the list."""
-    return normalise(span) in public_figures()
+    figures = public_figures()
+    return normalise(span) in figures or normalise(span, titles=True) in figures
 
 
 _WORD = re.compile(r"\S+")

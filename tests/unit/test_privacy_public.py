@@ -73,3 +73,10 @@ def test_private_names_and_any_name_beside_an_identifier_are_still_flagged(
     text: str, kind: str
 ) -> None:
     assert kind in kinds(PrivacyScanner(ner="on").scan(text))
+
+
+def test_a_titled_name_is_not_kept_as_a_bare_first_name() -> None:
+    # "Prince Harry" is on the list: the title stays with the name, so "Harry" alone is nobody
+    assert is_public_figure("Prince Harry") and is_public_figure("Prince Harry's")
+    assert not is_public_figure("Harry") and not is_public_figure("Diana")
+    assert is_public_figure("President Lincoln's")  # a one-word entry keeps its bare form
