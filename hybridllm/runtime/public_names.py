@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from functools import partial
+
+import anyio.to_thread
 
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
@@ -53,7 +56,8 @@ async def clear_public_names(
     if judge is None or not worth_judging(judge, policy, forced, facts):
         return facts
     sent = list(request_texts(request))
-    found = default_scanner().scan((), extra=sent, deep=policy.privacy.ner)
+    scan = partial(default_scanner().scan, (), extra=sent, deep=policy.privacy.ner)
+    found = await anyio.to_thread.run_sync(scan)  # the NER layer's cached result, off the loop
     names = person_names(found, sent)
     if not names or {f.kind for f in found} != PERSON_ONLY:
         return facts
