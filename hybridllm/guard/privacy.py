@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hybridllm.guard.privacy_phone import PhoneFinder
+from hybridllm.guard.privacy_phone import PHONE_WORDS, PhoneFinder
 from hybridllm.guard.privacy_rules import (
     DETECTORS,
     DIGIT_RUN,
@@ -134,10 +134,11 @@ def default_phones() -> PhoneFinder:
 
 
 def scan_text(
-    text: str, location: str = "text", phones: PhoneFinder | None = None
+    text: str, location: str = "text", phones: PhoneFinder | None = None, cued: bool = False
 ) -> list[Finding]:
     """Every finding in one text, in order; overlapping matches keep the first detector's
-    (`phones`, the phone-number library, reads before the phone patterns)."""
+    (`phones`, the phone-number library, reads before the phone patterns; `cued`: as after a
+    phone word, `PhoneFinder.find`)."""
     found: list[Finding] = []
     taken: list[tuple[int, int]] = []
     lowered = text.lower()
@@ -148,7 +149,7 @@ def scan_text(
     for d in DETECTORS:
         if d.kind == "phone" and not library_read:  # after the checksummed kinds (an SSN)
             library_read = True
-            for start, end, number in (phones or default_phones()).find(text, windows):
+            for start, end, number in (phones or default_phones()).find(text, windows, cued):
                 if not any(start < e and s < end for s, e in taken):
                     taken.append((start, end))
                     found.append(Finding("phone", location, start, end, number))
@@ -236,7 +237,8 @@ def split_across(
     (phone, card, ID) whose digit pieces in two or three texts read as one."""
     known = [(f.location, f.start, f.end) for f in found]
     emails = [("email", *where) for where in split_emails(contents)]
-    numbers = split_numbers(contents, partial(_kinds_at, phones=phones))
+    about_phones = any(PHONE_WORDS.search(text) for _, text in contents)
+    numbers = split_numbers(contents, partial(_kinds_at, phones=phones, cue=about_phones))
     return [
         Finding(kind, location, start, end, SPLIT_HINT.get(kind, f"{kind} *** (split)"))
         for kind, location, start, end in (*emails, *numbers)
@@ -244,9 +246,13 @@ def split_across(
     ]
 
 
-def _kinds_at(text: str, phones: PhoneFinder | None = None) -> list[tuple[str, int, int]]:
-    """(kind, start, end) of the pattern layer's findings on `text` (`split_numbers`' reader)."""
-    return [(f.kind, f.start, f.end) for f in scan_text(text, "text", phones)]
+def _kinds_at(
+    text: str, phones: PhoneFinder | None = None, cue: bool = False
+) -> list[tuple[str, int, int]]:
+    """(kind, start, end) of the pattern layer's findings on `text` (`split_numbers`' reader);
+    `cue`: the conversation said a phone number follows, so `text` is read as after a phone
+    word (`privacy_phone.PHONE_WORDS`: any valid number, however grouped)."""
+    return [(f.kind, f.start, f.end) for f in scan_text(text, "text", phones, cue)]
 
 
 def across_messages(

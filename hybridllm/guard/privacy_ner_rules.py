@@ -115,6 +115,44 @@ NAMED = re.compile(
 )
 
 
+# a relation the user names a private person by: "my colleague", "ma voisine", "mein Nachbar",
+# "mi jefa", "mia sorella" (the words after it are a private person's name)
+RELATION = (
+    r"my (?:wife|husband|son|daughter|mother|father|mom|mum|dad|brother|sister|friend|"
+    r"colleague|co-?worker|boss|manager|neighbou?r|partner|doctor|patient|client|tenant|"
+    r"landlord|landlady|cousin|aunt|uncle|niece|nephew|grandmother|grandfather|grandma|grandpa|"
+    r"girlfriend|boyfriend|fianc[ée]e?|flatmate|roommate|teacher|student|employee|assistant)|"
+    r"mon (?:mari|fils|père|frère|ami|copain|collègue|voisin|patron|chef|médecin|patient|"
+    r"client|locataire|propriétaire|cousin|oncle|neveu|fiancé|colocataire)|"
+    r"ma (?:femme|fille|mère|sœur|soeur|amie|copine|collègue|voisine|patronne|cheffe|patiente|"
+    r"cliente|locataire|propriétaire|cousine|tante|nièce|fiancée|colocataire)|"
+    r"mein(?:em|en)? (?:mann|sohn|vater|bruder|freund|kollegen?|nachbarn?|chef|arzt|patienten?|"
+    r"kunden?|mieter|vermieter|cousin|onkel|neffen?|opa|großvater|verlobter|mitbewohner|lehrer)|"
+    r"meine[rm]? (?:frau|tochter|mutter|schwester|freundin|kollegin|nachbarin|chefin|ärztin|"
+    r"patientin|kundin|mieterin|vermieterin|cousine|tante|nichte|oma|großmutter|verlobte|"
+    r"mitbewohnerin|lehrerin)|"
+    r"mi (?:marido|esposo|esposa|mujer|hijo|hija|padre|madre|hermano|hermana|amigo|amiga|"
+    r"compañero|compañera|colega|jefe|jefa|vecino|vecina|médico|médica|paciente|cliente|"
+    r"inquilino|inquilina|casero|casera|primo|prima|tío|tía|abuelo|abuela|novio|novia)|"
+    r"mio (?:marito|figlio|padre|fratello|amico|collega|capo|vicino|medico|paziente|cliente|"
+    r"inquilino|cugino|zio|nonno|fidanzato)|"
+    r"mia (?:moglie|figlia|madre|sorella|amica|collega|vicina|paziente|cliente|inquilina|"
+    r"cugina|zia|nonna|fidanzata)"
+)
+_NAMING_CUE = re.compile(
+    r"(?i)(?<![\w'])(?:my name is|name is|name:|i am|i'm|called|named|"
+    r"mr\.?|mrs\.?|ms\.?|miss|dr\.?|prof\.?|sir|madam|dear|hi|hello|"
+    r"je m'appelle|je suis|nom ?:|prénom ?:|m\.|mme|mlle|monsieur|madame|cher|chère|bonjour|"
+    rf"ich heiße|ich bin|herr|frau|me llamo|soy|señor|señora|sr\.|sra\.|{RELATION})\W{{0,3}}$"
+)
+# one to three capitalised words right after a relation: a private person's name, whether or
+# not the NER model knows it ("My colleague Deepa Raghunathan keeps...")
+_NAME_WORD = r"[A-ZÀ-ÖØ-Þ][\w'’-]+"
+RELATED = re.compile(
+    rf"(?<![\w])(?i:{RELATION}),? (?P<v>{_NAME_WORD}(?: {_NAME_WORD}){{0,2}})(?![\w'’-])"
+)
+
+
 def nir_ok(value: str) -> bool:
     """A French social security number (15 characters without spaces): key = 97 - n % 97, with
     Corsica's 2A / 2B counted as 19 / 18."""
@@ -145,6 +183,7 @@ RULES: tuple[Rule, ...] = (
     Rule("date_of_birth", DOB),
     Rule("date_of_birth", DOB_BEFORE),
     Rule("person", NAMED),
+    Rule("person", RELATED),
     Rule("passport", PASSPORT, _digits(3)),
     Rule("national_id", NATIONAL_ID, _digits(5)),
     Rule("national_id", NIR, nir_ok),
@@ -224,18 +263,6 @@ def name_words(span: str, german_text: bool) -> int:
     if german_text:
         caps = [w for w in caps if w.lower() not in _DE and not w.lower().endswith(_DE_ENDS)]
     return len(caps)
-
-
-_NAMING_CUE = re.compile(
-    r"(?i)(?<![\w'])(?:my name is|name is|name:|i am|i'm|called|named|"
-    r"mr\.?|mrs\.?|ms\.?|miss|dr\.?|prof\.?|sir|madam|dear|hi|hello|"
-    r"my (?:wife|husband|son|daughter|mother|father|mom|mum|dad|brother|sister|friend|"
-    r"colleague|boss|neighbou?r|partner|doctor|patient|client|tenant|landlord)|"
-    r"je m'appelle|je suis|nom ?:|prénom ?:|m\.|mme|mlle|monsieur|madame|cher|chère|bonjour|"
-    r"mon (?:mari|fils|père|frère|ami|collègue|voisin|patron|médecin|patient|client)|"
-    r"ma (?:femme|fille|mère|sœur|soeur|amie|collègue|voisine|patronne|patiente|cliente)|"
-    r"ich heiße|ich bin|herr|frau|me llamo|soy|señor|señora|sr\.|sra\.)\W{0,3}$"
-)
 
 
 def named_alone(text: str, start: int) -> bool:

@@ -11,7 +11,10 @@ A number written with "+" or "00" is read in any region. A number written the na
 not only its length) with its digits grouped as that region groups them (`STRICT_GROUPING`), so
 that order numbers ("#123-456-7890"), dates and references ("ORD-2024-000123") are left alone;
 a run of digits with no grouping at all ("0612345678") counts only in the first region (the
-locale's, else the US), since some plan somewhere reads most ten-digit runs.
+locale's, else the US), since some plan somewhere reads most ten-digit runs. Right after a word
+that says a phone number follows ("mobile", "phone", "Handynummer", "téléphone", "móvil":
+`PHONE_WORDS`, at most `CUE_CHARS` before it), a valid number counts however its digits are
+grouped ("Meine Handynummer ist 0152 3381 9046", which German numbering groups "01523 3819046").
 Numbers reserved for fiction (Ofcom's 07700 900xxx drama range, 555-01xx in North America) are
 not valid numbers to the library; the guard's own patterns still read the 555 ones. Nor are
 numbers with five equal digits in a row ("1000000007", a constant in code).
@@ -103,46 +106,62 @@ class PhoneFinder:
         self.regions = default_regions() if regions is None else check_regions(regions)
         self.available = available()
 
-    def find(self, text: str, windows: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    def find(
+        self, text: str, windows: Sequence[tuple[int, int]], cued: bool = False
+    ) -> list[tuple[int, int, str]]:
         """(start, end, hint) of each number in the `windows` of `text` (the spans around runs
-        of digits the pattern layer reads: `privacy._digit_windows`)."""
+        of digits the pattern layer reads: `privacy._digit_windows`); `cued`: every window is
+        read as after a phone word (the digits of a number given in pieces)."""
         if not self.available or not windows:
             return []
         out: list[tuple[int, int, str]] = []
         for start, end in windows:
-            out += self._window(text, start, end)
+            out += self._window(text, start, end, cued)
         return out
 
-    def _window(self, text: str, start: int, end: int) -> list[tuple[int, int, str]]:
+    def _window(
+        self, text: str, start: int, end: int, cued: bool = False
+    ) -> list[tuple[int, int, str]]:
         found: list[tuple[int, int, str]] = []
-        for s, e, hint in self._piece(text[start:end]):
+        cue = PHONE_WORDS.search(text, max(0, start - CUE_CHARS), start)
+        lenient = cued or cue is not None
+        for s, e, hint in self._piece(text[start:end], lenient):
             if _edges_ok(text, start + s, start + e):
                 found.append((start + s, start + e, hint))
         return found
 
-    def _piece(self, piece: str) -> tuple[tuple[int, int, str], ...]:
+    def _piece(self, piece: str, lenient: bool = False) -> tuple[tuple[int, int, str], ...]:
         """The numbers in one window's text, placed in it; a window that is a date, or has too
-        few digits for a number, is not handed to the library (0.05 ms a region)."""
+        few digits for a number, is not handed to the library (0.05 ms a region). `lenient`:
+        after a phone word, any valid number, however grouped."""
         digits = sum(ch.isdigit() for ch in piece)
         if digits < MIN_DIGITS or _DATE.fullmatch(piece.strip(_NOT_DIGIT)):
             return ()
-        return _numbers(piece, self.regions)
+        return _numbers(piece, self.regions, lenient)
 
 
 MIN_DIGITS = 7  # the shortest national number (with its area code) of the default regions
+PHONE_WORDS = re.compile(
+    r"(?i)phone|mobile|\bcell|\btel\b|tél|portable|\bfixe\b|handy|telefon|festnetz|mobil|"
+    r"teléfono|telefono|móvil|celular|cellulare|whatsapp"
+)
+CUE_CHARS = 40  # how far before a number its phone word may stand
 _NOT_DIGIT = "".join(chr(c) for c in range(128) if not chr(c).isdigit())
 _DATE = re.compile(r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}")
 
 
 @lru_cache(maxsize=1024)
-def _numbers(piece: str, regions: tuple[str, ...]) -> tuple[tuple[int, int, str], ...]:
+def _numbers(
+    piece: str, regions: tuple[str, ...], lenient: bool = False
+) -> tuple[tuple[int, int, str], ...]:
     """(start, end, hint) of the valid numbers in `piece` (kept: a conversation's earlier
-    turns are scanned again with each new one)."""
+    turns are scanned again with each new one); `lenient`: grouping not checked."""
     import phonenumbers as pn
 
     found: list[tuple[int, int, str]] = []
+    leniency = pn.Leniency.VALID if lenient else pn.Leniency.STRICT_GROUPING
     for i, region in enumerate(regions):
-        for m in pn.PhoneNumberMatcher(piece, region, leniency=pn.Leniency.STRICT_GROUPING):
+        for m in pn.PhoneNumberMatcher(piece, region, leniency=leniency):
             if any(m.start < fe and fs < m.end for fs, fe, _ in found):
                 continue
             if i > 0 and m.raw_string.isdigit():

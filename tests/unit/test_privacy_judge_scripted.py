@@ -118,7 +118,7 @@ async def test_a_name_alone_is_cleared_only_by_a_judge_that_clears_names() -> No
     scanner = PrivacyScanner(ner="on")
     cloud = ScriptedEngine("cloud", tokens=["ok"])
     context = RequestContext(privacy="keep-local")
-    question = bound("Who was Hedy Lamarr and what did she invent?")
+    question = bound("Who was Zorblax Quintavius and what did he invent?")
     keeps = GuardedEngine(
         cloud, scanner=scanner, judge=PrivacyJudge(ScriptedEngine("local", tokens=NOT_PRIVATE))
     )

@@ -173,3 +173,31 @@ def test_german_nouns_are_not_name_words() -> None:
     start, end = de.index("Albert"), de.index(" 1905")
     assert names_public_figure(de, start, end, nouns=True)
     assert not names_public_figure(de, start, end)  # "Jahr": a capitalised word, not German
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("My colleague Deepa Raghunathan keeps taking credit for my work.", "Deepa Raghunathan"),
+        ("Mein Nachbar Wolfgang Eichhorn beschwert sich.", "Wolfgang Eichhorn"),
+        ("Dile a mi jefa, Carmen Ortiz, que llego tarde.", "Carmen Ortiz"),
+        ("Scrivi a mia sorella Giulia per il compleanno.", "Giulia"),
+        ("Écris à ma voisine Maëlle Jourdain.", "Maëlle Jourdain"),
+    ],
+)
+def test_a_name_after_a_relation_is_a_private_persons(text: str, name: str) -> None:
+    from hybridllm.guard.privacy_ner_rules import find, named_alone
+
+    found = [(kind, text[a:b]) for kind, a, b in find(text)]
+    assert ("person", name) in found
+    assert named_alone(text, text.index(name))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["my boss wants the report by Friday", "My friend and I went to the cinema.", "mi jefe dice"],
+)
+def test_a_relation_without_a_capitalised_name_finds_nobody(text: str) -> None:
+    from hybridllm.guard.privacy_ner_rules import find
+
+    assert not [k for k, _, _ in find(text) if k == "person"]

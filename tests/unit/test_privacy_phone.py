@@ -94,3 +94,17 @@ def test_the_default_scanner_reads_its_regions_once(monkeypatch: pytest.MonkeyPa
     with pytest.raises(InvalidArgumentError, match=r"\$HYBRIDLLM_PRIVACY_REGIONS\[1\]"):
         privacy_ner.default_scanner()
     monkeypatch.setattr(privacy_ner, "_default", None)
+
+
+def test_after_a_phone_word_a_valid_number_counts_however_it_is_grouped() -> None:
+    from hybridllm.guard.privacy import scan, scan_text
+
+    # German numbering groups this mobile "01523 3819046"; people write it 4-4-4 too
+    assert [f.kind for f in scan_text("Meine Handynummer ist 0152 3381 9046")] == ["phone"]
+    assert scan_text("Bestellung 0152 3381 9046") == []  # no phone word: grouping checked
+    split = [
+        {"role": "user", "content": "Meine Handynummer beginnt mit 0152"},
+        {"role": "assistant", "content": "Und weiter?"},
+        {"role": "user", "content": "dann 3381 9046"},
+    ]
+    assert [f.hint for f in scan(split)] == ["phone *** (split)"]
