@@ -8,7 +8,9 @@ Sets (labels: data/privacy/README.md), reported apart:
   issue-24 held-out items included: they have been seen since);
 - "held-out": `data/privacy/heldout31.jsonl`, written after the issue-31 rules were frozen;
 - "held-out 2": `data/privacy/heldout31b.jsonl`, written before the second pass's rules were
-  frozen (the split numbers, German nouns, the longer list, the name test) and not run before.
+  frozen (the split numbers, German nouns, the longer list, the name test) and not run before;
+- "held-out 3": `data/privacy/heldout31c.jsonl`, written before the third pass's rules (a name
+  after a relation, phone grouping after a phone word) were frozen and not run before them.
 
 `--judge-model PATH` adds the mode "+NER+judge" on the "after" side: an item whose only
 finding is a name alone is asked of the privacy judge on that GGUF model (the name test,
@@ -54,6 +56,7 @@ SETS = {
     "development": HERE / "data" / "privacy" / "corpus.jsonl",
     "held-out": HERE / "data" / "privacy" / "heldout31.jsonl",
     "held-out 2": HERE / "data" / "privacy" / "heldout31b.jsonl",
+    "held-out 3": HERE / "data" / "privacy" / "heldout31c.jsonl",
 }
 SAME = {"national_id": {"national_id", "ssn", "uk_nino", "es_dni"}}
 LANGS = ("all", "en", "fr", "de", "es", "it")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from hybridllm.guard.privacy_phone import PHONE_WORDS, PhoneFinder
+from hybridllm.guard.privacy_phone import PhoneFinder
 from hybridllm.guard.privacy_rules import (
     DETECTORS,
     DIGIT_RUN,
@@ -237,8 +237,7 @@ def split_across(
     (phone, card, ID) whose digit pieces in two or three texts read as one."""
     known = [(f.location, f.start, f.end) for f in found]
     emails = [("email", *where) for where in split_emails(contents)]
-    about_phones = any(PHONE_WORDS.search(text) for _, text in contents)
-    numbers = split_numbers(contents, partial(_kinds_at, phones=phones, cue=about_phones))
+    numbers = split_numbers(contents, partial(_kinds_at, phones=phones))
     return [
         Finding(kind, location, start, end, SPLIT_HINT.get(kind, f"{kind} *** (split)"))
         for kind, location, start, end in (*emails, *numbers)
@@ -247,12 +246,12 @@ def split_across(
 
 
 def _kinds_at(
-    text: str, phones: PhoneFinder | None = None, cue: bool = False
+    text: str, about_phones: bool, phones: PhoneFinder | None = None
 ) -> list[tuple[str, int, int]]:
     """(kind, start, end) of the pattern layer's findings on `text` (`split_numbers`' reader);
-    `cue`: the conversation said a phone number follows, so `text` is read as after a phone
-    word (`privacy_phone.PHONE_WORDS`: any valid number, however grouped)."""
-    return [(f.kind, f.start, f.end) for f in scan_text(text, "text", phones, cue)]
+    `about_phones`: the conversation has a phone word, so `text` is read as after one (any
+    valid number, however grouped)."""
+    return [(f.kind, f.start, f.end) for f in scan_text(text, "text", phones, about_phones)]
 
 
 def across_messages(

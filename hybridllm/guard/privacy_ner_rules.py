@@ -235,7 +235,8 @@ def detect_languages(text: str, languages: tuple[str, ...] = ("en", "fr")) -> tu
 _DE = frozenset(
     "der die das den dem des und ist sind nicht ein eine einen einem im ich mein meine wir sie "
     "er es was wie wer wann wo welche welcher welches hat haben bei mit von für auf zu aus über "
-    "auch noch nach vor seine seiner ihre ihrer".split()
+    "auch noch nach vor seine seiner ihre ihrer als warum wieso weshalb dass sich wird wurde oder "
+    "aber wenn kann gibt".split()
 )
 # endings of German nouns that no given name or surname of ours has ("Einigung", "Freiheit",
 # "Wissenschaft", "Deutschlands"): in German text, where every noun is capitalised, such a word

@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from hybridllm.guard.privacy_phone import PHONE_WORDS
+
 # "@example.org" not preceded by a user name (the per-text patterns read complete addresses)
 DANGLING_DOMAIN = re.compile(
     r"(?<![A-Za-z0-9._%+-])@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})\.)+[A-Za-z]{2,24}(?![\w.-]*\w)"
@@ -106,14 +108,21 @@ def digit_pieces(texts: Sequence[tuple[str, str]]) -> list[Piece]:
 
 
 def split_numbers(
-    texts: Sequence[tuple[str, str]], read: Callable[[str], Sequence[tuple[str, int, int]]]
+    texts: Sequence[tuple[str, str]], read: Callable[[str, bool], Sequence[tuple[str, int, int]]]
 ) -> list[tuple[str, str, int, int]]:
     """(kind, location, start, end) of each number given in pieces over two or three texts:
-    `read(joined)` is the pattern layer's (kind, start, end) findings on the pieces joined with
-    a space; one that starts in the first piece and ends in the last is kept, located at the
-    last piece (where the value is completed)."""
+    `read(joined, about_phones)` is the pattern layer's (kind, start, end) findings on the
+    pieces joined with a space (`about_phones`: the conversation has a phone word,
+    `privacy_phone.PHONE_WORDS`); one that starts in the first piece and ends in the last is
+    kept, located at the last piece (where the value is completed). The conversation's words
+    are read only where two texts hold digit pieces (a long prompt alone costs one pass)."""
+    if len(texts) < 2:
+        return []
     pieces = digit_pieces(texts)
+    if len({p[0] for p in pieces}) < 2:
+        return []
     about_numbers = any(NUMBER_WORDS.search(text) for _, text in texts)
+    phones = any(PHONE_WORDS.search(text) for _, text in texts)
     out: list[tuple[str, str, int, int]] = []
     for a in range(len(pieces)):
         for b in range(a + 1, min(a + MAX_PIECES, len(pieces))):
@@ -122,7 +131,7 @@ def split_numbers(
                 break  # two pieces of one text: the per-text scan reads them together
             if not _cued(texts, run, about_numbers):
                 continue
-            found = _read_joined(run, read)
+            found = _read_joined(run, read, phones)
             if found is not None:
                 last = run[-1]
                 out.append((found, texts[last[0]][0], last[1], last[2]))
@@ -136,12 +145,14 @@ def _cued(texts: Sequence[tuple[str, str]], run: Sequence[Piece], about_numbers:
 
 
 def _read_joined(
-    run: Sequence[Piece], read: Callable[[str], Sequence[tuple[str, int, int]]]
+    run: Sequence[Piece],
+    read: Callable[[str, bool], Sequence[tuple[str, int, int]]],
+    about_phones: bool,
 ) -> str | None:
     """The kind of a finding on the joined pieces that spans them all, else None."""
     joined = " ".join(p[3] for p in run)
     last_start = len(joined) - len(run[-1][3])
-    for kind, start, end in read(joined):
+    for kind, start, end in read(joined, about_phones):
         if start < len(run[0][3]) and end > last_start:
             return kind
     return None

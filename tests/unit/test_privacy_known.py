@@ -201,3 +201,11 @@ def test_a_relation_without_a_capitalised_name_finds_nobody(text: str) -> None:
     from hybridllm.guard.privacy_ner_rules import find
 
     assert not [k for k, _, _ in find(text) if k == "person"]
+
+
+def test_a_short_german_question_is_read_as_german() -> None:
+    # two function words are enough ("Warum", "als", "der"): "Begründer" is then a noun
+    text = "Warum gilt Immanuel Kant als Begründer der kritischen Philosophie?"
+    assert german(text)
+    start = text.index("Immanuel")
+    assert names_public_figure(text, start, text.index(" der"), nouns=True)

@@ -88,15 +88,17 @@ def test_a_number_given_in_pieces_is_found_where_it_is_completed(
 
 
 def test_a_piece_is_the_pattern_layers_reading_of_the_joined_digits() -> None:
-    texts = [("a", "starts 07911"), ("b", "then 234567")]
-    seen: list[str] = []
+    texts = [("a", "my mobile starts 07911"), ("b", "then 234567")]
+    seen: list[tuple[str, bool]] = []
 
-    def read(joined: str) -> list[tuple[str, int, int]]:
-        seen.append(joined)
+    def read(joined: str, about_phones: bool) -> list[tuple[str, int, int]]:
+        seen.append((joined, about_phones))
         return [("phone", 0, len(joined))]
 
     assert split_numbers(texts, read) == [("phone", "b", 5, 11)]
-    assert seen == ["07911 234567"]
+    assert seen == [("07911 234567", True)]  # read as after the phone word "mobile"
+    assert split_numbers([("a", "07911 234567 in one text")], read) == []
+    assert len(seen) == 1  # one text with pieces: nothing joined, nothing read
 
 
 @pytest.mark.parametrize(
