@@ -10,7 +10,8 @@ Sets (labels: data/privacy/README.md), reported apart:
 - "held-out 2": `data/privacy/heldout31b.jsonl`, written before the second pass's rules were
   frozen (the split numbers, German nouns, the longer list, the name test) and not run before;
 - "held-out 3": `data/privacy/heldout31c.jsonl`, written before the third pass's rules (a name
-  after a relation, phone grouping after a phone word) were frozen and not run before them.
+  after a relation, phone grouping after a phone word) were frozen and not run before them;
+- "held-out 4": `data/privacy/heldout31d.jsonl`, written after the rules were frozen at 7db531b.
 
 `--judge-model PATH` adds the mode "+NER+judge" on the "after" side: an item whose only
 finding is a name alone is asked of the privacy judge on that GGUF model (the name test,
@@ -57,6 +58,7 @@ SETS = {
     "held-out": HERE / "data" / "privacy" / "heldout31.jsonl",
     "held-out 2": HERE / "data" / "privacy" / "heldout31b.jsonl",
     "held-out 3": HERE / "data" / "privacy" / "heldout31c.jsonl",
+    "held-out 4": HERE / "data" / "privacy" / "heldout31d.jsonl",
 }
 SAME = {"national_id": {"national_id", "ssn", "uk_nino", "es_dni"}}
 LANGS = ("all", "en", "fr", "de", "es", "it")
