@@ -209,6 +209,7 @@ class HybridClient:
         # cloud-answered conversations for the local engine to prefill; the task doing it
         self._to_warm: deque[_WarmUp] = deque(maxlen=WARM_QUEUE)
         self._warming: anyio.CancelScope | None = None
+        self._measuring = anyio.CancelScope()  # the privacy judge's bar, measured at start
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(name="local"),
@@ -254,11 +255,12 @@ class HybridClient:
     async def _measure_name_bar(self, names: NameRecogniser) -> None:
         """The privacy judge's bar for names (`NameRecogniser.bar`), measured in the background
         at start (a few seconds of short local jobs that any request overtakes), so that the
-        first name alone is judged within its deadline."""
-        try:
-            await names.bar()
-        except errors.HybridError as exc:
-            log.warning("privacy judge: the bar for names was not measured (%s)", exc)
+        first name alone is judged within its deadline. Closing the client stops it."""
+        with self._measuring:
+            try:
+                await names.bar()
+            except errors.HybridError as exc:
+                log.warning("privacy judge: the bar for names was not measured (%s)", exc)
 
     async def _load_default_router(self) -> None:
         from hybridllm.routing.router import Router  # scikit-learn loads only here
@@ -278,6 +280,7 @@ class HybridClient:
             run.cancel()
         if self._warming is not None:
             self._warming.cancel()
+        self._measuring.cancel()
         try:
             if stack is not None:
                 await stack.aclose()

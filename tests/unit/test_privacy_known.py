@@ -209,3 +209,14 @@ def test_a_short_german_question_is_read_as_german() -> None:
     assert german(text)
     start = text.index("Immanuel")
     assert names_public_figure(text, start, text.index(" der"), nouns=True)
+
+
+async def test_closing_the_client_stops_the_bar_being_measured() -> None:
+    import anyio
+
+    local = ScoringEngine(KNOWN, delay_s=0.5)  # the bar would take 60 x 0.5 s
+    cloud = ScriptedEngine("cloud", tokens=["ok"])
+    with anyio.fail_after(5):
+        async with HybridClient(local=local, cloud=cloud, privacy_judge=5):
+            await anyio.sleep(0.1)
+    assert 1 <= len(local.calls) < len(invented_names())
