@@ -370,8 +370,10 @@ class HybridClient:
         takes and goes through the same admission (`_ticket`, `_route`: the client's privacy
         floor, the policy's plan, the request's defaults), so the preview is the decision
         `stream()` would make (here on the calling thread: a preview of a long prompt may take
-        a few ms, or more with the NER layer). A preview leaves the circuits as they are (a
-        half-open circuit keeps its probe for the next request). A request no engine may
+        a few ms, or more with the NER layer), except that it does not ask the privacy judge
+        about a name alone (`stream()` may then clear a public figure's name; the preview keeps
+        it local). A preview leaves the circuits as they are (a half-open circuit keeps its
+        probe for the next request). A request no engine may
         serve raises its refusal (a `RefusedError`: `PrivacyBlockedError`,
         `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
