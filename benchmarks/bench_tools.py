@@ -185,6 +185,24 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def calibration_rows(
+    args: argparse.Namespace, url: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The calibration items' local and cloud rows: run now, or read from `--calibration-rows`
+    where an earlier run of the same items wrote them (the file is written after a run)."""
+    cal = items(args.calibrate, skip=args.n)
+    saved = Path(args.calibration_rows) if args.calibration_rows else None
+    if saved is not None and saved.exists():
+        rows = json.loads(saved.read_text())
+        if [r["id"] for r in rows["local"]] == [it["id"] for it in cal]:
+            print(f"  calibration rows read from {saved}", file=sys.stderr)
+            return rows["local"], rows["cloud"]
+    local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+    if saved is not None:
+        saved.write_text(json.dumps({"local": local, "cloud": cloud}, indent=1, default=str))
+    return local, cloud
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import HybridServer
@@ -194,12 +212,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
         url = f"http://127.0.0.1:{server.port}/v1"
         if args.calibrate:  # the held-out items follow the calibration ones
-            cal = items(args.calibrate, skip=args.n)
-            local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+            local, cloud = await calibration_rows(args, url)
             res["calibration"] = calibrate(local, cloud, args.max_share)
             args.bound = res["calibration"]["bound"]
         res["bound"] = args.bound
-        for arm in args.arms.split(","):
+        for arm in filter(None, args.arms.split(",")):  # "": the calibration only
             t0 = time.perf_counter()
             rows = await run_arm(arm, items(args.n), url, args.bound)
             res["rows"][arm] = rows
@@ -217,6 +234,10 @@ def cli() -> None:
     ap.add_argument(
         "--calibrate", type=int, default=0, metavar="M",
         help="first choose the bound on the M items per category after the first --n",
+    )  # fmt: skip
+    ap.add_argument(
+        "--calibration-rows", metavar="PATH",
+        help="write the calibration items' rows here, or read them if an earlier run did",
     )  # fmt: skip
     ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bound may use")
     ap.add_argument("--json", help="write the rows and the summary here")
