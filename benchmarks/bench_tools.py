@@ -2,7 +2,8 @@
 run (issue 26).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--arms local,cloud,hybrid]
-        [--calibrate M | --bound B] [--max-share 0.5] [--json out.json]
+        [--calibrate M [--calibration-rows PATH] | --bound B] [--max-share 0.5]
+        [--json out.json]
 
 Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`,
 `irrelevance`; `benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them with an
@@ -14,7 +15,9 @@ tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
   anything is delivered, and so does a valid local call below the bound (`[tools]
   min_call_confidence`: `--bound`, or `--calibrate M`: chosen first on the next M items of each
   category, run local only and cloud only, as the bound that maximises accuracy with at most
-  `--max-share` of them sent to the cloud; the reported items are never the calibration's).
+  `--max-share` of them sent to the cloud; the reported items are never the calibration's;
+  `--calibration-rows PATH` keeps those local and cloud rows, so a later run on the same items
+  reads them instead of running them again).
 Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
 again with jsonschema, independently of hybridllm's own check), the refusals (an
 `InvalidOutputError` where no engine was left), the cloud share (the engine that served),
