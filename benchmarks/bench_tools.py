@@ -2,7 +2,8 @@
 run (issue 26).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--arms local,cloud,hybrid]
-        [--calibrate M | --bound B] [--max-share 0.5] [--json out.json]
+        [--calibrate M [--calibration-rows PATH] | --bound B] [--max-share 0.5]
+        [--json out.json]
 
 Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`,
 `irrelevance`; `benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them with an
@@ -14,7 +15,9 @@ tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
   anything is delivered, and so does a valid local call below the bound (`[tools]
   min_call_confidence`: `--bound`, or `--calibrate M`: chosen first on the next M items of each
   category, run local only and cloud only, as the bound that maximises accuracy with at most
-  `--max-share` of them sent to the cloud; the reported items are never the calibration's).
+  `--max-share` of them sent to the cloud; the reported items are never the calibration's;
+  `--calibration-rows PATH` keeps those local and cloud rows, so a later run on the same items
+  reads them instead of running them again).
 Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
 again with jsonschema, independently of hybridllm's own check), the refusals (an
 `InvalidOutputError` where no engine was left), the cloud share (the engine that served),
@@ -185,6 +188,24 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def calibration_rows(
+    args: argparse.Namespace, url: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The calibration items' local and cloud rows: run now, or read from `--calibration-rows`
+    where an earlier run of the same items wrote them (the file is written after a run)."""
+    cal = items(args.calibrate, skip=args.n)
+    saved = Path(args.calibration_rows) if args.calibration_rows else None
+    if saved is not None and saved.exists():
+        rows = json.loads(saved.read_text())
+        if [r["id"] for r in rows["local"]] == [it["id"] for it in cal]:
+            print(f"  calibration rows read from {saved}", file=sys.stderr)
+            return rows["local"], rows["cloud"]
+    local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+    if saved is not None:
+        saved.write_text(json.dumps({"local": local, "cloud": cloud}, indent=1, default=str))
+    return local, cloud
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import HybridServer
@@ -194,12 +215,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
         url = f"http://127.0.0.1:{server.port}/v1"
         if args.calibrate:  # the held-out items follow the calibration ones
-            cal = items(args.calibrate, skip=args.n)
-            local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+            local, cloud = await calibration_rows(args, url)
             res["calibration"] = calibrate(local, cloud, args.max_share)
             args.bound = res["calibration"]["bound"]
         res["bound"] = args.bound
-        for arm in args.arms.split(","):
+        for arm in filter(None, args.arms.split(",")):  # "": the calibration only
             t0 = time.perf_counter()
             rows = await run_arm(arm, items(args.n), url, args.bound)
             res["rows"][arm] = rows
@@ -217,6 +237,10 @@ def cli() -> None:
     ap.add_argument(
         "--calibrate", type=int, default=0, metavar="M",
         help="first choose the bound on the M items per category after the first --n",
+    )  # fmt: skip
+    ap.add_argument(
+        "--calibration-rows", metavar="PATH",
+        help="write the calibration items' rows here, or read them if an earlier run did",
     )  # fmt: skip
     ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bound may use")
     ap.add_argument("--json", help="write the rows and the summary here")

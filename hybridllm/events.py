@@ -86,8 +86,8 @@ class ToolCall(Event):
     name: str
     arguments: str
     engine: EngineName
-    # the engine's own confidence in the call (the local model's probability of its tokens,
-    # `Called.confidence`); None: not measured (a cloud call)
+    # the engine's own confidence in the call (the local model's probability of its name's and
+    # arguments' tokens, `Called.confidence`); None: not measured (a cloud call)
     confidence: float | None = None
 
     def parsed(self) -> Any:
@@ -214,9 +214,10 @@ class Delta:
 @dataclass(frozen=True, slots=True)
 class Called:
     """A complete tool call an engine produced (the runtime checks it: `runtime.checked`).
-    `confidence`: the engine's own confidence in it, from 0 to 1 (the local engine: the
-    geometric mean of its model's probabilities of the call's tokens, read from the logits
-    before any grammar constrained them); None: not measured."""
+    `confidence`: the engine's own confidence in it, from 0 to 1 (the local engine: the lower
+    of the geometric means of its model's probabilities of the name's tokens and of the
+    arguments' tokens, read from the logits before any grammar constrained them); None: not
+    measured."""
 
     id: str
     name: str

@@ -337,8 +337,10 @@ class ToolsTable(_Table):
     """`[tools]`: what makes a small local model's tool call safe to deliver. Every call is
     checked against its tool's schema (an invalid one is never delivered, and the request
     escalates). `min_call_confidence` (0 to 1; None: every valid call stands): a local call
-    whose confidence (its model's own probability of the call's tokens, `ToolCall.confidence`)
-    is below it goes to the cloud instead, where the cloud is the decision's fallback."""
+    whose confidence (its model's own probability of the name's and of the arguments' tokens,
+    the lower of the two: `ToolCall.confidence`) is below it goes to the cloud instead, where
+    the cloud is the decision's fallback. Calibrate it on labelled tool calls of your own
+    (`benchmarks/bench_tools.py --calibrate`): the right bound depends on the model."""
 
     min_call_confidence: float | None = Field(default=None, ge=0, le=1)
 

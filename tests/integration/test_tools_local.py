@@ -4,6 +4,7 @@ JSON-schema answer validates, a tool loop renders as the template expects and is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,3 +208,44 @@ async def test_a_call_to_a_function_not_offered_becomes_a_text_answer() -> None:
     finally:
         await local.aclose()
     assert calls == [] and finish.reason in ("stop", "length") and text.strip()
+
+
+async def test_a_second_call_after_the_first_is_delivered_too() -> None:
+    """Parallel calls: after a call the engine lets the model open another (Qwen's template
+    writes several `<tool_call>` blocks one after the other), each checked and delivered."""
+    local = engine()
+    await local.start()
+    em_force = {
+        "type": "object",
+        "properties": {
+            "b_field": {"type": "integer", "description": "magnetic field in Tesla"},
+            "area": {"type": "integer", "description": "area in square meters"},
+            "d_time": {"type": "integer", "description": "change in time in seconds"},
+        },
+        "required": ["b_field", "area", "d_time"],
+    }
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "calculate_em_force",
+            "description": "Calculate the induced electromagnetic force.",
+            "parameters": em_force,
+        },
+    }
+    ask = (
+        "Calculate the induced electromagnetic force for a magnetic field of 5 Tesla, area of "
+        "2 square meters and change in time of 4 seconds, then repeat with a change in time "
+        "of 10 seconds."
+    )
+    try:
+        spec = tool_spec([tool], "auto", None)
+        messages = [{"role": "user", "content": ask}]
+        text, calls, finish = await run(local, messages, spec, temperature=0.0, max_tokens=160)
+    finally:
+        await local.aclose()
+    assert finish.reason == "tool_calls" and "<tool_call>" not in text
+    assert [c.name for c in calls] == ["calculate_em_force"] * 2
+    times = sorted(json.loads(c.arguments)["d_time"] for c in calls)
+    assert times == [4, 10]
+    for call in calls:
+        check_call(spec, call.name, call.arguments, engine="local")  # type: ignore[arg-type]

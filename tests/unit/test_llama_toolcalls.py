@@ -178,6 +178,30 @@ def test_confidence_is_the_geometric_mean_of_the_token_probabilities() -> None:
     assert toolcalls.confidence((0.0, math.log(0.25))) == pytest.approx(0.5)
 
 
+def test_a_calls_confidence_is_its_weaker_part_the_markup_before_the_name_left_out() -> None:
+    lp = math.log
+    # the tokens of `{"name": "set_timer", "arguments": {"minutes": 5}}`, as a model splits them
+    pieces = ['{"', "name", '":', ' "', "set", "_timer", '",', ' "', "arguments", '":', " {",
+              '"minutes', '":', " ", "5", "}}"]  # fmt: skip
+    sure = [0.0] * len(pieces)
+    # the forced opening `{"` at 0.01 leaves the figure alone
+    assert toolcalls.call_confidence(pieces, [lp(0.01), *sure[1:]]) == pytest.approx(1.0)
+    # an unsure value lowers the arguments' part: each part starts after the token that
+    # closes its key's quote
+    unsure_value = list(sure)
+    unsure_value[14] = lp(0.25)
+    value_part = 0.25 ** (1 / 6)  # ` {` `"minutes` `":` ` ` `5` `}}`
+    assert toolcalls.call_confidence(pieces, unsure_value) == pytest.approx(value_part)
+    # an unsure name lowers the name's part, which is then the weaker one
+    unsure_name = list(sure)
+    unsure_name[4] = lp(0.01)
+    name_part = 0.01 ** (1 / 7)  # ` "` `set` `_timer` `",` ` "` `arguments` `":`
+    assert toolcalls.call_confidence(pieces, unsure_name) == pytest.approx(name_part)
+    # no name to tell the parts by: the geometric mean of all the tokens
+    assert toolcalls.call_confidence(["{}"], [lp(0.5)]) == pytest.approx(0.5)
+    assert toolcalls.call_confidence([], []) is None
+
+
 def test_the_name_a_call_written_as_json_states_is_read_once_complete() -> None:
     assert toolcalls.intended_name('```json\n{\n  "name": "get_wea') is None
     assert toolcalls.intended_name('{"name": "get_weather", "argu') == "get_weather"

@@ -33,6 +33,7 @@ from hybridllm.engines.llama.toolcalls import (
     NAME_WAIT_CHARS,
     ParsedCall,
     ToolPlan,
+    call_confidence,
     confidence,
     intended_name,
     json_opening,
@@ -601,7 +602,7 @@ class LlamaSession:
             call = parse_call(text)
         except ValueError as exc:  # not under a working grammar: the runtime would refuse it
             raise errors.InvalidOutputError("local", "tool_call", text, str(exc)) from exc
-        gen.calls.append(dataclasses.replace(call, confidence=confidence(gen._call_lps)))
+        gen.calls.append(dataclasses.replace(call, confidence=self._call_confidence(gen)))
         gen._call_lps = []
         gen.tokens_out.extend(gen.prepared.tools.close)
         gen._call_at = None
@@ -609,6 +610,18 @@ class LlamaSession:
             self._arm_opening(gen)  # another call may follow, in either form
         self._regenerate(gen)
         return ""
+
+    def _call_confidence(self, gen: Generation) -> float | None:
+        """The confidence of the call just closed (`toolcalls.call_confidence`) from its JSON's
+        tokens: their log-probabilities are the last ones kept but one (the end of the text,
+        which the grammar forces where the template would write a newline)."""
+        assert gen._call_at is not None
+        tokens = gen.tokens_out[gen._call_at :]
+        lps = gen._call_lps[-len(tokens) - 1 : -1] if tokens else []
+        if len(lps) != len(tokens):
+            return confidence(gen._call_lps)
+        pieces = [bytes(self.llm.detokenize([t])).decode("utf-8", "replace") for t in tokens]
+        return call_confidence(pieces, lps)
 
     def _regenerate(self, gen: Generation) -> None:
         """A new sampling loop for the phase `gen` has entered (the KV prefix reused)."""

@@ -46,6 +46,7 @@ __all__ = [
     "ToolPlan",
     "answer_gbnf",
     "call_gbnf",
+    "call_confidence",
     "call_id",
     "call_schema",
     "confidence",
@@ -81,8 +82,8 @@ class ToolPlan:
 @dataclass(frozen=True)
 class ParsedCall:
     """One call as generated: a fresh id, the tool's name, its arguments as compact JSON text,
-    and the model's confidence in it (`confidence`: the geometric mean of its probabilities of
-    the call's tokens, before the grammar; None: not measured)."""
+    and the model's confidence in it (`confidence`: `call_confidence`, from its probabilities of
+    the call's tokens before the grammar; None: not measured)."""
 
     id: str
     name: str
@@ -228,6 +229,27 @@ def json_opening(text: str) -> bool | None:
 def confidence(logprobs: Sequence[float]) -> float | None:
     """The geometric mean of the probabilities whose logs these are (None: none)."""
     return math.exp(sum(logprobs) / len(logprobs)) if logprobs else None
+
+
+def call_confidence(pieces: Sequence[str], logprobs: Sequence[float]) -> float | None:
+    """A call's confidence from its JSON's tokens (`pieces`, their texts) and their
+    log-probabilities: the lower of the geometric means over the name's part (from `"name"`
+    to `"arguments"`) and the arguments' part (the rest). The markup before the name is left
+    out: the grammar forces it, and its first token (`{"`) is where the model, left alone,
+    would have written a code fence, so its probability says nothing of the call. A call
+    whose parts cannot be told apart gets the geometric mean of all its tokens."""
+    parts: dict[str, list[float]] = {"head": [], "name": [], "arguments": []}
+    text, part = "", "head"
+    for piece, lp in zip(pieces, logprobs, strict=True):
+        parts[part].append(lp)
+        text += piece
+        if part == "head" and '"name"' in text:
+            part = "name"
+        elif part == "name" and '"arguments"' in text:
+            part = "arguments"
+    figures = [confidence(parts["name"]), confidence(parts["arguments"])]
+    known = [f for f in figures if f is not None]
+    return min(known) if known else confidence(logprobs)
 
 
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
