@@ -137,6 +137,8 @@ def _judge(seconds: object, local: Engine | None) -> PrivacyJudge | None:
 
 
 class HybridClient:
+    _measuring: anyio.CancelScope | None = None  # the privacy judge's bar, while it is measured
+
     def __init__(
         self,
         local: Engine | None = None,
@@ -209,7 +211,6 @@ class HybridClient:
         # cloud-answered conversations for the local engine to prefill; the task doing it
         self._to_warm: deque[_WarmUp] = deque(maxlen=WARM_QUEUE)
         self._warming: anyio.CancelScope | None = None
-        self._measuring = anyio.CancelScope()  # the privacy judge's bar, measured at start
         self._runs: set[RequestRun] = set()
         self.breakers: dict[EngineName, CircuitBreaker] = {
             "local": CircuitBreaker(name="local"),
@@ -248,15 +249,16 @@ class HybridClient:
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        self._measuring = anyio.CancelScope()
         if self._judge is not None and self._judge.names is not None:
-            self._tg.start_soon(self._measure_name_bar, self._judge.names)
+            self._tg.start_soon(self._measure_name_bar, self._judge.names, self._measuring)
         return self
 
-    async def _measure_name_bar(self, names: NameRecogniser) -> None:
+    async def _measure_name_bar(self, names: NameRecogniser, scope: anyio.CancelScope) -> None:
         """The privacy judge's bar for names (`NameRecogniser.bar`), measured in the background
         at start (a few seconds of short local jobs that any request overtakes), so that the
         first name alone is judged within its deadline. Closing the client stops it."""
-        with self._measuring:
+        with scope:
             try:
                 await names.bar()
             except errors.HybridError as exc:
@@ -280,7 +282,8 @@ class HybridClient:
             run.cancel()
         if self._warming is not None:
             self._warming.cancel()
-        self._measuring.cancel()
+        if self._measuring is not None:
+            self._measuring.cancel()
         try:
             if stack is not None:
                 await stack.aclose()

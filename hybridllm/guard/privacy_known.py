@@ -54,17 +54,27 @@ def invented_names() -> tuple[str, ...]:
     return tuple(s for line in text.splitlines() if (s := line.strip()) and s[0] != "#")
 
 
+_PARTICLES = frozenset("de du des la le van von der den di da del dos das y bin al ibn".split())
+
+
 def name_words(span: str) -> list[str]:
-    """The words of a person entity's text that make the name: no possessive, no leading
-    title, no lower-case word before or after it ("Katherine Johnson's" -> Katherine,
-    Johnson; "Dr. Ada Byron" -> Ada, Byron)."""
+    """The words of a person entity's text that make the name: the longest run of capitalised
+    words (particles such as "de", "von" inside it), without a possessive or a leading title
+    ("Katherine Johnson's" -> Katherine, Johnson; "Why is Katherine Johnson" -> Katherine,
+    Johnson; "Dr. Ada Byron" -> Ada, Byron; "Simone de Beauvoir" whole)."""
     words = [_POSSESSIVE.sub("", w).strip('.,;:!?()"“”«»') for w in span.split()]
-    words = [w for w in words if w]
-    while words and (words[0].lower().rstrip(".") in _TITLES or not words[0][:1].isupper()):
-        words = words[1:]
-    while words and not words[-1][:1].isupper():
-        words = words[:-1]
-    return words
+    runs: list[list[str]] = [[]]
+    for w in (w for w in words if w):
+        if w[:1].isupper() and w.lower().rstrip(".") not in _TITLES:
+            runs[-1].append(w)
+        elif runs[-1] and w in _PARTICLES:
+            runs[-1].append(w)
+        elif runs[-1]:
+            runs.append([])
+    for run in runs:
+        while run and run[-1] in _PARTICLES:
+            run.pop()
+    return max(reversed(runs), key=len)
 
 
 class NameRecogniser:

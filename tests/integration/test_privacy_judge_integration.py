@@ -59,15 +59,12 @@ async def test_a_judge_out_of_time_keeps_the_request_local(
     async with HybridClient(
         local=local, cloud=cloud, policy=cloud_first, privacy="keep-local", privacy_judge=0.001
     ) as c:
-        fragment = [
-            {"role": "user", "content": "Save my mobile, it starts 07911"},
-            {"role": "assistant", "content": "Go on."},
-            {"role": "user", "content": "then 234567, thanks"},
-        ]
-        kept = await c.complete(fragment)
+        # borderline: a lower-case name no fast layer finds (a number in pieces is found now)
+        lower = [{"role": "user", "content": "the email is from dmitri volkov, translate it"}]
+        kept = await c.complete(lower)
         plain = await c.complete("Explain list comprehensions in one sentence.")
     assert kept.trace.engine == "local" and "judge" in (kept.trace.fallback_reason or "")
     assert plain.trace.engine == "cloud"
     wire = on_the_wire(proxy)
-    assert not leaked("234567", wire) and not leaked("07911", wire)
+    assert not leaked("volkov", wire)
     assert len(proxy.requests()) == 1

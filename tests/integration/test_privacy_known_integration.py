@@ -22,9 +22,10 @@ from tests.integration.servers import ALIAS, API_KEY
 from tests.integration.test_guarded_integration import leaked, on_the_wire
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
-# not on the shipped list (checked below), known to the test model with a margin of about 1.5
-# nats over its bar; the private name scores some 20 nats under it
-OFF_LIST = "Hayao Miyazaki"
+# left off the shipped list on purpose (an ordinary private name too; checked below), known to
+# the test model with a margin of about 2.4 nats over its bar; the private name scores some 20
+# nats under it
+OFF_LIST = "Helen Keller"
 PRIVATE = "Hannah Lindqvist"
 
 
@@ -63,7 +64,7 @@ async def test_a_public_figure_off_the_list_goes_to_the_cloud_and_a_private_name
     async with HybridClient(
         local=local, cloud=cloud, policy=cloud_first, privacy="keep-local", privacy_judge=30
     ) as c:
-        public = await c.complete(f"What are the best-known films of {OFF_LIST}?")
+        public = await c.complete(f"What did {OFF_LIST} write about her teacher?")
         private = await c.complete(f"Write a birthday note to {PRIVATE} from the team.")
     assert public.trace.engine == "cloud"
     assert any("known to the local model" in r for r in public.trace.decision)

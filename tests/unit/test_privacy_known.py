@@ -60,6 +60,7 @@ class ScoringEngine(ScriptedEngine):
         ("Dr. Ada Byron", ["Ada", "Byron"]),
         ("Hedy Lamarr", ["Hedy", "Lamarr"]),
         ("about Nina Simone", ["Nina", "Simone"]),
+        ("Why is Katherine Johnson", ["Katherine", "Johnson"]),
         ("Simone de Beauvoir", ["Simone", "de", "Beauvoir"]),
         ("Mme", []),
     ],
