@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from hybridllm.cli.main import main
@@ -311,6 +312,10 @@ async def test_a_failing_log_costs_its_row_not_the_answer_nor_the_client(
     async with HybridClient(local=local, router=None, decision_log=dlog) as client:
         first = await client.complete("one")
         second = await client.complete("two")  # the client still serves
+        for _ in range(1000):  # the rows are written after the answers: wait for both losses
+            if len([r for r in caplog.records if "decision log lost" in r.getMessage()]) >= 2:
+                break
+            await anyio.sleep(0.01)
         with pytest.raises(DecisionLogError):  # feedback on a row that was never written
             client.feedback(first.trace, good=True)
     assert first.text == second.text == "ab"
