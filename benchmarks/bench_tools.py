@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import bfcl  # noqa: E402
 from benchmarks._report import cpu_model  # noqa: E402
+from hybridllm.tools.fit import question_of, tool_fit  # noqa: E402
 
 LOCAL = "qwen2.5-coder-0.5b-instruct"
 CLOUD = "qwen2.5-coder-1.5b-instruct"
@@ -80,6 +81,7 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
         row.update(error=type(exc).__name__, right=False, calls=[], engine=None, ttft_ms=None)
         return row
     calls = [(c.name, c.parsed()) for c in done.tool_calls]
+    question = question_of(item["messages"])
     row.update(
         right=bfcl.score(item["category"], calls, item["answer"]),
         calls=[[c.name, c.arguments] for c in done.tool_calls],
@@ -87,6 +89,7 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
         confidence=min(
             (c.confidence for c in done.tool_calls if c.confidence is not None), default=None
         ),  # fmt: skip
+        fit=tool_fit(question, done.tool_calls[0].name) if done.tool_calls else None,
         engine=done.trace.engine,
         ttft_ms=done.trace.ttft_ms,
         total_ms=(time.perf_counter() - t0) * 1e3,
@@ -97,21 +100,21 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_arm(
-    arm: str, rows_in: list[dict[str, Any]], cloud_url: str, bound: float | None = None
+    arm: str, rows_in: list[dict[str, Any]], cloud_url: str, table: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
+    """Each item asked once through a client of `arm`'s engines; `table`: the hybrid's `[tools]`
+    bounds."""
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.local.resolve import resolve_model
 
     local = cloud = None
-    if arm in ("local", "hybrid"):
+    if arm != "cloud":
         local = LlamaCppEngine(resolve_model(LOCAL, pull=True), n_ctx=4096, n_threads=2)
-    if arm in ("cloud", "hybrid"):
+    if arm != "local":
         cloud = OpenAIEngine(base_url=cloud_url, api_key=API_KEY, model=ALIAS, timeout=120.0)
     prefer = "cloud" if arm == "cloud" else "local"
     policy = Policy(
-        name=f"tools-{arm}",
-        routing={"prefer": prefer, "retries": 0},
-        tools={"min_call_confidence": bound if arm == "hybrid" else None},
+        name=f"tools-{arm}", routing={"prefer": prefer, "retries": 0}, tools=table or {}
     )
     out = []
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
@@ -142,47 +145,70 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def escalated(row: dict[str, Any], bound: float, fit_bound: float | None) -> bool:
+    """Whether the hybrid's rules send this local answer to the cloud: a call below either
+    bound (a text answer always stands)."""
+    if row["confidence"] is None:
+        return False
+    return bool(row["confidence"] < bound or (fit_bound is not None and row["fit"] < fit_bound))
+
+
 def calibrate(
-    local: list[dict[str, Any]], cloud: list[dict[str, Any]], max_share: float
+    local: list[dict[str, Any]], cloud: list[dict[str, Any]], max_share: float, with_fit: bool
 ) -> dict[str, Any]:
-    """The `min_call_confidence` that maximises the hybrid's accuracy on these items with at
-    most `max_share` of them sent to the cloud: a local call below the bound is answered by
-    the cloud (`cloud`'s row for the same item), every other local answer stands. Returns the
-    bound, its accuracy and share, and the whole curve."""
+    """The `[tools]` bounds that maximise the hybrid's accuracy on these items with at most
+    `max_share` of them sent to the cloud: `min_call_confidence`, and `min_tool_fit` too where
+    `with_fit`. A local answer the bounds escalate is answered by the cloud (`cloud`'s row for
+    the same item), every other local answer stands. Returns the bounds, their accuracy and
+    share, and the whole curve."""
     pairs = list(zip(local, cloud, strict=True))
-    bounds = sorted({r["confidence"] for r in local if r["confidence"] is not None})
+    steps = sorted({r["confidence"] for r in local if r["confidence"] is not None})
+    fits = sorted({r["fit"] for r in local if r.get("fit") is not None}) if with_fit else []
     curve = []
-    for bound in [0.0, *[b + 1e-9 for b in bounds]]:
-        sent = [c for lo, c in pairs if lo["confidence"] is not None and lo["confidence"] < bound]
-        kept = [lo for lo, c in pairs if not (lo["confidence"] is not None
-                                              and lo["confidence"] < bound)]  # fmt: skip
-        right = sum(r["right"] for r in sent) + sum(r["right"] for r in kept)
-        curve.append(
-            {"bound": bound, "accuracy": right / len(pairs), "share": len(sent) / len(pairs)}
-        )
-    fits = [c for c in curve if c["share"] <= max_share]
-    best = max(fits, key=lambda c: (c["accuracy"], -c["share"]))
+    for bound in [0.0, *[b + 1e-9 for b in steps]]:
+        for fit_bound in [None, *[f + 1e-9 for f in fits]]:
+            sent = [escalated(lo, bound, fit_bound) for lo, _ in pairs]
+            right = sum(
+                c["right"] if s else lo["right"] for s, (lo, c) in zip(sent, pairs, strict=True)
+            )
+            share = sum(sent) / len(pairs)
+            accuracy = right / len(pairs)
+            curve.append(
+                {"bound": bound, "fit_bound": fit_bound, "accuracy": accuracy, "share": share}
+            )
+    fitting = [c for c in curve if c["share"] <= max_share]
+    best = max(fitting, key=lambda c: (c["accuracy"], -c["share"]))
     return best | {"curve": curve}
 
 
+def with_fits(rows: list[dict[str, Any]], cal: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with each first call's tool fit (rows written before the fit was recorded)."""
+    questions = {it["id"]: question_of(it["messages"]) for it in cal}
+    for r in rows:
+        if "fit" not in r:
+            r["fit"] = tool_fit(questions[r["id"]], r["calls"][0][0]) if r["calls"] else None
+    return rows
+
+
 def render(res: dict[str, Any]) -> str:
-    lines = [f"CPU: {res['cpu']}; {res['n']} items per category; hybrid bound {res['bound']}"]
-    cal = res.get("calibration")
-    if cal:
-        lines.append(
-            f"calibrated on other items: bound {cal['bound']:.3f}, predicted accuracy "
-            f"{cal['accuracy']:.2f} at a cloud share of {cal['share']:.0%}"
-        )
+    lines = [f"CPU: {res['cpu']}; {res['n']} items per category from item {res['offset']}"]
+    for arm, table in res["tables"].items():
+        cal = res.get("calibration", {}).get(arm)
+        said = f"{arm}: [tools] {table}"
+        if cal:
+            said += (f", chosen on other items: predicted accuracy {cal['accuracy']:.2f} at a "
+                     f"cloud share of {cal['share']:.0%}")  # fmt: skip
+        lines.append(said)
     lines.append("")
     cats = list(bfcl.CATEGORIES)
-    lines.append("arm      " + "".join(f"{c:>15}" for c in cats) + "    overall  valid calls"
-                 "  cloud   TTFT p50 / p95  errors")  # fmt: skip
+    head = "arm              " + "".join(f"{c:>15}" for c in cats)
+    lines.append(head + "    overall  valid calls  cloud   TTFT p50 / p95  errors")
     for arm, s in res["arms"].items():
         acc = "".join(f"{s['accuracy'].get(c, 0):>15.2f}" for c in cats)
         valid = "-" if s["schema_valid"] is None else f"{s['schema_valid']:.0%} of {s['calls']}"
         ttft = f"{s['ttft_p50'] or 0:,.0f} / {s['ttft_p95'] or 0:,.0f} ms"
         lines.append(
-            f"{arm:<9}{acc}{s['overall']:>11.2f}  {valid:>11}  {s['cloud_share']:>5.0%}  "
+            f"{arm:<17}{acc}{s['overall']:>11.2f}  {valid:>11}  {s['cloud_share']:>5.0%}  "
             f"{ttft:>15}  {dict(s['errors'])}"
         )
     return "\n".join(lines)
@@ -193,35 +219,47 @@ async def calibration_rows(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The calibration items' local and cloud rows: run now, or read from `--calibration-rows`
     where an earlier run of the same items wrote them (the file is written after a run)."""
-    cal = items(args.calibrate, skip=args.n)
+    cal = items(args.calibrate, skip=args.offset + args.n)
     saved = Path(args.calibration_rows) if args.calibration_rows else None
     if saved is not None and saved.exists():
         rows = json.loads(saved.read_text())
         if [r["id"] for r in rows["local"]] == [it["id"] for it in cal]:
             print(f"  calibration rows read from {saved}", file=sys.stderr)
-            return rows["local"], rows["cloud"]
+            return with_fits(rows["local"], cal), rows["cloud"]
     local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
     if saved is not None:
         saved.write_text(json.dumps({"local": local, "cloud": cloud}, indent=1, default=str))
     return local, cloud
 
 
+def bounds(cal: dict[str, Any]) -> dict[str, Any]:
+    """A calibration's bounds as a `[tools]` table."""
+    return {"min_call_confidence": round(cal["bound"], 6), "min_tool_fit": cal["fit_bound"]}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import HybridServer
 
-    res: dict[str, Any] = {"cpu": cpu_model(), "n": args.n, "arms": {}, "rows": {}}
+    res: dict[str, Any] = {"cpu": cpu_model(), "n": args.n, "offset": args.offset}
+    res |= {"arms": {}, "rows": {}, "tables": {}}
     model = resolve_model(CLOUD, pull=True)
     with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
         url = f"http://127.0.0.1:{server.port}/v1"
+        tables = {
+            "hybrid": {"min_call_confidence": args.bound, "min_tool_fit": args.fit_bound},
+            "hybrid-confidence": {"min_call_confidence": args.bound},
+        }
         if args.calibrate:  # the held-out items follow the calibration ones
             local, cloud = await calibration_rows(args, url)
-            res["calibration"] = calibrate(local, cloud, args.max_share)
-            args.bound = res["calibration"]["bound"]
-        res["bound"] = args.bound
-        for arm in filter(None, args.arms.split(",")):  # "": the calibration only
+            cal = {arm: calibrate(local, cloud, args.max_share, arm == "hybrid") for arm in tables}
+            res["calibration"] = cal
+            tables = {arm: bounds(c) for arm, c in cal.items()}
+        arms = list(filter(None, args.arms.split(",")))  # "": the calibration only
+        res["tables"] = {arm: t for arm, t in tables.items() if arm in arms}
+        for arm in arms:
             t0 = time.perf_counter()
-            rows = await run_arm(arm, items(args.n), url, args.bound)
+            rows = await run_arm(arm, items(args.n, skip=args.offset), url, tables.get(arm))
             res["rows"][arm] = rows
             res["arms"][arm] = summarise(rows) | {"wall_s": time.perf_counter() - t0}
     return res
@@ -232,17 +270,19 @@ def cli() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10, help="items per category")
-    ap.add_argument("--arms", default="local,cloud,hybrid")
-    ap.add_argument("--bound", type=float, help="the hybrid's [tools] min_call_confidence")
+    ap.add_argument("--offset", type=int, default=0, help="the reported items start here")
+    ap.add_argument("--arms", default="local,cloud,hybrid,hybrid-confidence")
+    ap.add_argument("--bound", type=float, help="the hybrids' [tools] min_call_confidence")
+    ap.add_argument("--fit-bound", type=float, help="the hybrid's [tools] min_tool_fit")
     ap.add_argument(
         "--calibrate", type=int, default=0, metavar="M",
-        help="first choose the bound on the M items per category after the first --n",
+        help="first choose the bounds on the M items per category after the reported ones",
     )  # fmt: skip
     ap.add_argument(
         "--calibration-rows", metavar="PATH",
         help="write the calibration items' rows here, or read them if an earlier run did",
     )  # fmt: skip
-    ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bound may use")
+    ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bounds may use")
     ap.add_argument("--json", help="write the rows and the summary here")
     args = ap.parse_args()
     res = anyio.run(main, args)

@@ -38,8 +38,10 @@ HybridError
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     ├── InvalidOutputError      a tool call or a JSON answer an engine produced failed its
     │   │                       schema (`what`, `produced`, `problem`): never delivered
-    │   └── UnsureCallError     a valid local call below the policy's `[tools]
-    │                           min_call_confidence`: the cloud is asked instead
+    │   ├── UnsureCallError     a valid local call below the policy's `[tools]
+    │   │                       min_call_confidence`: the cloud is asked instead
+    │   └── UnfitCallError      a valid local call to a tool the request does not name
+    │                           (`[tools] min_tool_fit`): the cloud is asked instead
     ├── QueueFullError          the local engine's queue is at its bound (`max_queue`) or the
     │   │                       wait would pass `max_queue_wait_s`: refused at once, never queued
     │   └── CloudQueueTimeoutError  the cloud engine's concurrency limit gave no slot within
@@ -414,6 +416,19 @@ class UnsureCallError(InvalidOutputError):
         self.confidence = confidence
         self.threshold = threshold
         problem = f"a call its engine is unsure of (confidence {confidence:.2f} < {threshold:g})"
+        super().__init__(engine, "tool_call", produced, problem)
+
+
+class UnfitCallError(InvalidOutputError):
+    """A valid tool call to a tool whose name the request hardly states (`fit`, the share of
+    the name's words the request has, below `threshold`: the policy's `[tools] min_tool_fit`;
+    `hybridllm.tools.fit`), where the cloud may answer instead: not delivered, the request
+    escalates. A small model calls some offered tool even where none fits."""
+
+    def __init__(self, engine: str, produced: str, fit: float, threshold: float) -> None:
+        self.fit = fit
+        self.threshold = threshold
+        problem = f"a call to a tool the request does not name (fit {fit:.2f} < {threshold:g})"
         super().__init__(engine, "tool_call", produced, problem)
 
 

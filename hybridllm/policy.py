@@ -16,7 +16,7 @@ the second half of this module. Every field is optional; one name per knob:
     [speculative] show_drafts, max_prompt_overhead, k, ahead
     [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
     [privacy]     mode = "off" | "keep-local" | "block", ner
-    [tools]       min_call_confidence
+    [tools]       min_call_confidence min_tool_fit
 
 Python builds the same shape: `Policy(routing={"prefer": "cloud"}, hedge={"after_ms": 200})`,
 or from a preset with a few fields changed: `Policy.preset("chat").with_(routing={...})`. A flat
@@ -340,11 +340,18 @@ class ToolsTable(_Table):
     whose confidence (its model's own probability of the name's and of the arguments' tokens,
     the lower of the two: `ToolCall.confidence`) is below it goes to the cloud instead, where
     the cloud is the decision's fallback. Calibrate it on labelled tool calls of your own
-    (`benchmarks/bench_tools.py --calibrate`): the right bound depends on the model."""
+    (`benchmarks/bench_tools.py --calibrate`): the right bound depends on the model.
+    `min_tool_fit` (0 to 1; None: not checked): a local call to a tool whose name's words the
+    request states in a share below it (`hybridllm.tools.fit`: "calculate_gcd" for "the greatest
+    common divisor of 40 and 50" fits 1.0, "draw_circle" for "the area of a rectangle" 0.0)
+    goes to the cloud instead, on the same terms: a small model calls some offered tool even
+    where none fits, as sure of it as of a right call. English requests only: a request in
+    another language states no English name word, so every local call would go to the cloud."""
 
     min_call_confidence: float | None = Field(default=None, ge=0, le=1)
+    min_tool_fit: float | None = Field(default=None, ge=0, le=1)
 
-    _numbers = field_validator("min_call_confidence", mode="before")(_number)
+    _numbers = field_validator("min_call_confidence", "min_tool_fit", mode="before")(_number)
 
 
 TABLES: dict[str, type[_Table]] = {

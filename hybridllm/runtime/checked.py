@@ -9,8 +9,10 @@ delivered.
   whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
 - A first call whose engine's own confidence is below the spec's `min_call_confidence` (the
   policy's `[tools]` bound, set by the plan only where the cloud can answer instead) is not
-  delivered either (`UnsureCallError`); a later call of the same answer stands (the first was
-  delivered: the answer cannot move to the other engine any more).
+  delivered either (`UnsureCallError`), nor one to a tool whose name the request hardly states
+  (`hybridllm.tools.fit` below `min_tool_fit`: `UnfitCallError`); a later call of the same
+  answer stands (the first was delivered: the answer cannot move to the other engine any more).
+  Both bounds judge the local engine's calls only: the cloud is where an unsure call goes.
 - With `tool_choice` "required" (or a named tool), text is held until the call comes (then it
   goes first), and an answer that finishes without a call fails, its text never shown.
 
@@ -25,9 +27,10 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from hybridllm.engines.base import GenerationRequest
-from hybridllm.errors import InvalidOutputError, UnsureCallError
+from hybridllm.errors import InvalidOutputError, UnfitCallError, UnsureCallError
 from hybridllm.events import Called, Chunk, Delta, Finish
 from hybridllm.tools import ToolSpec, check_answer, check_call
+from hybridllm.tools.fit import question_of, tool_fit
 
 __all__ = ["checked"]
 
@@ -48,8 +51,11 @@ async def checked(
         async for chunk in inner:
             if isinstance(chunk, Called):
                 check_call(spec, chunk.name, chunk.arguments, engine=engine)
-                if not calls:  # once a call is delivered, the answer cannot move any more
+                # the bounds judge the local engine's first call: once a call is delivered,
+                # the answer cannot move any more
+                if not calls and engine == "local":
                     _sure(spec, chunk, engine)
+                    _fits(request, spec, chunk, engine)
                 calls += 1
                 for piece in held:  # text beside a call: not the answer, delivered with it
                     yield piece
@@ -84,3 +90,14 @@ def _sure(spec: ToolSpec, call: Called, engine: str) -> None:
     bound, confidence = spec.min_call_confidence, call.confidence
     if bound is not None and confidence is not None and confidence < bound:
         raise UnsureCallError(engine, f"{call.name}({call.arguments})", confidence, bound)
+
+
+def _fits(request: GenerationRequest, spec: ToolSpec, call: Called, engine: str) -> None:
+    """A call to a tool whose name the request states less than the spec's `min_tool_fit` is
+    not delivered (the plan set the bound because another engine can answer instead)."""
+    bound = spec.min_tool_fit
+    if bound is None:
+        return
+    fit = tool_fit(question_of(request.messages), call.name)
+    if fit < bound:
+        raise UnfitCallError(engine, f"{call.name}({call.arguments})", fit, bound)

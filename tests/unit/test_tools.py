@@ -333,3 +333,62 @@ async def test_a_later_unsure_call_of_a_parallel_answer_stands() -> None:
         ("local", 9),
     ]
     assert not cloud.requests
+
+
+# ---- a call to a tool the request does not name ------------------------------------------------
+
+FITTING = Policy(name="f", routing={"prefer": "local"}, tools={"min_tool_fit": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("prompt", "served"),
+    [
+        ("set a timer for my tea, 4 minutes", "local"),  # "timer" stated: fit 1.0
+        ("what is the perimeter of a rectangle 5 by 4?", "cloud"),  # fit 0.0
+        ("Stelle einen Kurzzeitwecker auf 4 Minuten", "cloud"),  # not English: no word stated
+    ],
+)
+async def test_a_local_call_to_a_tool_the_request_does_not_name_goes_to_the_cloud(
+    prompt: str, served: str
+) -> None:
+    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_timer", '{"minutes": 4}')])
+    cloud = ScriptedEngine("cloud", script=[0.2, "A rectangle's perimeter is 18."])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=FITTING) as client:
+        async with client.stream(prompt, tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert bool(calls) == (served == "local") and bool(cloud.requests) == (served == "cloud")
+    if served == "cloud":
+        fallback = next(e for e in events if isinstance(e, Fallback))
+        assert fallback.reason.endswith("(fit 0.00 < 0.5)")
+        assert "".join(e.text for e in events if isinstance(e, Token)).startswith("A rectangle")
+
+
+async def test_an_unfit_call_stands_where_no_other_engine_can_answer() -> None:
+    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_timer", '{"minutes": 4}')])
+    async with HybridClient(local=local, router=None, policy=FITTING) as client:
+        done = await client.complete("perimeter of a rectangle 5 by 4", tools=[TIMER])
+    assert [c.name for c in done.tool_calls] == ["set_timer"]
+
+
+async def test_the_fit_bound_reaches_the_check_as_an_unfit_call_error() -> None:
+    """The local attempt ends on the typed `UnfitCallError`; the cloud's call is not judged by
+    the bound (the cloud is where an unfit call goes)."""
+    from hybridllm.errors import UnfitCallError
+
+    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_timer", '{"minutes": 4}')])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=FITTING) as client:
+        done = await client.complete("perimeter of a rectangle 5 by 4", tools=[TIMER])
+    failed = [(a.engine, a.error_type) for a in done.trace.attempts if a.error_type]
+    assert failed == [("local", UnfitCallError)]
+    assert [(c.engine, c.parsed()["minutes"]) for c in done.tool_calls] == [("cloud", 5)]
+
+
+def test_the_fit_bound_is_checked_like_every_policy_number() -> None:
+    from hybridllm.errors import PolicyError
+
+    for bad in (1.5, -0.1, "high", True):
+        with pytest.raises(PolicyError) as info:
+            Policy(tools={"min_tool_fit": bad})
+        assert info.value.field == "tools.min_tool_fit"

@@ -48,7 +48,7 @@ def choose_plan(
         return build_speculative(routing, engines, request, decision, policy)
     if decision.plan == "handoff":
         return build_handoff(decision, engines, request, policy)
-    request = _with_confidence_bound(decision, request, policy)
+    request = _with_call_bounds(decision, request, policy)
     if decision.fallback is None:
         return partial(
             single,
@@ -74,13 +74,17 @@ def choose_plan(
     )
 
 
-def _with_confidence_bound(
+def _with_call_bounds(
     decision: Decision, request: GenerationRequest, policy: Policy
 ) -> GenerationRequest:
     """Where the local engine serves first and the cloud can answer instead, a local call below
-    the policy's `[tools] min_call_confidence` is not delivered (`runtime.checked`): the
-    request goes to the cloud. Elsewhere every valid call stands."""
-    spec, bound = request.tools, policy.tools.min_call_confidence
-    if spec is None or bound is None or (decision.primary, decision.fallback) != ("local", "cloud"):
+    the policy's `[tools] min_call_confidence` or `min_tool_fit` is not delivered
+    (`runtime.checked`): the request goes to the cloud. Elsewhere every valid call stands."""
+    spec, table = request.tools, policy.tools
+    unbounded = table.min_call_confidence is None and table.min_tool_fit is None
+    if spec is None or unbounded or (decision.primary, decision.fallback) != ("local", "cloud"):
         return request
-    return dataclasses.replace(request, tools=dataclasses.replace(spec, min_call_confidence=bound))
+    bounded = dataclasses.replace(
+        spec, min_call_confidence=table.min_call_confidence, min_tool_fit=table.min_tool_fit
+    )
+    return dataclasses.replace(request, tools=bounded)

@@ -83,6 +83,9 @@ class ToolSpec:
     # a call whose engine's confidence is below this is not delivered (`UnsureCallError`): set
     # by the plan where another engine can answer instead (None: every valid call stands)
     min_call_confidence: float | None = None
+    # a first call to a tool whose name the request hardly states (`hybridllm.tools.fit`) is not
+    # delivered (`UnfitCallError`): set by the plan like `min_call_confidence`
+    min_tool_fit: float | None = None
 
     @property
     def may_call(self) -> bool:
