@@ -113,8 +113,11 @@ async def run_arm(
     if arm != "local":
         cloud = OpenAIEngine(base_url=cloud_url, api_key=API_KEY, model=ALIAS, timeout=120.0)
     prefer = "cloud" if arm == "cloud" else "local"
+    # BFCL's invented emails and phone numbers are no one's: privacy would keep such items
+    # off the cloud-only arm's only engine, so the privacy guard is off in every arm
+    routing = {"prefer": prefer, "retries": 0}
     policy = Policy(
-        name=f"tools-{arm}", routing={"prefer": prefer, "retries": 0}, tools=table or {}
+        name=f"tools-{arm}", routing=routing, privacy={"mode": "off"}, tools=table or {}
     )
     out = []
     async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
@@ -146,8 +149,11 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def escalated(row: dict[str, Any], bound: float, fit_bound: float | None) -> bool:
-    """Whether the hybrid's rules send this local answer to the cloud: a call below either
-    bound (a text answer always stands)."""
+    """Whether the hybrid's rules send this local answer to the cloud: a failed answer (an
+    invalid call, a call written as text), or a call below either bound (a text answer
+    stands)."""
+    if row["error"]:
+        return True
     if row["confidence"] is None:
         return False
     return bool(row["confidence"] < bound or (fit_bound is not None and row["fit"] < fit_bound))
@@ -181,12 +187,17 @@ def calibrate(
     return best | {"curve": curve}
 
 
-def with_fits(rows: list[dict[str, Any]], cal: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`rows` with each first call's tool fit (rows written before the fit was recorded)."""
+def reread(rows: list[dict[str, Any]], cal: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows written before the tool fit and the call-markup rule, read as today's rules have
+    them: each first call's fit, and a text answer opening with call markup a failure."""
+    from hybridllm.tools import written_call
+
     questions = {it["id"]: question_of(it["messages"]) for it in cal}
     for r in rows:
         if "fit" not in r:
             r["fit"] = tool_fit(questions[r["id"]], r["calls"][0][0]) if r["calls"] else None
+        if not r["error"] and not r["calls"] and written_call(r["text"]):
+            r.update(error="InvalidOutputError", right=False, engine=None)
     return rows
 
 
@@ -225,8 +236,9 @@ async def calibration_rows(
         rows = json.loads(saved.read_text())
         if [r["id"] for r in rows["local"]] == [it["id"] for it in cal]:
             print(f"  calibration rows read from {saved}", file=sys.stderr)
-            return with_fits(rows["local"], cal), rows["cloud"]
-    local, cloud = await run_arm("local", cal, url), await run_arm("cloud", cal, url)
+            return reread(rows["local"], cal), reread(rows["cloud"], cal)
+    local = await run_arm("local", cal, url)
+    cloud = await run_arm("cloud", cal, url)
     if saved is not None:
         saved.write_text(json.dumps({"local": local, "cloud": cloud}, indent=1, default=str))
     return local, cloud

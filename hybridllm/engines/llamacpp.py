@@ -317,6 +317,29 @@ class LlamaCppEngine:
         prefill = prompt_tokens / self.prefill_tps if self.prefill_tps else 0.0
         return prefill + max_tokens * (self.tpot_s or 0.0)
 
+    async def queued_job(
+        self, job: Callable[[LlamaSession], T], *, estimate_s: float, what: str
+    ) -> T:
+        """`job(session)` on the llama thread as one job of the engine's queue, the device busy
+        meanwhile (the router's signals, the privacy judge's scoring); a cancellation aborts
+        it. An abort not of our making (the engine closing) is a `LocalEngineError` on `what`."""
+        from hybridllm.engines.llama.signals import Aborted
+
+        await self.start()
+        session = self._session
+        if session is None:
+            raise errors.ClientStateError("the local engine was closed")
+        self._queue.check()
+        await self._queue.acquire(estimate_s)
+        try:
+            self.busy = True
+            return await run_on_llama_thread(partial(job, session), on_cancel=session.abort)
+        except (Aborted, DecodeAborted) as exc:
+            raise errors.LocalEngineError(f"{what} aborted", engine="local") from exc
+        finally:
+            self.busy = False
+            self._queue.release()
+
     async def signals(
         self,
         messages: Sequence[Message],

@@ -15,6 +15,10 @@ delivered.
   Both bounds judge the local engine's calls only: the cloud is where an unsure call goes.
 - With `tool_choice` "required" (or a named tool), text is held until the call comes (then it
   goes first), and an answer that finishes without a call fails, its text never shown.
+- An answer that may call and opens with a chat template's call markup written as plain text
+  (`<tools>`, `<tool_call>`, ...: `tools.CALL_MARKUP`) fails the same way: a small model's
+  malformed call, or its echo of the tools' list, is never delivered as an answer. Its first
+  text is held only while it could still be such markup (an answer starting "The" is not).
 
 A failure is an `InvalidOutputError` raised before anything of the answer left the engine's
 stream (text streamed before a call excepted): the plan treats it as the engine failing, so the
@@ -29,7 +33,7 @@ from contextlib import aclosing
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.errors import InvalidOutputError, UnfitCallError, UnsureCallError
 from hybridllm.events import Called, Chunk, Delta, Finish
-from hybridllm.tools import ToolSpec, check_answer, check_call
+from hybridllm.tools import ToolSpec, check_answer, check_call, written_call
 from hybridllm.tools.fit import question_of, tool_fit
 
 __all__ = ["checked"]
@@ -47,6 +51,8 @@ async def checked(
             return
         hold = spec.response_format is not None or spec.must_call
         held: list[Delta] = []  # a JSON answer's text until it is whole; text before a call
+        # an answer that may call: its first text is held while it could be call markup
+        sniff = spec.may_call and not hold
         calls = 0
         async for chunk in inner:
             if isinstance(chunk, Called):
@@ -56,15 +62,22 @@ async def checked(
                 if not calls and engine == "local":
                     _sure(spec, chunk, engine)
                     _fits(request, spec, chunk, engine)
-                calls += 1
+                calls, sniff = calls + 1, False
                 for piece in held:  # text beside a call: not the answer, delivered with it
                     yield piece
                 held.clear()
                 yield chunk
             elif isinstance(chunk, Delta) and hold:
                 held.append(chunk)
+            elif isinstance(chunk, Delta) and sniff:
+                held.append(chunk)
+                sniff = _markup(held, engine)
+                if not sniff:
+                    for piece in held:
+                        yield piece
+                    held.clear()
             elif isinstance(chunk, Finish):
-                for piece in _answer(spec, held, calls, engine):
+                for piece in held if sniff else _answer(spec, held, calls, engine):
                     yield piece
                 yield chunk
             else:
@@ -82,6 +95,17 @@ def _answer(spec: ToolSpec, held: list[Delta], calls: int, engine: str) -> list[
         return held  # no JSON answer held, or text beside a call (not the answer)
     check_answer(spec, text, engine=engine)
     return [Delta(text, held[-1].t)]
+
+
+def _markup(held: list[Delta], engine: str) -> bool:
+    """Whether the held start of an answer could still be a call written as text; one that
+    is (`tools.written_call`) fails like an invalid call."""
+    text = "".join(d.text for d in held)
+    written = written_call(text)
+    if written:
+        problem = "a tool call written as text (template markup), not made as a call"
+        raise InvalidOutputError(engine, "tool_call", text, problem)
+    return written is None
 
 
 def _sure(spec: ToolSpec, call: Called, engine: str) -> None:

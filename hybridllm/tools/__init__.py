@@ -36,6 +36,7 @@ __all__ = [
     "check_answer",
     "check_call",
     "tool_spec",
+    "written_call",
 ]
 
 ToolChoiceMode = Literal["auto", "none", "required"]
@@ -45,6 +46,9 @@ MAX_TOOLS = 128  # OpenAI's own bound on `tools`
 # what OpenAI allows in a function or schema name (no dots: a cloud would refuse one with a 400)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 EMPTY_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
+# what opens a call or the tools' list in common chat templates (Qwen's and Hermes', Llama 3's,
+# Mistral's, Functionary's): written as plain text, it is a malformed call, never an answer
+CALL_MARKUP = ("<tools>", "<tool_call>", "<function=", "<|python_tag|>", "[TOOL_CALLS]")
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,18 @@ def check_call(spec: ToolSpec, name: str, arguments: str, *, engine: str) -> Any
     if wrong is not None:
         raise InvalidOutputError(engine, "tool_call", f"{name}({arguments})", wrong)
     return parsed
+
+
+def written_call(text: str) -> bool | None:
+    """Whether a text answer opens with a chat template's call markup written as plain text
+    (`CALL_MARKUP`: a small model's malformed call, or its echo of the tools' list): True,
+    False, or None while its start could still become such markup."""
+    head = text.lstrip()
+    if head.startswith(CALL_MARKUP):
+        return True
+    if any(marker.startswith(head) for marker in CALL_MARKUP):
+        return None
+    return False
 
 
 def check_answer(spec: ToolSpec, text: str, *, engine: str) -> Any:

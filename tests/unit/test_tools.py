@@ -392,3 +392,59 @@ def test_the_fit_bound_is_checked_like_every_policy_number() -> None:
         with pytest.raises(PolicyError) as info:
             Policy(tools={"min_tool_fit": bad})
         assert info.value.field == "tools.min_tool_fit"
+
+
+# ---- a call written as text is not an answer -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "written"),
+    [
+        ('<tools>\n{"type": "function"}', True),
+        ('  <tool_call>\n{"name": "set_timer"}', True),
+        ("[TOOL_CALLS] [{}]", True),
+        ("<tool", None),  # could still become markup
+        ("", None),
+        ("<b>bold</b>", False),
+        ("The timer is set.", False),
+        ("Use <tools> in XML", False),  # markup only counts at the start
+    ],
+)
+def test_template_call_markup_at_the_start_is_a_call_written_as_text(
+    text: str, written: bool | None
+) -> None:
+    from hybridllm.tools import written_call
+
+    assert written_call(text) is written
+
+
+async def test_a_call_written_as_text_escalates_before_any_of_it_is_shown() -> None:
+    markup = ["<to", "ols>\n", '{"type": "function", ', '"function": {"name": "set_timer"}}']
+    local = ScriptedEngine("local", script=[0.05, *markup])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("tea timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert not [e for e in events if isinstance(e, Token)]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.engine, c.parsed()) for c in calls] == [("cloud", {"minutes": 5})]
+
+
+async def test_text_that_only_starts_like_markup_is_delivered_whole_and_in_order() -> None:
+    local = ScriptedEngine("local", script=[0.05, "<", "b>bold", "</b> and", " plain"])
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("format it", tools=[TIMER]) as s:
+            tokens = [e.text async for e in s.events() if isinstance(e, Token)]
+    assert "".join(tokens) == "<b>bold</b> and plain"
+    assert tokens[-2:] == ["</b> and", " plain"]  # streamed as they came once it diverged
+
+
+async def test_a_call_written_as_text_with_no_engine_left_raises_what_was_produced() -> None:
+    local = ScriptedEngine("local", script=[0.05, "<tool_call>", '{"name": "set_timer"}'])
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        with pytest.raises((InvalidOutputError, AllEnginesFailedError)) as info:
+            await client.complete("tea timer", tools=[TIMER])
+    error = info.value
+    if isinstance(error, AllEnginesFailedError):
+        error = error.attempts[-1][1]  # type: ignore[assignment]
+    assert isinstance(error, InvalidOutputError) and error.produced == "<tool_call>"

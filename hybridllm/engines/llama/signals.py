@@ -325,36 +325,24 @@ class LocalSignals:
 async def engine_signals(
     engine: Any, messages: Sequence[Any], n_answer: int, rotations_within_s: float | None = None
 ) -> LocalSignals:
-    """Run `session_signals` as one queued job of `engine` (a `LlamaCppEngine`);
+    """Run `session_measure` as one queued job of `engine` (a `LlamaCppEngine`);
     `rotations_within_s`: the option rotations must end this long after the job starts, or
     none is used (`session_measure`'s `rotations_by`)."""
-    from functools import partial
 
-    from hybridllm.engines.llama.thread import run_on_llama_thread
-
-    await engine.start()
-    session = engine._session
-    if session is None:
-        raise errors.ClientStateError("the local engine was closed")
-    engine._queue.check()
-    await engine._queue.acquire(engine.estimate_s(0, n_answer))
-    try:
-        engine.busy = True
+    def job(session: Any) -> LocalSignals:  # on the llama thread
         t0 = time.perf_counter()
         by = None if rotations_within_s is None else t0 + rotations_within_s
-        try:
-            values, prompt_tokens, answer, logprobs = await run_on_llama_thread(
-                partial(session_measure, session, messages, n_answer, rotations_by=by),
-                on_cancel=session.abort,
-            )
-        except Aborted as exc:  # aborted without our cancellation: the engine is closing
-            raise errors.LocalEngineError("signals aborted", engine="local") from exc
+        values, prompt_tokens, answer, logprobs = session_measure(
+            session, messages, n_answer, rotations_by=by
+        )
         cost_ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        engine.busy = False
-        engine._queue.release()
-    lc, vocab = session._lc, session._vocab
-    ended = bool(answer) and bool(lc.llama_vocab_is_eog(vocab, answer[-1]))
-    text_tokens = answer[:-1] if ended else answer
-    text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
-    return LocalSignals(values, prompt_tokens, text, ended, cost_ms, tuple(logprobs), tuple(answer))
+        ended = bool(answer) and bool(session._lc.llama_vocab_is_eog(session._vocab, answer[-1]))
+        text_tokens = answer[:-1] if ended else answer
+        text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
+        return LocalSignals(
+            values, prompt_tokens, text, ended, cost_ms, tuple(logprobs), tuple(answer)
+        )
+
+    estimate_s = engine.estimate_s(0, n_answer)
+    signals: LocalSignals = await engine.queued_job(job, estimate_s=estimate_s, what="signals")
+    return signals

@@ -13,31 +13,13 @@ so a second name after the same prefix costs its own few tokens.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
-
-from hybridllm import errors
 
 
 async def engine_text_logprobs(engine: Any, prefix: str, text: str) -> tuple[float, ...]:
     """Run `LlamaSession.text_logprobs` as one queued job of `engine` (a `LlamaCppEngine`)."""
-    from hybridllm.engines.llama.session import DecodeAborted
-    from hybridllm.engines.llama.thread import run_on_llama_thread
-
-    await engine.start()
-    session = engine._session
-    if session is None:
-        raise errors.ClientStateError("the local engine was closed")
-    engine._queue.check()
-    await engine._queue.acquire(engine.estimate_s(len(text) // 3, 0))
-    try:
-        engine.busy = True
-        out = await run_on_llama_thread(
-            partial(session.text_logprobs, prefix, text), on_cancel=session.abort
-        )
-    except DecodeAborted as exc:  # aborted without our cancellation: the engine is closing
-        raise errors.LocalEngineError("scoring aborted", engine="local") from exc
-    finally:
-        engine.busy = False
-        engine._queue.release()
+    estimate_s = engine.estimate_s(len(text) // 3, 0)
+    out = await engine.queued_job(
+        lambda session: session.text_logprobs(prefix, text), estimate_s=estimate_s, what="scoring"
+    )
     return tuple(out)
