@@ -1,23 +1,29 @@
 """Tool calls on BFCL's non-live categories: local only, cloud only and the hybrid rules, in one
 run (issue 26).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--arms local,cloud,hybrid]
-        [--calibrate M [--calibration-rows PATH] | --bound B] [--max-share 0.5]
-        [--json out.json]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--offset K]
+        [--arms local,cloud,hybrid,hybrid-confidence]
+        [--calibrate M [--calibration-offset K] [--calibration-rows PATH]
+         | --bound B [--fit-bound F]] [--max-share 0.5] [--json out.json]
 
-Items: the first `--n` of each category (`simple_python`, `multiple`, `parallel`,
-`irrelevance`; `benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them with an
-AST check of our own). Each is asked once per arm with `tools=` (BFCL's functions as OpenAI
-tools), `tool_choice="auto"`, temperature 0, through `HybridClient.complete()`:
+Items: `--n` of each category (`simple_python`, `multiple`, `parallel`, `irrelevance`) from
+item `--offset` on (`benchmarks/bfcl.py` loads them from the bfcl-eval wheel and scores them
+with an AST check of our own). Each is asked once per arm with `tools=` (BFCL's functions as
+OpenAI tools), `tool_choice="auto"`, temperature 0, the privacy guard off (BFCL's invented
+emails would keep items off the cloud-only arm), through `HybridClient.complete()`:
 - local only: Qwen2.5-Coder-0.5B in process (`LlamaCppEngine`);
 - cloud only: Qwen2.5-Coder-1.5B behind `hybridllm serve-model` on loopback (`OpenAIEngine`);
-- hybrid: both, local first; a local call that fails its check escalates to the cloud before
-  anything is delivered, and so does a valid local call below the bound (`[tools]
-  min_call_confidence`: `--bound`, or `--calibrate M`: chosen first on the next M items of each
-  category, run local only and cloud only, as the bound that maximises accuracy with at most
-  `--max-share` of them sent to the cloud; the reported items are never the calibration's;
-  `--calibration-rows PATH` keeps those local and cloud rows, so a later run on the same items
-  reads them instead of running them again).
+- hybrid: both, local first; a local answer that fails its check (an invalid call, a call
+  written as text) escalates to the cloud before anything is delivered, and so does a valid
+  local call below either `[tools]` bound (`min_call_confidence` and `min_tool_fit`);
+- hybrid-confidence: the same with `min_call_confidence` alone.
+The bounds are `--bound` / `--fit-bound`, or with `--calibrate M` chosen first on M other items
+of each category (after the reported ones, or from item `--calibration-offset` on), run local
+only and cloud only, as the bounds that maximise accuracy with at most `--max-share` of those
+items sent to the cloud; the reported items are never the calibration's. `--calibration-rows
+PATH` keeps the calibration items' local and cloud rows, so a later run on the same items reads
+them instead of running them again (rows written before the tool fit and the call-markup rule
+are read as those rules have them: `reread`).
 Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
 again with jsonschema, independently of hybridllm's own check), the refusals (an
 `InvalidOutputError` where no engine was left), the cloud share (the engine that served),
@@ -68,7 +74,7 @@ def schema_valid(tools: list[dict[str, Any]], name: str, arguments: str) -> bool
 
 
 async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
-    from hybridllm.errors import EngineError
+    from hybridllm.errors import HybridError
 
     tools = [bfcl.openai_tool(f) for f in item["functions"]]
     row: dict[str, Any] = {"id": item["id"], "category": item["category"]}
@@ -77,7 +83,7 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
         done = await client.complete(
             item["messages"], tools=tools, tool_choice="auto", temperature=0.0, max_tokens=256
         )
-    except EngineError as exc:
+    except HybridError as exc:  # a failed answer, or a schema an engine cannot take
         row.update(error=type(exc).__name__, right=False, calls=[], engine=None, ttft_ms=None)
         return row
     calls = [(c.name, c.parsed()) for c in done.tool_calls]
@@ -168,7 +174,7 @@ def calibrate(
     the same item), every other local answer stands. Returns the bounds, their accuracy and
     share, and the whole curve."""
     pairs = list(zip(local, cloud, strict=True))
-    steps = sorted({r["confidence"] for r in local if r["confidence"] is not None})
+    steps = sorted({r["confidence"] for r in local if r.get("confidence") is not None})
     fits = sorted({r["fit"] for r in local if r.get("fit") is not None}) if with_fit else []
     curve = []
     for bound in [0.0, *[b + 1e-9 for b in steps]]:
@@ -230,7 +236,8 @@ async def calibration_rows(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The calibration items' local and cloud rows: run now, or read from `--calibration-rows`
     where an earlier run of the same items wrote them (the file is written after a run)."""
-    cal = items(args.calibrate, skip=args.offset + args.n)
+    start = args.offset + args.n if args.calibration_offset is None else args.calibration_offset
+    cal = items(args.calibrate, skip=start)
     saved = Path(args.calibration_rows) if args.calibration_rows else None
     if saved is not None and saved.exists():
         rows = json.loads(saved.read_text())
@@ -289,6 +296,10 @@ def cli() -> None:
     ap.add_argument(
         "--calibrate", type=int, default=0, metavar="M",
         help="first choose the bounds on the M items per category after the reported ones",
+    )  # fmt: skip
+    ap.add_argument(
+        "--calibration-offset", type=int, metavar="K",
+        help="the calibration items start at item K (default: after the reported ones)",
     )  # fmt: skip
     ap.add_argument(
         "--calibration-rows", metavar="PATH",

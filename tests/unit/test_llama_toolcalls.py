@@ -95,6 +95,26 @@ def test_a_schema_the_converter_cannot_take_is_an_error_naming_the_argument() ->
     assert err.value.argument == "tools"
 
 
+def test_a_parameter_that_only_describes_itself_takes_any_value() -> None:
+    """`{"description": ...}` is any value in JSON Schema (BFCL's "any" parameters); llama.cpp's
+    converter refuses it, so the grammar spells it as a union of every type. A property named
+    like an annotation keeps its own schema."""
+    described = {"description": "The training data."}
+    schema = {
+        "type": "object",
+        "properties": {"data": described, "description": {"type": "string"}},
+        "items": described,
+        "anyOf": [described],
+    }
+    spelt = toolcalls._bare_as_any(schema)
+    union = {"type": ["string", "number", "boolean", "object", "array", "null"]}
+    assert spelt["properties"] == {"data": union, "description": {"type": "string"}}
+    assert spelt["items"] == union and spelt["anyOf"] == [union]
+    tools = [{"type": "function", "function": {"name": "train", "parameters": schema}}]
+    grammar = plan(tools, "required").call_grammar
+    assert grammar is not None and "null" in grammar  # it builds, null among the values
+
+
 def test_the_plan_per_tool_choice() -> None:
     auto = plan()
     assert auto.trigger == TRIGGER and not auto.start_in_call and auto.banned == ()

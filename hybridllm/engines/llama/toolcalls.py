@@ -161,7 +161,7 @@ def answer_gbnf(fmt: ResponseFormat) -> str:
 def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
     grammars = loader.llama_cpp_part("llama_grammar")  # heavy: only when constraining
     try:
-        body = grammars.json_schema_to_gbnf(json.dumps(schema))
+        body = grammars.json_schema_to_gbnf(json.dumps(_bare_as_any(schema)))
     except (ValueError, KeyError, TypeError, NotImplementedError, AssertionError) as exc:
         rule = f"a schema llama.cpp's grammar converter supports ({exc})"
         raise InvalidArgumentError(at, schema, rule) from None
@@ -170,6 +170,37 @@ def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
         for line in body.splitlines()
     ]
     return f"root ::= {lead}{_BODY}\n" + "\n".join(lines) + "\n"
+
+
+# keywords that describe a schema without constraining it
+_ANNOTATIONS = frozenset(
+    {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly"}
+)
+_ANY_VALUE = {"type": ["string", "number", "boolean", "object", "array", "null"]}
+_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("oneOf", "anyOf", "allOf", "prefixItems")
+
+
+def _bare_as_any(schema: Any) -> Any:
+    """`schema` with every subschema that only describes (`{"description": ...}`: any value, in
+    JSON Schema) spelt as a union of every type: llama.cpp's converter refuses such a schema,
+    and reads `{}` as any object."""
+    if not isinstance(schema, Mapping):
+        return schema
+    if schema and set(schema) <= _ANNOTATIONS:
+        return dict(_ANY_VALUE)
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = _bare_as_any(out[key])
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: _bare_as_any(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_bare_as_any(sub) for sub in out[key]]
+    return out
 
 
 def parse_call(text: str) -> ParsedCall:
