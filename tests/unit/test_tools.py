@@ -187,15 +187,22 @@ async def test_an_invalid_local_call_is_never_delivered_and_the_cloud_answers() 
     assert s.trace.engine == "cloud"
 
 
-async def test_an_invalid_call_with_no_engine_left_raises_what_was_produced() -> None:
-    local = ScriptedEngine("local", script=[0.05, ScriptedCall("set_alarm", "{}")])
+async def _alone_failing(script: list[Any], prompt: str) -> InvalidOutputError:
+    """The `InvalidOutputError` a local engine alone (no engine left) ends `script` on."""
+    local = ScriptedEngine("local", script=script)
     async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
         with pytest.raises((InvalidOutputError, AllEnginesFailedError)) as info:
-            await client.complete("wake me", tools=[TIMER])
+            await client.complete(prompt, tools=[TIMER])
     error = info.value
     if isinstance(error, AllEnginesFailedError):
         error = error.attempts[-1][1]  # type: ignore[assignment]
-    assert isinstance(error, InvalidOutputError) and error.produced == "set_alarm({})"
+    assert isinstance(error, InvalidOutputError)
+    return error
+
+
+async def test_an_invalid_call_with_no_engine_left_raises_what_was_produced() -> None:
+    error = await _alone_failing([0.05, ScriptedCall("set_alarm", "{}")], "wake me")
+    assert error.produced == "set_alarm({})"
 
 
 async def test_a_required_call_that_never_comes_escalates() -> None:
@@ -440,11 +447,5 @@ async def test_text_that_only_starts_like_markup_is_delivered_whole_and_in_order
 
 
 async def test_a_call_written_as_text_with_no_engine_left_raises_what_was_produced() -> None:
-    local = ScriptedEngine("local", script=[0.05, "<tool_call>", '{"name": "set_timer"}'])
-    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
-        with pytest.raises((InvalidOutputError, AllEnginesFailedError)) as info:
-            await client.complete("tea timer", tools=[TIMER])
-    error = info.value
-    if isinstance(error, AllEnginesFailedError):
-        error = error.attempts[-1][1]  # type: ignore[assignment]
-    assert isinstance(error, InvalidOutputError) and error.produced == "<tool_call>"
+    error = await _alone_failing([0.05, "<tool_call>", '{"name": "set_timer"}'], "tea timer")
+    assert error.produced == "<tool_call>" and error.what == "tool_call"
