@@ -16,7 +16,7 @@ the second half of this module. Every field is optional; one name per knob:
     [speculative] show_drafts, max_prompt_overhead, k, ahead
     [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
     [privacy]     mode = "off" | "keep-local" | "block", ner
-    [tools]       min_call_confidence min_tool_fit
+    [tools]       min_call_confidence, min_tool_fit
 
 Python builds the same shape: `Policy(routing={"prefer": "cloud"}, hedge={"after_ms": 200})`,
 or from a preset with a few fields changed: `Policy.preset("chat").with_(routing={...})`. A flat

@@ -174,7 +174,7 @@ def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
 
 # keywords that describe a schema without constraining it
 _ANNOTATIONS = frozenset(
-    {"description", "title", "examples", "default", "$comment", "deprecated", "readOnly"}
+    "description title examples default $comment deprecated readOnly writeOnly".split()
 )
 _ANY_VALUE = {"type": ["string", "number", "boolean", "object", "array", "null"]}
 _SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames")
