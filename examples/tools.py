@@ -3,8 +3,10 @@
 python examples/tools.py [--cloud-url http://127.0.0.1:8000/v1 --cloud-model NAME]
 
 With only the local model, every call is made on the device (under a grammar of the tool's
-schema, so its arguments always parse). With a cloud, a local call that fails its check, or
-that the local model is unsure of (`[tools] min_call_confidence`), goes to the cloud.
+schema, so its arguments always parse). With a cloud, a local call that fails its check, that
+the local model is unsure of (`[tools] min_call_confidence`), or to a tool the question does
+not name (`min_tool_fit`: "get_weather" for a question about the weather fits), goes to the
+cloud.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ async def main(args: argparse.Namespace) -> None:
     cloud = None
     if args.cloud_url:
         cloud = OpenAIEngine(base_url=args.cloud_url, model=args.cloud_model, api_key="none")
-    policy = Policy.preset("chat").with_(tools={"min_call_confidence": 0.8})
+    policy = Policy.preset("chat").with_(tools={"min_call_confidence": 0.8, "min_tool_fit": 0.5})
     messages: list[dict[str, Any]] = [{"role": "user", "content": args.question}]
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         for _ in range(3):  # a call, its result, the answer (a few rounds at most)
