@@ -123,8 +123,7 @@ class PhoneFinder:
         self, text: str, start: int, end: int, cued: bool = False
     ) -> list[tuple[int, int, str]]:
         found: list[tuple[int, int, str]] = []
-        cue = PHONE_WORDS.search(text, max(0, start - CUE_CHARS), start)
-        lenient = cued or cue is not None
+        lenient = cued or PHONE_WORDS.search(text, max(0, start - CUE_CHARS), start) is not None
         for s, e, hint in self._piece(text[start:end], lenient):
             if _edges_ok(text, start + s, start + e):
                 found.append((start + s, start + e, hint))
