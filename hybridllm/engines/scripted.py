@@ -10,7 +10,9 @@ time and the trace shows its exact times.
 
 A script is a list of steps: a float sleeps that many seconds, a str is emitted as a delta,
 a `ScriptedCall` as a complete tool call (the answer then finishes with "tool_calls"), an
-exception instance is raised.
+exception instance is raised. A continuation (`assistant_prefix`) whose text the script's
+leading steps write exactly plays the rest of the script from there (those steps, sleeps
+included, are what the engine already did); any other prefix replays the whole script.
 
 `serial=True` models a local engine's queue: one request plays at a time, the others wait in
 the order of their calls (`info()` reports the depth and the expected wait: the script's sleeps
@@ -132,7 +134,7 @@ class ScriptedEngine:
         n = calls = 0
         try:
             yield RequestSent(clock.now())
-            for step in self.script:
+            for step in self._after(request.assistant_prefix):
                 if isinstance(step, BaseException):
                     raise step
                 if isinstance(step, ScriptedCall):
@@ -152,6 +154,16 @@ class ScriptedEngine:
             self.closed_streams += 1
             if queue is not None:
                 queue.release()
+
+    def _after(self, prefix: str) -> list[Step]:
+        """The script's steps after those that write `prefix` (all of them: none wrote it)."""
+        written = ""
+        for i, step in enumerate(self.script):
+            if prefix and written == prefix:
+                return self.script[i:]
+            if isinstance(step, str):
+                written += step
+        return [] if prefix and written == prefix else self.script
 
     async def aclose(self) -> None:
         self.started = False

@@ -309,7 +309,8 @@ class LatencyModel:
         if "request_sent" in marks and "first_byte" in marks:
             rtt = max(0.0, marks["first_byte"] - marks["request_sent"])
         tpot = None
-        if not trace.switches and trace.n_tokens >= 3 and trace.produced_tpot_ms is not None:
+        resumed = "rescue_resumed" in marks  # a gap at the release: not a decode step
+        if not trace.switches and not resumed and trace.n_tokens >= 3 and trace.produced_tpot_ms:
             tpot = trace.produced_tpot_ms / 1000.0
         fresh = prompt_tokens
         if trace.cached_prompt_tokens and trace.prompt_tokens:

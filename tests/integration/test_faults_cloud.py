@@ -207,6 +207,36 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     assert tr.t_done is not None and rec.bytes_down < 2000  # closed, not played to the end
 
 
+async def test_a_real_local_rescue_parks_at_its_first_token_and_goes_on_from_it(
+    proxy: FaultProxy, model_path: Path
+) -> None:
+    """Issue 25: a quality decision's rescue, started at once by a fixed hedge, stops at its
+    first token (nothing decodes beside the cloud while it is held); at the deadline that token
+    goes out and the llama.cpp engine goes on from it (the same answer, no token twice)."""
+    proxy.faults = Faults(keepalive_only_s=10, keepalive_interval_ms=50)
+    policy = Policy(
+        name="rescue",
+        routing={"prefer": "cloud", "ttft_deadline_ms": 2500},
+        hedge={"after_ms": 0},
+        plans=["single", "hedge"],
+        sampling={"max_tokens": 12, "temperature": 0.0},
+    )
+    async with HybridClient(
+        local=local_engine(model_path), cloud=cloud_engine(proxy), policy=policy
+    ) as client:
+        async with client.stream("Count from one to five, in words.") as s:
+            tokens = [t.text async for t in s.events() if isinstance(t, Token)]
+    tr = s.trace
+    assert tr.engine == "local" and "rescue_resumed" in tr.marks and tokens
+    held, cont = [a for a in tr.attempts if a.engine == "local"]
+    assert held.outcome == "cancelled" and held.t_end is not None and held.t_first is not None
+    assert held.t_end < tr.marks["rescue_released"]  # parked before the release
+    assert cont.role == "continuation" and cont.t_start >= tr.marks["rescue_released"]
+    assert tr.ttft_ms is not None and tr.ttft_ms >= 2500
+    assert tr.completion_tokens is not None and 1 < tr.completion_tokens <= 12
+    assert tr.token_times[0] <= tr.token_times[1]  # the held token first, then the rest
+
+
 # ---- cancellation -------------------------------------------------------------------------------
 
 

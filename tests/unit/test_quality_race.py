@@ -126,6 +126,55 @@ async def test_a_late_cloud_releases_the_held_rescue_at_the_deadline_itself() ->
     assert "rescue_released" in s.trace.marks
 
 
+async def test_a_held_rescue_parks_at_its_first_token_and_goes_on_from_it() -> None:
+    """The rescue's first token (80 ms) is held and its stream stopped there, so it does not
+    decode beside the cloud; at the deadline (100 ms) the token goes out and the same engine
+    goes on from it (what is left of max_tokens), its next tokens 10 and 20 ms later."""
+    local = ScriptedEngine("local", script=[0.03, "loc", 0.01, "al", 0.01, "ly"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.05  # starts at 50 ms
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        async with client.stream("q", max_tokens=8) as s:
+            text = "".join([t async for t in s])
+    assert text == "locally" and s.trace.engine == "local"
+    assert [r.assistant_prefix for r in local.requests] == ["", "loc"]
+    assert local.requests[1].max_tokens == 7
+    assert local.emitted == 3  # "al" and "ly" once: the parked stream stopped at "loc"
+    ms = [round((t - s.trace.t_start) * 1e3) for t in s.trace.token_times]
+    assert ms == [100, 110, 120] and s.trace.completion_tokens == 3
+    assert s.trace.marks["rescue_first_token"] - s.trace.t_start == pytest.approx(0.08)
+    assert "rescue_resumed" in s.trace.marks
+
+
+async def test_a_parked_rescue_loses_to_a_cloud_token_before_the_deadline() -> None:
+    local = ScriptedEngine("local", script=[0.01, "loc", 0.01, "al"])
+    cloud = ScriptedEngine("cloud", script=[0.09, "cloud"])
+    local.predicted_ttft_s = 0.05
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q")
+    assert done.text == "cloud" and len(local.requests) == 1 and local.emitted == 1
+
+
+async def test_a_one_token_rescue_is_not_parked() -> None:
+    """One token asked for: the held token is the whole answer, nothing to go on from."""
+    local = ScriptedEngine("local", script=[0.03, "loc"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.05
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q", max_tokens=1)
+    assert done.text == "loc" and len(local.requests) == 1
+
+
+async def test_a_rescue_of_an_engine_that_cannot_continue_is_not_parked() -> None:
+    local = ScriptedEngine("local", script=[0.03, "loc", 0.01, "al"], supports_continuation=False)
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.05
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q")
+    assert done.text == "local" and len(local.requests) == 1
+    assert "rescue_resumed" not in done.trace.marks
+
+
 async def test_a_cloud_failure_releases_the_rescue_at_once() -> None:
     from hybridllm.errors import CloudConnectionError
 

@@ -16,7 +16,11 @@ compete: the fallback may start early (its lead, a hedge) and prefill, but what 
 until `release_s` after the call passes without a primary token, or the primary fails before
 its first one. Then what it holds is delivered at once (a rescue at about the deadline, not the
 deadline plus its TTFT), and from then on the first token wins. A primary token before that
-wins, and the held fallback is cancelled.
+wins, and the held fallback is cancelled. A held rescue that can continue an answer
+(`EngineInfo.supports_continuation`) is parked at its first text token: its stream stops there
+(the local engine keeps the prompt and that token in its KV cache), so it does not decode into
+a buffer beside the primary on a shared device, and on the release the same engine goes on from
+the held text (`assistant_prefix`), after the held token has gone out.
 
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
 inter-token limit (`StallError`) moves the answer to the other engine, which continues from the
@@ -92,6 +96,8 @@ class _Contender:
     marks: list[Mark] = dataclasses.field(default_factory=list)
     # a rescue's items held until the release (None: not held)
     held: list[Chunk | None] | None = None
+    # a held rescue stopped at its first text token: it goes on from there on the release
+    parked: bool = False
 
 
 def fallback_lead_s(
@@ -195,6 +201,7 @@ class _Race:
         self.paused = False  # the serving engine paused the answer (preempted on the device)
         # a rescue's hold: until this time (None: not held, or released)
         self.release_at = None if release_s is None else run.trace.t_start + release_s
+        self.resumed_tokens = 0  # a parked rescue's tokens delivered before it went on
 
     # ---- the coordinator ---------------------------------------------------------------------
 
@@ -238,9 +245,14 @@ class _Race:
         """Hand one contender's item to its handler (a held rescue's chunks wait)."""
         if self.winner is not None and cid != self.winner:
             return  # what a cancelled contender sent before it stopped
-        held = self.contenders[cid].held
-        if held is not None and not isinstance(got, Exception):
-            held.append(got)
+        c = self.contenders[cid]
+        if c.parked:
+            return  # what a parked rescue sent before it stopped
+        if c.held is not None and not isinstance(got, Exception):
+            c.held.append(got)
+            if isinstance(got, Delta) and is_content(got) and self._parks(c):
+                c.parked = True
+                c.scope.cancel()
             return
         if got is None:
             self._on_end(cid)
@@ -278,6 +290,10 @@ class _Race:
         self.run.deliver(self.contenders[cid].engine.name, chunk)
 
     def _on_finish(self, cid: int, finish: Finish) -> None:
+        if self.resumed_tokens:  # a parked rescue went on: count its held tokens; what the
+            n = finish.completion_tokens  # continuation found in the KV cache is not the prompt's
+            n = None if n is None else n + self.resumed_tokens
+            finish = dataclasses.replace(finish, completion_tokens=n, cached_prompt_tokens=None)
         self.finish = finish
         if self.winner is None:  # an empty answer finished first: it wins
             self.crown(cid)
@@ -328,11 +344,38 @@ class _Race:
         self.run.trace.mark("rescue_released", now)
         for cid, c in list(self.contenders.items()):
             held, c.held = c.held, None
+            parked, c.parked = c.parked, False
             for got in held or ():
                 if isinstance(got, Delta | Called) and is_content(got):  # reaches the app now;
                     self.run.trace.mark("rescue_first_token", got.t)  # the engine's own time
                     got = dataclasses.replace(got, t=max(got.t, now))
                 self._dispatch(cid, got)
+            if parked and self.winner == cid:
+                self._resume(c)
+
+    def _parks(self, c: _Contender) -> bool:
+        """Whether a held rescue stops at its first text token (and goes on from it on the
+        release): plain text (a tool call or a JSON answer is not continued), more than one token
+        asked for, an engine that can continue an answer."""
+        request = self.request
+        return (
+            request.tools is None
+            and request.max_tokens > 1
+            and c.engine.info().supports_continuation
+        )
+
+    def _resume(self, parked: _Contender) -> None:
+        """The released rescue was parked: the same engine goes on from the text delivered (its
+        held tokens), for what is left of max_tokens, and serves from here."""
+        trace = self.run.trace
+        trace.mark("rescue_resumed")
+        cont = dataclasses.replace(
+            self.request,
+            assistant_prefix=self.request.assistant_prefix + self.run.delivered_text,
+            max_tokens=max(1, self.request.max_tokens - trace.n_tokens),
+        )
+        self.resumed_tokens = trace.n_tokens
+        self.crown(self.start(parked.engine, cont, "continuation"))
 
     def start(self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary") -> int:
         cid = next(self.ids)
