@@ -28,7 +28,9 @@ server for LiteLLM), one thread; the cloud is Qwen2.5-Coder-1.5B behind `hybridl
 (`HybridServer`) on loopback, one thread, behind a `FaultProxy` that delays each response's
 first byte: request i gets delay i in every variant (set on the proxy before the request is
 sent), drawn once per run from `heavy_tail` (lognormal, median 150 ms, p99 3 s, 3% stalls of
-10 s, seeded). Both engines share the machine's cores (2 here), one thread each.
+10 s, seeded). Both engines share the machine's cores (2 here), one thread each; `--pin` gives
+the stand-in cloud a core of its own (CPU 1) and runs everything else on the other (CPU 0), as
+a cloud off the device would be (the cloud-only pass too).
 
 Prompts: `--n` short-answer prompts (multiple choice, yes/no, number, short phrase) from the
 TEST split of data/router/labels.jsonl (`bench_cascade_mix.workload`), graded by the labeller's
@@ -157,16 +159,31 @@ async def _one(
     }
 
 
+CLOUD_CPU, DEVICE_CPU = 1, 0  # --pin: the stand-in cloud's core, and everything else's
+
+
+def pin_here(spec: dict[str, Any]) -> None:
+    """With --pin, this process and every thread and child it starts from now on run on
+    DEVICE_CPU (call it before any thread starts)."""
+    if spec.get("pin"):
+        os.sched_setaffinity(0, {DEVICE_CPU})
+
+
 @contextlib.contextmanager
-def cloud_behind_proxy() -> Iterator[Any]:
-    """The stand-in cloud (`hybridllm serve-model`, one thread) behind a recording FaultProxy: the
-    proxy, whose faults each request sets."""
+def cloud_behind_proxy(pin: bool = False) -> Iterator[Any]:
+    """The stand-in cloud (`hybridllm serve-model`, one thread; with `pin`, on CLOUD_CPU alone)
+    behind a recording FaultProxy: the proxy, whose faults each request sets."""
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import FaultProxy, HybridServer
 
+    class Pinned(HybridServer):
+        def command(self, port: int) -> list[str]:
+            return ["taskset", "-c", str(CLOUD_CPU), *super().command(port)]
+
     model = resolve_model(CLOUD, pull=True)
+    server_cls = Pinned if pin else HybridServer
     with (
-        HybridServer(model, alias=CLOUD_ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
+        server_cls(model, alias=CLOUD_ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
         FaultProxy(upstream=("127.0.0.1", server.port), record=True) as proxy,
     ):
         yield proxy
@@ -190,7 +207,7 @@ async def run_variant(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
     t_all = time.perf_counter()
     local_path = resolve_model(LOCAL, pull=True)
-    with cloud_behind_proxy() as proxy:
+    with cloud_behind_proxy(bool(spec.get("pin"))) as proxy:
         cloud_url = proxy.url + "/v1"
         if name == "cloud":  # the cloud's own TTFT per request, with that request's delay
             pol = Policy(name="cloudonly", routing={"prefer": "cloud", "retries": 0})
@@ -250,6 +267,7 @@ def variant_child(args: argparse.Namespace) -> None:
 
     spec = json.loads(Path(args.spec).read_text())
     POLICIES.update(spec.get("deadlines", {}))  # as the parent scaled them
+    pin_here(spec)
     res = anyio.run(run_variant, args.variant_only, spec)
     Path(args.json).write_text(json.dumps(res, indent=1))
 
@@ -267,7 +285,7 @@ def run_litellm(
     out: dict[str, Any] = {"variant": "litellm", "series": {}}
     t_all = time.perf_counter()
     with (
-        cloud_behind_proxy() as proxy,
+        cloud_behind_proxy(bool(spec.get("pin"))) as proxy,
         LlamaServer(
             resolve_model(LOCAL, pull=True),
             alias="local",
@@ -453,13 +471,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "warm_delays": warm_delays,
         "policies": list(POLICIES),
         "deadlines": POLICIES,
+        "pin": args.pin,
     }
+    pin_here(spec)  # LiteLLM's side runs in this process and its children
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
     prior: dict[str, Any] = {}
     if args.reuse:  # the variants not run now, from an earlier run of the same workload
         before = json.loads(Path(args.reuse).read_text())
-        if (before["n"], before["seed"], before["warmups"]) != (n, args.seed, w):
-            raise SystemExit(f"--reuse {args.reuse}: another workload (n, seed, warm-ups)")
+        was = (before["n"], before["seed"], before["warmups"], before.get("pin", False))
+        if was != (n, args.seed, w, args.pin):
+            raise SystemExit(f"--reuse {args.reuse}: another workload (n, seed, warm-ups, pin)")
         prior = {v: r for v, r in before["runs"].items() if v not in wanted}
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="qrace-") as tmp:
@@ -531,6 +552,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "pin": args.pin,
         "delays": {
             "p50": pct(delays, 50),
             "p95": pct(delays, 95),
@@ -548,6 +570,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _cores(res: dict[str, Any]) -> str:
+    if res.get("pin"):
+        return f"the stand-in cloud pinned to CPU {CLOUD_CPU}, the rest to CPU {DEVICE_CPU}"
+    return "both engines share the cores"
+
+
 def render(res: dict[str, Any]) -> str:
     def ms(x: Any) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.0f}"
@@ -555,8 +583,8 @@ def render(res: dict[str, Any]) -> str:
     d = res["delays"]
     out = [
         f"{res['n']} test-split prompts, seed {res['seed']}, {res['warmups']} warm-ups per "
-        f"variant x policy; CPU {res['cpu']} ({res['cores']} cores): both engines share the "
-        f"cores, one llama.cpp thread each; cloud first-byte delays p50 {d['p50']:.0f} / p95 "
+        f"variant x policy; CPU {res['cpu']} ({res['cores']} cores): {_cores(res)}, one "
+        f"llama.cpp thread each; cloud first-byte delays p50 {d['p50']:.0f} / p95 "
         f"{d['p95']:.0f} / p99 {d['p99']:.0f} ms, {d['stalls']} stalls of 10 s.",
         "",
     ]
@@ -633,7 +661,7 @@ def render(res: dict[str, Any]) -> str:
         f"deadline (chat {POLICIES['chat']:.0f} ms, cloud600 {POLICIES['cloud600']:.0f} ms), "
         "those answered locally (target 0). Cloud "
         "started/cancelled: /chat/completions requests the proxy saw; cancelled = started "
-        "less one where the cloud served. Both engines share the cores, one thread each."
+        f"less one where the cloud served. {_cores(res).capitalize()}, one thread each."
     )
     traced = [
         f"{r['variant']} {r['policy']} {r['cloud_cancelled_trace']}"
@@ -678,6 +706,13 @@ def cli() -> None:
     )
     ap.add_argument(
         "--old-root", default="/work/wt/old", help="the tree with today's rules (commit 2d555e5)"
+    )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help=f"the stand-in cloud on CPU {CLOUD_CPU} alone, everything else (the local engine, "
+        f"the client, the proxy, LiteLLM and its llama.cpp server) on CPU {DEVICE_CPU}: each side "
+        "has a core of its own, as a cloud off the device would",
     )
     ap.add_argument("--litellm-python", default="/tmp/litellm-venv/bin/python")
     ap.add_argument("--json", metavar="PATH", help="write every figure and request here")

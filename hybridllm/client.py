@@ -42,6 +42,7 @@ from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
+from hybridllm.routing.hedging import backup_ttft_s
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLogLike
 from hybridllm.routing.logs import as_decision_log
@@ -339,7 +340,8 @@ class HybridClient:
         trace.plan, trace.objective = decision.plan, decision.objective
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None
-        lead = (None if fb is None else fb.ttft_s) if decision.fallback_lead else 0.0
+        lead = None if fb is None else backup_ttft_s(fb, rescue=decision.rescue)
+        lead = lead if decision.fallback_lead else 0.0
         due = None if decision.deadline_s is None else trace.t_start + decision.deadline_s
         run.admitted(
             cloud_unavailable=dict(decision.unavailable).get("cloud"),  # CloudUnavailable says so

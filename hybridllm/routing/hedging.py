@@ -53,6 +53,7 @@ from hybridllm.events import EngineName
 if TYPE_CHECKING:
     from hybridllm.policy import PlanName, Policy
     from hybridllm.routing.decision import LiveState
+    from hybridllm.routing.inputs import Prediction
 
 AUTO_HEDGE_MIN_SAMPLES = 5  # an automatic hedge waits for this much of the primary's history
 TAIL_QUANTILE = 0.99
@@ -75,13 +76,21 @@ def lead_s(predicted_s: float, deadline_s: float, *, rescue: bool = False) -> fl
     """How long before the deadline a fallback starts: its predicted time to a first token, so
     that token can still land by the deadline, at most half the deadline, so that a fallback
     which cannot make the deadline anyway does not run alongside every request. A rescue (a
-    quality decision's held local engine) that can be ready by the deadline takes its whole
-    predicted time: it must be ready when the deadline passes. The race starts its fallback
-    by this lead (`runtime.plans.race`); the automatic hedge prices against it."""
+    quality decision's held local engine, `backup_ttft_s`) takes its whole predicted time, at
+    most the whole deadline: it must be ready when the deadline passes, and one that cannot be
+    starts at once, so that it is as little late as the device allows (held, it parks at its
+    first token: its cost is its prefill). The race starts its fallback by this lead
+    (`runtime.plans.race`); the automatic hedge prices against it."""
     predicted_s = max(0.0, predicted_s)
-    if rescue and predicted_s <= deadline_s:
-        return predicted_s
+    if rescue:
+        return min(predicted_s, deadline_s)
     return min(predicted_s, deadline_s / 2)
+
+
+def backup_ttft_s(prediction: Prediction, *, rescue: bool) -> float:
+    """The backup's time to a first token that its lead is measured by: the expected one for a
+    competitor, the p95 for a rescue (ready at the deadline on 95 requests of 100)."""
+    return prediction.ttft_p95_s if rescue else prediction.ttft_s
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -234,7 +243,8 @@ def _auto_hedge(
         cost = f"a cloud request priced at {_ms(price)}"
     cap = None
     if deadline is not None:  # when the race starts the backup anyway
-        lead = lead_s(theirs.ttft_s, deadline, rescue=wrong_p is not None)
+        rescue = wrong_p is not None
+        lead = lead_s(backup_ttft_s(theirs, rescue=rescue), deadline, rescue=rescue)
         cap = deadline - (lead if early_start else 0.0)
     quality_s = 0.0
     if wrong_p is not None:

@@ -15,7 +15,7 @@ from hybridllm import Fallback, HybridClient, Policy, Token
 from hybridllm.events import EngineName
 from hybridllm.routing import LiveState, RequestFacts, decide
 from hybridllm.routing.decide import PROBE_AFTER
-from hybridllm.routing.hedging import choose_hedge_delay
+from hybridllm.routing.hedging import backup_ttft_s, choose_hedge_delay, lead_s
 from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.trace import Trace
@@ -288,6 +288,27 @@ async def test_a_rescue_starts_by_its_whole_predicted_ttft_so_it_is_ready_at_the
     assert done.trace.segments_ms["fallback_started"] == pytest.approx(20)
 
 
+async def test_a_rescue_that_cannot_be_ready_by_the_deadline_starts_at_once() -> None:
+    """150 ms of local TTFT against a 100 ms deadline: any other fallback would start at 50 ms
+    (half the deadline) and answer at 200 ms; the rescue starts at 0 and answers at 150 ms."""
+    local = ScriptedEngine("local", script=[0.15, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
+    local.predicted_ttft_s = 0.15
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q")
+    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(150)
+    assert done.trace.segments_ms["fallback_started"] == pytest.approx(0)
+
+
+def test_a_rescue_leads_by_its_p95_and_at_most_the_whole_deadline() -> None:
+    p = pred("local", 0.2)  # p95 0.3 s
+    assert backup_ttft_s(p, rescue=True) == pytest.approx(0.3)
+    assert backup_ttft_s(p, rescue=False) == pytest.approx(0.2)
+    assert lead_s(0.3, 0.6, rescue=True) == pytest.approx(0.3)
+    assert lead_s(0.8, 0.6, rescue=True) == pytest.approx(0.6)  # not ready: at once
+    assert lead_s(0.8, 0.6) == pytest.approx(0.3)  # a competitor: at most half the deadline
+
+
 # ---- after a slow spell: how many requests until the cloud answers again ------------------------
 
 
@@ -340,8 +361,8 @@ def test_no_parallel_start_for_a_fallback_predicted_no_sooner() -> None:
 
 
 def test_a_slow_rescue_starts_sooner_but_stays_held_for_a_hard_prompt() -> None:
-    """A cloud predicted far past the 3 s deadline and a local engine that needs 4 s: the race's
-    lead (half the deadline) would have the rescue at 5.5 s (p99: the cloud's own 5 s); the
+    """A cloud predicted far past the 3 s deadline and a local engine that needs 4 s: a lead of
+    half the deadline would have the rescue at 5.5 s (p99: the cloud's own 5 s); the
     hedge starts it at once (4 s) and
     still holds it (a hard prompt's local answer never goes out before the deadline)."""
     cloud = [3.1 + 0.1 * i for i in range(20)]

@@ -273,7 +273,10 @@ async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> 
 
 
 async def test_fallback_lead_is_at_most_half_the_deadline() -> None:
-    policy = Policy(name="lead", routing={"prefer": "cloud", "ttft_deadline_ms": 200})
+    """A competing fallback (a latency decision); a quality decision's rescue that cannot be
+    ready by the deadline starts at once (`test_quality_race`)."""
+    routing = {"prefer": "cloud", "ttft_deadline_ms": 200, "objective": "latency"}
+    policy = Policy(name="lead", routing=routing)
     local = ScriptedEngine("local", script=[0.01, "here"])
     cloud = ScriptedEngine("cloud", script=[2.0, "late"])
     local.predicted_ttft_s = 5.0  # a long prompt: the local engine cannot make it anyway

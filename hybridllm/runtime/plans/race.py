@@ -4,7 +4,8 @@
 `stream()` call. If the primary has produced no content token by then, fails before its first
 one, or a hedge delay passes, the fallback starts while the primary keeps running (a `Fallback`,
 a `Hedge` event). "By then" leads the deadline by the fallback's own predicted time to a first
-token (at most half the deadline), so that its token can still arrive inside the deadline.
+token (at most half the deadline), so that its token can still arrive inside the deadline; a
+rescue's lead is its p95 time, at most the whole deadline (`routing.hedging.lead_s`).
 Where the routing decision predicts the primary misses the deadline (`fallback_now`), the
 fallback starts in parallel with it at once, announced as a `ParallelStart` right after the
 `Route` (whose reason is then the decision's alone). The first content token wins and the loser
