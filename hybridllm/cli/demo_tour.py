@@ -90,6 +90,8 @@ BLOCKED = Policy.model_validate(
     {"name": "demo-block", "routing": {"prefer": "cloud"}, "privacy": {"mode": "block"}}
 )
 STALL_MS = 4000
+# the interactive question waits for the summary's first token, at most this long
+PRIORITY_ARRIVAL_LIMIT_S = 30.0
 
 
 @dataclass
@@ -171,9 +173,17 @@ class Played:
     route: str = "-"  # the engine the decision picked (the answer may come from the other)
 
 
-async def play(stage: Stage, act: str, messages: Any, quiet: bool = False, **args: Any) -> Played:
+async def play(
+    stage: Stage,
+    act: str,
+    messages: Any,
+    quiet: bool = False,
+    answering: anyio.Event | None = None,
+    **args: Any,
+) -> Played:
     """Stream one request, painting its events (`quiet`: its answer written at the end, for a
-    request that runs beside another); its row, trace and tool calls."""
+    request that runs beside another; `answering`: set at its first token); its row, trace and
+    tool calls."""
     held = io.StringIO()
     out: TextIO = held if quiet else stage.out
     painter = Painter(out, stage.ansi)
@@ -183,6 +193,8 @@ async def play(stage: Stage, act: str, messages: Any, quiet: bool = False, **arg
     async with stage.client.stream(messages, **args) as s:
         async for event in s.events():
             _paint(out, painter, event)
+            if answering is not None and isinstance(event, Token):
+                answering.set()
             if isinstance(event, ToolCall):
                 calls.append(event)
             elif isinstance(event, Route):
@@ -326,18 +338,23 @@ async def act_speculative(stage: Stage) -> list[TourRow]:
 async def act_priority(stage: Stage) -> list[TourRow]:
     _say(stage, "\n[priority] a background summary is running; an interactive question arrives")
     results: dict[str, Played] = {}
+    answering = anyio.Event()  # the question arrives once the summary is being written
 
-    async def one(prompt: str, priority: str, delay: float) -> None:
-        await anyio.sleep(delay)
+    async def one(prompt: str, priority: str) -> None:
+        if priority == "interactive":
+            with anyio.move_on_after(PRIORITY_ARRIVAL_LIMIT_S):
+                await answering.wait()
         _say(stage, f"  > ({priority}) {prompt}")
         args: dict[str, Any] = {"priority": priority, "temperature": 0.0}
+        background = priority == "background"
+        started = answering if background else None
         results[priority] = await play(
-            stage, priority, prompt, quiet=priority == "background", engine="local", **args
+            stage, priority, prompt, background, started, engine="local", **args
         )
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(one, "Summarise the history of the bicycle.", "background", 0.0)
-        tg.start_soon(one, "What's 2 plus 2?", "interactive", 0.6)
+        tg.start_soon(one, "Summarise the history of the bicycle.", "background")
+        tg.start_soon(one, "What's 2 plus 2?", "interactive")
     bg, fg = results["background"], results["interactive"]
     paused = len(bg.trace.pauses)
     bg.row.note = f"paused {paused}x for the interactive one"

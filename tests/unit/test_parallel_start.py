@@ -214,6 +214,28 @@ async def test_a_parallel_start_is_a_parallel_start_event_not_a_late_fallback() 
 
 
 @pytest.mark.anyio
+async def test_a_primary_that_loses_its_parallel_start_late_is_not_charged_a_miss() -> None:
+    """A parallel start is the decision's answer to a local engine predicted late: the cloud
+    winning past the deadline confirms that prediction, and is no evidence for the breaker
+    (the demo's slow local engine opened its circuit that way and lost the cascade)."""
+    local = slow_local([0.5, "local"])
+    cloud = ScriptedEngine("cloud", script=[0.2, "cloud"])  # also past the 100 ms deadline
+    latency = EnginesOwnEstimates()
+    async with HybridClient(local=local, cloud=cloud, policy=FAST, latency=latency) as client:
+        traces = [(await events_of(client))[1] for _ in range(6)]
+        breaker = client.breakers["local"]
+    assert all(t.parallel_start and t.engine == "cloud" for t in traces)
+    assert breaker.state == "closed" and breaker.recent_miss_rate == 0.0
+    # the same late loss without a parallel start (no prediction of it) is a miss
+    local2 = ScriptedEngine("local", script=[0.5, "local"])
+    policy = FAST.with_(hedge={"parallel_cloud": False})
+    async with HybridClient(local=local2, cloud=cloud, policy=policy) as client:
+        _, tr = await events_of(client)
+        assert tr.engine == "cloud" and not tr.parallel_start
+        assert client.breakers["local"].recent_miss_rate == 1.0
+
+
+@pytest.mark.anyio
 async def test_the_trace_counts_what_the_guard_settled_for_a_parallel_cloud() -> None:
     local = slow_local([0.15, "local", 0.01, " wins"])
     cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])

@@ -146,6 +146,20 @@ async def test_a_held_rescue_parks_at_its_first_token_and_goes_on_from_it() -> N
     assert "rescue_resumed" in s.trace.marks
 
 
+async def test_a_cloud_failure_releases_a_parked_rescue_which_goes_on() -> None:
+    from hybridllm.errors import CloudConnectionError
+
+    local = ScriptedEngine("local", script=[0.03, "loc", 0.01, "al"])
+    cloud = ScriptedEngine("cloud", script=[0.09, CloudConnectionError("reset")])
+    local.predicted_ttft_s = 0.05  # starts at 50 ms, parked at 80 ms
+    pol = CLOUD_FIRST.with_(routing={"retries": 0})
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        done = await client.complete("q")
+    assert done.text == "local" and [r.assistant_prefix for r in local.requests] == ["", "loc"]
+    ms = [round((t - done.trace.t_start) * 1e3) for t in done.trace.token_times]
+    assert ms == [90, 100]  # released by the failure at 90 ms, not at the deadline
+
+
 async def test_a_parked_rescue_loses_to_a_cloud_token_before_the_deadline() -> None:
     local = ScriptedEngine("local", script=[0.01, "loc", 0.01, "al"])
     cloud = ScriptedEngine("cloud", script=[0.09, "cloud"])
@@ -298,6 +312,10 @@ async def test_a_rescue_that_cannot_be_ready_by_the_deadline_starts_at_once() ->
         done = await client.complete("q")
     assert done.text == "local" and done.trace.ttft_ms == pytest.approx(150)
     assert done.trace.segments_ms["fallback_started"] == pytest.approx(0)
+    assert done.trace.fallback_reason == (
+        "local starts at once as a rescue (it could not be ready by the 100 ms deadline if it "
+        "waited); a rescue: its tokens are held until 100 ms"
+    )
 
 
 def test_a_rescue_leads_by_its_p95_and_at_most_the_whole_deadline() -> None:

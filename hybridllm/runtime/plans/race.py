@@ -406,22 +406,10 @@ class _Race:
         self.start(self.fallback, self.request, role)
 
     def crown(self, cid: int) -> None:
-        """`cid` delivered first: cancel the others and the timer, replay its marks. A primary
-        that lost the race past the deadline (or after the deadline timer started the fallback
-        ahead of it) is reported as a deadline miss (it may open its circuit)."""
+        """`cid` delivered first: cancel the others and the timer, replay its marks."""
         self.winner = cid
         self.timer.cancel()
-        late = self.deadline_fired or (
-            self.deadline_at is not None and clock.now() > self.deadline_at
-        )
-        first_crown = not self.run.delivered_text and not self.failovers
-        if late and first_crown and self.contenders[cid].engine is not self.primary:
-            for other, c in self.contenders.items():
-                if c.engine is self.primary and other not in self.failed:
-                    self.run.outcome(
-                        self.primary.name,
-                        DeadlineMissError("no token before the deadline", engine=self.primary.name),
-                    )
+        self._report_late_primary(cid)
         for other, c in self.contenders.items():
             if other != cid:
                 c.scope.cancel()
@@ -429,6 +417,23 @@ class _Race:
         self.run.trace.engine = c.engine.name
         for mark in c.marks:
             self.run.trace.mark(mark.name, mark.t)
+
+    def _report_late_primary(self, cid: int) -> None:
+        """A primary that lost the race past the deadline (or after the deadline timer started
+        the fallback ahead of it) is reported as a deadline miss (it may open its circuit),
+        unless the miss was foreseen: a parallel start is the decision's answer to a primary
+        predicted late, and the latency model already routes on that prediction."""
+        late = self.deadline_fired or (
+            self.deadline_at is not None and clock.now() > self.deadline_at
+        )
+        first_crown = not self.run.delivered_text and not self.failovers
+        foreseen = self.run.trace.parallel_start is not None
+        if not late or not first_crown or foreseen or self.contenders[cid].engine is self.primary:
+            return
+        for other, c in self.contenders.items():
+            if c.engine is self.primary and other not in self.failed:
+                miss = DeadlineMissError("no token before the deadline", engine=self.primary.name)
+                self.run.outcome(self.primary.name, miss)
 
     def fail_over(self, exc: Exception) -> bool:
         """The winner failed mid-stream: continue on the other engine from the delivered text
@@ -508,14 +513,27 @@ class _Race:
             if at is None:
                 return
             await anyio.sleep(max(0.0, self.run.trace.t_start + at - clock.now()))
+            why = self._timer_reason(at, hedge_first)
+            self._post(_TimerFired(why, hedge=hedge_first))
+            await self._release_timer()
+
+    def _timer_reason(self, at: float, hedge_first: bool) -> str:
+        """Why the timer starts the fallback `at` seconds in."""
+        deadline_s = self.deadline_s
+        rescue = self.release_at is not None
+        if rescue and not hedge_first and at <= 0.0 and deadline_s is not None:
+            why = (
+                f"{self.fallback.name} starts at once as a rescue (it could not be ready by the "
+                f"{deadline_s * 1e3:.0f} ms deadline if it waited)"
+            )
+        else:
             kind = "hedge: no" if hedge_first else "no"
             why = f"{kind} token from {self.primary.name} within {at * 1e3:.0f} ms"
             if not hedge_first and deadline_s is not None and at < deadline_s:
                 why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
-            if self.release_at is not None:
-                why += f"; a rescue: its tokens are held until {self._hold_ms():.0f} ms"
-            self._post(_TimerFired(why, hedge=hedge_first))
-            await self._release_timer()
+        if rescue:
+            why += f"; a rescue: its tokens are held until {self._hold_ms():.0f} ms"
+        return why
 
     def _hold_ms(self) -> float:
         assert self.release_at is not None
