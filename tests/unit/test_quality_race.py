@@ -290,32 +290,34 @@ async def test_a_cloud_request_started_and_cancelled_is_counted() -> None:
     assert done.trace.summary()["cloud_cancelled"] is True
 
 
-async def test_a_rescue_starts_by_its_whole_predicted_ttft_so_it_is_ready_at_the_deadline() -> None:
-    """A race's fallback leads the deadline by at most half of it; a rescue by its whole TTFT
-    (80 ms of a 100 ms deadline): it starts at 20 ms and its token goes out at 100 ms."""
-    local = ScriptedEngine("local", script=[0.08, "local"])
+@pytest.mark.parametrize(
+    ("local_ttft", "started", "answered", "why"),
+    [
+        # a race's fallback leads the deadline by at most half of it; a rescue by its whole
+        # TTFT (80 ms of a 100 ms deadline): it starts at 20 ms, its token goes out at 100 ms
+        (0.08, 20, 100, "no token from cloud within 20 ms (started ahead of the 100 ms deadline)"),
+        # 150 ms of local TTFT: any other fallback would start at 50 ms and answer at 200 ms;
+        # the rescue cannot be ready by the deadline, so it starts at once and answers at 150
+        (
+            0.15,
+            0,
+            150,
+            "local starts at once as a rescue (it could not be ready by the 100 ms deadline if it "
+            "waited)",
+        ),
+    ],
+)
+async def test_a_rescue_starts_by_its_whole_predicted_ttft_or_at_once(
+    local_ttft: float, started: float, answered: float, why: str
+) -> None:
+    local = ScriptedEngine("local", script=[local_ttft, "local"])
     cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
-    local.predicted_ttft_s = 0.08
+    local.predicted_ttft_s = local_ttft
     async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
         done = await client.complete("q")
-    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(100)
-    assert done.trace.segments_ms["fallback_started"] == pytest.approx(20)
-
-
-async def test_a_rescue_that_cannot_be_ready_by_the_deadline_starts_at_once() -> None:
-    """150 ms of local TTFT against a 100 ms deadline: any other fallback would start at 50 ms
-    (half the deadline) and answer at 200 ms; the rescue starts at 0 and answers at 150 ms."""
-    local = ScriptedEngine("local", script=[0.15, "local"])
-    cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
-    local.predicted_ttft_s = 0.15
-    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
-        done = await client.complete("q")
-    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(150)
-    assert done.trace.segments_ms["fallback_started"] == pytest.approx(0)
-    assert done.trace.fallback_reason == (
-        "local starts at once as a rescue (it could not be ready by the 100 ms deadline if it "
-        "waited); a rescue: its tokens are held until 100 ms"
-    )
+    assert done.text == "local" and done.trace.ttft_ms == pytest.approx(answered)
+    assert done.trace.segments_ms["fallback_started"] == pytest.approx(started)
+    assert done.trace.fallback_reason == f"{why}; a rescue: its tokens are held until 100 ms"
 
 
 def test_a_rescue_leads_by_its_p95_and_at_most_the_whole_deadline() -> None:
