@@ -207,7 +207,8 @@ async def test_cancelling_during_a_verification_call_closes_it_and_stops_draftin
         closed_in = time.perf_counter() - t0
         local = client.local
         assert isinstance(local, LlamaCppEngine)
-        assert local._queue.holder is None  # drafting let go of the local model
+        holder = local._queue.holder  # drafting let go of the local model: a warm-up (idle,
+        assert holder is None or holder.idle  # any request cuts it) may have the turn since
     assert closed_in < 2.0
     conns = vproxy.connections[n_conn:] or vproxy.connections
     assert vproxy.wait_client_closed(conns[-1].id, timeout=5.0) is not None
