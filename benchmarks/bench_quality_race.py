@@ -103,6 +103,11 @@ def quality_routed(reasons: list[str]) -> bool:
     return any(QUALITY.search(r) for r in reasons)
 
 
+def row_quality_routed(row: dict[str, Any]) -> bool:
+    """A result row's own flag (LiteLLM: sent to the cloud first), else its reasons'."""
+    return bool(row.get("quality_routed", quality_routed(row["reasons"])))
+
+
 def pct(xs: list[float], q: float) -> float:
     """Nearest-rank percentile (`routing.hedging.quantile`); nan for none."""
     from hybridllm.routing.hedging import quantile
@@ -411,7 +416,7 @@ def summarise(
 ) -> dict[str, Any]:
     n = len(rows)
     served = [r["served"] for r in rows]
-    qr = [i for i, r in enumerate(rows) if r.get("quality_routed", quality_routed(r["reasons"]))]
+    qr = [i for i, r in enumerate(rows) if row_quality_routed(r)]
     in_time = [t is not None and t <= deadline for t in cloud_ttft]
     lost = [i for i in qr if served[i] == "local" and in_time[i]]
     ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
@@ -585,9 +590,7 @@ def common_p99(table: list[dict[str, Any]], results: dict[str, dict[str, Any]]) 
         runs = [r["series"][pname]["rows"] for r in results.values() if pname in r["series"]]
         common = [i for i in range(row["n"]) if all(rs[i]["ttft_ms"] is not None for rs in runs)]
         rows = results[row["variant"]]["series"][pname]["rows"]
-        qr = [
-            i for i in common if rows[i].get("quality_routed", quality_routed(rows[i]["reasons"]))
-        ]
+        qr = [i for i in common if row_quality_routed(rows[i])]
         row["n_common"] = len(common)
         row["p99_common"] = pct([rows[i]["ttft_ms"] for i in common], 99)
         row["qr_p99_common"] = pct([rows[i]["ttft_ms"] for i in qr], 99)
