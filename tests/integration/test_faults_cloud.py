@@ -197,8 +197,9 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     assert all(t.engine == "local" for t in events if isinstance(t, Token))
     # the timer fired: the keep-alives that came before it did not count as a first token; the
     # local engine, a quality decision's rescue (issue 25), started ahead of the deadline by its
-    # predicted TTFT and its tokens were held until the deadline passed
-    assert tr.fallback_reason is not None and tr.fallback_reason.startswith("no token")
+    # predicted TTFT (at once, on a machine where it could not be ready by 300 ms otherwise) and
+    # its tokens were held until the deadline passed
+    assert tr.started == ["cloud", "local"] and tr.fallback_reason is not None
     assert tr.ttft_ms is not None and tr.ttft_ms >= 300 and "rescue_released" in tr.marks
     (rec,) = proxy.connections
     assert rec.http_fault == "keepalive"
