@@ -23,7 +23,6 @@ from hybridllm import (
     ModelPrice,
     OpenAIEngine,
     Prices,
-    PrivacyBlockedError,
     SQLiteLedger,
 )
 from hybridllm.engines.base import GenerationRequest
@@ -38,7 +37,12 @@ from hybridllm.engines.capabilities import (
     Wraps,
 )
 from hybridllm.engines.scripted import ScriptedEngine
-from hybridllm.errors import AuthenticationError, CloudUnavailableError, ConfigError
+from hybridllm.errors import (
+    AuthenticationError,
+    CloudUnavailableError,
+    ConfigError,
+    PrivacyBlockedError,
+)
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.policy import Policy
 from hybridllm.runtime.gather import Gatherer

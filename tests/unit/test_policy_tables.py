@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridllm import Policy, PolicyError
+from hybridllm import Policy
 from hybridllm.cli.main import main
 from hybridllm.cli.policy_migrate import migrate_file, migrate_text
+from hybridllm.errors import PolicyError
 from hybridllm.policy import MOVED, TABLES, known_policies, resolve_policy
 
 OLD_PRESETS = sorted((Path(__file__).parent.parent / "data" / "flat_policies").glob("*.toml"))
