@@ -44,6 +44,17 @@ EngineName = Literal["local", "cloud"]
 # a request's scheduling class on a busy engine (`Policy.priority`, per call `priority=`)
 Priority = Literal["interactive", "normal", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "normal", "background")
+# why another engine was started (`Fallback.cause`, `Trace.fallback_cause`); `Fallback.reason`
+# says the same in words, for people
+FallbackCause = Literal[
+    "deadline",  # no first token from the primary by the deadline (less the fallback's lead)
+    "rescue",  # a quality decision's rescue started at once: it could not be ready if it waited
+    "hedge",  # the hedge delay passed without a first token (`Hedge`)
+    "parallel",  # started beside the primary: a predicted deadline miss (`ParallelStart`)
+    "failed",  # the primary failed before its first token
+    "refused",  # a guard refused the primary before its first token
+    "mid_stream",  # the serving engine failed mid-stream: the other continues the answer
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +113,19 @@ class ToolCall(Event):
 
 @dataclass(frozen=True, slots=True)
 class Fallback(Event):
+    """Another engine was started: `cause` says why (to branch on), `reason` in words."""
+
     from_engine: EngineName
     to_engine: EngineName
     reason: str
+    cause: FallbackCause = "failed"
 
 
 @dataclass(frozen=True, slots=True)
 class Hedge(Fallback):
     """The backup was started early by a hedge (not because the primary failed)."""
+
+    cause: FallbackCause = "hedge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +138,8 @@ class ParallelStart(Fallback):
     A subclass of `Fallback`, like `Hedge`: `Fallback` means "another engine was started", so
     an app that watches `Fallback` to know a second engine is running keeps working, while
     `isinstance(event, ParallelStart)` tells a planned parallel start from a rescue."""
+
+    cause: FallbackCause = "parallel"
 
     @property
     def engine(self) -> EngineName:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm import clock
-from hybridllm.events import EngineName, TokenLimit
+from hybridllm.events import EngineName, FallbackCause, TokenLimit
 from hybridllm.runtime.trace_export import nearest_rank, trace_dict
 
 if TYPE_CHECKING:
@@ -223,6 +223,7 @@ class Trace:
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
     fallback_reason: str | None = None  # why another engine started (any reason, see below)
+    fallback_cause: FallbackCause | None = None  # ... the same, typed (`Fallback.cause`)
     # why the other engine started at once beside the primary (a predicted deadline miss; a
     # `ParallelStart` event), and which one; None: no parallel start
     parallel_start: str | None = None

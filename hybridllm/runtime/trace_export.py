@@ -69,6 +69,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "hedged": t.hedged,
         "retries": t.retries,
         "fallback_reason": t.fallback_reason,
+        "fallback_cause": t.fallback_cause,
         "parallel_engine": t.parallel_engine,
         "parallel_start": t.parallel_start,
         "switches": [_switch(t, s) for s in t.switches],

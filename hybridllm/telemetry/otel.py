@@ -270,6 +270,7 @@ def _request_attributes(trace_: Trace) -> Attributes:
         "objective": trace_.objective,
         "route_reason": trace_.route_reason or None,
         "fallback": trace_.fallback_reason,
+        "fallback_cause": trace_.fallback_cause,
         "parallel_engine": trace_.parallel_engine,
         "hedged": trace_.hedged,
         "retries": trace_.retries,

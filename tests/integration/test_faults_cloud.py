@@ -119,6 +119,7 @@ async def test_500_on_every_request_falls_back_to_local(
     assert tr.started == ["cloud", "local"]
     (fb,) = [e for e in events if isinstance(e, Fallback)]
     assert "500" in fb.reason and tr.fallback_reason == fb.reason
+    assert fb.cause == tr.fallback_cause == "failed"
     assert all(t.engine == "local" for t in events if isinstance(t, Token))
 
 
@@ -199,7 +200,7 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     # local engine, a quality decision's rescue (issue 25), started ahead of the deadline by its
     # predicted TTFT (at once, on a machine where it could not be ready by 300 ms otherwise) and
     # its tokens were held until the deadline passed
-    assert tr.started == ["cloud", "local"] and tr.fallback_reason is not None
+    assert tr.started == ["cloud", "local"] and tr.fallback_cause in ("deadline", "rescue")
     assert tr.ttft_ms is not None and tr.ttft_ms >= 300 and "rescue_released" in tr.marks
     (rec,) = proxy.connections
     assert rec.http_fault == "keepalive"
@@ -295,6 +296,7 @@ async def test_long_local_prompt_starts_the_cloud_at_once(
     assert tr.started == ["local", "cloud"]
     reason = tr.fallback_reason
     assert reason is not None and "predicted at" in reason and "in parallel" in reason
+    assert tr.fallback_cause == "parallel"
     assert tr.segments_ms["fallback_started"] < 50
     assert not local.busy
 

@@ -64,6 +64,7 @@ async def test_a_judge_out_of_time_keeps_the_request_local(
         kept = await c.complete(lower)
         plain = await c.complete("Explain list comprehensions in one sentence.")
     assert kept.trace.engine == "local" and "judge" in (kept.trace.fallback_reason or "")
+    assert kept.trace.fallback_cause == "refused"  # a guard refused the cloud: not a failure
     assert plain.trace.engine == "cloud"
     wire = on_the_wire(proxy)
     assert not leaked("volkov", wire)

@@ -181,6 +181,7 @@ async def test_a_verification_failing_mid_answer_fails_over_locally_with_nothing
     fell = [e for e in events if isinstance(e, Fallback)]
     spec = s.trace.speculation
     assert fell and fell[0].to_engine == "local" and "verification failed" in fell[0].reason
+    assert fell[0].cause == s.trace.fallback_cause == "mid_stream"
     assert spec is not None and spec.switched_at == len(before) and before
     assert s.trace.switches[0].delivered_chars == len(before)
     assert after and isinstance(events[-1], Done)  # the local engine went on from there

@@ -316,7 +316,9 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted(
     assert cloud.requests[-1].assistant_prefix == "Hello"
     assert cloud.requests[-1].max_tokens == 50 - 4
     fallbacks = [e for e in events if isinstance(e, Fallback)]
-    assert [(f.from_engine, f.to_engine) for f in fallbacks] == [("local", "cloud")]
+    assert [(f.from_engine, f.to_engine, f.cause) for f in fallbacks] == [
+        ("local", "cloud", "mid_stream")
+    ]
     trace = s.trace
     assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
     assert [(w.from_engine, w.to_engine, w.delivered_chars) for w in trace.switches] == [

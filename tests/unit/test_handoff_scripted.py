@@ -84,7 +84,8 @@ async def test_scripted_timing_cloud_failing_mid_answer_moves_back_to_local() ->
     assert text == "ABx" + "".join(LOCAL)
     assert local.requests[1].assistant_prefix == "ABx"
     assert any(isinstance(e, Handoff) for e in events)
-    assert [e for e in events if isinstance(e, Fallback)][0].from_engine == "cloud"
+    (fb, *_) = [e for e in events if isinstance(e, Fallback)]
+    assert fb.from_engine == "cloud" and fb.cause == "mid_stream"
     assert trace.engine == "local" and trace.switches[0].delivered_chars == 3
 
 

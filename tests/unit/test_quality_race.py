@@ -291,24 +291,31 @@ async def test_a_cloud_request_started_and_cancelled_is_counted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("local_ttft", "started", "answered", "why"),
+    ("local_ttft", "started", "answered", "cause", "why"),
     [
         # a race's fallback leads the deadline by at most half of it; a rescue by its whole
         # TTFT (80 ms of a 100 ms deadline): it starts at 20 ms, its token goes out at 100 ms
-        (0.08, 20, 100, "no token from cloud within 20 ms (started ahead of the 100 ms deadline)"),
+        (
+            0.08,
+            20,
+            100,
+            "deadline",
+            "no token from cloud within 20 ms (started ahead of the 100 ms deadline)",
+        ),
         # 150 ms of local TTFT: any other fallback would start at 50 ms and answer at 200 ms;
         # the rescue cannot be ready by the deadline, so it starts at once and answers at 150
         (
             0.15,
             0,
             150,
+            "rescue",
             "local starts at once as a rescue (it could not be ready by the 100 ms deadline if it "
             "waited)",
         ),
     ],
 )
 async def test_a_rescue_starts_by_its_whole_predicted_ttft_or_at_once(
-    local_ttft: float, started: float, answered: float, why: str
+    local_ttft: float, started: float, answered: float, cause: str, why: str
 ) -> None:
     local = ScriptedEngine("local", script=[local_ttft, "local"])
     cloud = ScriptedEngine("cloud", script=[0.5, "cloud"])
@@ -318,6 +325,7 @@ async def test_a_rescue_starts_by_its_whole_predicted_ttft_or_at_once(
     assert done.text == "local" and done.trace.ttft_ms == pytest.approx(answered)
     assert done.trace.segments_ms["fallback_started"] == pytest.approx(started)
     assert done.trace.fallback_reason == f"{why}; a rescue: its tokens are held until 100 ms"
+    assert done.trace.fallback_cause == cause
 
 
 def test_a_rescue_leads_by_its_p95_and_at_most_the_whole_deadline() -> None:

@@ -58,8 +58,9 @@ async def test_slow_primary_loses_to_the_fallback_after_the_deadline() -> None:
     assert isinstance(events[0], Route) and events[0].engine == "local"
     fb = [e for e in events if isinstance(e, Fallback)]
     assert len(fb) == 1 and fb[0].to_engine == "cloud" and "100 ms" in fb[0].reason
+    assert type(fb[0]) is Fallback and fb[0].cause == "deadline"
     tr = s.trace
-    assert tr.engine == "cloud" and tr.fallback_reason
+    assert tr.engine == "cloud" and tr.fallback_reason and tr.fallback_cause == "deadline"
     assert tr.segments_ms["fallback_started"] == pytest.approx(100)  # at the deadline
     assert tr.ttft_ms == pytest.approx(100 + 50)
 
@@ -81,6 +82,7 @@ async def test_primary_failure_before_first_token_starts_fallback_at_once() -> N
     assert res.text == "saved"
     assert res.trace.segments_ms["fallback_started"] == pytest.approx(10)  # not at 100 ms
     assert "failed before its first token" in (res.trace.fallback_reason or "")
+    assert res.trace.fallback_cause == "failed"
 
 
 async def test_both_failing_raises_a_typed_error() -> None:
@@ -121,7 +123,7 @@ async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
     assert res.text == "fast" and res.trace.engine == "cloud"
     assert res.trace.segments_ms["fallback_started"] == pytest.approx(0)
     assert "predicted at 500 ms against the 100 ms deadline" in (res.trace.fallback_reason or "")
-    assert res.trace.parallel_engine == "cloud"
+    assert res.trace.parallel_engine == "cloud" and res.trace.fallback_cause == "parallel"
 
 
 async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
@@ -134,7 +136,7 @@ async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
     tr = res.trace
     assert res.text == "hedged" and tr.hedged and tr.started == ["local", "cloud"]
     assert tr.segments_ms["fallback_started"] == pytest.approx(50)
-    assert "hedge" in (tr.fallback_reason or "")
+    assert "hedge" in (tr.fallback_reason or "") and tr.fallback_cause == "hedge"
 
 
 async def test_auto_hedge_prices_the_primary_tail() -> None:
@@ -270,6 +272,7 @@ async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> 
     assert tr.segments_ms["fallback_started"] == pytest.approx(300 - 100)
     assert tr.ttft_ms == pytest.approx(300)
     assert "ahead of the 300 ms deadline" in (tr.fallback_reason or "")
+    assert tr.fallback_cause == "deadline"
 
 
 async def test_fallback_lead_is_at_most_half_the_deadline() -> None:
@@ -333,7 +336,7 @@ async def test_a_timer_posted_just_before_the_crown_starts_nothing() -> None:
     async with anyio.create_task_group() as tg:
         r = _Race(run, local, cloud, req, tg, deadline_s=0.1, stall_s=None)
         r.crown(r.start(local, req))
-        r._on_timer(_TimerFired("no token from local within 100 ms", hedge=False))
+        r._on_timer(_TimerFired("no token from local within 100 ms", "deadline"))
         assert not r.deadline_fired and trace.fallback_reason is None
         tg.cancel_scope.cancel()
     assert trace.started == ["local"] and not cloud.requests

@@ -321,7 +321,7 @@ async def _fail_over(
     if cloud.name not in trace.started:
         trace.started.append(cloud.name)
     trace.engine = cloud.name
-    run.emit(Fallback(now, local.name, cloud.name, why))
+    run.emit(Fallback(now, local.name, cloud.name, why, "mid_stream"))
     cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
         request,
         assistant_prefix=request.assistant_prefix + delivered,
@@ -381,7 +381,7 @@ async def _serve_buffered(
                 local, request, stall_s = fallback
                 if local.name not in run.trace.started:
                     run.trace.started.append(local.name)
-                run.emit(Fallback(clock.now(), cloud.name, local.name, str(item)))
+                run.emit(Fallback(clock.now(), cloud.name, local.name, str(item), "failed"))
                 await single(
                     run, local, request, f"{why}; it failed ({item}) -> local", stall_s=stall_s
                 )

@@ -331,7 +331,8 @@ class _Handoff:
         delivered = self.run.delivered_text
         now = clock.now()
         self.run.trace.switched("cloud", "local", exc, len(delivered), t=now)
-        self.run.emit(Fallback(now, "cloud", "local", f"cloud failed mid-stream: {exc}"))
+        why = f"cloud failed mid-stream: {exc}"
+        self.run.emit(Fallback(now, "cloud", "local", why, "mid_stream"))
         n = self.run.trace.n_tokens
         self.serving = self.start(self.local, self.continuation(n), "continuation")
         self.local_id, self.phase, self.finish = self.serving, "local-only", None

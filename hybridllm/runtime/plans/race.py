@@ -58,6 +58,7 @@ from hybridllm.events import (
     Chunk,
     Delta,
     Fallback,
+    FallbackCause,
     Finish,
     Hedge,
     Mark,
@@ -78,7 +79,7 @@ class _TimerFired:
     """The deadline (less the fallback's lead) or the hedge delay passed."""
 
     why: str
-    hedge: bool
+    cause: FallbackCause  # "deadline", "rescue" (started at once) or "hedge"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +215,7 @@ class _Race:
         try:
             self.start(self.primary, self.request)
             if fallback_now is not None:
-                self.start_fallback(fallback_now, parallel=True)
+                self.start_fallback(fallback_now, "parallel")
             self.tg.start_soon(self._timer_task, hedge_s, fallback_ttft_s)
             async with self.recv:
                 while not self.over:
@@ -321,8 +322,8 @@ class _Race:
             return
         self.failed.add(cid)
         if self.contenders[cid].engine is self.primary:
-            why = "refused" if isinstance(exc, RefusedError) else "failed"
-            self.start_fallback(f"{self.primary.name} {why} before its first token: {exc}")
+            cause: FallbackCause = "refused" if isinstance(exc, RefusedError) else "failed"
+            self.start_fallback(f"{self.primary.name} {cause} before its first token: {exc}", cause)
             self.release()  # a rescue waits no more
         if self.failed == set(self.contenders):
             self._fail(self.all_failed())  # every engine that was tried has failed
@@ -330,8 +331,8 @@ class _Race:
     def _on_timer(self, fired: _TimerFired) -> None:
         if self.winner is not None:
             return  # posted just before the crown cancelled the timer
-        self.deadline_fired = not fired.hedge
-        self.start_fallback(fired.why, hedge=fired.hedge)
+        self.deadline_fired = fired.cause != "hedge"
+        self.start_fallback(fired.why, fired.cause)
 
     # ---- the moves --------------------------------------------------------------------------
 
@@ -388,21 +389,23 @@ class _Race:
         self.tg.start_soon(self._contend, cid, c, request)
         return cid
 
-    def start_fallback(self, why: str, *, hedge: bool = False, parallel: bool = False) -> None:
+    def start_fallback(self, why: str, cause: FallbackCause) -> None:
         """Start the fallback beside the primary: on the deadline or a failure, by a hedge, or
-        in parallel from the start (`parallel`: a predicted deadline miss)."""
+        in parallel from the start (a predicted deadline miss)."""
         if any(c.engine is self.fallback for c in self.contenders.values()):
             return
         trace = self.run.trace
-        trace.fallback_reason = why
-        trace.hedged = hedge
+        trace.fallback_reason, trace.fallback_cause = why, cause
+        trace.hedged = cause == "hedge"
         trace.mark("fallback_started")
-        event: type[Fallback] = Hedge if hedge else Fallback
-        role: SpendRole = "hedge" if hedge else "fallback"
-        if parallel:
+        event: type[Fallback] = Fallback
+        role: SpendRole = "fallback"
+        if cause == "hedge":
+            event, role = Hedge, "hedge"
+        elif cause == "parallel":
             event, role = ParallelStart, "parallel"
             trace.parallel_start, trace.parallel_engine = why, self.fallback.name
-        self.run.emit(event(clock.now(), self.primary.name, self.fallback.name, why))
+        self.run.emit(event(clock.now(), self.primary.name, self.fallback.name, why, cause))
         self.start(self.fallback, self.request, role)
 
     def crown(self, cid: int) -> None:
@@ -455,6 +458,7 @@ class _Race:
                 old.engine.name,
                 other.name,
                 f"{old.engine.name} failed mid-stream: {exc}",
+                "mid_stream",
             )
         )
         old.scope.cancel()
@@ -513,15 +517,16 @@ class _Race:
             if at is None:
                 return
             await anyio.sleep(max(0.0, self.run.trace.t_start + at - clock.now()))
-            why = self._timer_reason(at, hedge_first)
-            self._post(_TimerFired(why, hedge=hedge_first))
+            self._post(_TimerFired(*self._timer_reason(at, hedge_first)))
             await self._release_timer()
 
-    def _timer_reason(self, at: float, hedge_first: bool) -> str:
-        """Why the timer starts the fallback `at` seconds in."""
+    def _timer_reason(self, at: float, hedge_first: bool) -> tuple[str, FallbackCause]:
+        """Why the timer starts the fallback `at` seconds in: in words, and typed."""
         deadline_s = self.deadline_s
         rescue = self.release_at is not None
+        cause: FallbackCause = "hedge" if hedge_first else "deadline"
         if rescue and not hedge_first and at <= 0.0 and deadline_s is not None:
+            cause = "rescue"
             why = (
                 f"{self.fallback.name} starts at once as a rescue (it could not be ready by the "
                 f"{deadline_s * 1e3:.0f} ms deadline if it waited)"
@@ -533,7 +538,7 @@ class _Race:
                 why += f" (started ahead of the {deadline_s * 1e3:.0f} ms deadline)"
         if rescue:
             why += f"; a rescue: its tokens are held until {self._hold_ms():.0f} ms"
-        return why
+        return why, cause
 
     def _hold_ms(self) -> float:
         assert self.release_at is not None

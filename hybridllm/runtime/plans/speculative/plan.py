@@ -54,7 +54,7 @@ from typing import Protocol
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.engines.capabilities import Drafter, Drafts, Endpoint, VerifiesAtEndpoint
-from hybridllm.events import EngineName, Fallback
+from hybridllm.events import EngineName, Fallback, FallbackCause
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
@@ -168,6 +168,13 @@ async def _plain(
     await _relay_rest(run, setup.cloud, rest, n_out)
 
 
+def _cause(exc: BaseException, committed: str) -> FallbackCause:
+    """A failed verification's cause: the answer had begun, or not (a refusal, a failure)."""
+    if committed:
+        return "mid_stream"
+    return "refused" if isinstance(exc, errors.RefusedError) else "failed"
+
+
 async def _fail_over(
     run: RequestRun, setup: SpeculativeSetup, request: GenerationRequest, aside: StepAside
 ) -> None:
@@ -182,11 +189,12 @@ async def _fail_over(
     if spec is not None:
         spec.switched, spec.switched_at = why, len(committed)
     now = clock.now()
-    run.trace.fallback_reason = why
+    cause = _cause(exc, committed)
+    run.trace.fallback_reason, run.trace.fallback_cause = why, cause
     run.trace.switched("cloud", "local", exc, len(committed), reason=why, t=now)
     run.trace.started.append("local")
     run.trace.engine = "local"
-    run.emit(Fallback(now, "cloud", "local", why))
+    run.emit(Fallback(now, "cloud", "local", why, cause))
     rest = replace(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
     )
