@@ -232,7 +232,6 @@ class Trace:
     cascade: CascadeRecord | None = None
     spent: list[Spend] = field(default_factory=list)  # settled cloud requests, in order
     started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
-    hedged: bool = False  # the backup was started by a hedge
     retries: int = 0  # retried attempts before the first token
     # mid-stream switches to the other engine, in order (`switched()` records one)
     switches: list[Switch] = field(default_factory=list)
@@ -267,6 +266,11 @@ class Trace:
     # the prompt, the answer and the tool calls' arguments, kept only where the client captures
     # content (`HybridClient(capture_content=...)`); None: not captured
     content: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def hedged(self) -> bool:
+        """The backup was started by a hedge."""
+        return self.fallback_cause == "hedge"
 
     # ---- recording (used by the orchestrator) -------------------------------------------
 

@@ -396,7 +396,6 @@ class _Race:
             return
         trace = self.run.trace
         trace.fallback_reason, trace.fallback_cause = why, cause
-        trace.hedged = cause == "hedge"
         trace.mark("fallback_started")
         event: type[Fallback] = Fallback
         role: SpendRole = "fallback"
