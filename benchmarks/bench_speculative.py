@@ -151,7 +151,7 @@ async def one(client: HybridClient, mode: str, prompt: str, tokens: int) -> dict
     }  # fmt: skip
     sp = tr.speculation
     if sp is not None:
-        plain_calls = 1 if sp.switched or sp.verifier.startswith("none") else 0
+        plain_calls = 1 if sp.switched or sp.unverified is not None else 0
         out.update(
             verifier=sp.verifier, rounds=sp.rounds, k=sp.k,
             acceptance=None if sp.acceptance is None else round(sp.acceptance, 2),

@@ -720,7 +720,7 @@ def _log_decision(
         engine=trace.engine,
         ttft_ms=trace.ttft_ms,
         error_kind=None if trace.error_type is None else trace.error_type.__name__,
-        fallback=trace.fallback_reason is not None or bool(trace.switches),
+        fallback=trace.fell_back,
         cascade=None if trace.cascade is None else trace.cascade.as_dict(),
         trace=trace.to_dict(),
     )

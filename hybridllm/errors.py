@@ -26,6 +26,8 @@ HybridError
 │   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
+├── InternalError               a fault inside hybridllm (a bug): the error is its __cause__;
+│                               what leaves a request is always a HybridError (`typed`)
 ├── ServerStartError            a test server of `hybridllm.testing` did not start
 └── EngineError                 an engine failed while serving a request
     ├── AllEnginesFailedError   every engine tried failed; `attempts` lists each one
@@ -179,6 +181,15 @@ class PullError(HybridError):
 
 class ClientStateError(HybridError):
     """The client or a stream was used outside its lifetime (not entered, already closed)."""
+
+
+class InternalError(HybridError):
+    """A fault inside hybridllm itself (a bug, not the engines' nor the user's): what the
+    request raised is its `__cause__`. `received_content`: whether text had been delivered."""
+
+    def __init__(self, message: str, *, received_content: bool = False) -> None:
+        self.received_content = received_content
+        super().__init__(message)
 
 
 class ServerStartError(HybridError, RuntimeError):
@@ -554,6 +565,18 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
             leaves.append(exc)
     hybrid = [e for e in leaves if isinstance(e, HybridError)]
     return (hybrid or leaves)[0]
+
+
+def typed(exc: BaseException, *, received_content: bool = False) -> HybridError:
+    """What a request's failure is to the app: a HybridError, never an `ExceptionGroup`. A
+    group stands for its first HybridError (`first_error`); any other error is an
+    `InternalError` whose cause it is."""
+    leaf = first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+    if isinstance(leaf, HybridError):
+        return leaf
+    wrapped = InternalError(f"{type(leaf).__name__}: {leaf}", received_content=received_content)
+    wrapped.__cause__ = leaf
+    return wrapped
 
 
 # ---- deprecated names ----------------------------------------------------------------------

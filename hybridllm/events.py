@@ -19,7 +19,8 @@ Event                 what the app sees through `Stream.events()`
 │                     (preemption); it goes on where it stopped, nothing repeated
 ├── Draft             provisional local text of the speculative plan (only with show_drafts)
 ├── Retract           the cloud rejected the end of the provisional text (only with show_drafts)
-├── Usage             token counts as reported (or counted) by the engine
+├── Usage             token counts as reported (or counted) by the engines, summed over
+│                     every attempt, per engine (`EngineUsage`)
 └── Done              the request finished; carries the final trace
 ```
 
@@ -205,11 +206,29 @@ class Retract(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class EngineUsage:
+    """What one engine did for a request, summed over its attempts (a retry, a fallback, a
+    continuation, a loser cancelled in a race): the prompt and completion tokens it reported
+    (or, where an attempt ended without a report, the content chunks counted: `estimated`), and
+    how many of the tokens the app received it wrote (`delivered_tokens`)."""
+
+    engine: EngineName
+    prompt_tokens: int
+    completion_tokens: int
+    delivered_tokens: int = 0
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Usage(Event):
+    """Token counts over every attempt of the request (`by_engine`: per engine); `engine` is
+    the one that finished the answer."""
+
     engine: EngineName
     prompt_tokens: int
     completion_tokens: int
     estimated: bool = False
+    by_engine: tuple[EngineUsage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,6 +236,7 @@ def route_info(trace: Trace) -> dict[str, str | float | int]:
     }
     figures = {"ttft_ms": trace.ttft_ms, "total_ms": trace.total_ms, "cost_usd": trace.cost_usd}
     info.update({k: round(v, 6) for k, v in figures.items() if v is not None})
-    if trace.fallback_reason:
-        info["fallback_reason"] = trace.fallback_reason
+    if trace.fallback_cause is not None:
+        info["fallback_cause"] = trace.fallback_cause
+        info["fallback_reason"] = trace.fallback_reason or ""
     return info

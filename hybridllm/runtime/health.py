@@ -22,12 +22,11 @@ circuit with `would_allow()`, which never takes that probe.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hybridllm import errors
+from hybridllm import clock, errors
 
 log = logging.getLogger(__name__)
 State = Literal["closed", "open", "half-open"]
@@ -64,7 +63,7 @@ class CircuitBreaker:
     def state(self) -> State:
         if self.opened_at is None:
             return "closed"
-        if time.monotonic() - self.opened_at >= self._open_for_s:
+        if clock.now() - self.opened_at >= self._open_for_s:
             return "half-open"
         return "open"
 
@@ -91,7 +90,7 @@ class CircuitBreaker:
         state = self.state
         if state == "closed":
             return True
-        now = time.monotonic()
+        now = clock.now()
         # one probe at a time; a probe that never reported back expires like the circuit does
         if state == "half-open" and (
             self._probe_at is None or now - self._probe_at >= self._open_for_s
@@ -126,7 +125,7 @@ class CircuitBreaker:
             self.failures += 1
             trip = self.failures >= self.threshold
         if probing or trip:
-            self.opened_at = time.monotonic()
+            self.opened_at = clock.now()
             self._probe_at = None
             self._open_for_s = self.miss_reset_after_s if miss else self.reset_after_s
             self._slow = miss

@@ -38,11 +38,15 @@ from hybridllm.events import (
     Delta,
     Done,
     EngineName,
+    EngineUsage,
     Event,
     Fallback,
+    FallbackCause,
     Finish,
     Handoff,
+    Hedge,
     Mark,
+    ParallelStart,
     Paused,
     RequestSent,
     Resumed,
@@ -54,9 +58,15 @@ from hybridllm.events import (
 )
 from hybridllm.runtime.checked import checked
 from hybridllm.runtime.retry import RetryPolicy, Tries
-from hybridllm.runtime.trace import Attempt, Pause, Trace, spend_role
+from hybridllm.runtime.trace import Attempt, FallbackRecord, Pause, Trace, spend_role
 
 log = logging.getLogger(__name__)
+
+# the event each fallback cause is announced with (any other cause: a plain `Fallback`)
+_FALLBACK_EVENTS: dict[FallbackCause, type[Fallback]] = {
+    "hedge": Hedge,
+    "parallel": ParallelStart,
+}
 
 
 class _Failure:
@@ -117,9 +127,10 @@ class RequestRun:
                 try:
                     await plan(self)
                 except Exception as exc:  # delivered to the app, never lost in the task group
-                    self.trace.error_type = type(exc)
-                    self.trace.error = f"{type(exc).__name__}: {exc}"
-                    self.emit(_Failure(exc))
+                    typed = errors.typed(exc, received_content=bool(self.trace.token_times))
+                    self.trace.error_type = type(typed)
+                    self.trace.error = f"{type(typed).__name__}: {typed}"
+                    self.emit(_Failure(typed))
         finally:
             self.trace.t_done = self.trace.t_done or clock.now()
             self._send.close()
@@ -147,6 +158,52 @@ class RequestRun:
         self.emit(Route(clock.now(), engine.name, reason))
         if self._cloud_unavailable is not None:
             self.say_unavailable(self._cloud_unavailable)
+
+    # ---- the recorder's verbs: each emits the app's event and records it in the trace ----------
+
+    def fell_back(
+        self,
+        from_engine: EngineName,
+        to_engine: EngineName,
+        reason: str,
+        cause: FallbackCause,
+        *,
+        t: float | None = None,
+    ) -> None:
+        """Another engine starts (or took the answer over): the `Fallback` event for `cause`
+        (`Hedge`, `ParallelStart`, or a plain `Fallback`) and its trace record, from one call."""
+        at = clock.now() if t is None else t
+        self.trace.fallbacks.append(FallbackRecord(at, from_engine, to_engine, cause, reason))
+        if to_engine not in self.trace.started:
+            self.trace.started.append(to_engine)
+        if cause == "parallel" and self.trace.parallel_engine is None:
+            self.trace.parallel_start, self.trace.parallel_engine = reason, to_engine
+        event = _FALLBACK_EVENTS.get(cause, Fallback)
+        self.emit(event(at, from_engine, to_engine, reason, cause))
+
+    def switched(
+        self,
+        from_engine: EngineName,
+        to_engine: EngineName,
+        exc: BaseException,
+        *,
+        reason: str | None = None,
+        t: float | None = None,
+    ) -> None:
+        """The serving engine failed mid-stream and `to_engine` continues from the delivered
+        text: the trace's `Switch`, its fallback record and the `Fallback` event, at once."""
+        at = clock.now() if t is None else t
+        why = f"{from_engine} failed mid-stream: {exc}" if reason is None else reason
+        self.trace.switched(
+            from_engine, to_engine, exc, len(self.delivered_text), reason=reason, t=at
+        )
+        self.trace.engine = to_engine
+        self.fell_back(from_engine, to_engine, why, "mid_stream", t=at)
+
+    def counted(self, engine: EngineName, prompt_tokens: int | None, completion: int) -> None:
+        """Tokens an engine spent for this request outside an engine stream (the cascade's
+        signals, the speculative plan's verification calls): summed into its usage."""
+        self.trace.counted.append(EngineUsage(engine, prompt_tokens or 0, completion))
 
     def say_unavailable(self, reason: str) -> None:
         """Tell the app, once per stream, that the cloud is off for a configuration reason."""
@@ -211,20 +268,25 @@ class RequestRun:
         return "".join(self._delivered)
 
     def complete(self, engine: EngineName, finish: Finish | None) -> None:
-        """Record the usage and end the request."""
+        """Record the usage, summed over every attempt of the request, and end it. `finish`:
+        the serving engine's last report (a plan's own sum where no attempt carries it)."""
         if finish is None:
             raise errors.EngineError("the engine stopped without finishing", engine=engine)
         trace = self.trace
-        estimated = finish.usage_estimated or finish.completion_tokens is None
-        trace.prompt_tokens = finish.prompt_tokens
-        trace.completion_tokens = (
-            trace.n_tokens if finish.completion_tokens is None else finish.completion_tokens
-        )
+        by_engine = tuple(trace.usage_by_engine())
+        estimated = any(u.estimated for u in by_engine)
+        reported = bool(trace.counted) or any(a.usage()[0] is not None for a in trace.attempts)
+        prompt = sum(u.prompt_tokens for u in by_engine)
+        trace.prompt_tokens = prompt if reported or prompt else finish.prompt_tokens
+        trace.completion_tokens = sum(u.completion_tokens for u in by_engine)
         trace.cached_prompt_tokens = finish.cached_prompt_tokens
         trace.usage_estimated = estimated
         trace.done(finish.reason, finish.t)
         now = clock.now()
-        self.emit(Usage(now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated))
+        usage = Usage(
+            now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated, by_engine
+        )
+        self.emit(usage)
         self.emit(Done(now, finish.reason, trace))
 
     async def relay(
@@ -255,6 +317,8 @@ class RequestRun:
         try:
             async with aclosing(checked(engine.stream(request), request, engine.name)) as chunks:
                 async for chunk in chunks:
+                    if isinstance(chunk, Finish):
+                        attempt.finish = chunk
                     if isinstance(chunk, Finish) or is_content(chunk):
                         tries.content = True
                     if is_content(chunk):

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm import clock
-from hybridllm.events import EngineName, FallbackCause, TokenLimit
+from hybridllm.events import EngineName, EngineUsage, FallbackCause, Finish, TokenLimit
 from hybridllm.runtime.trace_export import nearest_rank, trace_dict
 
 if TYPE_CHECKING:
@@ -77,6 +77,19 @@ class Pause:
         return (self.resumed_at - self.paused_at) * 1000.0
 
 
+# what became of a handoff: the cloud was asked (after `after_tokens`, at the local deadline, or
+# because the local engine failed) and then took the answer ("switched"), failed before its first
+# token, or was too slow (the local engine resumed from the seam in both)
+HandoffOutcome = Literal[
+    "asked",
+    "asked_at_deadline",
+    "asked_after_local_failed",
+    "switched",
+    "cloud_failed",
+    "cloud_too_slow",
+]
+
+
 @dataclass
 class HandoffRecord:
     """Where a `handoff` plan moved the answer (times are `hybridllm.clock.now()`)."""
@@ -85,8 +98,8 @@ class HandoffRecord:
     local_chars: int  # ... that many characters, all from the local engine: the seam
     local_tokens: int  # the local engine's content tokens in them
     switched_t: float | None = None  # the cloud's first token: the answer moved there
-    # "asked", "switched", "local finished first", "cloud failed: ...", "cloud too slow: ..."
-    outcome: str = "asked"
+    outcome: HandoffOutcome = "asked"  # what became of the handoff (to branch on)
+    detail: str = ""  # ... and why, in words for people (a failure's text, a timer's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +115,19 @@ class Switch:
     reason: str
     delivered_chars: int
     error_type: type[BaseException] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackRecord:
+    """Another engine was started (the trace's side of a `Fallback` event, written by the same
+    call: `RequestRun.fell_back`): when, from and to which engine, why (`cause`, to branch on;
+    `reason`, words for people)."""
+
+    at: float
+    from_engine: EngineName
+    to_engine: EngineName
+    cause: FallbackCause
+    reason: str
 
 
 AttemptOutcome = Literal["running", "finished", "failed", "cancelled"]
@@ -126,6 +152,17 @@ class Attempt:
     error_type: type[BaseException] | None = None
     tokens: int = 0
     attempt: int = 1  # 2, 3, ...: a retry of the same stream (`RetryPolicy`)
+    # the engine's own report at its end (None: it ended without one, failed or cancelled)
+    finish: Finish | None = None
+
+    def usage(self) -> tuple[int | None, int, bool]:
+        """(prompt, completion, estimated): the engine's report, else the content counted (the
+        prompt None: not reported)."""
+        f = self.finish
+        if f is None:
+            return None, self.tokens, self.tokens > 0
+        completion = self.tokens if f.completion_tokens is None else f.completion_tokens
+        return f.prompt_tokens, completion, f.usage_estimated or f.completion_tokens is None
 
     def content(self, t: float) -> None:
         if self.t_first is None:
@@ -180,13 +217,28 @@ class CascadeRecord:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+# why a speculative request verified no draft: sampling over the whole vocabulary (temperature
+# > 0, top_p = 1), a local engine that cannot draft, a cloud that cannot verify, the guard
+# refused the probe, the endpoint speaks no verification dialect, or temperature > 0 needs raw
+# token-level log-probabilities it does not give
+Unverified = Literal[
+    "whole_vocabulary",
+    "cannot_draft",
+    "cannot_verify",
+    "probe_refused",
+    "no_dialect",
+    "needs_raw_logprobs",
+]
+
+
 @dataclass
 class Speculation:
     """What the speculative plan did: the verifier dialect (or why none), rounds, tokens
     drafted and accepted, k and the verification time per round, and whether (and after how
     many committed characters, and why) it switched to plain cloud streaming."""
 
-    verifier: str = ""
+    verifier: str = ""  # the dialect, or "none: ..." (words for people: `unverified` is typed)
+    unverified: Unverified | None = None  # why no draft could be verified (None: it could)
     rule: str = ""  # the acceptance rule that ran (greedy top-1, or speculative sampling)
     rounds: int = 0
     drafted: int = 0
@@ -222,8 +274,8 @@ class Trace:
     deadline_missed_ms: float | None = None
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
-    fallback_reason: str | None = None  # why another engine started (any reason, see below)
-    fallback_cause: FallbackCause | None = None  # ... the same, typed (`Fallback.cause`)
+    # every other engine started, in order, with why (`Fallback` events: one record each)
+    fallbacks: list[FallbackRecord] = field(default_factory=list)
     # why the other engine started at once beside the primary (a predicted deadline miss; a
     # `ParallelStart` event), and which one; None: no parallel start
     parallel_start: str | None = None
@@ -259,6 +311,8 @@ class Trace:
     delivered_times: list[float] = field(default_factory=list, repr=False)
     spans: list[TextSpan] = field(default_factory=list)  # which engine wrote which tokens
     attempts: list[Attempt] = field(default_factory=list)  # every engine stream started
+    # tokens engines spent outside an engine stream (`RequestRun.counted`): in the usage
+    counted: list[EngineUsage] = field(default_factory=list)
     tool_calls: list[str] = field(default_factory=list)  # names of the tool calls delivered
     marks: dict[str, float] = field(default_factory=dict)
     t_done: float | None = None
@@ -268,9 +322,57 @@ class Trace:
     content: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
+    def fallback_cause(self) -> FallbackCause | None:
+        """Why another engine first started (`fallbacks[0].cause`); None: none did."""
+        return self.fallbacks[0].cause if self.fallbacks else None
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """`fallback_cause` in words, for people."""
+        return self.fallbacks[0].reason if self.fallbacks else None
+
+    @property
     def hedged(self) -> bool:
         """The backup was started by a hedge."""
         return self.fallback_cause == "hedge"
+
+    @property
+    def fell_back(self) -> bool:
+        """Another engine was started (for any cause: what `stats()` counts as a fallback)."""
+        return bool(self.fallbacks)
+
+    def usage_by_engine(self) -> list[EngineUsage]:
+        """Each engine's tokens, summed over its attempts (`Attempt.usage`) and the work counted
+        outside them (`counted`), with the tokens of the answer it wrote."""
+        sums: dict[EngineName, list[int]] = {}
+        estimated: dict[EngineName, bool] = {}
+        rows: list[tuple[EngineName, tuple[int | None, int, bool]]] = [
+            (a.engine, a.usage()) for a in self.attempts
+        ]
+        rows += [
+            (u.engine, (u.prompt_tokens, u.completion_tokens, u.estimated)) for u in self.counted
+        ]
+        for engine, (prompt, completion, est) in rows:
+            acc = sums.setdefault(engine, [0, 0])
+            acc[0], acc[1] = acc[0] + (prompt or 0), acc[1] + completion
+            estimated[engine] = estimated.get(engine, False) or est
+        delivered = self.delivered_by_engine()
+        for engine in delivered:
+            sums.setdefault(engine, [0, 0])
+        return [
+            EngineUsage(
+                e, p, max(c, delivered.get(e, 0)), delivered.get(e, 0), estimated.get(e, False)
+            )
+            for e, (p, c) in sums.items()
+        ]
+
+    def delivered_by_engine(self) -> dict[EngineName, int]:
+        """How many of the content tokens handed to the app each engine wrote (`spans`)."""
+        out: dict[EngineName, int] = {}
+        for i, span in enumerate(self.spans):
+            end = self.spans[i + 1].first if i + 1 < len(self.spans) else self.n_tokens
+            out[span.engine] = out.get(span.engine, 0) + end - span.first
+        return out
 
     # ---- recording (used by the orchestrator) -------------------------------------------
 

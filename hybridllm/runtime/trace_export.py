@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hybridllm.runtime.trace import Attempt, Trace
+    from hybridllm.runtime.trace import Attempt, FallbackRecord, Trace
 
 
 def trace_dict(trace: Trace) -> dict[str, Any]:
@@ -70,6 +70,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "retries": t.retries,
         "fallback_reason": t.fallback_reason,
         "fallback_cause": t.fallback_cause,
+        "fallbacks": [_fallback(t, f) for f in t.fallbacks],
         "parallel_engine": t.parallel_engine,
         "parallel_start": t.parallel_start,
         "switches": [_switch(t, s) for s in t.switches],
@@ -89,6 +90,7 @@ def _money(t: Trace) -> dict[str, Any]:
             "completion_tokens": t.completion_tokens,
             "cached_prompt_tokens": t.cached_prompt_tokens,
             "estimated": t.usage_estimated,
+            "by_engine": [asdict(u) for u in t.usage_by_engine()],
         },
         "token_limit": None if t.token_limit is None else asdict(t.token_limit),
         "cost_usd": t.cost_usd,
@@ -110,6 +112,16 @@ def _attempt(t: Trace, a: Attempt) -> dict[str, Any]:
         "outcome": a.outcome,
         "error_type": None if a.error_type is None else a.error_type.__name__,
         "tokens": a.tokens,
+    }
+
+
+def _fallback(t: Trace, f: FallbackRecord) -> dict[str, Any]:
+    return {
+        "at_ms": _ms(t, f.at),
+        "from": f.from_engine,
+        "to": f.to_engine,
+        "cause": f.cause,
+        "reason": f.reason,
     }
 
 

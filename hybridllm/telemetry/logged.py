@@ -93,13 +93,21 @@ def _by_engine(
     return out
 
 
+def _fell_back(trace: Mapping[str, Any]) -> bool:
+    """`Trace.fell_back` of a logged row (rows written before `fallbacks` was exported: a
+    fallback reason or a switch)."""
+    if "fallbacks" in trace:
+        return bool(trace["fallbacks"])
+    return trace.get("fallback_reason") is not None or bool(trace.get("switches"))
+
+
 def _counts(trace: Mapping[str, Any]) -> Counts:
     engines = {s["engine"] for s in trace.get("spans") or []}
     started = trace.get("started") or []
     return Counts(
         requests=1,
         failures=int(trace.get("error") is not None),
-        fallbacks=int(trace.get("fallback_reason") is not None or bool(trace.get("switches"))),
+        fallbacks=int(_fell_back(trace)),
         hedges=int(bool(trace.get("hedged"))),
         parallel_starts=int(trace.get("parallel_engine") is not None),
         deadline_misses=int(trace.get("deadline_missed_ms") is not None),

@@ -245,7 +245,7 @@ def _counts(trace: Trace) -> Counts:
     return Counts(
         requests=1,
         failures=int(trace.error_type is not None),
-        fallbacks=int(trace.fallback_reason is not None or bool(trace.switches)),
+        fallbacks=int(trace.fell_back),
         hedges=int(trace.hedged),
         parallel_starts=int(trace.parallel_engine is not None),
         deadline_misses=int(trace.deadline_missed_ms is not None),

@@ -1,9 +1,7 @@
 """Circuit breaker: unit tests of the state machine, and routing around an open circuit
-(with `ScriptedEngine` doubles)."""
+(with `ScriptedEngine` doubles), on the virtual clock (the breaker reads `hybridllm.clock`)."""
 
 from __future__ import annotations
-
-import time
 
 import anyio
 import pytest
@@ -13,37 +11,38 @@ from hybridllm.errors import AuthenticationError, CloudConnectionError
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.testing import ScriptedEngine
 
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]
 
-def test_opens_after_threshold_and_probes_after_reset() -> None:
+
+async def test_opens_after_threshold_and_probes_after_reset() -> None:
     cb = CircuitBreaker(threshold=2, reset_after_s=0.05)
     assert cb.allow() and cb.state == "closed"
     cb.record(CloudConnectionError("refused"))
     assert cb.state == "closed"
     cb.record(CloudConnectionError("refused"))
     assert cb.state == "open" and not cb.allow()
-    time.sleep(0.06)
+    await anyio.sleep(0.06)
     assert cb.state == "half-open"
     assert cb.allow() and not cb.allow()  # one probe at a time
     cb.record(CloudConnectionError("still down"))
     assert cb.state == "open"
-    time.sleep(0.06)
+    await anyio.sleep(0.06)
     assert cb.allow()
     cb.record(None)
     assert cb.state == "closed" and cb.failures == 0 and cb.allow()
 
 
-def test_would_allow_reads_the_state_and_leaves_the_probe() -> None:
+async def test_would_allow_reads_the_state_and_leaves_the_probe() -> None:
     cb = CircuitBreaker(threshold=1, reset_after_s=0.05)
     assert cb.would_allow()
     cb.record(CloudConnectionError("refused"))
     assert not cb.would_allow() and cb.state == "open"
-    time.sleep(0.06)
+    await anyio.sleep(0.06)
     assert cb.would_allow() and cb.would_allow()  # asking twice takes nothing
     assert cb.allow()  # the probe is still there for a real request
     assert not cb.would_allow() and not cb.allow()  # and now it is taken
 
 
-@pytest.mark.anyio
 async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> None:
     """`client.decide()` (nothing is sent) reads the circuit without taking its probe: the next
     real request still probes the cloud, and its success closes the circuit."""
@@ -72,7 +71,6 @@ def test_configuration_errors_do_not_open_the_circuit() -> None:
     assert cb.state == "closed"
 
 
-@pytest.mark.anyio
 async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
     local = ScriptedEngine("local", tokens=["local"])
@@ -91,7 +89,6 @@ async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
     assert len(down.requests) == 2
 
 
-@pytest.mark.anyio
 async def test_only_engine_is_tried_even_with_an_open_circuit() -> None:
     down = ScriptedEngine("cloud", script=[CloudConnectionError("refused")])
     async with HybridClient(cloud=down, policy=Policy(routing={"retries": 0})) as client:
@@ -141,9 +138,7 @@ def test_hard_failures_keep_opening_the_circuit_after_two() -> None:
     assert b.state == "open" and not b.slow  # broken, not slow: no quality decision goes
 
 
-def test_two_early_misses_among_successes_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> (
-    None
-):
+async def test_two_early_misses_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> None:
     from hybridllm.errors import DeadlineMissError
 
     miss = DeadlineMissError("late", engine="cloud")
@@ -153,5 +148,5 @@ def test_two_early_misses_among_successes_do_not_trip_and_a_miss_opened_circuit_
     assert cb.state == "closed"  # 2 of 4 seen: not yet judged
     cb.record(miss)
     assert cb.state == "open"  # 3 of 5: half a window, over the rate
-    time.sleep(0.06)
+    await anyio.sleep(0.06)
     assert cb.state == "half-open"  # opened by misses: the short reset applies

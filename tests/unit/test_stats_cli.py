@@ -18,7 +18,7 @@ from hybridllm.cli.stats import since_seconds, table_rows
 from hybridllm.cli.stats_log import aggregate, read_log
 from hybridllm.errors import CloudConnectionError, DecisionLogError
 from hybridllm.routing.log import MIGRATIONS, DecisionLog
-from hybridllm.runtime.trace import Trace
+from hybridllm.runtime.trace import FallbackRecord, Trace
 from hybridllm.sqlite_migrations import migrate
 from hybridllm.telemetry.logged import samples_from_dict
 from hybridllm.telemetry.stats import Stats, request_samples
@@ -111,7 +111,7 @@ def test_a_logged_trace_gives_the_samples_the_client_aggregates() -> None:
     tr = _trace(0.2, [0.03, 0.05, 0.02], "local", "voice")
     tr.spans.append(type(tr.spans[0])("cloud", 2))  # the cloud wrote the last two tokens
     tr.started.append("cloud")
-    tr.fallback_reason = "local stalled"
+    tr.fallbacks.append(FallbackRecord(tr.t_start + 0.1, "local", "cloud", "failed", "stalled"))
     direct, logged = Stats(clock=lambda: 0.0), Stats(clock=lambda: 0.0)
     direct.add(request_samples(tr))
     logged.add(samples_from_dict(json.loads(tr.to_json())))

@@ -23,7 +23,7 @@ from hybridllm import (
     Token,
     Usage,
 )
-from hybridllm.errors import CloudConnectionError
+from hybridllm.errors import CloudConnectionError, InternalError
 from hybridllm.events import DeadlineMissed
 from hybridllm.testing import ScriptedEngine
 
@@ -195,12 +195,13 @@ async def test_policy_defaults_apply_and_arguments_override() -> None:
     assert engine.requests[1].max_tokens == 5
 
 
-async def test_unexpected_engine_bug_reaches_the_app_and_the_client_survives() -> None:
+async def test_unexpected_engine_bug_reaches_the_app_typed_and_the_client_survives() -> None:
     broken = ScriptedEngine("cloud", script=["one", ValueError("engine bug")])
     local = scripted_local(tokens=["fine"])
     async with HybridClient(local=local, cloud=broken) as client:
-        with pytest.raises(ValueError, match="engine bug"):
+        with pytest.raises(InternalError) as caught:  # a HybridError, its cause the bug's
             await client.complete("hi", engine="cloud")
+        assert isinstance(caught.value.__cause__, ValueError) and caught.value.received_content
         assert (await client.complete("hi", engine="local")).text == "fine"
 
 

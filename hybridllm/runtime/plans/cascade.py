@@ -50,7 +50,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import ReadsSignals
-from hybridllm.events import Chunk, Delta, EngineName, Fallback, Finish
+from hybridllm.events import Chunk, Delta, EngineName, Finish
 from hybridllm.policy import Policy
 from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.race import race
@@ -268,6 +268,7 @@ async def _release(
     if held:
         run.deliver(local.name, Delta(held, clock.now()))
     used = min(int(sig.values.get("answer_tokens") or 0), request.max_tokens)
+    run.counted(local.name, sig.prompt_tokens, used)  # the held answer: the signals' tokens
     if sig.ended or stopped or used >= request.max_tokens:
         finish = Finish(
             "stop" if sig.ended or stopped else "length", sig.prompt_tokens, used, clock.now()
@@ -289,14 +290,7 @@ async def _release(
         n = used + run.trace.n_tokens - (1 if held else 0)
         await _fail_over(run, local, cloud, request, exc, stall_s, n)
         return
-    last = finishes[-1] if finishes else None
-    if last is not None:  # count the held tokens as the answer's, the prompt as the user's
-        last = dataclasses.replace(
-            last,
-            prompt_tokens=sig.prompt_tokens,
-            completion_tokens=(last.completion_tokens or 0) + used,
-        )
-    run.complete(local.name, last)
+    run.complete(local.name, finishes[-1] if finishes else None)
 
 
 async def _fail_over(
@@ -315,13 +309,9 @@ async def _fail_over(
         (local.name, exc, (now - trace.t_start) * 1e3)
     ]
     why = f"{local.name} failed mid-stream: {exc}"
-    trace.switched(local.name, cloud.name, exc, len(delivered), t=now)
     if trace.cascade is not None:
         trace.cascade.failover = why
-    if cloud.name not in trace.started:
-        trace.started.append(cloud.name)
-    trace.engine = cloud.name
-    run.emit(Fallback(now, local.name, cloud.name, why, "mid_stream"))
+    run.switched(local.name, cloud.name, exc, reason=why, t=now)
     cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
         request,
         assistant_prefix=request.assistant_prefix + delivered,
@@ -379,9 +369,7 @@ async def _serve_buffered(
                 ):
                     raise item
                 local, request, stall_s = fallback
-                if local.name not in run.trace.started:
-                    run.trace.started.append(local.name)
-                run.emit(Fallback(clock.now(), cloud.name, local.name, str(item), "failed"))
+                run.fell_back(cloud.name, local.name, str(item), "failed")
                 await single(
                     run, local, request, f"{why}; it failed ({item}) -> local", stall_s=stall_s
                 )

@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
@@ -59,7 +60,6 @@ from hybridllm.events import (
     Chunk,
     Delta,
     EngineName,
-    Fallback,
     Finish,
     Handoff,
     Mark,
@@ -68,16 +68,26 @@ from hybridllm.events import (
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.stream import RequestRun
-from hybridllm.runtime.trace import HandoffRecord, SpendRole, spend_role
+from hybridllm.runtime.trace import HandoffOutcome, HandoffRecord, SpendRole, spend_role
 
 # the longest the visible stream waits for the cloud's first token once the local part is done,
 # for a policy without a stall_ms (with one, that is the bound: the hold is a silence)
 CLOUD_WAIT_S = 1.0
 
 Phase = Literal["local", "hold", "cloud", "local-only"]
-_DEADLINE = "deadline:"
-_WARM = "warm"  # the cloud answered the warm-up: its prefix cache holds the prompt
-_Item = tuple[int, Chunk | Exception | None] | str  # (task id, what it sent) or the timer's why
+
+
+@dataclass(frozen=True, slots=True)
+class _Timer:
+    """A timer's or the warm-up's word on the plan's channel: which one (`kind`: the local
+    first-token deadline passed, the cloud's wait for its first token passed, the cloud answered
+    the warm-up, so its prefix cache holds the prompt) and why, in words for people."""
+
+    kind: Literal["deadline", "cloud_wait", "warm"]
+    why: str = ""
+
+
+_Item = tuple[int, Chunk | Exception | None] | _Timer  # (task id, what it sent) or a timer
 
 
 def build_handoff(
@@ -189,18 +199,8 @@ class _Handoff:
             assert self.stall_s is not None
             name = self.engine_of[self.serving].name
             self._on_error(self.serving, StallError.after(self.stall_s, name))
-        elif isinstance(item, str) and item.startswith(_DEADLINE):
-            if self.phase == "local" and not self.run.delivered_text:
-                self.ask_cloud()  # the local engine missed the deadline: the cloud answers
-                assert self.run.trace.handoff is not None
-                self.run.trace.handoff.outcome = f"asked: {item}"
-        elif item == _WARM:
-            self.warm = True
-            if self.phase == "local" and self.local_tokens >= 1:
-                self.ask_cloud()  # the cloud is ready: no reason to go on locally
-        elif isinstance(item, str):
-            if self.phase == "hold":
-                self.abandon(f"cloud too slow: {item}")
+        elif isinstance(item, _Timer):
+            self._on_timer(item)
         else:
             cid, got = item
             if cid not in self.scopes or self.scopes[cid].cancel_called:
@@ -213,6 +213,20 @@ class _Handoff:
                 self._on_finish(cid, got)
             else:
                 self._on_chunk(cid, got)
+
+    def _on_timer(self, item: _Timer) -> None:
+        if item.kind == "deadline":
+            if self.phase == "local" and not self.run.delivered_text:
+                self.ask_cloud()  # the local engine missed the deadline: the cloud answers
+                assert self.run.trace.handoff is not None
+                self.run.trace.handoff.outcome = "asked_at_deadline"
+                self.run.trace.handoff.detail = item.why
+        elif item.kind == "warm":
+            self.warm = True
+            if self.phase == "local" and self.local_tokens >= 1:
+                self.ask_cloud()  # the cloud is ready: no reason to go on locally
+        elif self.phase == "hold":
+            self.abandon("cloud_too_slow", item.why)
 
     def conclude(self) -> None:
         if self.fatal is not None:
@@ -242,7 +256,7 @@ class _Handoff:
 
     def _on_end(self, cid: int) -> None:
         if cid == self.cloud_id and self.phase == "hold":
-            self.abandon("cloud failed: it stopped without a token")
+            self.abandon("cloud_failed", "it stopped without a token")
             return
         if cid != self.serving or self.phase == "hold":
             return
@@ -256,7 +270,7 @@ class _Handoff:
         ms = (clock.now() - self.run.trace.t_start) * 1e3
         self.attempts.append((self.engine_of[cid].name, exc, ms))
         if cid == self.cloud_id and self.phase == "hold":
-            self.abandon(f"cloud failed: {exc}")
+            self.abandon("cloud_failed", str(exc))
         elif cid == self.local_id and self.phase == "local":
             self.ask_cloud(failed=exc)  # the cloud continues from what was delivered at once
         elif cid == self.serving and self.phase == "cloud" and not self.failed_back:
@@ -293,7 +307,7 @@ class _Handoff:
         self.scopes[self.local_id].cancel()
         if failed is not None:
             self.local_error = failed
-            trace.handoff.outcome = f"asked: local failed: {failed}"
+            trace.handoff.outcome, trace.handoff.detail = "asked_after_local_failed", str(failed)
         self.cloud_id = self.start(self.cloud, self.continuation(self.local_tokens), "handoff")
         self.tg.start_soon(self._timer_task)
 
@@ -310,12 +324,12 @@ class _Handoff:
             Handoff(rec.switched_t, "local", "cloud", rec.local_chars, rec.local_tokens, why)
         )
 
-    def abandon(self, why: str) -> None:
+    def abandon(self, outcome: HandoffOutcome, why: str) -> None:
         """No handoff: stop the cloud; the local engine resumes from T0."""
         assert self.cloud_id is not None and self.run.trace.handoff is not None
         self.timer.cancel()
         self.scopes[self.cloud_id].cancel()
-        self.run.trace.handoff.outcome = why
+        self.run.trace.handoff.outcome, self.run.trace.handoff.detail = outcome, why
         if self.local_error is not None:  # the local engine failed first: no engine is left
             self._fail(self.all_failed())
             return
@@ -328,11 +342,7 @@ class _Handoff:
         self.failed_back = True
         old = self.serving
         self.scopes[old].cancel()
-        delivered = self.run.delivered_text
-        now = clock.now()
-        self.run.trace.switched("cloud", "local", exc, len(delivered), t=now)
-        why = f"cloud failed mid-stream: {exc}"
-        self.run.emit(Fallback(now, "cloud", "local", why, "mid_stream"))
+        self.run.switched("cloud", "local", exc)
         n = self.run.trace.n_tokens
         self.serving = self.start(self.local, self.continuation(n), "continuation")
         self.local_id, self.phase, self.finish = self.serving, "local-only", None
@@ -373,14 +383,14 @@ class _Handoff:
         warm = dataclasses.replace(self.request, max_tokens=1)
         with self.warm_scope, contextlib.suppress(Exception):
             await self.run.relay(self.cloud, warm, lambda _chunk: None)
-            self._post(_WARM)
+            self._post(_Timer("warm"))
 
     async def deadline_task(self, deadline_s: float) -> None:
         with self.deadline_scope:
             await anyio.sleep(max(0.0, self.run.trace.t_start + deadline_s - clock.now()))
-            self._post(f"{_DEADLINE} no local token within {deadline_s * 1e3:.0f} ms")
+            self._post(_Timer("deadline", f"no local token within {deadline_s * 1e3:.0f} ms"))
 
     async def _timer_task(self) -> None:
         with self.timer:
             await anyio.sleep(self.cloud_wait_s)
-            self._post(f"no token within {self.cloud_wait_s * 1e3:.0f} ms")
+            self._post(_Timer("cloud_wait", f"no token within {self.cloud_wait_s * 1e3:.0f} ms"))

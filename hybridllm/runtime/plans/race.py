@@ -57,12 +57,9 @@ from hybridllm.events import (
     Called,
     Chunk,
     Delta,
-    Fallback,
     FallbackCause,
     Finish,
-    Hedge,
     Mark,
-    ParallelStart,
     is_content,
 )
 from hybridllm.routing.hedging import lead_s
@@ -88,6 +85,9 @@ class _Released:
 
 
 _RaceItem = ContenderItem | _TimerFired | _Released
+
+# the part a fallback plays, for money, by why it started (any other cause: "fallback")
+_FALLBACK_ROLES: dict[FallbackCause, SpendRole] = {"hedge": "hedge", "parallel": "parallel"}
 
 
 @dataclasses.dataclass
@@ -292,10 +292,9 @@ class _Race:
         self.run.deliver(self.contenders[cid].engine.name, chunk)
 
     def _on_finish(self, cid: int, finish: Finish) -> None:
-        if self.resumed_tokens:  # a parked rescue went on: count its held tokens; what the
-            n = finish.completion_tokens  # continuation found in the KV cache is not the prompt's
-            n = None if n is None else n + self.resumed_tokens
-            finish = dataclasses.replace(finish, completion_tokens=n, cached_prompt_tokens=None)
+        if self.resumed_tokens:  # a parked rescue went on (its held tokens are its attempt's):
+            # what the continuation found in the KV cache is not the prompt's
+            finish = dataclasses.replace(finish, cached_prompt_tokens=None)
         self.finish = finish
         if self.winner is None:  # an empty answer finished first: it wins
             self.crown(cid)
@@ -394,17 +393,9 @@ class _Race:
         in parallel from the start (a predicted deadline miss)."""
         if any(c.engine is self.fallback for c in self.contenders.values()):
             return
-        trace = self.run.trace
-        trace.fallback_reason, trace.fallback_cause = why, cause
-        trace.mark("fallback_started")
-        event: type[Fallback] = Fallback
-        role: SpendRole = "fallback"
-        if cause == "hedge":
-            event, role = Hedge, "hedge"
-        elif cause == "parallel":
-            event, role = ParallelStart, "parallel"
-            trace.parallel_start, trace.parallel_engine = why, self.fallback.name
-        self.run.emit(event(clock.now(), self.primary.name, self.fallback.name, why, cause))
+        self.run.trace.mark("fallback_started")
+        role: SpendRole = _FALLBACK_ROLES.get(cause, "fallback")
+        self.run.fell_back(self.primary.name, self.fallback.name, why, cause)
         self.start(self.fallback, self.request, role)
 
     def crown(self, cid: int) -> None:
@@ -450,16 +441,7 @@ class _Race:
         self.failed.add(wid)
         delivered = self.run.delivered_text
         trace = self.run.trace
-        trace.switched(old.engine.name, other.name, exc, len(delivered))
-        self.run.emit(
-            Fallback(
-                clock.now(),
-                old.engine.name,
-                other.name,
-                f"{old.engine.name} failed mid-stream: {exc}",
-                "mid_stream",
-            )
-        )
+        self.run.switched(old.engine.name, other.name, exc)
         old.scope.cancel()
         cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
             self.request,

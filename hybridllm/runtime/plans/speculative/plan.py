@@ -54,7 +54,7 @@ from typing import Protocol
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.engines.capabilities import Drafter, Drafts, Endpoint, VerifiesAtEndpoint
-from hybridllm.events import EngineName, Fallback, FallbackCause
+from hybridllm.events import EngineName, FallbackCause
 from hybridllm.policy import Policy
 from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
@@ -116,18 +116,20 @@ async def _drafter_and_verifier(
     `spec.verifier`."""
     local, cloud = setup.local, setup.cloud
     if request.temperature > 0 and request.top_p >= 1.0:
+        spec.unverified = "whole_vocabulary"
         spec.verifier = (
             "none: temperature > 0 with top_p = 1: the cloud's distribution covers the whole "
             "vocabulary, which top-N log-probabilities cannot give exactly"
         )
         return None
     if not isinstance(local, Drafts):
-        spec.verifier = "none: the local engine cannot draft"
+        spec.unverified, spec.verifier = "cannot_draft", "none: the local engine cannot draft"
         return None
     drafter = local.drafter()
     await drafter.start()
     endpoint = cloud.verification_endpoint() if isinstance(cloud, VerifiesAtEndpoint) else None
     if endpoint is None or not isinstance(cloud, VerifiesAtEndpoint):
+        spec.unverified = "cannot_verify"
         spec.verifier = "none: the cloud engine cannot verify drafts"
         return None
     spend_role.set("probe")
@@ -135,12 +137,15 @@ async def _drafter_and_verifier(
         probed = await setup.state.verifier(endpoint, cloud.verification_post, drafter)
     except errors.RefusedError as exc:  # the probe itself was refused by the guard
         run.trace.refusals.append(f"cloud: {exc}")
+        spec.unverified = "probe_refused"
         spec.verifier = f"none: probing refused by the guard: {exc}"
         return None
     spec.verifier = probed.reason if probed.verifier else f"none: {probed.reason}"
     if probed.verifier is None:
+        spec.unverified = "no_dialect"
         return None
     if request.temperature > 0 and not (probed.verifier.samples and probed.verifier.token_level):
+        spec.unverified = "needs_raw_logprobs"
         spec.verifier = (
             f"none: temperature > 0 needs raw token-level log-probabilities for speculative "
             f"sampling; the cloud offers {probed.reason}"
@@ -159,7 +164,7 @@ async def _plain(
 ) -> None:
     """Plain cloud streaming from the committed text (all of the answer when nothing is)."""
     spec = run.trace.speculation
-    if spec is not None and spec.verifier and not spec.verifier.startswith("none"):
+    if spec is not None and spec.verifier and spec.unverified is None:
         spec.switched, spec.switched_at = why, len(committed)
     rest = replace(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
@@ -190,11 +195,9 @@ async def _fail_over(
         spec.switched, spec.switched_at = why, len(committed)
     now = clock.now()
     cause = _cause(exc, committed)
-    run.trace.fallback_reason, run.trace.fallback_cause = why, cause
     run.trace.switched("cloud", "local", exc, len(committed), reason=why, t=now)
-    run.trace.started.append("local")
     run.trace.engine = "local"
-    run.emit(Fallback(now, "cloud", "local", why, cause))
+    run.fell_back("cloud", "local", why, cause, t=now)
     rest = replace(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
     )
@@ -204,12 +207,10 @@ async def _fail_over(
 async def _relay_rest(
     run: RequestRun, engine: Engine, request: GenerationRequest, n_out: int
 ) -> None:
+    """Stream the rest on `engine` (the rounds' `n_out` tokens are counted already)."""
     handle, finishes = collector(run, engine.name)
     await run.relay(engine, request, handle)
-    end = finishes[-1] if finishes else None
-    if end is not None and n_out:
-        end = replace(end, completion_tokens=(end.completion_tokens or 0) + n_out)
-    run.complete(engine.name, end)
+    run.complete(engine.name, finishes[-1] if finishes else None)
 
 
 def build_speculative(

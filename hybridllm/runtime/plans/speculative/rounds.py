@@ -274,10 +274,12 @@ class Rounds:
 
     def _finish(self, reason: str) -> None:
         a = self.answer
+        self.run.counted("cloud", a.billed_prompt, a.n_out)  # the rounds' verification calls
         self.run.complete("cloud", Finish(reason, a.billed_prompt, a.n_out, clock.now()))
 
     def _step_aside(self, why: str, failure: BaseException | None = None) -> bool:
         self.aside = StepAside(self.answer.text, self.answer.n_out, why, failure)
+        self.run.counted("cloud", self.answer.billed_prompt, self.answer.n_out)
         return False
 
 

@@ -1,0 +1,233 @@
+"""One record per request (issue 41), with `ScriptedEngine` doubles on the virtual clock: every
+plan reports to the request's recorder (`RequestRun.fell_back`, `RequestRun.switched`), so each
+`Fallback` event the app sees has its typed trace record with the same cause; `stats()` counts
+it; usage is summed over every attempt, per engine, and is at least what was delivered; and what
+leaves a request is a `HybridError`, never an `ExceptionGroup`.
+
+The matrix: the plans that start a second engine (single with a fallback, hedge, handoff) times
+the faults a script can play (fails before its first token, fails mid-stream, stalls, refused by
+a guard, cancelled by the app)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from hybridllm import HybridClient, Policy
+from hybridllm.errors import (
+    CloudConnectionError,
+    ContextOverflowError,
+    HybridError,
+    InternalError,
+    PrivacyBlockedError,
+)
+from hybridllm.events import Done, Event, Fallback, Token, Usage
+from hybridllm.gateway.app import create_app
+from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.testing import ScriptedEngine
+
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
+
+PLANS: dict[str, Policy] = {
+    "single": Policy(name="rec-single", routing={"prefer": "cloud", "stall_ms": 200, "retries": 0}),
+    "hedge": Policy(
+        name="rec-hedge",
+        routing={"prefer": "cloud", "stall_ms": 200, "retries": 0, "ttft_deadline_ms": 300},
+    ),
+    "handoff": Policy(
+        name="rec-handoff",
+        routing={"prefer": "local", "stall_ms": 200, "retries": 0},
+        handoff={"after_tokens": 2},
+    ),
+}
+
+
+def reset() -> CloudConnectionError:
+    return CloudConnectionError("connection reset", received_content=True)
+
+
+def refused() -> PrivacyBlockedError:
+    return PrivacyBlockedError("personal data: the guard keeps it local", engine="cloud")
+
+
+# the cloud's script for each fault (the local engine answers whole)
+FAULTS: dict[str, list[Any]] = {
+    "none": [0.01, "c1", 0.01, "c2", 0.01, "c3"],
+    "fails-before-first-token": [0.01, CloudConnectionError("connection refused")],
+    "fails-mid-stream": [0.01, "c1", 0.01, "c2", reset()],
+    "stalls": [0.01, "c1", 5.0, "never"],
+    "refused": [refused()],
+    "cancelled-by-app": [0.01, "c1", 0.01, "c2", 0.01, "c3"],
+}
+LOCAL = ["l1", "l2", "l3", "l4"]
+
+
+def engines() -> tuple[ScriptedEngine, ScriptedEngine]:
+    local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.02, tpot_s=0.01)
+    return local, ScriptedEngine("cloud", script=[])
+
+
+async def play(plan: str, fault: str) -> tuple[list[Event], Any, BaseException | None, int]:
+    local, cloud = engines()
+    cloud.script = list(FAULTS[fault])
+    cloud.duration_s = sum(s for s in cloud.script if isinstance(s, float))
+    events: list[Event] = []
+    raised: BaseException | None = None
+    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+        kw: dict[str, Any] = {"policy": PLANS[plan]}
+        if plan == "handoff":
+            kw["plan"] = "handoff"
+        try:
+            async with client.stream("write", **kw) as s:
+                async for e in s.events():
+                    events.append(e)
+                    if fault == "cancelled-by-app" and isinstance(e, Token):
+                        break
+        except Exception as exc:  # what leaves the request, whatever it is
+            raised = exc
+        assert local.active == 0 and cloud.active == 0  # nothing left running
+        fallbacks = client.stats().overall.counts.fallbacks
+    return events, s.trace, raised, fallbacks
+
+
+def produced(events: Sequence[Event]) -> int:
+    return sum(1 for e in events if isinstance(e, Token))
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("plan", list(PLANS))
+async def test_every_fallback_event_has_its_record_and_usage_adds_up(plan: str, fault: str) -> None:
+    events, trace, raised, counted = await play(plan, fault)
+    # only typed errors leave a request
+    assert raised is None or isinstance(raised, HybridError), repr(raised)
+    # each Fallback (Hedge, ParallelStart) event is the trace's record, in order, same cause
+    seen = [(e.from_engine, e.to_engine, e.cause) for e in events if isinstance(e, Fallback)]
+    recorded = [(f.from_engine, f.to_engine, f.cause) for f in trace.fallbacks]
+    assert seen == recorded
+    assert trace.fallback_cause == (recorded[0][2] if recorded else None)
+    # a mid-stream move is a switch and a fallback, from one call
+    moved = [(s.from_engine, s.to_engine) for s in trace.switches]
+    assert moved == [(f, t) for f, t, c in recorded if c == "mid_stream"]
+    for _, to_engine, _ in recorded:
+        assert to_engine in trace.started
+    assert counted == int(bool(recorded))  # stats() counts what the trace holds
+    done = [e for e in events if isinstance(e, Done)]
+    if not done:
+        return
+    (usage,) = [e for e in events if isinstance(e, Usage)]
+    by_engine = {u.engine: u for u in usage.by_engine}
+    attempts: dict[str, int] = {}
+    for a in trace.attempts:
+        attempts[a.engine] = attempts.get(a.engine, 0) + a.tokens
+    # the scripted engines report one token per text chunk: usage is every attempt's tokens
+    assert {e: u.completion_tokens for e, u in by_engine.items()} == attempts
+    assert usage.completion_tokens == trace.completion_tokens == sum(attempts.values())
+    assert trace.completion_tokens >= trace.n_tokens == produced(events)
+    delivered = {e: u.delivered_tokens for e, u in by_engine.items() if u.delivered_tokens}
+    assert delivered == trace.delivered_by_engine()
+
+
+async def test_usage_after_a_failover_counts_both_engines() -> None:
+    """The issue's case: 2 cloud tokens, a reset, 2 local tokens: 4 delivered, 4 counted."""
+    cloud = ScriptedEngine("cloud", script=["a", "b", reset()])
+    local = ScriptedEngine("local", tokens=["c", "d"])
+    pol = Policy(name="cloudy", routing={"prefer": "cloud", "retries": 0})
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=pol) as client:
+        async with client.stream("q") as s:
+            events = [e async for e in s.events()]
+    (usage,) = [e for e in events if isinstance(e, Usage)]
+    assert s.trace.n_tokens == 4 and usage.completion_tokens == 4 == s.trace.completion_tokens
+    assert {(u.engine, u.completion_tokens, u.delivered_tokens) for u in usage.by_engine} == {
+        ("cloud", 2, 2),
+        ("local", 2, 2),
+    }
+    exported = s.trace.to_dict()["usage"]["by_engine"]
+    assert {row["engine"]: row["completion_tokens"] for row in exported} == {"cloud": 2, "local": 2}
+
+
+async def test_a_cascade_style_fallback_before_the_first_token_is_counted() -> None:
+    """A cloud that fails before its first token under a single plan with a fallback: the
+    `Fallback` is recorded, typed, and `stats()` counts one fallback (it used to count 0 for the
+    cascade's held cloud, whose event had no record)."""
+    events, trace, raised, counted = await play("single", "fails-before-first-token")
+    assert raised is None and counted == 1
+    assert trace.fallback_cause == "failed" and trace.fell_back
+    assert [f.cause for f in trace.fallbacks] == ["failed"]
+    assert trace.to_dict()["fallbacks"][0]["cause"] == "failed"
+
+
+VOICE_LOCAL_ONLY = Policy(
+    name="local-only", routing={"prefer": "local", "allow_cloud": False, "ttft_deadline_ms": 400}
+)
+
+
+def overflow() -> ContextOverflowError:
+    return ContextOverflowError(engine="local", prompt_tokens=40_000, max_tokens=256, n_ctx=4096)
+
+
+@pytest.mark.parametrize("preset", ["chat", "voice-assistant", "local-only"])
+async def test_a_context_overflow_leaves_as_itself_never_an_exception_group(preset: str) -> None:
+    local = ScriptedEngine("local", script=[overflow()])
+    policy: Policy | str = VOICE_LOCAL_ONLY if preset == "local-only" else preset
+    async with HybridClient(local=local, router=None) as client:
+        with pytest.raises(ContextOverflowError) as caught:
+            async for _ in client.stream("a long prompt", policy=policy):
+                pass
+        with pytest.raises(ContextOverflowError):
+            await client.complete("a long prompt", policy=policy)
+    assert caught.value.n_ctx == 4096
+
+
+class _Buggy(ScriptedEngine):
+    """A double whose stream raises an error that is not hybridllm's (a bug somewhere below)."""
+
+    def stream(self, request: Any) -> Any:
+        raise KeyError("a bug")
+
+
+async def test_an_error_that_is_not_ours_leaves_as_an_internal_error_with_its_cause() -> None:
+    async with HybridClient(local=_Buggy("local"), router=None) as client:
+        with pytest.raises(InternalError) as caught:
+            await client.complete("q", policy=VOICE_LOCAL_ONLY)
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert isinstance(caught.value, HybridError)
+
+
+async def test_the_gateway_answers_an_overflow_as_400_context_length_exceeded() -> None:
+    """A preset whose plan runs in a task group (the issue saw the gateway's plain 500)."""
+    local = ScriptedEngine("local", script=[overflow()])
+    hybrid = HybridClient(local=local, router=None)
+    app = create_app(hybrid, GatewayLimits(max_body_bytes=4000), api_key="sk-gw")
+    body = {"model": "hybridllm/voice-assistant", "messages": [{"role": "user", "content": "hi"}]}
+    async with hybrid:
+        transport = httpx.ASGITransport(app=app)
+        auth = {"authorization": "Bearer sk-gw"}
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=auth) as h:
+            whole = await h.post("/v1/chat/completions", json=body)
+            streamed = await h.post("/v1/chat/completions", json={**body, "stream": True})
+    assert whole.status_code == 400
+    assert whole.json()["error"]["code"] == "context_length_exceeded"
+    # streamed, the answer has begun (its Route came first): the error is the stream's last event
+    errors_sent = [
+        json.loads(line[len("data: ") :])
+        for line in streamed.text.splitlines()
+        if line.startswith("data: {") and '"error"' in line
+    ]
+    assert [e["error"]["code"] for e in errors_sent] == ["context_length_exceeded"]
+
+
+async def test_the_breaker_runs_on_the_virtual_clock() -> None:
+    from hybridllm.runtime.health import CircuitBreaker
+
+    cb = CircuitBreaker(threshold=1, reset_after_s=30.0)
+    cb.record(CloudConnectionError("refused"))
+    assert cb.state == "open"
+    await anyio.sleep(29.0)
+    assert cb.state == "open"
+    await anyio.sleep(1.5)  # virtual seconds: the test takes none
+    assert cb.state == "half-open"
