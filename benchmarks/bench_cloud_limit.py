@@ -97,7 +97,7 @@ async def run(path: Path, base_url: str, limit: int | None, args: argparse.Names
             row.ttft_ms.append(ttft)
             served[t.engine or "none"] += 1
             row.misses += ttft > args.deadline_ms
-            row.queue_routed += any("cloud queue" in r for r in t.decision)
+            row.queue_routed += "cloud_queue" in t.reason_codes
 
         async with anyio.create_task_group() as tg:
             for i in range(args.n):

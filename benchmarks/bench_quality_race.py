@@ -155,7 +155,8 @@ async def _one(
         "text": "".join(parts),
         "served": tr.engine,
         "started": list(tr.started),
-        "reasons": list(tr.decision),
+        # the reasons in words (an old tree's trace.decision is that tuple itself)
+        "reasons": list(tr.reasons if hasattr(tr, "reasons") else tr.decision),
         "hedged": bool(tr.hedged),
         "handoff": getattr(tr, "handoff", None) is not None,
         "cloud_cancelled_trace": getattr(tr, "cloud_cancelled", None),  # the new tree only

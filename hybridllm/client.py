@@ -336,7 +336,7 @@ class HybridClient:
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))
-        trace.decision = decision.reasons
+        trace.decision = decision
         trace.plan, trace.objective = decision.plan, decision.objective
         trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
         fb = state.latency.get(decision.fallback) if decision.fallback else None

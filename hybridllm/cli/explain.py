@@ -312,7 +312,7 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
         lines.append(f"decision  {how}")
         lines.append(f"objective {decision.objective}{_held(decision)}")
     lines.append("why")
-    lines += [f"  - {r}" for r in decision.reasons]
+    lines += [f"  - {r.text}" for r in decision.reasons]
     lines.append("predicted")
     for name, p in sorted(state.latency.items()):
         lines.append("  " + _prediction(name, p))
@@ -359,7 +359,8 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "objective": decision.objective,
             "release_s": None if decision.release_s is None else _finite(decision.release_s),
             "probe": decision.probe,
-            "reasons": list(decision.reasons),
+            "reasons": [r.text for r in decision.reasons],
+            "reason_codes": list(decision.codes),
             "prompt_tokens": facts.prompt_tokens,
             "max_tokens": facts.max_tokens,
             "router_score": facts.router_score,

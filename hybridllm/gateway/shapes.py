@@ -51,7 +51,7 @@ def decision(trace: Trace, spans: Spans) -> dict[str, Any]:
         "plan": trace.plan,
         "policy": trace.policy,
         "ttft_ms": None if ttft is None else round(ttft, 1),
-        "reason": trace.route_reason or "; ".join(trace.decision),
+        "reason": trace.route_reason or "; ".join(trace.reasons),
         "cost_usd": trace.cost_usd,
         "spans": [dict(run) for run in spans.runs],
     }

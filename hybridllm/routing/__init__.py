@@ -20,6 +20,8 @@ from hybridllm.routing.decide import decide as decide
 _NAMES = {
     "Decision": "hybridllm.routing.decision",
     "LiveState": "hybridllm.routing.decision",
+    "Reason": "hybridllm.routing.decision",
+    "ReasonCode": "hybridllm.routing.decision",
     "RequestFacts": "hybridllm.routing.decision",
     "RoutePreview": "hybridllm.routing.decision",
     "BudgetGate": "hybridllm.routing.inputs",
@@ -42,6 +44,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.routing.decision import (
         Decision as Decision,
         LiveState as LiveState,
+        Reason as Reason,
+        ReasonCode as ReasonCode,
         RequestFacts as RequestFacts,
         RoutePreview as RoutePreview,
     )

@@ -7,11 +7,11 @@ circuits, the local queue, which engines read their own signals, the router's pr
 a frozen `Decision` (these types: `routing/decision.py`). Code acts on its typed fields only:
 the plan, the primary engine, the fallback (or None), the first-token deadline, the hedge delay,
 the load rule that fired (`LoadRule`; `fallback_now`: the fallback starts at once), whether the
-router's score asked for the cloud (`by_router`), a refusal's cause (`RefusalCause`). Its
-`reasons` are words for people, never read back: rewording one changes no error type and no
-plan.
+router's score asked for the cloud (`by_router`), a refusal's cause (`RefusalCause`), and each
+reason's `code` (`ReasonCode`: the rule that spoke). A reason's words are for people, never read
+back: rewording one changes no error type and no plan.
 
-The rules, in order (each one that applies adds a reason):
+The rules, in order (each one that applies adds a reason, with its code):
 
 1. The engine asked for: a forced engine; `prefer`/`fallback_order`; for "auto", the router's
    score against its threshold (score >= threshold: cloud), else local first.
@@ -65,6 +65,7 @@ from hybridllm.routing.decision import (
     LoadRule,
     Objective,
     PlanKind,
+    Reason,
     RefusalCause,
     RequestFacts,
     RoutePreview,
@@ -87,7 +88,7 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.0f} ms" if s < 10 else f"{s:.1f} s"
 
 
-def _refuse(reasons: list[str], deadline: float | None, cause: RefusalCause) -> Decision:
+def _refuse(reasons: list[Reason], deadline: float | None, cause: RefusalCause) -> Decision:
     return Decision("refuse", None, None, deadline, None, tuple(reasons), refusal=cause)
 
 
@@ -98,7 +99,7 @@ def _cause(removed: _Removal | None, otherwise: RefusalCause) -> RefusalCause:
 
 
 def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
-    reasons: list[str] = []
+    reasons: list[Reason] = []
     deadline_ms = policy.routing.ttft_deadline_ms
     deadline = None if deadline_ms is None else deadline_ms / 1000.0
     allowed: list[EngineName] = [e for e in policy.order if e in state.available]
@@ -133,7 +134,7 @@ def _note_cached(decision: Decision, facts: RequestFacts, state: LiveState) -> D
     if not held or "local" not in decision.engines:
         return decision
     note = f"local holds {held} of the prompt's {facts.prompt_tokens} tokens in its KV cache"
-    return replace(decision, reasons=(*decision.reasons, note))
+    return replace(decision, reasons=(*decision.reasons, Reason("local_cached", note)))
 
 
 # the plans that split an answer between engines or verify it piece by piece
@@ -141,7 +142,7 @@ _SPLITS: tuple[PlanName, ...] = ("handoff", "cascade", "speculative")
 
 
 def _whole_answer(
-    facts: RequestFacts, policy: Policy, asked: PlanName | None, reasons: list[str]
+    facts: RequestFacts, policy: Policy, asked: PlanName | None, reasons: list[Reason]
 ) -> tuple[Policy, PlanName | None]:
     """0. A tool call or a JSON answer is delivered whole (`runtime.checked`): the handoff
     would split it, the speculative plan verifies text piece by piece, and the cascade judges
@@ -151,7 +152,8 @@ def _whole_answer(
         return policy, asked
     if asked in _SPLITS:
         what = "may be a tool call" if facts.atomic == "tools" else "is JSON"
-        reasons.append(f"plan={asked}, but the answer {what}, delivered whole -> no {asked}")
+        text = f"plan={asked}, but the answer {what}, delivered whole -> no {asked}"
+        reasons.append(Reason("whole_answer", text))
         asked = None
     plans = tuple(p for p in policy.plans if p not in _SPLITS)
     plan = None if policy.plan in _SPLITS else policy.plan
@@ -175,7 +177,7 @@ def _serve(
     allowed: list[EngineName],
     wanted: tuple[EngineName, Objective],
     absence_noted: bool,
-    reasons: list[str],
+    reasons: list[Reason],
     deadline: float | None,
     asked: PlanName | None,
 ) -> Decision:
@@ -261,14 +263,17 @@ def _wrong_p(facts: RequestFacts) -> float:
     return 1.0 if facts.router_score is None else facts.router_score
 
 
-def _rescue_reason(fallback: EngineName | None, deadline: float | None, reasons: list[str]) -> None:
+def _rescue_reason(
+    fallback: EngineName | None, deadline: float | None, reasons: list[Reason]
+) -> None:
     if deadline is None:
-        reasons.append(f"quality: {fallback} answers only if the cloud fails")
+        text = f"quality: {fallback} answers only if the cloud fails"
     else:
-        reasons.append(
+        text = (
             f"quality: {fallback} is a rescue (it may prefill early; its tokens are held until "
             f"the {_ms(deadline)} deadline passes without a cloud token, or the cloud fails)"
         )
+    reasons.append(Reason("quality_rescue", text))
 
 
 def _pick(
@@ -276,64 +281,70 @@ def _pick(
     allowed: list[EngineName],
     want: EngineName,
     absence_noted: bool,
-    reasons: list[str],
+    reasons: list[Reason],
     deadline: float | None,
 ) -> Decision | _Load:
     """The engine that serves and its fallback, before load; a forced engine (alone) or a
     refusal is already the decision."""
     if facts.forced is not None:
         if facts.forced not in allowed:
-            reasons.append(f"engine={facts.forced} is not allowed -> refused")
+            reasons.append(
+                Reason("forced_not_allowed", f"engine={facts.forced} is not allowed -> refused")
+            )
             return _refuse(reasons, deadline, "forced_not_allowed")
         return Decision("single", facts.forced, None, deadline, None, tuple(reasons))
     if not allowed:
-        reasons.append("no engine this client has is allowed -> refused")
+        reasons.append(Reason("no_engine", "no engine this client has is allowed -> refused"))
         return _refuse(reasons, deadline, "no_engine")
     preferred = want
     if want not in allowed:
         preferred = allowed[0]
         if not absence_noted:
-            reasons.append(f"no {want} engine -> {preferred}")
+            reasons.append(Reason("wanted_missing", f"no {want} engine -> {preferred}"))
     others = [e for e in allowed if e != preferred]
     return _Load(preferred, others[0] if others else None)
 
 
 def _failover(
-    primary: EngineName, fallback: EngineName | None, state: LiveState, reasons: list[str]
+    primary: EngineName, fallback: EngineName | None, state: LiveState, reasons: list[Reason]
 ) -> bool:
     """May a failure mid-answer move the answer to the other engine (both can continue)?"""
     if fallback is None:
         return False
     cannot = [e for e in (primary, fallback) if e not in state.continues]
     if cannot:
-        reasons.append(f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer")
+        text = f"no mid-stream failover: {' and '.join(cannot)} cannot continue an answer"
+        reasons.append(Reason("no_failover", text))
     return not cannot
 
 
 def _wanted(
-    facts: RequestFacts, policy: Policy, reasons: list[str]
+    facts: RequestFacts, policy: Policy, reasons: list[Reason]
 ) -> tuple[EngineName, bool, Objective]:
     """The engine the caller, the policy or the router asks for, before any constraint,
     whether the router's score asked for the cloud, and why (the objective): the cloud is
     asked for its quality; the local engine for speed, or for cost where the router says its
     answer will do."""
     if facts.forced is not None:
-        reasons.append(f"engine={facts.forced} forced by the caller")
+        reasons.append(Reason("forced", f"engine={facts.forced} forced by the caller"))
         return facts.forced, False, "caller"
     if policy.routing.prefer != "auto" or policy.routing.fallback_order is not None:
         first = policy.order[0]
-        reasons.append(f"policy {policy.name!r} prefers {first}")
+        reasons.append(Reason("policy_prefers", f"policy {policy.name!r} prefers {first}"))
         objective = policy.routing.objective
         if objective is None:
             objective = "quality" if first == "cloud" else "latency"
         return first, False, objective
     score, cut = facts.router_score, facts.router_threshold
     if score is None or cut is None:
-        reasons.append(f"policy {policy.name!r} prefers auto, no router score -> local first")
+        text = f"policy {policy.name!r} prefers auto, no router score -> local first"
+        reasons.append(Reason("no_router_score", text))
         return "local", False, "latency"
     want: EngineName = "cloud" if score >= cut else "local"
     rel = ">=" if score >= cut else "<"
-    reasons.append(f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
+    reasons.append(
+        Reason("router_score", f"router score {score:.2f} {rel} threshold {cut:.2f} -> {want}")
+    )
     return want, want == "cloud", "quality" if want == "cloud" else "cost"
 
 
@@ -343,7 +354,7 @@ def _restrict(
     state: LiveState,
     allowed: list[EngineName],
     want: EngineName,
-    reasons: list[str],
+    reasons: list[Reason],
     objective: Objective,
 ) -> tuple[bool, _Removal | None]:
     """1. Remove the cloud from `allowed` for the policy, privacy, budget and circuit (one
@@ -351,68 +362,82 @@ def _restrict(
     Returns (refuse now, what removed the cloud, or None)."""
     removed: _Removal | None = None
 
-    def drop(why: _Removal, reason: str) -> _Removal:
+    def drop(why: _Removal, reason: Reason) -> _Removal:
         reasons.append(reason)
         if "cloud" in allowed:
             allowed.remove("cloud")
         return why
 
     if not policy.cloud_allowed and "cloud" in state.available:
-        removed = drop("policy", f"policy {policy.name!r}: never leaves the device -> local")
+        text = f"policy {policy.name!r}: never leaves the device -> local"
+        removed = drop("policy", Reason("policy_no_cloud", text))
     kinds = facts.privacy_kinds
     if facts.public_names and not kinds:
-        reasons.append(f"privacy: {_names(facts.public_names)} known to the local model -> public")
+        text = f"privacy: {_names(facts.public_names)} known to the local model -> public"
+        reasons.append(Reason("privacy_public_names", text))
     if kinds is None and policy.privacy.mode != "off":
-        removed = drop("no_scanner", "privacy: no detector to scan the prompt -> local only")
+        text = "privacy: no detector to scan the prompt -> local only"
+        removed = drop("no_scanner", Reason("privacy_no_scanner", text))
     elif kinds and policy.privacy.mode == "off":
-        reasons.append(f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it")
+        text = f"privacy: {', '.join(sorted(kinds))} found, but the policy allows it"
+        reasons.append(Reason("privacy_allowed", text))
     elif kinds:
         found = ", ".join(sorted(kinds))
         if policy.privacy.mode == "block":
-            reasons.append(f"privacy: {found} found -> blocked by the policy")
+            reasons.append(
+                Reason("privacy_blocked", f"privacy: {found} found -> blocked by the policy")
+            )
             return True, "privacy"
-        removed = drop("privacy", f"privacy: {found} found -> local only")
+        removed = drop("privacy", Reason("privacy_local", f"privacy: {found} found -> local only"))
     if "cloud" in allowed and not state.budget_fits:
         detail = f" ({state.budget_detail})" if state.budget_detail else ""
         if policy.budget.on_exceeded == "fail" and want == "cloud":
-            reasons.append(f"budget: cannot cover the cloud request{detail} -> refused")
+            text = f"budget: cannot cover the cloud request{detail} -> refused"
+            reasons.append(Reason("budget_refused", text))
             return True, "budget"
-        removed = drop("budget", f"budget: cannot cover the cloud request{detail} -> local")
+        text = f"budget: cannot cover the cloud request{detail} -> local"
+        removed = drop("budget", Reason("budget_local", text))
     if "cloud" in allowed and state.cloud_circuit_open:
         if facts.forced == "cloud":
-            reasons.append("cloud circuit open, but engine=cloud forced -> cloud")
+            text = "cloud circuit open, but engine=cloud forced -> cloud"
+            reasons.append(Reason("cloud_circuit_forced", text))
         elif state.cloud_circuit_slow and objective == "quality" and "local" in allowed:
-            reasons.append("cloud circuit open for slowness, but a quality decision -> cloud")
+            text = "cloud circuit open for slowness, but a quality decision -> cloud"
+            reasons.append(Reason("cloud_circuit_slow_quality", text))
         elif _probes_slow_cloud(state):
             n = state.unmeasured["cloud"]
-            reasons.append(f"cloud circuit open for slowness, unmeasured {n} requests -> probed")
+            text = f"cloud circuit open for slowness, unmeasured {n} requests -> probed"
+            reasons.append(Reason("cloud_circuit_probe", text))
         elif "local" in allowed:
-            removed = drop("circuit", "cloud circuit open -> local")
+            removed = drop("circuit", Reason("cloud_circuit_open", "cloud circuit open -> local"))
         else:  # nothing else could answer: try it rather than fail without trying
-            reasons.append("cloud circuit open, but no other engine -> cloud")
+            text = "cloud circuit open, but no other engine -> cloud"
+            reasons.append(Reason("cloud_circuit_only_engine", text))
     return False, removed
 
 
 def _local_circuit(
-    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[str]
+    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[Reason]
 ) -> bool:
     """An open local circuit leaves the request to the cloud where the cloud may serve; a
     forced local engine, or the only one left, is still tried. True: the local engine is out."""
     if not state.local_circuit_open or "local" not in allowed:
         return False
     if facts.forced == "local":
-        reasons.append("local circuit open, but engine=local forced -> local")
+        text = "local circuit open, but engine=local forced -> local"
+        reasons.append(Reason("local_circuit_forced", text))
     elif "cloud" in allowed:
         allowed.remove("local")
-        reasons.append("local circuit open -> cloud")
+        reasons.append(Reason("local_circuit_open", "local circuit open -> cloud"))
         return True
     else:
-        reasons.append("local circuit open, but no other engine -> local")
+        text = "local circuit open, but no other engine -> local"
+        reasons.append(Reason("local_circuit_only_engine", text))
     return False
 
 
 def _unavailable(
-    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[str]
+    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[Reason]
 ) -> tuple[tuple[EngineName, str], ...]:
     """Leave out the engines that cannot take a request now while another may serve; one that
     is forced or the last one left stays (it fails at once, with its typed error)."""
@@ -422,13 +447,15 @@ def _unavailable(
         if why is None:
             continue
         if facts.forced == engine:
-            reasons.append(f"{engine}: {why}, but engine={engine} forced -> {engine} (fails)")
+            text = f"{engine}: {why}, but engine={engine} forced -> {engine} (fails)"
+            reasons.append(Reason("unavailable_forced", text))
         elif len(allowed) > 1:
             allowed.remove(engine)
-            reasons.append(f"{engine}: {why} -> {allowed[0]}")
+            reasons.append(Reason("unavailable", f"{engine}: {why} -> {allowed[0]}"))
             left_out.append((engine, why))
         else:
-            reasons.append(f"{engine}: {why}, and no other engine -> {engine} (fails)")
+            text = f"{engine}: {why}, and no other engine -> {engine} (fails)"
+            reasons.append(Reason("unavailable_only_engine", text))
     return tuple(left_out)
 
 
@@ -455,7 +482,7 @@ def _load(
     deadline: float,
     policy: Policy,
     state: LiveState,
-    reasons: list[str],
+    reasons: list[Reason],
     objective: Objective,
 ) -> _Load:
     """3. Swap the engines, or start both at once, when the primary cannot make the deadline. A
@@ -470,7 +497,8 @@ def _load(
     if primary == "local" and state.local_queue_s > deadline:
         queue = f"local queue {_ms(state.local_queue_s)} > deadline {_ms(deadline)}"
         if fallback is None:
-            reasons.append(f"{queue}, but no other engine is allowed -> local")
+            text = f"{queue}, but no other engine is allowed -> local"
+            reasons.append(Reason("local_queue_only_engine", text))
             return start
         return _fired(reasons, _Load(fallback, primary, "local_queue", f"{queue} -> {fallback}"))
     if fallback is None:
@@ -488,10 +516,11 @@ def _load(
         return _Load(primary, fallback, early_start=early_start)
     unmeasured = state.unmeasured.get(primary, 0)
     if unmeasured >= PROBE_AFTER:
-        reasons.append(
+        text = (
             f"{primary} predicted at {_ms(mine.ttft_s)} against the {_ms(deadline)} deadline, "
             f"but unmeasured for {unmeasured} requests -> probed (the deadline still rescues)"
         )
+        reasons.append(Reason("probe", text))
         return _Load(primary, fallback, early_start=early_start, probe=True)
     theirs = state.latency.get(fallback)
     if theirs is not None and theirs.ttft_p95_s <= deadline:
@@ -505,9 +534,8 @@ def _load(
         f"{_ms(deadline)} deadline"
     )
     if theirs is not None and theirs.ttft_s >= mine.ttft_s:  # a parallel start buys nothing
-        reasons.append(
-            f"{missed}, and {fallback} no sooner ({_ms(theirs.ttft_s)}): no parallel start"
-        )
+        text = f"{missed}, and {fallback} no sooner ({_ms(theirs.ttft_s)}): no parallel start"
+        reasons.append(Reason("no_parallel_start", text))
         return _Load(primary, fallback, early_start=early_start)
     held = None if fallback != "cloud" else _parallel_cloud_held(policy, state)
     if held is not None:
@@ -520,20 +548,23 @@ def _load(
     return _fired(reasons, _Load(primary, fallback, "parallel_start", f"{missed}: {now}"))
 
 
-def _quality_keeps(start: _Load, deadline: float, state: LiveState, reasons: list[str]) -> _Load:
+def _quality_keeps(start: _Load, deadline: float, state: LiveState, reasons: list[Reason]) -> _Load:
     """A cloud chosen for quality keeps the request whatever its predicted TTFT or queue; the
     local engine starts ahead of the deadline by its own TTFT, as a rescue."""
     cloud = state.latency.get("cloud")
     if cloud is not None and cloud.ttft_s > deadline:
-        reasons.append(
+        text = (
             f"cloud predicted at {_ms(cloud.ttft_s)} against the {_ms(deadline)} deadline, "
             "but chosen for quality -> cloud keeps it"
         )
+        reasons.append(Reason("quality_keeps", text))
     return _Load(start.primary, start.fallback, early_start=True)
 
 
-def _fired(reasons: list[str], load: _Load) -> _Load:
-    reasons.append(load.why)
+def _fired(reasons: list[Reason], load: _Load) -> _Load:
+    """The load rule that fired, with its words among the reasons (its code: the rule)."""
+    if load.rule is not None:
+        reasons.append(Reason(load.rule, load.why))
     return load
 
 
@@ -570,7 +601,7 @@ def _speculative(
     facts: RequestFacts,
     policy: Policy,
     state: LiveState,
-    reasons: list[str],
+    reasons: list[Reason],
     plan: PlanName | None,
 ) -> Decision:
     """5. The speculative plan, when asked for or allowed and expected to pay."""
@@ -579,15 +610,17 @@ def _speculative(
         return decision
     if facts.forced is not None or set(decision.engines) != {"local", "cloud"}:
         if asked:
-            reasons.append("plan=speculative needs both engines allowed -> " + decision.plan)
+            text = "plan=speculative needs both engines allowed -> " + decision.plan
+            reasons.append(Reason("speculative_needs_both", text))
             return replace(decision, reasons=tuple(reasons))
         return decision
     pays, why = state.speculation or (False, "no speculation state")
     if not asked and not pays:
-        reasons.append(f"no speculative plan: {why}")
+        reasons.append(Reason("no_speculative", f"no speculative plan: {why}"))
         return replace(decision, reasons=tuple(reasons))
     by = "expected to pay" if not asked else f"asked by the {_asker(facts)}"
-    reasons.append(f"speculative: {by} ({why}); local drafts, cloud verifies")
+    text = f"speculative: {by} ({why}); local drafts, cloud verifies"
+    reasons.append(Reason("speculative_asked" if asked else "speculative", text))
     return _planned(decision, "speculative", "cloud", reasons, failover="local" in state.continues)
 
 
@@ -595,7 +628,7 @@ def _planned(
     decision: Decision,
     plan: PlanKind,
     primary: EngineName,
-    reasons: list[str],
+    reasons: list[Reason],
     **extra: Any,
 ) -> Decision:
     """`decision` taken over by a plan of both engines (speculative, cascade): `primary` serves
@@ -625,7 +658,7 @@ def _cascade(
     facts: RequestFacts,
     policy: Policy,
     state: LiveState,
-    reasons: list[str],
+    reasons: list[Reason],
     plan: PlanName | None,
 ) -> Decision:
     """5. The cascade (`runtime/plans/cascade.py`): the local engine holds its first tokens
@@ -641,7 +674,8 @@ def _cascade(
     missing = _cascade_missing(decision, state)
     if missing is not None:
         if plan == "cascade":
-            reasons.append(f"plan=cascade, but {missing} -> {decision.plan}")
+            text = f"plan=cascade, but {missing} -> {decision.plan}"
+            reasons.append(Reason("no_cascade", text))
             return replace(decision, reasons=tuple(reasons))
         return decision
     judge = "prefix" if facts.streamed else policy.cascade.judge
@@ -649,10 +683,11 @@ def _cascade(
     if judge == "answer":
         held = "its whole answer (nothing is streamed)"
     by = "expected by the policy" if plan is None else f"asked by the {_asker(facts)}"
-    reasons.append(
+    text = (
         f"cascade ({by}): the local engine holds {held} while the router reads its confidence; "
         "confident -> local goes on, else -> cloud"
     )
+    reasons.append(Reason("cascade" if plan is None else "cascade_asked", text))
     return _planned(decision, "cascade", "local", reasons, cascade_judge=judge)
 
 

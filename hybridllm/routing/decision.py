@@ -1,7 +1,8 @@
 """What `decide()` (`routing.decide`) reads and returns: the request's facts (`RequestFacts`),
 the live state of the engines (`LiveState`), and the `Decision`, whose typed fields are what the
-code acts on (its `reasons` are words for people, never read back); `RoutePreview` bundles the
-three for a preview (`HybridClient.decide()`, `hybridllm explain`)."""
+code acts on (each of its `reasons` is a `Reason`: a `ReasonCode`, the rule of `decide()` that
+spoke, which code and tests read, and words for people, never read back); `RoutePreview` bundles
+the three for a preview (`HybridClient.decide()`, `hybridllm explain`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ __all__ = [
     "LoadRule",
     "Objective",
     "PlanKind",
+    "Reason",
+    "ReasonCode",
     "RefusalCause",
     "RequestFacts",
     "RoutePreview",
@@ -44,6 +47,92 @@ LoadRule = Literal[
 # (the caller forced the engine)
 Objective = Literal["quality", "latency", "cost", "privacy", "availability", "caller"]
 Atomic = Literal["tools", "json"]
+# the rule of `decide()` behind a reason, one code per rule (or per branch of one), in the order
+# the rules run (`routing.decide`); the load rules that fire are the `LoadRule`s themselves, and
+# the two refusals a reason alone explains keep their `RefusalCause` names
+ReasonCode = Literal[
+    # 0. a tool call or JSON answer is delivered whole: the plan asked for that splits it is off
+    "whole_answer",
+    # 1. the engine asked for: forced by the caller; the policy's preference; "auto" without a
+    # router score (local first); the router's score against its threshold
+    "forced",
+    "policy_prefers",
+    "no_router_score",
+    "router_score",
+    # 2. which engines may serve: a policy that never leaves the device; privacy (names alone
+    # known as public, no scanner, a finding the policy allows, blocks or keeps local); the
+    # budget (refused, or local); the cloud circuit (forced anyway, slow but a quality decision,
+    # probed, open: local, the only engine); the local circuit (forced anyway, open: cloud, the
+    # only engine); an unavailable engine (forced anyway, left out, the only engine); the engine
+    # forced is not allowed; no engine is allowed; the engine asked for is missing
+    "policy_no_cloud",
+    "privacy_public_names",
+    "privacy_no_scanner",
+    "privacy_allowed",
+    "privacy_blocked",
+    "privacy_local",
+    "budget_refused",
+    "budget_local",
+    "cloud_circuit_forced",
+    "cloud_circuit_slow_quality",
+    "cloud_circuit_probe",
+    "cloud_circuit_open",
+    "cloud_circuit_only_engine",
+    "local_circuit_forced",
+    "local_circuit_open",
+    "local_circuit_only_engine",
+    "unavailable_forced",
+    "unavailable",
+    "unavailable_only_engine",
+    "forced_not_allowed",
+    "no_engine",
+    "wanted_missing",
+    # 3. load: a cloud chosen for quality keeps a request predicted past the deadline; a long
+    # local queue with no other engine; the rule that fired (`LoadRule`); an unmeasured primary
+    # probed; a parallel start that buys nothing
+    "quality_keeps",
+    "local_queue_only_engine",
+    LoadRule,
+    "probe",
+    "no_parallel_start",
+    # 4. decode speed: the handoff asked for (or not possible); a slow local decode: the cloud
+    # no faster, a handoff, the cloud, or the local engine kept for the deadline
+    "handoff_asked",
+    "no_handoff",
+    "slow_decode_no_faster",
+    "slow_decode_handoff",
+    "slow_decode_cloud",
+    "slow_decode_deadline",
+    # 5. the plan: a fixed hedge, an automatic hedge (or none pays); a quality decision's local
+    # rescue; no mid-stream failover; speculation (expected to pay, asked for, does not pay,
+    # needs both engines); the cascade (listed under "auto", asked for, cannot run)
+    "hedge",
+    "auto_hedge",
+    "auto_hedge_none",
+    "quality_rescue",
+    "no_failover",
+    "speculative",
+    "speculative_asked",
+    "no_speculative",
+    "speculative_needs_both",
+    "cascade",
+    "cascade_asked",
+    "no_cascade",
+    # a note: how much of the prompt the local engine holds in its cache
+    "local_cached",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One reason of a decision: the rule that spoke (`code`, what code and tests act on) and
+    its words for people (`text`, never read back)."""
+
+    code: ReasonCode
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,15 +200,15 @@ class LiveState:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Where a request runs. Code acts on the typed fields; `reasons` are words for people,
-    never read back."""
+    """Where a request runs. Code acts on the typed fields and on the reasons' codes; the
+    reasons' words are for people, never read back."""
 
     plan: PlanKind
     primary: EngineName | None
     fallback: EngineName | None
     deadline_s: float | None
     hedge_s: float | None
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
     failover: bool = False  # a failure mid-answer moves the answer to the other engine
     # engines this request could have used, left out as unavailable: (engine, why)
     unavailable: tuple[tuple[EngineName, str], ...] = ()
@@ -162,7 +251,13 @@ class Decision:
 
     @property
     def reason(self) -> str:
-        return "; ".join(self.reasons)
+        """The reasons' words, joined."""
+        return "; ".join(r.text for r in self.reasons)
+
+    @property
+    def codes(self) -> tuple[ReasonCode, ...]:
+        """The reasons' codes, in order."""
+        return tuple(r.code for r in self.reasons)
 
     @property
     def engines(self) -> tuple[EngineName, ...]:

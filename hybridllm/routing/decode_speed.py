@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from hybridllm.events import EngineName
 from hybridllm.policy import PlanName, Policy
+from hybridllm.routing.decision import Reason
 from hybridllm.routing.inputs import Prediction
 
 LONG_ANSWER_TOKENS = 64  # an answer allowed this many tokens or more counts as long
@@ -43,7 +44,7 @@ def decode_rule(
     latency: Mapping[EngineName, Prediction],
     continues: frozenset[EngineName],
     deadline: float | None,
-    reasons: list[str],
+    reasons: list[Reason],
     asked: PlanName | None,
 ) -> tuple[EngineName, EngineName, bool]:
     """(primary, fallback, hand off?) after the decode-speed rule; each change adds a reason.
@@ -52,9 +53,10 @@ def decode_rule(
     can = "handoff" in (*policy.plans, asked) and "cloud" in continues
     if asked == "handoff":
         if not can:
-            reasons.append("plan=handoff, but the cloud cannot continue an answer -> no handoff")
+            text = "plan=handoff, but the cloud cannot continue an answer -> no handoff"
+            reasons.append(Reason("no_handoff", text))
             return primary, fallback, False
-        reasons.append(f"plan=handoff: {after}")
+        reasons.append(Reason("handoff_asked", f"plan=handoff: {after}"))
         return "local", "cloud", True
     target = policy.routing.tpot_target_ms
     if target is None or primary != "local" or fallback != "cloud":
@@ -71,17 +73,20 @@ def decode_rule(
         f"for an answer of up to {max_tokens} tokens"
     )
     if theirs is None or theirs.tpot_s >= mine.tpot_s:
-        reasons.append(f"{slow}, but the cloud is no faster -> local")
+        reasons.append(
+            Reason("slow_decode_no_faster", f"{slow}, but the cloud is no faster -> local")
+        )
         return primary, fallback, False
     slow += f" (cloud {_ms(theirs.tpot_s)}/token)"
     if can:
-        reasons.append(f"{slow} -> handoff: {after}")
+        reasons.append(Reason("slow_decode_handoff", f"{slow} -> handoff: {after}"))
         return primary, fallback, True
     if deadline is None or theirs.ttft_s <= deadline:
-        reasons.append(f"{slow} -> cloud")
+        reasons.append(Reason("slow_decode_cloud", f"{slow} -> cloud"))
         return "cloud", "local", False
-    reasons.append(
+    text = (
         f"{slow}, but the cloud's predicted TTFT {_ms(theirs.ttft_s)} misses the "
         f"{_ms(deadline)} deadline -> local"
     )
+    reasons.append(Reason("slow_decode_deadline", text))
     return primary, fallback, False

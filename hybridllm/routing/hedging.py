@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from hybridllm.events import EngineName
+from hybridllm.routing.decision import Reason
 
 if TYPE_CHECKING:
     from hybridllm.policy import PlanName, Policy
@@ -189,7 +190,7 @@ def hedge_delay(
     primary: EngineName,
     fallback: EngineName | None,
     state: LiveState,
-    reasons: list[str],
+    reasons: list[Reason],
     deadline: float | None,
     early_start: bool,
     asked: PlanName | None,
@@ -208,7 +209,8 @@ def hedge_delay(
     if delay != "auto":
         hedge_s = delay / 1000.0
         held = " (its tokens held: a rescue)" if wrong_p is not None else ""
-        reasons.append(f"hedge: {fallback} starts after {_ms(hedge_s)} without a token{held}")
+        text = f"hedge: {fallback} starts after {_ms(hedge_s)} without a token{held}"
+        reasons.append(Reason("hedge", text))
         return HedgeStart(hedge_s)
     auto = _auto_hedge(policy, primary, fallback, state, reasons, deadline, early_start, wrong_p)
     if auto is None:
@@ -221,7 +223,7 @@ def _auto_hedge(
     primary: EngineName,
     fallback: EngineName,
     state: LiveState,
-    reasons: list[str],
+    reasons: list[Reason],
     deadline: float | None,
     early_start: bool,
     wrong_p: float | None = None,
@@ -261,15 +263,17 @@ def _auto_hedge(
         quality_s=quality_s,
     )
     if c.delay_s is None:
-        reasons.append(
+        text = (
             f"auto hedge: none pays ({primary} p99 TTFT {_ms(c.baseline_tail_s)}; a {fallback} "
             f"hedge costs {cost})"
         )
+        reasons.append(Reason("auto_hedge_none", text))
         return None
     held = f", held until the {_ms(deadline)} deadline" if c.held and deadline is not None else ""
-    reasons.append(
+    text = (
         f"auto hedge: {fallback} starts after {_ms(c.delay_s)} without a token{held} (expected "
         f"p99 TTFT {_ms(c.tail_s)} against {_ms(c.baseline_tail_s)}, on {c.fire_rate:.0%} more "
         f"requests; a hedge costs {cost})"
     )
+    reasons.append(Reason("auto_hedge", text))
     return c

@@ -441,7 +441,7 @@ def refusal_error(
     (`Decision.refusal`), each a `RefusedError` with the decision's reasons:
     `PrivacyBlockedError` when the privacy scan kept it from the cloud, `BudgetExceededError`
     (the guard's, with the cap's figures) when the budget did."""
-    reasons = decision.reasons
+    reasons = tuple(r.text for r in decision.reasons)
     found = facts.privacy_kinds
     if decision.refusal == "privacy" and found:
         return errors.PrivacyBlockedError(tuple(sorted(found)), reasons=reasons)

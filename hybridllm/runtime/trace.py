@@ -27,6 +27,7 @@ from hybridllm.runtime.trace_export import nearest_rank, trace_dict
 
 if TYPE_CHECKING:
     from hybridllm.guard.budget import TokenUsage
+    from hybridllm.routing.decision import Decision, ReasonCode
 
 # what a cloud request did for its request: served it from the start ("primary"), started at
 # the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary
@@ -267,7 +268,7 @@ class Trace:
     plan: str | None = None  # the plan that ran ("single", "race", "cascade", ...)
     objective: str | None = None  # what the decision optimised (`Decision.objective`)
     route_reason: str = ""
-    decision: tuple[str, ...] = ()  # the routing decision's reasons, in order
+    decision: Decision | None = None  # the routing decision, typed (None: not decided)
     predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
     # how late the first token came after the policy's first-token deadline (a `DeadlineMissed`
     # event); None: on time, no deadline, or no token
@@ -320,6 +321,16 @@ class Trace:
     # the prompt, the answer and the tool calls' arguments, kept only where the client captures
     # content (`HybridClient(capture_content=...)`); None: not captured
     content: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The routing decision's reasons in words, for people, in order."""
+        return () if self.decision is None else tuple(r.text for r in self.decision.reasons)
+
+    @property
+    def reason_codes(self) -> tuple[ReasonCode, ...]:
+        """The routing decision's reasons as codes (to branch on), in order."""
+        return () if self.decision is None else self.decision.codes
 
     @property
     def fallback_cause(self) -> FallbackCause | None:

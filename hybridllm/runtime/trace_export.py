@@ -37,7 +37,8 @@ def _identity(t: Trace) -> dict[str, Any]:
         "objective": t.objective,
         "engine": t.engine,
         "route_reason": t.route_reason,
-        "decision": list(t.decision),
+        "decision": list(t.reasons),
+        "reason_codes": list(t.reason_codes),
         "finish_reason": t.finish_reason,
         "error": None if t.error_type is None else {"type": t.error_type.__name__, "text": t.error},
     }

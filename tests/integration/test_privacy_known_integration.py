@@ -67,7 +67,7 @@ async def test_a_public_figure_off_the_list_goes_to_the_cloud_and_a_private_name
         public = await c.complete(f"What did {OFF_LIST} write about her teacher?")
         private = await c.complete(f"Write a birthday note to {PRIVATE} from the team.")
     assert public.trace.engine == "cloud"
-    assert any("known to the local model" in r for r in public.trace.decision)
+    assert "privacy_public_names" in public.trace.reason_codes
     assert private.trace.engine == "local"
     assert not leaked("Lindqvist", on_the_wire(proxy))
     assert len(proxy.requests()) == 1

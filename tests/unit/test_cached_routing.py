@@ -12,7 +12,7 @@ import pytest
 from hybridllm import HybridClient, Policy
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.engines.capabilities import KnowsCache
-from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.routing import LiveState, Reason, RequestFacts, decide
 from hybridllm.runtime.gather import Gatherer
 from hybridllm.testing import ScriptedEngine
 
@@ -34,8 +34,10 @@ class HoldingLocal(ScriptedEngine):
 def test_the_reasons_say_what_the_local_engine_holds() -> None:
     facts = RequestFacts(900, 64)
     held = decide(facts, LOCAL, LiveState(local_cached_tokens=812))
-    assert held.reasons[-1] == "local holds 812 of the prompt's 900 tokens in its KV cache"
-    assert not any("holds" in r for r in decide(facts, LOCAL, LiveState()).reasons)
+    assert held.reasons[-1] == Reason(
+        "local_cached", "local holds 812 of the prompt's 900 tokens in its KV cache"
+    )
+    assert "local_cached" not in decide(facts, LOCAL, LiveState()).codes
 
 
 def test_the_prediction_counts_only_what_is_not_held() -> None:
@@ -54,4 +56,4 @@ async def test_explain_shows_the_cached_tokens() -> None:
     async with HybridClient(local=local, router=None, policy=LOCAL) as client:
         preview = client.decide("hello there")
     assert preview.state.local_cached_tokens == 300
-    assert "local holds 300 of the prompt's" in preview.decision.reason
+    assert "local_cached" in preview.decision.codes

@@ -206,7 +206,8 @@ async def test_the_preview_shows_the_cascade_the_stream_runs_scripted() -> None:
         s = client.stream("hi", policy=policy())
         tokens = [e async for e in s.events() if isinstance(e, Token)]
     assert preview.decision.plan == "cascade" and preview.state.reads_signals == {"local"}
-    assert s.trace.decision == preview.decision.reasons and s.trace.cascade is not None
+    assert s.trace.decision is not None and s.trace.decision.reasons == preview.decision.reasons
+    assert s.trace.cascade is not None
     assert "".join(t.text for t in tokens) == "Hello"
     plain = ScriptedEngine("local", tokens=["L"])  # reads no signals: no cascade
     async with HybridClient(local=plain, cloud=cloud, router=FakeRouter(0.1)) as client:

@@ -1,9 +1,10 @@
-"""`decide()`: properties over random facts, policies and live states (hypothesis), and the
-readable reasons of the main cases."""
+"""`decide()`: properties over random facts, policies and live states (hypothesis), the reasons'
+codes of the main cases (what tests act on), and their readable words."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import get_args
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,12 +13,13 @@ from hybridllm import Cap, GuardedEngine, ModelPrice, Policy, Prices, SQLiteLedg
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import BudgetTable
-from hybridllm.routing import Decision, LiveState, RequestFacts, decide
-from hybridllm.routing.decision import RefusalCause
+from hybridllm.routing import Decision, LiveState, Reason, ReasonCode, RequestFacts, decide
+from hybridllm.routing.decision import LoadRule, RefusalCause
 from hybridllm.routing.inputs import Prediction
 from hybridllm.testing import ScriptedEngine
 
 ENGINES: tuple[EngineName, ...] = ("local", "cloud")
+CODES = frozenset(get_args(ReasonCode))
 
 
 def pred(
@@ -110,7 +112,8 @@ def touches_cloud(d: Decision) -> bool:
 def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
     d = decide(f, p, s)
     # always explained, always one of the plans, engines consistent with the plan
-    assert d.reasons and all(r.strip() for r in d.reasons)
+    assert d.reasons and all(r.text.strip() for r in d.reasons)
+    assert set(d.codes) <= CODES and all(str(r) == r.text for r in d.reasons)
     assert d.plan in ("single", "hedge", "refuse")
     assert (d.plan == "refuse") == (d.primary is None)
     if d.primary is not None:
@@ -122,7 +125,7 @@ def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
         assert d.fallback is not None and d.plan == "single"
     # a parallel cloud start only where the policy allows one, within its share, and said
     if d.parallel_cloud:
-        assert p.hedge.parallel_cloud and any("it costs a cloud request" in r for r in d.reasons)
+        assert p.hedge.parallel_cloud and "parallel_start" in d.codes
         started, seen = s.parallel_recent
         cap = p.hedge.parallel_cloud_share
         assert cap is None or (started + 1) / (seen + 1) <= cap
@@ -135,7 +138,7 @@ def test_invariants(f: RequestFacts, p: Policy, s: LiveState) -> None:
         assert not touches_cloud(d)
     # privacy "block" with a finding refuses
     if p.privacy.mode == "block" and f.privacy_kinds:
-        assert d.plan == "refuse" and any("privacy" in r for r in d.reasons)
+        assert d.plan == "refuse" and "privacy_blocked" in d.codes
     # a budget that cannot cover the worst case never yields a cloud request
     if not s.budget_fits:
         assert not touches_cloud(d)
@@ -171,13 +174,15 @@ def test_a_deadline_local_cannot_meet_never_goes_local_only(
         s.local_queue_s > deadline or (local is not None and local.ttft_s > deadline)
     )
     if cloud_usable and local_misses and d.primary == "local":
-        assert d.fallback == "cloud" and any("deadline" in r for r in d.reasons)
+        assert d.fallback == "cloud", d.reasons
+        assert d.load in ("parallel_start", "parallel_held"), d.reasons
+        assert d.load in d.codes
         # started in parallel at once, or held back by the policy to the deadline itself
         assert d.fallback_now or not d.fallback_lead
-        assert d.fallback_now == (not any("starts only at the deadline" in r for r in d.reasons))
+        assert d.fallback_now == ("parallel_held" not in d.codes)
 
 
-# ---- readable reasons for the main cases ---------------------------------------------------------
+# ---- the reasons of the main cases, by their codes ----------------------------------------------
 
 CHAT = Policy(name="chat", routing={"prefer": "auto", "ttft_deadline_ms": 500})
 BOTH = LiveState(latency={"local": pred("local", 0.2), "cloud": pred("cloud", 0.3, 0.45)})
@@ -186,15 +191,15 @@ BOTH = LiveState(latency={"local": pred("local", 0.2), "cloud": pred("cloud", 0.
 def test_router_score_picks_the_engine() -> None:
     hard = decide(RequestFacts(50, 64, router_score=0.81, router_threshold=0.62), CHAT, BOTH)
     assert hard.primary == "cloud" and hard.fallback == "local"
-    assert "router score 0.81 >= threshold 0.62 -> cloud" in hard.reasons
+    assert "router_score" in hard.codes
     easy = decide(RequestFacts(50, 64, router_score=0.2, router_threshold=0.62), CHAT, BOTH)
-    assert easy.primary == "local" and "router score 0.20 < threshold 0.62 -> local" in easy.reason
+    assert easy.primary == "local" and "router_score" in easy.codes
 
 
 def test_privacy_finding_keeps_the_request_local() -> None:
     pol = CHAT.with_(privacy={"mode": "keep-local"})
     d = decide(RequestFacts(50, 64, 0.9, 0.5, frozenset({"email"})), pol, BOTH)
-    assert d.engines == ("local",) and "privacy: email found -> local only" in d.reasons
+    assert d.engines == ("local",) and "privacy_local" in d.codes
 
 
 def test_budget_goes_local_or_refuses() -> None:
@@ -202,33 +207,31 @@ def test_budget_goes_local_or_refuses() -> None:
     cloudy = Policy(name="b", routing={"prefer": "cloud"})
     d = decide(RequestFacts(50, 64), cloudy, state)
     assert d.engines == ("local",)
-    assert "budget: cannot cover the cloud request (day cap 0.50 USD, left 0.01 USD) -> local" in (
-        d.reasons
-    )
+    assert "budget_local" in d.codes
     strict = cloudy.model_copy(update={"budget": BudgetTable(on_exceeded="fail")})
     refused = decide(RequestFacts(50, 64), strict, state)
-    assert refused.plan == "refuse" and "refused" in refused.reason
+    assert refused.plan == "refuse" and "budget_refused" in refused.codes
 
 
 def test_local_queue_past_the_deadline_goes_to_the_cloud() -> None:
     state = LiveState(latency=BOTH.latency, local_queue_s=2.1)
     d = decide(RequestFacts(50, 64), CHAT, state)
     assert (d.primary, d.fallback) == ("cloud", "local") and not d.fallback_now
-    assert "local queue 2100 ms > deadline 500 ms -> cloud" in d.reasons
+    assert "local_queue" in d.codes
 
 
 def test_long_local_prefill_swaps_when_the_cloud_meets_the_deadline() -> None:
     state = LiveState(latency={"local": pred("local", 0.9), "cloud": pred("cloud", 0.3, 0.45)})
     d = decide(RequestFacts(1000, 64), CHAT, state)
-    assert d.primary == "cloud" and "cloud p95 450 ms meets it" in d.reason
+    assert d.primary == "cloud" and "faster_fallback" in d.codes
 
 
 def test_unknown_cloud_latency_starts_both_at_once() -> None:
     state = LiveState(latency={"local": pred("local", 0.9)})
     d = decide(RequestFacts(1000, 64), CHAT, state)
     assert (d.primary, d.fallback, d.fallback_now) == ("local", "cloud", True)
-    assert "local is preferred but predicted at 900 ms against the 500 ms deadline" in d.reason
-    assert "the cloud starts in parallel now (it costs a cloud request" in d.reason
+    assert "parallel_start" in d.codes
+    assert d.parallel_cloud and d.codes[-1] == "parallel_start"
 
 
 def test_slow_cloud_swaps_to_local() -> None:
@@ -238,13 +241,44 @@ def test_slow_cloud_swaps_to_local() -> None:
     state = LiveState(latency={"local": pred("local", 0.2, 0.3), "cloud": pred("cloud", 2.0)})
     d = decide(RequestFacts(50, 64), pol, state)
     assert (d.primary, d.fallback) == ("local", "cloud")
-    assert "cloud predicted TTFT 2000 ms > deadline 500 ms" in d.reason
+    assert "faster_fallback" in d.codes
 
 
 def test_open_circuit_goes_local_at_once() -> None:
     pol = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 500})
     d = decide(RequestFacts(50, 64), pol, LiveState(cloud_circuit_open=True))
-    assert d.engines == ("local",) and "cloud circuit open -> local" in d.reasons
+    assert d.engines == ("local",) and "cloud_circuit_open" in d.codes
+
+
+def words(d: Decision, code: ReasonCode) -> str:
+    """The words of the one reason with `code`."""
+    (text,) = [r.text for r in d.reasons if r.code == code]
+    return text
+
+
+def test_the_main_cases_keep_their_readable_words() -> None:
+    """The words are for people (the codes above say which rule spoke): each main case still
+    reads as it did, figures included."""
+    hard = decide(RequestFacts(50, 64, router_score=0.81, router_threshold=0.62), CHAT, BOTH)
+    assert words(hard, "router_score") == "router score 0.81 >= threshold 0.62 -> cloud"
+    pol = CHAT.with_(privacy={"mode": "keep-local"})
+    found = decide(RequestFacts(50, 64, 0.9, 0.5, frozenset({"email"})), pol, BOTH)
+    assert words(found, "privacy_local") == "privacy: email found -> local only"
+    state = LiveState(budget_fits=False, budget_detail="day cap 0.50 USD, left 0.01 USD")
+    poor = decide(RequestFacts(50, 64), Policy(name="b", routing={"prefer": "cloud"}), state)
+    assert words(poor, "budget_local") == (
+        "budget: cannot cover the cloud request (day cap 0.50 USD, left 0.01 USD) -> local"
+    )
+    queued = LiveState(latency=BOTH.latency, local_queue_s=2.1)
+    assert words(decide(RequestFacts(50, 64), CHAT, queued), "local_queue") == (
+        "local queue 2100 ms > deadline 500 ms -> cloud"
+    )
+    late = decide(RequestFacts(1000, 64), CHAT, LiveState(latency={"local": pred("local", 0.9)}))
+    assert words(late, "parallel_start") == (
+        "local is preferred but predicted at 900 ms against the 500 ms deadline: the cloud "
+        "starts in parallel now (it costs a cloud request; the first token wins)"
+    )
+    assert late.reason == "; ".join(r.text for r in late.reasons)  # the words, joined
 
 
 def heavy(engine: EngineName, samples: list[float], ttft: float = 0.15) -> Prediction:
@@ -277,7 +311,7 @@ def test_auto_hedge_with_a_cheap_local_backup_goes_early_in_a_heavy_tail() -> No
     state = LiveState(latency={"cloud": heavy("cloud", CLOUD_TAIL), "local": pred("local", 0.05)})
     d = decide(RequestFacts(10, 8), pol, state)
     assert d.plan == "hedge" and d.hedge_s is not None and d.hedge_s < 0.1
-    assert "auto hedge: local starts after" in d.reason and "device time" in d.reason
+    assert "auto_hedge" in d.codes and d.fallback == "local"
 
 
 def test_auto_hedge_with_a_dear_cloud_backup_waits_or_skips() -> None:
@@ -288,14 +322,14 @@ def test_auto_hedge_with_a_dear_cloud_backup_waits_or_skips() -> None:
     d = decide(
         RequestFacts(10, 8), pol, LiveState(latency={"local": local, "cloud": pred("cloud", 0.2)})
     )
-    assert d.plan == "single" and "auto hedge: none pays" in d.reason
+    assert d.plan == "single" and "auto_hedge_none" in d.codes
 
 
 def test_private_preset_never_leaves_the_device() -> None:
     from hybridllm.policy import resolve_policy
 
     d = decide(RequestFacts(10, 8, privacy_kinds=frozenset()), resolve_policy("private"), BOTH)
-    assert d.engines == ("local",) and "never leaves the device" in d.reason
+    assert d.engines == ("local",) and "policy_no_cloud" in d.codes
 
 
 # ---- decode speed (tpot_target_ms) and the handoff plan ---------------------------------------
@@ -314,8 +348,8 @@ def test_slow_local_decode_on_a_long_answer_hands_off() -> None:
     )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
     assert d.plan == "handoff" and d.primary == "local" and d.fallback == "cloud"
-    assert "local decodes at 60 ms/token, slower than the 40 ms target" in d.reason
-    assert "handoff: local starts, cloud continues after 4 tokens" in d.reason
+    assert "slow_decode_handoff" in d.codes
+    assert "handoff_asked" not in d.codes  # the speed handed off; no plan asked for it
 
 
 def test_slow_local_decode_without_handoff_gives_the_cloud_the_request() -> None:
@@ -323,7 +357,7 @@ def test_slow_local_decode_without_handoff_gives_the_cloud_the_request() -> None
         name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 500}
     )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
-    assert d.plan == "single" and d.primary == "cloud" and d.reason.endswith("-> cloud")
+    assert d.plan == "single" and d.primary == "cloud" and d.codes[-1] == "slow_decode_cloud"
 
 
 def test_slow_local_decode_keeps_local_when_the_cloud_misses_the_deadline() -> None:
@@ -331,7 +365,7 @@ def test_slow_local_decode_keeps_local_when_the_cloud_misses_the_deadline() -> N
         name="t", routing={"prefer": "local", "tpot_target_ms": 40, "ttft_deadline_ms": 200}
     )
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=SLOW_LOCAL))
-    assert d.primary == "local" and "misses the 200 ms deadline -> local" in d.reason
+    assert d.primary == "local" and "slow_decode_deadline" in d.codes
 
 
 def test_short_answers_and_fast_local_decode_stay_local() -> None:
@@ -339,7 +373,8 @@ def test_short_answers_and_fast_local_decode_stay_local() -> None:
         name="t", plans=("single", "handoff"), routing={"prefer": "local", "tpot_target_ms": 40}
     )
     short = decide(RequestFacts(20, 16), pol, LiveState(latency=SLOW_LOCAL))
-    assert short.plan == "single" and short.primary == "local" and "decodes" not in short.reason
+    assert short.plan == "single" and short.primary == "local"
+    assert not any(c.startswith("slow_decode") for c in short.codes)
     fast = {"local": speed("local", 0.1, 0.03), "cloud": speed("cloud", 0.3, 0.01)}
     d = decide(RequestFacts(20, 256), pol, LiveState(latency=fast))
     assert d.plan == "single" and d.primary == "local"
@@ -349,7 +384,7 @@ def test_plan_handoff_asked_for_starts_local_even_when_cloud_is_preferred() -> N
     pol = Policy(name="t", routing={"prefer": "cloud"}).with_plan("handoff")
     d = decide(RequestFacts(20, 8), pol, LiveState())
     assert d.plan == "handoff" and (d.primary, d.fallback) == ("local", "cloud")
-    assert "plan=handoff" in d.reason
+    assert "handoff_asked" in d.codes
     no_cont = LiveState(continues=frozenset({"local"}))
     assert decide(RequestFacts(20, 8), pol, no_cont).plan != "handoff"
 
@@ -423,7 +458,8 @@ def test_rewording_the_reasons_changes_no_error_type(
 
     request = GenerationRequest([{"role": "user", "content": "hi"}])
     d = decide(f, p, s)
-    reworded = replace(d, reasons=tuple(f"in other words {i}" for i in range(len(d.reasons))))
+    other = tuple(Reason(r.code, f"in other words {i}") for i, r in enumerate(d.reasons))
+    reworded = replace(d, reasons=other)
     error = refusal_error(d, f, p, request, None)
     assert type(refusal_error(reworded, f, p, request, None)) is type(error)
     expected = errors.PrivacyBlockedError if cause == "privacy" else errors.RefusedError
@@ -454,7 +490,7 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     d = decide(RequestFacts(1000, 64), CHAT, state)
     assert d.load == "parallel_start" and d.fallback_now
     assert "the cloud starts in parallel now" in d.load_reason
-    reworded = replace(d, reasons=("in other words",))
+    reworded = replace(d, reasons=tuple(Reason(r.code, "in other words") for r in d.reasons))
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     request = GenerationRequest([{"role": "user", "content": "hi"}])
     plan = choose_plan(reworded, dict(engines), request, CHAT, None, Gatherer())
@@ -479,10 +515,14 @@ HELD = {"hedge": {"parallel_cloud": False}}
     ],
 )
 def test_the_load_rule_that_fired_is_a_typed_field(
-    state: LiveState, update: dict[str, object], rule: str | None
+    state: LiveState, update: dict[str, object], rule: LoadRule | None
 ) -> None:
     d = decide(RequestFacts(1000, 64), CHAT.with_(**update), state)
-    assert d.load == rule and (d.load_reason in d.reasons if rule else d.load_reason == "")
+    if rule is None:
+        assert d.load is None and d.load_reason == ""
+        assert not set(d.codes) & set(get_args(LoadRule))
+    else:
+        assert d.load == rule and Reason(rule, d.load_reason) in d.reasons
     assert d.fallback_now == (rule == "parallel_start")
     assert d.fallback_lead == (rule != "parallel_held")
 
@@ -538,9 +578,9 @@ def test_the_cascade_runs_only_where_its_conditions_hold(
 def test_a_cascade_asked_for_runs_under_any_preference_and_says_when_it_cannot() -> None:
     local_first = CASCADING.with_(routing={"prefer": "local"})
     asked = decide(scored(0.2, plan="cascade"), local_first, ABLE)
-    assert asked.plan == "cascade" and "asked by the caller" in asked.reason
+    assert asked.plan == "cascade" and "cascade_asked" in asked.codes
     cannot = decide(scored(0.2, plan="cascade"), local_first, replace(ABLE, has_router=False))
-    assert cannot.plan == "single" and "plan=cascade, but the client has no router" in cannot.reason
+    assert cannot.plan == "single" and "no_cascade" in cannot.codes
 
 
 def test_nothing_streamed_lets_the_cascade_judge_the_whole_answer() -> None:
@@ -570,7 +610,7 @@ def test_a_policys_plan_speculative_is_asked_for_as_the_calls_is() -> None:
     asking = listed.model_copy(update={"plan": "speculative"})
     state = LiveState(speculation=(False, "acceptance 0.20"))
     d = decide(RequestFacts(20, 64), asking, state)
-    assert d.plan == "speculative" and "asked by the policy" in d.reason
+    assert d.plan == "speculative" and "speculative_asked" in d.codes
     assert decide(RequestFacts(20, 64, plan="speculative"), listed, state).plan == "speculative"
     assert decide(RequestFacts(20, 64), listed, state).plan != "speculative"  # only if it pays
 
@@ -579,7 +619,7 @@ def test_a_policys_plan_cascade_runs_under_any_preference_as_the_calls_does() ->
     local_first = CASCADING.with_(routing={"prefer": "local"})
     asking = local_first.model_copy(update={"plan": "cascade"})
     d = decide(scored(0.2), asking, ABLE)
-    assert d.plan == "cascade" and "asked by the policy" in d.reason
+    assert d.plan == "cascade" and "cascade_asked" in d.codes
     assert decide(scored(0.2), local_first, ABLE).plan == "single"  # not asked, not "auto"
 
 
@@ -596,8 +636,8 @@ LOCAL_OPEN = LiveState(latency=BOTH.latency, local_circuit_open=True)
 def test_an_open_local_circuit_gives_the_request_to_the_cloud() -> None:
     d = decide(RequestFacts(50, 64), CHAT, LOCAL_OPEN)
     assert (d.primary, d.fallback) == ("cloud", None) and d.plan == "single"
-    assert "local circuit open -> cloud" in d.reasons
-    assert not any(r.startswith("no local engine") for r in d.reasons)  # said once, by the rule
+    assert "local_circuit_open" in d.codes
+    assert "wanted_missing" not in d.codes  # said once, by the rule
 
 
 @pytest.mark.parametrize(
@@ -621,4 +661,5 @@ def test_an_open_local_circuit_still_tries_the_only_engine_left(
     facts_: RequestFacts, policy: Policy, state: LiveState
 ) -> None:
     d = decide(facts_, policy, state)
-    assert d.engines == ("local",) and any("local circuit open, but" in r for r in d.reasons)
+    assert d.engines == ("local",)
+    assert {"local_circuit_forced", "local_circuit_only_engine"} & set(d.codes)

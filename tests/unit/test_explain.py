@@ -61,7 +61,8 @@ def test_refusal_exits_1_and_json_is_machine_readable(
     assert code == 1
     data = json.loads(out)
     assert data["plan"] == "refuse" and data["primary"] is None
-    assert any("privacy: email found" in r for r in data["reasons"])
+    assert "privacy_blocked" in data["reason_codes"]
+    assert len(data["reason_codes"]) == len(data["reasons"])
 
 
 def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from hybridllm.cli.demo import Row, format_table, parallel_note
 from hybridllm.errors import PolicyError
 from hybridllm.events import EngineName, Event
 from hybridllm.policy import resolve_policy
-from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.routing import LiveState, Reason, RequestFacts, decide
 from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.gather import PARALLEL_WINDOW
 from hybridllm.runtime.latency import LatencyModel
@@ -47,6 +47,7 @@ def test_a_parallel_cloud_start_is_one_plain_reason_with_its_cost() -> None:
         True,
         True,
     )
+    assert d.codes == ("policy_prefers", "parallel_start")
     assert d.reason == (
         "policy 'voice' prefers local; local is preferred but predicted at 437 ms against the "
         "400 ms deadline: the cloud starts in parallel now (it costs a cloud request; the first "
@@ -58,8 +59,9 @@ def test_the_parallel_start_is_a_typed_rule_with_its_own_words_for_the_plan() ->
     state = LiveState(latency=MISS.latency, continues=frozenset({"local"}))
     d = decide(FACTS, VOICE, state)
     assert d.load == "parallel_start" and d.fallback_now and not d.failover
-    assert "the cloud starts in parallel now" in d.load_reason and d.load_reason in d.reasons
-    assert "no mid-stream failover: cloud cannot continue an answer" in d.reasons
+    assert "the cloud starts in parallel now" in d.load_reason
+    assert Reason("parallel_start", d.load_reason) in d.reasons
+    assert "no_failover" in d.codes
 
 
 def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> None:
@@ -69,8 +71,9 @@ def test_a_local_engine_started_beside_a_slow_cloud_costs_nothing_extra() -> Non
     state = LiveState(latency={"local": pred("local", 0.2, 0.9), "cloud": pred("cloud", 2.0)})
     d = decide(FACTS, pol, state)
     assert d.fallback_now and not d.parallel_cloud
+    assert "parallel_start" in d.codes
     assert "the local engine starts in parallel now (the first token wins)" in d.reason
-    assert "costs" not in d.reason
+    assert "costs" not in d.reason  # the words say no cloud request is paid for
 
 
 def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
@@ -83,16 +86,17 @@ def test_parallel_cloud_false_waits_for_the_deadline_and_says_so() -> None:
         False,
     )
     assert d.plan == "single" and not d.parallel_cloud
-    assert d.reasons[-1] == (
+    assert d.reasons[-1] == Reason(
+        "parallel_held",
         "local is preferred but predicted at 437 ms against the 400 ms deadline; policy 'voice' "
         "forbids a parallel cloud start ([hedge] parallel_cloud = false): the cloud starts only "
         "at the "
-        "deadline"
+        "deadline",
     )
     # a local engine predicted in time: no reason added, and still no lead for the cloud
     fine = decide(FACTS, pol, LiveState(latency={"local": pred("local", 0.1)}))
     assert not fine.fallback_now and not fine.fallback_lead
-    assert fine.reasons == ("policy 'voice' prefers local",)
+    assert fine.codes == ("policy_prefers",)
     # the default keeps the lead (the cloud may start ahead of the deadline by its own TTFT)
     assert decide(FACTS, VOICE, LiveState(latency={"local": pred("local", 0.1)})).fallback_lead
 
@@ -115,16 +119,17 @@ def test_the_share_cap_counts_this_request_in(recent: tuple[int, int], parallel:
     assert d.parallel_cloud is parallel and d.fallback_lead is parallel
     if not parallel:
         started, seen = recent
+        assert d.codes[-1] == "parallel_held"
         assert (
             f"policy 'voice' caps parallel cloud starts at 20% of its requests ({started} of the "
             f"last {seen}): the cloud starts only at the deadline" in d.reason
-        )
+        )  # the words give the share's figures
 
 
 def test_a_share_cap_does_not_touch_requests_local_can_serve_in_time() -> None:
     pol = VOICE.with_(hedge={"parallel_cloud_share": 0.0})
     d = decide(FACTS, pol, LiveState(latency={"local": pred("local", 0.1)}))
-    assert d.fallback_lead and d.reasons == ("policy 'voice' prefers local",)
+    assert d.fallback_lead and d.codes == ("policy_prefers",)
 
 
 # ---- the policy fields ------------------------------------------------------------------------

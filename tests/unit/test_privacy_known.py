@@ -158,7 +158,7 @@ async def test_the_client_sends_a_known_name_where_the_policy_says() -> None:
         public = await client.complete("What did Zorblax Quintavius discover about comets?")
         private = await client.complete("Write a birthday note to Hannah Lindqvist.")
     assert public.trace.engine == "cloud"
-    assert any("known to the local model" in r for r in public.trace.decision)
+    assert "privacy_public_names" in public.trace.reason_codes
     assert private.trace.engine == "local"
     assert len(cloud.requests) == 1  # the private name never left
 

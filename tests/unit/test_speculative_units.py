@@ -334,17 +334,17 @@ def test_decide_chooses_speculative_when_asked_or_when_it_pays_with_the_reason()
     facts = RequestFacts(prompt_tokens=20, max_tokens=64)
     yes = decide(facts, pol, LiveState(speculation=(True, "expected 30 tok/s vs 20")))
     assert yes.plan == "speculative" and (yes.primary, yes.fallback) == ("cloud", "local")
-    assert "speculative: expected to pay (expected 30 tok/s vs 20)" in yes.reason
+    assert "speculative" in yes.codes
     no = decide(facts, pol, LiveState(speculation=(False, "acceptance 0.20")))
-    assert no.plan != "speculative" and "no speculative plan: acceptance 0.20" in no.reason
+    assert no.plan != "speculative" and "no_speculative" in no.codes
     off = decide(facts, Policy(), LiveState(speculation=(True, "x")))
     assert off.plan != "speculative"  # the policy does not allow it
     asked = decide(RequestFacts(20, 64, plan="speculative"), Policy(),
                    LiveState(speculation=(False, "acceptance 0.20")))  # fmt: skip
-    assert asked.plan == "speculative" and "asked by the caller" in asked.reason
+    assert asked.plan == "speculative" and "speculative_asked" in asked.codes
     local_only = decide(RequestFacts(20, 64, plan="speculative"),
                         Policy(routing={"allow_cloud": False}), LiveState())  # fmt: skip
-    assert local_only.plan != "speculative" and "needs both engines" in local_only.reason
+    assert local_only.plan != "speculative" and "speculative_needs_both" in local_only.codes
 
 
 async def test_verification_calls_go_through_the_guard() -> None:
