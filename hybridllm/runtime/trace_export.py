@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hybridllm.events import Finish
     from hybridllm.runtime.trace import Attempt, FallbackRecord, Trace
 
 
@@ -39,6 +40,8 @@ def _identity(t: Trace) -> dict[str, Any]:
         "route_reason": t.route_reason,
         "decision": list(t.reasons),
         "reason_codes": list(t.reason_codes),
+        # the typed decision whole (`Trace.from_dict` rebuilds it), its reasons with their codes
+        "routing_decision": None if t.decision is None else asdict(t.decision),
         "finish_reason": t.finish_reason,
         "error": None if t.error_type is None else {"type": t.error_type.__name__, "text": t.error},
     }
@@ -81,6 +84,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "speculation": None if t.speculation is None else asdict(t.speculation),
         "tool_calls": list(t.tool_calls),
         "refusals": list(t.refusals),
+        "counted": [asdict(u) for u in t.counted],
     }
 
 
@@ -113,7 +117,14 @@ def _attempt(t: Trace, a: Attempt) -> dict[str, Any]:
         "outcome": a.outcome,
         "error_type": None if a.error_type is None else a.error_type.__name__,
         "tokens": a.tokens,
+        "finish": None if a.finish is None else _finish(t, a.finish),
     }
+
+
+def _finish(t: Trace, f: Finish) -> dict[str, Any]:
+    """An engine's report at the end of its stream (its time as milliseconds since the call)."""
+    out = {k: v for k, v in asdict(f).items() if k != "t"}
+    return {**out, "at_ms": _ms(t, f.t)}
 
 
 def _fallback(t: Trace, f: FallbackRecord) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from hybridllm.errors import (
 from hybridllm.events import Done, Event, Fallback, Token, Usage
 from hybridllm.gateway.app import create_app
 from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.runtime.trace import Trace
+from hybridllm.telemetry.stats import request_samples
 from hybridllm.testing import ScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
@@ -95,6 +97,17 @@ async def play(plan: str, fault: str) -> tuple[list[Event], Any, BaseException |
     return events, s.trace, raised, fallbacks
 
 
+def same(a: Any, b: Any) -> bool:
+    """Equal data, floats within a microsecond's rounding (ms -> s -> ms)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, abs=1e-6)
+    return bool(a == b)
+
+
 def produced(events: Sequence[Event]) -> int:
     return sum(1 for e in events if isinstance(e, Token))
 
@@ -116,6 +129,10 @@ async def test_every_fallback_event_has_its_record_and_usage_adds_up(plan: str, 
     for _, to_engine, _ in recorded:
         assert to_engine in trace.started
     assert counted == int(bool(recorded))  # stats() counts what the trace holds
+    # the trace is data: Trace.from_dict(to_dict()) gives the same data, and the same samples
+    rebuilt = Trace.from_dict(trace.to_dict())
+    assert same(rebuilt.to_dict(), trace.to_dict())
+    assert request_samples(rebuilt) == request_samples(trace)
     done = [e for e in events if isinstance(e, Done)]
     if not done:
         return
@@ -231,3 +248,43 @@ async def test_the_breaker_runs_on_the_virtual_clock() -> None:
     assert cb.state == "open"
     await anyio.sleep(1.5)  # virtual seconds: the test takes none
     assert cb.state == "half-open"
+
+
+def test_a_row_logged_before_fallbacks_were_exported_still_counts_them() -> None:
+    """A decision-log row written before `fallbacks` existed: its `fallback_reason` and its
+    switches become records, so `hybridllm stats` counts the fallback as it did."""
+    old = {
+        "started": ["cloud", "local"],
+        "engine": "local",
+        "fallback_reason": "no token from cloud within 500 ms",
+        "fallback_cause": "deadline",
+        "switches": [],
+        "spans": [{"engine": "local", "first_token": 0}],
+        "token_ms": [600.0, 620.0],
+    }
+    rebuilt = Trace.from_dict(old)
+    assert rebuilt.fell_back and rebuilt.fallback_cause == "deadline"
+    assert rebuilt.ttft_ms == pytest.approx(600.0) and rebuilt.itl_ms == pytest.approx([20.0])
+    switched = {**old, "fallback_reason": None, "switches": [
+        {"at_ms": 10.0, "from": "cloud", "to": "local", "reason": "reset", "delivered_chars": 3}
+    ]}  # fmt: skip
+    assert [f.cause for f in Trace.from_dict(switched).fallbacks] == ["mid_stream"]
+
+
+@pytest.mark.parametrize("router_score", [0.1, 0.9])
+async def test_a_cascade_trace_round_trips_and_counts_its_held_tokens(router_score: float) -> None:
+    """The cascade's record and the tokens its signals held (counted outside any engine
+    stream, `RequestRun.counted`) survive `to_dict` / `from_dict`; the usage counts them."""
+    from tests.unit.test_cascade_scripted import FakeRouter, SignalScriptedEngine, policy, run
+
+    local = SignalScriptedEngine(hold_s=0.05, tokens=["lo", "!"])
+    cloud = ScriptedEngine("cloud", tokens=["C"], ttft_s=0.01)
+    router = FakeRouter(router_score)
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:  # type: ignore[arg-type]
+        _, trace, _ = await run(client, policy())
+    assert trace.cascade is not None
+    rebuilt = Trace.from_dict(trace.to_dict())
+    assert same(rebuilt.to_dict(), trace.to_dict()) and rebuilt.cascade == trace.cascade
+    if trace.engine == "local":  # the held "Hel" (3 tokens by the double's count) and the rest
+        assert [u.engine for u in trace.counted] == ["local"]
+        assert trace.completion_tokens == trace.counted[0].completion_tokens + 2
