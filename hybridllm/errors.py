@@ -88,7 +88,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 
 class HybridError(Exception):
@@ -142,11 +142,15 @@ class ModelCorruptError(ModelError):
     """The model file exists but llama.cpp cannot load it, or its checksum is wrong."""
 
 
-class RouterArtifactError(ModelError):
-    """A router artifact cannot be used. `reason`: "missing", "tampered", "version" or
-    "malformed"."""
+# why a router artifact cannot be used (`RouterArtifactError.reason`, a code to branch on)
+ArtifactProblem = Literal["missing", "tampered", "version", "malformed"]
 
-    def __init__(self, message: str, *, path: Path | str, reason: str) -> None:
+
+class RouterArtifactError(ModelError):
+    """A router artifact cannot be used. `reason`: the code of why (`ArtifactProblem`:
+    "missing", "tampered", "version" or "malformed"); the message says it in words."""
+
+    def __init__(self, message: str, *, path: Path | str, reason: ArtifactProblem) -> None:
         self.reason = reason
         super().__init__(message, path=path)
 

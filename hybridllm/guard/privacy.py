@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from hybridllm.guard.privacy_phone import PhoneFinder
 from hybridllm.guard.privacy_rules import (
@@ -64,16 +64,24 @@ __all__ = [
 ]
 
 
+# how a finding was found: a pattern in one text, a pattern across the boundary of two texts
+# read back to back ("across"), a value given in pieces with words between ("split"), the NER
+# layer ("ner")
+FindingOrigin = Literal["pattern", "across", "split", "ner"]
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One match: its kind, where (`location`, e.g. "messages[1].content"), its character span
-    in that text, and a redacted hint. The matched text itself is never stored."""
+    in that text, a redacted hint (words for people), and how it was found (`origin`, to branch
+    on). The matched text itself is never stored."""
 
     kind: Kind
     location: str
     start: int
     end: int
     hint: str
+    origin: FindingOrigin = "pattern"
 
     @property
     def span(self) -> tuple[int, int]:
@@ -239,7 +247,7 @@ def split_across(
     emails = [("email", *where) for where in split_emails(contents)]
     numbers = split_numbers(contents, partial(_kinds_at, phones=phones))
     return [
-        Finding(kind, location, start, end, SPLIT_HINT.get(kind, f"{kind} *** (split)"))
+        Finding(kind, location, start, end, SPLIT_HINT.get(kind, f"{kind} *** (split)"), "split")
         for kind, location, start, end in (*emails, *numbers)
         if not any(loc == location and s < end and start < e for loc, s, e in known)
     ]
@@ -276,7 +284,7 @@ def across_messages(
         if f.location in offsets
     ]
     return [
-        f
+        replace(f, origin="across")
         for f in scan_text(joined, "conversation", phones)
         if any(f.start < b < f.end for b in bounds)
         and not any(f.start < e and s < f.end for s, e in known)

@@ -414,9 +414,9 @@ def _located(
         where = next(((loc, s) for loc, s, e in bounds if s <= start and end <= e), None)
         hint = f"{kind} (ner)"
         if where is None:
-            out.append(Finding(kind, "conversation", start, end, hint))
+            out.append(Finding(kind, "conversation", start, end, hint, "ner"))
         else:
-            out.append(Finding(kind, where[0], start - where[1], end - where[1], hint))
+            out.append(Finding(kind, where[0], start - where[1], end - where[1], hint, "ner"))
     return out
 
 

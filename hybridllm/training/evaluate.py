@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -45,10 +45,20 @@ class Row:
     apgr_ci: tuple[float, float] | None = None  # 90% bootstrap interval
 
 
+# which prompts a block's figures are over: the whole test split, one source of it, or one
+# source's rows that a router trained without that source scored
+BlockKind = Literal["test", "source", "left_out"]
+
+
 @dataclass
 class Block:
+    """A titled table of routers' figures (`kind`: which prompts, to branch on; `source`: the
+    source a "source" or "left_out" block is about; `title`: words for people)."""
+
     title: str
     rows: list[Row] = field(default_factory=list)
+    kind: BlockKind = "test"
+    source: str = ""
 
 
 def length_scores(examples: Sequence[Example]) -> npt.NDArray[np.float64]:
@@ -96,7 +106,8 @@ def evaluate(
     blocks = [Block(f"test split, all sources (n={len(test)})", _rows(test, routers))]
     for source in sorted({ex.source for ex in test}):
         part = [ex for ex in test if ex.source == source]
-        blocks.append(Block(f"source {source}", _rows(part, routers[:1], ci=False)))
+        rows = _rows(part, routers[:1], ci=False)
+        blocks.append(Block(f"source {source}", rows, "source", source))
     for source in leave_out:
         held = [ex for ex in examples if ex.source == source]
         if not held:
@@ -112,6 +123,8 @@ def evaluate(
             Block(
                 f"left out of training: {source} (all its rows, n={len(held)})",
                 _rows(held, [("router-without", fitted.router)]),
+                "left_out",
+                source,
             )
         )
     return blocks
@@ -135,11 +148,11 @@ def format_sources(blocks: Sequence[Block]) -> str:
         f"  {'len APGR':>8} {'len CPT80':>9}",
     ]
     for b in blocks:
-        if not b.title.startswith("source "):
+        if b.kind != "source":
             continue
         r, ln = b.rows[0].summary, b.rows[-1].summary
         lines.append(
-            f"{b.title[7:]:<15} {r.n:>4} {r.q_weak:7.3f} {r.q_strong:7.3f}  {_f(r.apgr)} "
+            f"{b.source:<15} {r.n:>4} {r.q_weak:7.3f} {r.q_strong:7.3f}  {_f(r.apgr)} "
             f"{_f(r.cpt[0.8], pct=True)}  {_f(ln.apgr):>8} {_f(ln.cpt[0.8], pct=True):>9}"
         )
     return "\n".join(lines) + "\n"
@@ -154,7 +167,7 @@ def format_report(blocks: Sequence[Block]) -> str:
     )
     lines: list[str] = []
     for block in blocks:
-        if block.title.startswith("source "):
+        if block.kind == "source":
             continue
         first = block.rows[0].summary
         lines.append(
@@ -197,7 +210,7 @@ def plot(blocks: Sequence[Block], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [blocks[0], *[b for b in blocks if b.title.startswith("left out")]]
+    shown = [blocks[0], *[b for b in blocks if b.kind == "left_out"]]
     fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.2), squeeze=False)
     for ax, block in zip(axes[0], shown, strict=True):
         for row in block.rows:

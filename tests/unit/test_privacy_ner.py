@@ -167,7 +167,7 @@ def test_findings_across_two_messages_are_placed_in_the_conversation() -> None:
     inside = privacy_ner._located(items, [("person", 11, 22)])
     assert [(f.location, f.span) for f in inside] == [("messages[1].content", (0, 11))]
     across = privacy_ner._located(items, [("address", 3, 15)])
-    assert across[0].location == "conversation" and "ner" in across[0].hint
+    assert across[0].location == "conversation" and across[0].origin == "ner"
 
 
 # ---- only requests that could reach the cloud pay for the NER layer ----------------------------

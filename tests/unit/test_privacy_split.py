@@ -81,7 +81,7 @@ def test_a_number_given_in_pieces_is_found_where_it_is_completed(
 ) -> None:
     found = scan(messages)
     assert kind in kinds(found)
-    splits = [f for f in found if f.hint.endswith("(split)")]
+    splits = [f for f in found if f.origin == "split"]
     # the whole value is completed at the last piece (two pieces may already be a number)
     assert splits[-1].location == f"messages[{len(messages) - 1}].content"
     assert not any(c.isdigit() for f in splits for c in f.hint)
@@ -115,4 +115,4 @@ def test_a_piece_is_the_pattern_layers_reading_of_the_joined_digits() -> None:
     ],
 )
 def test_pieces_that_are_no_identifier_are_left_alone(messages: list[dict[str, str]]) -> None:
-    assert not [f for f in scan(messages) if f.hint.endswith("(split)")]
+    assert not [f for f in scan(messages) if f.origin == "split"]

@@ -79,3 +79,27 @@ def test_apgr_interval_brackets_the_estimate() -> None:
     point = apgr(routing_curve(informative, local, cloud))
     assert ci[0] < point < ci[1] and ci[0] > 0.5  # a useful router is clearly above random
     assert apgr_interval([0.1, 0.2], [True, False], [True, False]) is None
+
+
+def test_report_blocks_are_told_apart_by_kind_not_by_title() -> None:
+    """`evaluate`'s blocks say which prompts they cover in `kind` (and `source`): the reports
+    pick them by that, whatever their titles say."""
+    import numpy as np
+
+    from hybridllm.training.evaluate import Block, Row, format_report, format_sources
+    from hybridllm.training.metrics import CPT_TARGETS, SHOWN_SHARES, Curve, Summary
+
+    summary = Summary(
+        10, 0.4, 0.7, 0.6, dict.fromkeys(SHOWN_SHARES, 0.5), dict.fromkeys(CPT_TARGETS, 0.5)
+    )
+    row = Row("router", summary, Curve(np.zeros(11), np.zeros(11)))
+    blocks = [
+        Block("all of it", [row]),
+        Block("a title that does not start with the word", [row], "source", "mmlu"),
+        Block("neither does this one", [row], "left_out", "gsm8k"),
+    ]
+    sources = format_sources(blocks).splitlines()[2:]
+    assert [line.split()[0] for line in sources] == ["mmlu"]
+    report = format_report(blocks)
+    assert "== all of it" in report and "== neither does this one" in report
+    assert "a title that does not start" not in report
