@@ -30,6 +30,7 @@ from typing import Any
 
 from hybridllm.runtime.gather import prompt_text, uncached_share
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 
 Row = dict[str, Any]
@@ -42,9 +43,7 @@ def load(path: Path) -> tuple[Row, list[Row]]:
 
 
 def trace_of(row: Row) -> Trace:
-    tr = Trace(t_start=0.0)
-    tr.engine = row["engine"]
-    tr.started = [row["engine"]]
+    tr = Recorder(Trace(t_start=0.0, engine=row["engine"], started=(row["engine"],)))
     for name, ms in row["marks_ms"].items():
         if name not in ("first_token", "done"):
             tr.mark(name, ms / 1000.0)
@@ -53,9 +52,8 @@ def trace_of(row: Row) -> Trace:
     for i in range(max(1, row.get("n_tokens") or 1)):
         tr.token(first + i * tpot)
     tr.done("stop", row["marks_ms"].get("done", row["ttft_ms"]) / 1000.0)
-    tr.prompt_tokens = row.get("prompt_tokens")
-    tr.cached_prompt_tokens = row.get("cached_prompt_tokens")
-    return tr
+    tr.usage(row.get("prompt_tokens"), 0, row.get("cached_prompt_tokens"), False)
+    return tr.freeze()
 
 
 @dataclass

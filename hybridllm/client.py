@@ -309,15 +309,14 @@ class HybridClient:
         arguments are checked here, at the call; the rest of admission (the router's score, the
         privacy scan, the decision) runs in the request's task, off the event loop where it
         costs (`_facts`): a refusal ends the stream with its error."""
-        trace = Trace()
         if self._tg is None:
             raise errors.ClientStateError(
                 "the client is not open: use 'async with HybridClient(...) as client:'"
             )
         ticket = self._ticket(messages, args, streamed=streamed)
-        trace.policy = ticket.policy.name
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-        run = RequestRun(trace, send, self._outcome)
+        run = RequestRun(Trace(policy=ticket.policy.name), send, self._outcome)
+        trace = run.trace
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:
@@ -336,9 +335,7 @@ class HybridClient:
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
         log.debug("request %s: prompt %s", trace.request_id, logs.content(ticket.request.messages))
-        trace.decision = decision
-        trace.plan, trace.objective = decision.plan, decision.objective
-        trace.predicted_ttft_ms = {name: p.ttft_s * 1e3 for name, p in state.latency.items()}
+        run.rec.decided(decision, {name: p.ttft_s * 1e3 for name, p in state.latency.items()})
         fb = state.latency.get(decision.fallback) if decision.fallback else None
         lead = None if fb is None else backup_ttft_s(fb, rescue=decision.rescue)
         lead = lead if decision.fallback_lead else 0.0
@@ -350,7 +347,7 @@ class HybridClient:
         )
         privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(
-            scope=pol.name, privacy=privacy, on_settle=trace.settled, ner=pol.privacy.ner, due=due
+            scope=pol.name, privacy=privacy, on_settle=run.rec.settled, ner=pol.privacy.ner, due=due
         )
         await self._plan(decision, ticket.request, context, pol, lead)(run)
 
@@ -469,6 +466,9 @@ class HybridClient:
             self.routing.note_local(request.messages)
         if ticket.forced != "cloud" and "local" in ticket.policy.order:  # a local turn may come
             self._continue_locally(run, request)
+        content = self.telemetry.content(request.messages, run.delivered_text, run.calls)
+        if content is not None:
+            run.rec.captured(content)
         self.telemetry.finished(run.trace, request.messages, run.delivered_text, run.calls)
         with anyio.CancelScope(shield=True):  # the request's spans are not lost on cancel
             await self.telemetry.export(run.trace)

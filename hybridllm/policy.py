@@ -42,9 +42,10 @@ import os
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -58,8 +59,44 @@ from hybridllm.events import Priority
 
 # the hard ceiling of max_tokens, in a policy and per call: the largest context an engine may claim
 MAX_TOKENS = 2**20
-PlanName = Literal["single", "hedge", "handoff", "cascade", "speculative"]
-PLAN_NAMES: tuple[PlanName, ...] = ("single", "hedge", "handoff", "cascade", "speculative")
+# a plan's name: a built-in plan's, or one a module registered (`runtime.plans.registry`)
+PlanName = str
+BuiltinPlan = Literal["single", "hedge", "handoff", "cascade", "speculative"]
+PLAN_NAMES: tuple[BuiltinPlan, ...] = ("single", "hedge", "handoff", "cascade", "speculative")
+# the plans that split an answer between engines or verify it piece by piece: none runs for a
+# tool call or a JSON answer, which is delivered whole
+SPLITTING_PLANS: set[PlanName] = {"handoff", "cascade", "speculative"}
+_REGISTERED: list[PlanName] = []  # the names `register_plan_name` added, in order
+
+
+def register_plan_name(name: PlanName, *, splits: bool) -> None:
+    """A plan a module registered (`runtime.plans.registry.register`): policies and calls may
+    name it from now on; `splits`: it may split an answer (so it never runs for a tool call or
+    a JSON answer). A name already taken is a `PolicyError`."""
+    if not name or not name.replace("-", "_").isidentifier():
+        raise PolicyError(f"a plan's name is a word (letters, digits, '-', '_'): {name!r}")
+    if name in plan_names():
+        raise PolicyError(f"a plan named {name!r} is already registered", field="plan")
+    _REGISTERED.append(name)
+    if splits:
+        SPLITTING_PLANS.add(name)
+
+
+def plan_names() -> tuple[PlanName, ...]:
+    """Every plan a policy or a call may name: the built-in ones, then the registered ones."""
+    return (*PLAN_NAMES, *_REGISTERED)
+
+
+def _known_plan(name: str) -> str:
+    if name not in plan_names():
+        raise ValueError(f"Input should be one of {', '.join(map(repr, plan_names()))}")
+    return name
+
+
+# a plan's name in a policy: one that is built in or registered
+KnownPlan = Annotated[str, AfterValidator(_known_plan)]
+
+
 EngineChoice = Literal["local", "cloud"]
 
 
@@ -423,9 +460,9 @@ class Policy(BaseModel):
     # ages a request one class up per `BoundedQueue.age_s`); an interactive request preempts a
     # background one decoding on the device (`engines.queue`). Per call: `stream(priority=)`
     priority: Priority = "normal"
-    plans: tuple[PlanName, ...] = ("single", "hedge")
+    plans: tuple[KnownPlan, ...] = ("single", "hedge")
     # the plan to run when it can (None: the decision picks); `stream(plan=...)` sets it per call
-    plan: PlanName | None = None
+    plan: KnownPlan | None = None
     sampling: SamplingTable = SamplingTable()
     routing: RoutingTable = RoutingTable()
     hedge: HedgeTable = HedgeTable()
@@ -478,9 +515,9 @@ class Policy(BaseModel):
     def with_plan(self, plan: str) -> Policy:
         """This policy, running `plan` where it can (a call's `plan=`): added to `plans`; "hedge"
         without a delay hedges "auto". A name that is not a plan is a `PolicyError`."""
-        if plan not in PLAN_NAMES:
+        if plan not in plan_names():
             raise PolicyError(
-                f"unknown plan {plan!r}; plans: {', '.join(PLAN_NAMES)}", field="plan"
+                f"unknown plan {plan!r}; plans: {', '.join(plan_names())}", field="plan"
             )
         plans = self.plans if plan in self.plans else (*self.plans, plan)
         after = self.hedge.after_ms

@@ -58,7 +58,7 @@ from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
 from hybridllm.events import EngineName
-from hybridllm.policy import PlanName, Policy
+from hybridllm.policy import PLAN_NAMES, SPLITTING_PLANS, PlanName, Policy
 from hybridllm.routing.decision import (
     Decision,
     LiveState,
@@ -123,9 +123,19 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     decision = replace(decision, by_router=by_router)
     decision = _speculative(decision, facts, policy, state, reasons, asked)
     decision = _cascade(decision, facts, policy, state, reasons, asked)
+    decision = _registered(decision, reasons, asked)
     if left_out:
         decision = replace(decision, unavailable=left_out)
     return _note_cached(decision, facts, state)
+
+
+def _registered(decision: Decision, reasons: list[Reason], asked: PlanName | None) -> Decision:
+    """A registered plan asked for (`runtime.plans.registry`) runs on the engines the decision
+    chose (its primary, and its fallback where it has one)."""
+    if asked is None or asked in PLAN_NAMES or decision.plan not in ("single", "hedge"):
+        return decision
+    reasons.append(Reason("registered_plan", f"plan={asked}, a registered plan -> {asked}"))
+    return replace(decision, plan=asked, reasons=tuple(reasons))
 
 
 def _note_cached(decision: Decision, facts: RequestFacts, state: LiveState) -> Decision:
@@ -137,10 +147,6 @@ def _note_cached(decision: Decision, facts: RequestFacts, state: LiveState) -> D
     return replace(decision, reasons=(*decision.reasons, Reason("local_cached", note)))
 
 
-# the plans that split an answer between engines or verify it piece by piece
-_SPLITS: tuple[PlanName, ...] = ("handoff", "cascade", "speculative")
-
-
 def _whole_answer(
     facts: RequestFacts, policy: Policy, asked: PlanName | None, reasons: list[Reason]
 ) -> tuple[Policy, PlanName | None]:
@@ -150,13 +156,13 @@ def _whole_answer(
     Returns the policy without those plans, and the plan asked for unless it was one."""
     if facts.atomic is None:
         return policy, asked
-    if asked in _SPLITS:
+    if asked in SPLITTING_PLANS:
         what = "may be a tool call" if facts.atomic == "tools" else "is JSON"
         text = f"plan={asked}, but the answer {what}, delivered whole -> no {asked}"
         reasons.append(Reason("whole_answer", text))
         asked = None
-    plans = tuple(p for p in policy.plans if p not in _SPLITS)
-    plan = None if policy.plan in _SPLITS else policy.plan
+    plans = tuple(p for p in policy.plans if p not in SPLITTING_PLANS)
+    plan = None if policy.plan in SPLITTING_PLANS else policy.plan
     return policy.model_copy(update={"plans": plans, "plan": plan}), asked
 
 

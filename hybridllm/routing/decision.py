@@ -27,7 +27,8 @@ __all__ = [
     "RoutePreview",
 ]
 
-PlanKind = Literal["single", "hedge", "handoff", "cascade", "speculative", "refuse"]
+# the plan a decision runs: a plan's name (`PlanName`: built-in or registered), or "refuse"
+PlanKind = str
 # why no engine may serve: a privacy finding kept the request from the cloud; the budget could
 # not cover the cloud request; the engine the caller forced is not allowed; no engine the client
 # has is allowed (the policy, no privacy scanner)
@@ -118,6 +119,8 @@ ReasonCode = Literal[
     "cascade",
     "cascade_asked",
     "no_cascade",
+    # a registered plan asked for runs on the engines chosen (`runtime.plans.registry`)
+    "registered_plan",
     # a note: how much of the prompt the local engine holds in its cache
     "local_cached",
 ]

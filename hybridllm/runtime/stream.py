@@ -57,8 +57,17 @@ from hybridllm.events import (
     is_content,
 )
 from hybridllm.runtime.checked import checked
+from hybridllm.runtime.recorder import PlanRecord, Recorder
+from hybridllm.runtime.records import (
+    Attempt,
+    HandoffRecord,
+    Pause,
+    SpendRole,
+    Switch,
+    spend_role,
+)
 from hybridllm.runtime.retry import RetryPolicy, Tries
-from hybridllm.runtime.trace import Attempt, FallbackRecord, Pause, Trace, spend_role
+from hybridllm.runtime.trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +90,12 @@ StreamItem = Event | _Failure
 
 
 class RequestRun:
-    """Producer side of one request: runs the plan, feeds events, fills the trace."""
+    """Producer side of one request: runs the plan and is what the plan reports to. Each verb
+    emits the app's event and records it (`runtime.recorder`) from the same call."""
 
     def __init__(
         self,
-        trace: Trace,
+        trace: Trace | None,
         send: MemoryObjectSendStream[StreamItem],
         on_outcome: Callable[[EngineName, BaseException | None], None] | None = None,
         cloud_unavailable: str | None = None,
@@ -97,7 +107,7 @@ class RequestRun:
         `Route`. `deadline_ms`: the policy's first-token deadline; a first token after it is
         preceded by a `DeadlineMissed` (and noted in `trace.deadline_missed_ms`). `retry`: how
         each engine stream is retried (None: never)."""
-        self.trace = trace
+        self.rec = Recorder(trace)
         self._deadline_ms = deadline_ms
         self.retry = retry or RetryPolicy()
         self._send = send
@@ -128,13 +138,18 @@ class RequestRun:
                     await plan(self)
                 except Exception as exc:  # delivered to the app, never lost in the task group
                     typed = errors.typed(exc, received_content=bool(self.trace.token_times))
-                    self.trace.error_type = type(typed)
-                    self.trace.error = f"{type(typed).__name__}: {typed}"
+                    self.rec.failed(typed)
                     self.emit(_Failure(typed))
         finally:
-            self.trace.t_done = self.trace.t_done or clock.now()
+            self.rec.ended()
+            self.rec.freeze()
             self._send.close()
             self.finished.set()
+
+    @property
+    def trace(self) -> Trace:
+        """The request's trace: the working one while it runs, then the frozen value."""
+        return self.rec.trace
 
     def emit(self, item: StreamItem) -> None:
         if isinstance(item, Fallback | Handoff):  # another engine started, or took the answer
@@ -151,10 +166,7 @@ class RequestRun:
         self.scope.cancel()
 
     def route(self, engine: Engine, reason: str) -> None:
-        if not self.trace.started:
-            self.trace.started.append(engine.name)
-        self.trace.engine = engine.name
-        self.trace.route_reason = reason
+        self.rec.serving(engine.name, reason)
         self.emit(Route(clock.now(), engine.name, reason))
         if self._cloud_unavailable is not None:
             self.say_unavailable(self._cloud_unavailable)
@@ -173,11 +185,7 @@ class RequestRun:
         """Another engine starts (or took the answer over): the `Fallback` event for `cause`
         (`Hedge`, `ParallelStart`, or a plain `Fallback`) and its trace record, from one call."""
         at = clock.now() if t is None else t
-        self.trace.fallbacks.append(FallbackRecord(at, from_engine, to_engine, cause, reason))
-        if to_engine not in self.trace.started:
-            self.trace.started.append(to_engine)
-        if cause == "parallel" and self.trace.parallel_engine is None:
-            self.trace.parallel_start, self.trace.parallel_engine = reason, to_engine
+        self.rec.fallback_record(from_engine, to_engine, cause, reason, at)
         event = _FALLBACK_EVENTS.get(cause, Fallback)
         self.emit(event(at, from_engine, to_engine, reason, cause))
 
@@ -189,21 +197,54 @@ class RequestRun:
         *,
         reason: str | None = None,
         t: float | None = None,
+        chars: int | None = None,
+        cause: FallbackCause = "mid_stream",
     ) -> None:
         """The serving engine failed mid-stream and `to_engine` continues from the delivered
-        text: the trace's `Switch`, its fallback record and the `Fallback` event, at once."""
+        text (`chars` of it: all of it unless given): the trace's `Switch`, its fallback record
+        (for `cause`) and the `Fallback` event, at once."""
         at = clock.now() if t is None else t
         why = f"{from_engine} failed mid-stream: {exc}" if reason is None else reason
-        self.trace.switched(
-            from_engine, to_engine, exc, len(self.delivered_text), reason=reason, t=at
-        )
-        self.trace.engine = to_engine
-        self.fell_back(from_engine, to_engine, why, "mid_stream", t=at)
+        said = str(exc) if reason is None else reason
+        chars = len(self.delivered_text) if chars is None else chars
+        self.rec.switch(Switch(at, from_engine, to_engine, said, chars, type(exc)))
+        self.fell_back(from_engine, to_engine, why, cause, t=at)
 
     def counted(self, engine: EngineName, prompt_tokens: int | None, completion: int) -> None:
         """Tokens an engine spent for this request outside an engine stream (the cascade's
         signals, the speculative plan's verification calls): summed into its usage."""
-        self.trace.counted.append(EngineUsage(engine, prompt_tokens or 0, completion))
+        self.rec.counted_usage(EngineUsage(engine, prompt_tokens or 0, completion))
+
+    def started(self, engine: EngineName) -> None:
+        """`engine` was started for this request (beside or after the one serving)."""
+        self.rec.started_engine(engine)
+
+    def serving(self, engine: EngineName) -> None:
+        """`engine` serves the answer from here on (a race's winner, a plan's move)."""
+        self.rec.serving(engine)
+
+    def mark(self, name: str, t: float | None = None) -> None:
+        """A phase of the request was seen at `t` (now: None); the first time counts."""
+        self.rec.mark(name, t)
+
+    def plan_record(self, record: PlanRecord) -> None:
+        """Attach the plan's own record (a cascade's, a handoff's, a speculative plan's)."""
+        self.rec.plan_record(record)
+
+    def refused(self, engine: EngineName, exc: BaseException) -> None:
+        """A guard kept the request from `engine` (privacy, budget: the words never hold the
+        secret)."""
+        self.rec.refused(engine, str(exc))
+
+    def handed_off(
+        self, record: HandoffRecord, from_engine: EngineName, to_engine: EngineName, why: str
+    ) -> None:
+        """The handoff's `to_engine` took the answer over: its record says so and the `Handoff`
+        event tells the app, from one call."""
+        record.switched_t, record.outcome = clock.now(), "switched"
+        self.rec.serving(to_engine)
+        chars, tokens = record.local_chars, record.local_tokens
+        self.emit(Handoff(record.switched_t, from_engine, to_engine, chars, tokens, why))
 
     def say_unavailable(self, reason: str) -> None:
         """Tell the app, once per stream, that the cloud is off for a configuration reason."""
@@ -221,7 +262,7 @@ class RequestRun:
                 chunk.delivered_tokens,
                 chunk.prefill_tokens,
             )
-            self.trace.pauses.append(pause)
+            self.rec.pause(pause)
             self.emit(
                 Paused(
                     chunk.t,
@@ -234,13 +275,13 @@ class RequestRun:
             )
         if isinstance(chunk, Mark):
             if isinstance(chunk, RequestSent) and chunk.limit is not None:
-                self.trace.token_limit = chunk.limit  # what the serving engine was asked
-            self.trace.mark(chunk.name, chunk.t)
+                self.rec.token_limit(chunk.limit)  # what the serving engine was asked
+            self.rec.mark(chunk.name, chunk.t)
         elif isinstance(chunk, Called):  # a tool call counts as a token for the deadline
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
-            self.trace.token(chunk.t, engine, clock.now())
-            self.trace.tool_calls.append(chunk.name)
+            self.rec.token(chunk.t, engine, clock.now())
+            self.rec.tool_call(chunk.name)
             call = ToolCall(
                 chunk.t, chunk.id, chunk.name, chunk.arguments, engine, chunk.confidence
             )
@@ -249,7 +290,7 @@ class RequestRun:
         elif chunk.text:
             if not self.trace.token_times:
                 self._check_deadline(engine, chunk.t)
-            self.trace.token(chunk.t, engine, clock.now())
+            self.rec.token(chunk.t, engine, clock.now())
             self._delivered.append(chunk.text)
             self.emit(Token(chunk.t, chunk.text, engine))
 
@@ -259,7 +300,7 @@ class RequestRun:
             return
         late_ms = (t - self.trace.t_start) * 1000.0 - self._deadline_ms
         if late_ms > 0:
-            self.trace.deadline_missed_ms = late_ms
+            self.rec.deadline_missed(late_ms)
             self.emit(DeadlineMissed(t, engine, self._deadline_ms, late_ms))
 
     @property
@@ -277,17 +318,14 @@ class RequestRun:
         estimated = any(u.estimated for u in by_engine)
         reported = bool(trace.counted) or any(a.usage()[0] is not None for a in trace.attempts)
         prompt = sum(u.prompt_tokens for u in by_engine)
-        trace.prompt_tokens = prompt if reported or prompt else finish.prompt_tokens
-        trace.completion_tokens = sum(u.completion_tokens for u in by_engine)
-        trace.cached_prompt_tokens = finish.cached_prompt_tokens
-        trace.usage_estimated = estimated
-        trace.done(finish.reason, finish.t)
+        prompt_tokens = prompt if reported or prompt else finish.prompt_tokens
+        completion = sum(u.completion_tokens for u in by_engine)
+        self.rec.usage(prompt_tokens, completion, finish.cached_prompt_tokens, estimated)
+        self.rec.done(finish.reason, finish.t)
         now = clock.now()
-        usage = Usage(
-            now, engine, trace.prompt_tokens or 0, trace.completion_tokens, estimated, by_engine
-        )
+        usage = Usage(now, engine, prompt_tokens or 0, completion, estimated, by_engine)
         self.emit(usage)
-        self.emit(Done(now, finish.reason, trace))
+        self.emit(Done(now, finish.reason, self.rec.freeze()))
 
     async def relay(
         self, engine: Engine, request: GenerationRequest, handle: Callable[[Chunk], None]
@@ -301,7 +339,7 @@ class RequestRun:
         )
 
     def _retried(self, exc: errors.EngineError) -> None:
-        self.trace.retries += 1
+        self.rec.retried()
 
     async def _relay_once(
         self,
@@ -333,7 +371,7 @@ class RequestRun:
         except Exception as exc:
             attempt.ended("failed", clock.now(), exc)
             if isinstance(exc, errors.RefusedError):  # privacy / budget: never the secret
-                self.trace.refusals.append(f"{engine.name}: {exc}")
+                self.refused(engine.name, exc)
             if isinstance(exc, errors.AuthenticationError | errors.CloudUnavailableError):
                 # the key is missing or was refused: the engine says why until the key changes
                 self.say_unavailable(engine.info().unavailable or str(exc))
@@ -345,7 +383,11 @@ class RequestRun:
 
     def _attempt(self, engine: Engine, tries: Tries) -> Attempt:
         """The trace's record of the engine stream that starts now (its role: the task's)."""
-        return self.trace.attempt(engine.name, engine.info().model, spend_role.get(), tries.n)
+        return self.attempt(engine, spend_role.get(), tries.n)
+
+    def attempt(self, engine: Engine, role: SpendRole, n: int = 1) -> Attempt:
+        """An engine call starts now, in `role` (its record: close it with `Attempt.ended`)."""
+        return self.rec.attempt(engine.name, engine.info().model, role, n)
 
     def outcome(self, engine: EngineName, exc: BaseException | None) -> None:
         """Report an engine's health to the client (circuit breakers)."""

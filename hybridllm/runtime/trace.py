@@ -14,11 +14,12 @@ counted so far; one never sent is released and costs nothing).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from hybridllm import clock
@@ -44,8 +45,8 @@ from hybridllm.runtime.trace_export import nearest_rank, trace_dict
 from hybridllm.runtime.trace_import import trace_fields
 
 if TYPE_CHECKING:
-    from hybridllm.guard.budget import TokenUsage
-    from hybridllm.routing.decision import Decision, ReasonCode
+    from hybridllm.policy import PlanName
+    from hybridllm.routing.decision import Decision, Objective, ReasonCode
 
 __all__ = [  # the records are `runtime.records`'; they are named here too, where they were
     "Attempt",
@@ -67,42 +68,43 @@ __all__ = [  # the records are `runtime.records`'; they are named here too, wher
 ]
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Trace:
+    """A request's record, as a value: `runtime.recorder.Recorder` alone writes it, and hands it
+    out frozen when the request ends (every sequence a tuple). Build one for a test or a logged
+    row with keywords, or with `from_dict`."""
+
     t_start: float = field(default_factory=clock.now)
     wall_start: float = field(default_factory=time.time)  # the call, in seconds since the epoch
     # names this request in the decision log (`HybridClient.feedback(trace.request_id, good)`)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    engine: EngineName | None = None
+    engine: EngineName | None = None  # the engine serving the answer (at the end: that wrote it)
     policy: str | None = None  # the policy's name (None: refused before one was chosen)
-    plan: str | None = None  # the plan that ran ("single", "race", "cascade", ...)
-    objective: str | None = None  # what the decision optimised (`Decision.objective`)
-    route_reason: str = ""
+    plan: PlanName | None = None  # the plan that ran ("single", "hedge", "cascade", ...)
+    objective: Objective | None = None  # what the decision optimised (`Decision.objective`)
+    route_reason: str = ""  # the `Route` event's words (the plan's, for people)
     decision: Decision | None = None  # the routing decision, typed (None: not decided)
-    predicted_ttft_ms: dict[str, float] = field(default_factory=dict)  # per engine, at the call
+    predicted_ttft_ms: Mapping[str, float] = field(default_factory=dict)  # per engine, at the call
     # how late the first token came after the policy's first-token deadline (a `DeadlineMissed`
     # event); None: on time, no deadline, or no token
     deadline_missed_ms: float | None = None
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
-    # every other engine started, in order, with why (`Fallback` events: one record each)
-    fallbacks: list[FallbackRecord] = field(default_factory=list)
-    # why the other engine started at once beside the primary (a predicted deadline miss; a
-    # `ParallelStart` event), and which one; None: no parallel start
-    parallel_start: str | None = None
-    parallel_engine: EngineName | None = None
+    # every other engine started, in order, with why (`Fallback` events: one record each; a
+    # parallel start is the one whose cause is "parallel")
+    fallbacks: Sequence[FallbackRecord] = ()
     # the cascade plan: its decision, held time and the local signals (plans/cascade.py)
     cascade: CascadeRecord | None = None
-    spent: list[Spend] = field(default_factory=list)  # settled cloud requests, in order
-    started: list[EngineName] = field(default_factory=list)  # engines that ran, in order
+    spent: Sequence[Spend] = ()  # settled cloud requests, in order
+    started: Sequence[EngineName] = ()  # engines that ran, in order
     retries: int = 0  # retried attempts before the first token
-    # mid-stream switches to the other engine, in order (`switched()` records one)
-    switches: list[Switch] = field(default_factory=list)
+    # mid-stream switches to the other engine, in order (each has its fallback record too)
+    switches: Sequence[Switch] = ()
     # preemption on the device: each pause and resume (a move to the cloud is a switch above)
-    pauses: list[Pause] = field(default_factory=list)
+    pauses: Sequence[Pause] = ()
     handoff: HandoffRecord | None = None  # the handoff plan: where the cloud took over
     # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
-    refusals: list[str] = field(default_factory=list)
+    refusals: Sequence[str] = ()
     finish_reason: str | None = None
     # the error that ended the request: its type (to branch on, `issubclass(...)`), and its text
     # ("CloudConnectionError: connection reset") for people to read; None when it completed
@@ -114,23 +116,34 @@ class Trace:
     cached_prompt_tokens: int | None = None
     # content tokens (and tool calls) as produced: when the serving engine's stream yielded
     # them (the llama thread's stamp for the local engine, the SSE chunk's arrival for the cloud)
-    token_times: list[float] = field(default_factory=list, repr=False)
+    token_times: Sequence[float] = field(default=(), repr=False)
     # ... and when each was handed to the app (put on its stream, on the event loop, which
     # resumes the app's waiting iteration next): TTFT, ITL and TPOT are measured at this
     # delivery; the gap from production is the hop (`hop_ms`). An app that reads late is not
     # counted: the time is when the token was there for it
-    delivered_times: list[float] = field(default_factory=list, repr=False)
-    spans: list[TextSpan] = field(default_factory=list)  # which engine wrote which tokens
-    attempts: list[Attempt] = field(default_factory=list)  # every engine stream started
+    delivered_times: Sequence[float] = field(default=(), repr=False)
+    spans: Sequence[TextSpan] = ()  # which engine wrote which tokens
+    attempts: Sequence[Attempt] = ()  # every engine stream started
     # tokens engines spent outside an engine stream (`RequestRun.counted`): in the usage
-    counted: list[EngineUsage] = field(default_factory=list)
-    tool_calls: list[str] = field(default_factory=list)  # names of the tool calls delivered
-    marks: dict[str, float] = field(default_factory=dict)
+    counted: Sequence[EngineUsage] = ()
+    tool_calls: Sequence[str] = ()  # names of the tool calls delivered
+    marks: Mapping[str, float] = field(default_factory=dict)
     t_done: float | None = None
     speculation: Speculation | None = None  # the speculative plan's figures (None: not run)
     # the prompt, the answer and the tool calls' arguments, kept only where the client captures
     # content (`HybridClient(capture_content=...)`); None: not captured
-    content: dict[str, Any] | None = field(default=None, repr=False)
+    content: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def frozen(self) -> Trace:
+        """This trace with every sequence a tuple, every mapping and plan record a copy: a value
+        that no later write (a plan still holding its records) reaches."""
+        changes: dict[str, Any] = {
+            f.name: tuple(getattr(self, f.name)) for f in fields(self) if f.name in _SEQS
+        }
+        changes["attempts"] = tuple(copy.deepcopy(a) for a in self.attempts)
+        changes |= {name: dict(getattr(self, name)) for name in ("predicted_ttft_ms", "marks")}
+        changes |= {name: copy.deepcopy(getattr(self, name)) for name in _PLAN_RECORDS}
+        return replace(self, **changes)
 
     @property
     def reasons(self) -> tuple[str, ...]:
@@ -161,6 +174,22 @@ class Trace:
     def fell_back(self) -> bool:
         """Another engine was started (for any cause: what `stats()` counts as a fallback)."""
         return bool(self.fallbacks)
+
+    @property
+    def _parallel(self) -> FallbackRecord | None:
+        return next((f for f in self.fallbacks if f.cause == "parallel"), None)
+
+    @property
+    def parallel_engine(self) -> EngineName | None:
+        """The engine started at once beside the primary (a `ParallelStart`); None: none."""
+        found = self._parallel
+        return None if found is None else found.to_engine
+
+    @property
+    def parallel_start(self) -> str | None:
+        """Why that engine started at once, in words; None: no parallel start."""
+        found = self._parallel
+        return None if found is None else found.reason
 
     def usage_by_engine(self) -> list[EngineUsage]:
         """Each engine's tokens, summed over its attempts (`Attempt.usage`) and the work counted
@@ -195,67 +224,6 @@ class Trace:
             out[span.engine] = out.get(span.engine, 0) + end - span.first
         return out
 
-    # ---- recording (used by the orchestrator) -------------------------------------------
-
-    def mark(self, name: str, t: float | None = None) -> None:
-        """Record the first time a phase was seen (later repeats are ignored)."""
-        self.marks.setdefault(name, clock.now() if t is None else t)
-
-    def settled(self, usage: TokenUsage, usd: float, overrun_usd: float = 0.0) -> None:
-        """The cloud guard settled one of this request's cloud requests (its settle hook); the
-        role comes from the task it ran in (`spend_role`)."""
-        self.spent.append(
-            Spend(
-                spend_role.get(),
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                usd,
-                usage.estimated,
-                overrun_usd,
-            )
-        )
-
-    def switched(
-        self,
-        from_engine: EngineName,
-        to_engine: EngineName,
-        exc: BaseException,
-        delivered_chars: int,
-        *,
-        reason: str | None = None,
-        t: float | None = None,
-    ) -> Switch:
-        """Record a mid-stream switch caused by `exc` (`reason`: its text unless given)."""
-        at = clock.now() if t is None else t
-        why = str(exc) if reason is None else reason
-        switch = Switch(at, from_engine, to_engine, why, delivered_chars, type(exc))
-        self.switches.append(switch)
-        return switch
-
-    def token(
-        self, t: float, engine: EngineName | None = None, delivered: float | None = None
-    ) -> None:
-        """A content token (or tool call) produced at `t` by `engine` was handed to the app at
-        `delivered` (put on its stream: the app's waiting iteration is resumed next; None: at
-        `t`)."""
-        if not self.token_times:
-            self.mark("first_token", t)
-        if engine is not None and (not self.spans or self.spans[-1].engine != engine):
-            self.spans.append(TextSpan(engine, len(self.token_times)))
-        self.token_times.append(t)
-        self.delivered_times.append(t if delivered is None else delivered)
-
-    def attempt(self, engine: EngineName, model: str, role: SpendRole, n: int = 1) -> Attempt:
-        """Record that an engine stream starts now (`Attempt.ended` closes it)."""
-        record = Attempt(engine, model, role, clock.now(), attempt=n)
-        self.attempts.append(record)
-        return record
-
-    def done(self, finish_reason: str, t: float | None = None) -> None:
-        self.finish_reason = finish_reason
-        self.t_done = clock.now() if t is None else t
-        self.mark("done", self.t_done)
-
     # ---- figures --------------------------------------------------------------------------
 
     @property
@@ -264,7 +232,7 @@ class Trace:
         return len(self.token_times)
 
     @property
-    def times(self) -> list[float]:
+    def times(self) -> Sequence[float]:
         """The content tokens' times at delivery to the app."""
         return self.delivered_times
 
@@ -372,7 +340,7 @@ class Trace:
     def from_dict(cls, data: Mapping[str, Any]) -> Trace:
         """The trace `data` (a `to_dict()`, say a decision log's row) describes, its clock
         starting at 0 (`runtime.trace_import`): `from_dict(d).to_dict()` gives `d` again."""
-        return cls(**trace_fields(data))
+        return cls(**trace_fields(data)).frozen()
 
     def to_json(self, **kwargs: Any) -> str:
         """`to_dict()` as JSON text (`kwargs` go to `json.dumps`, e.g. `indent=2`)."""
@@ -394,7 +362,30 @@ class Trace:
         }
 
 
-def _gaps_ms(tt: list[float]) -> list[float]:
+# the trace's fields that are sequences (tuples in the frozen value)
+_SEQS = frozenset(
+    {
+        "fallbacks",
+        "spent",
+        "started",
+        "switches",
+        "pauses",
+        "refusals",
+        "token_times",
+        "delivered_times",
+        "spans",
+        "attempts",
+        "counted",
+        "tool_calls",
+    }
+)
+
+
+# the plans' own records (mutable while their plan runs; copied into the frozen value)
+_PLAN_RECORDS = ("cascade", "handoff", "speculation", "content")
+
+
+def _gaps_ms(tt: Sequence[float]) -> list[float]:
     return [(b - a) * 1000.0 for a, b in zip(tt, tt[1:], strict=False)]
 
 

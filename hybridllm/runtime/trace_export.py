@@ -10,6 +10,7 @@ Errors are named by class; their words for people go beside them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -187,5 +188,5 @@ def _ms(t: Trace, at: float | None) -> float | None:
     return None if at is None else (at - t.t_start) * 1000.0
 
 
-def _rel(t: Trace, times: list[float]) -> list[float]:
+def _rel(t: Trace, times: Sequence[float]) -> list[float]:
     return [(x - t.t_start) * 1000.0 for x in times]

@@ -99,7 +99,6 @@ def _orchestration(t: Trace, d: Row) -> None:
     t.started = list(d.get("started") or ())
     t.retries = int(d.get("retries") or 0)
     t.fallbacks = _fallbacks(d, t.started)
-    t.parallel_engine, t.parallel_start = d.get("parallel_engine"), d.get("parallel_start")
     t.switches = [_switch(s) for s in d.get("switches") or ()]
     t.pauses = [_pause(p) for p in d.get("pauses") or ()]
     t.handoff = _handoff(d.get("handoff"))
@@ -138,8 +137,8 @@ def _fallbacks(d: Row, started: list[Any]) -> list[FallbackRecord]:
         return [
             FallbackRecord(_s(f["at_ms"]) or 0.0, f["from"], f["to"], f["cause"], f["reason"])
             for f in d["fallbacks"]
-        ]
-    out: list[FallbackRecord] = []  # a row logged before: its reason, and each switch
+        ] + _parallel_before(d)
+    out: list[FallbackRecord] = _parallel_before(d)  # a row logged before: its reasons
     reason = d.get("fallback_reason")
     if reason is not None and len(started) >= 2:
         cause: FallbackCause = d.get("fallback_cause") or ("hedge" if d.get("hedged") else "failed")
@@ -148,6 +147,17 @@ def _fallbacks(d: Row, started: list[Any]) -> list[FallbackRecord]:
         at = _s(s.get("at_ms")) or 0.0
         out.append(FallbackRecord(at, s["from"], s["to"], "mid_stream", s.get("reason") or ""))
     return out
+
+
+def _parallel_before(d: Row) -> list[FallbackRecord]:
+    """A parallel start a row names without its fallback record (a cascade's, logged before a
+    parallel start was always one)."""
+    engine = d.get("parallel_engine")
+    have = any(f.get("cause") == "parallel" for f in d.get("fallbacks") or ())
+    if engine is None or have or d.get("fallback_cause") == "parallel":
+        return []
+    first = (d.get("started") or [d.get("engine") or "local"])[0]
+    return [FallbackRecord(0.0, first, engine, "parallel", d.get("parallel_start") or "")]
 
 
 def _switch(s: Row) -> Switch:

@@ -77,18 +77,22 @@ class Telemetry:
         answer: str,
         calls: Sequence[ToolCall],
     ) -> None:
-        """One request is over: keep its content if captured and add it to the aggregates (on
-        the loop, before the app sees the stream's end, so `stats()` counts it then; 2.8 ms of
-        the loop for a 1,000-token answer, measured). OpenTelemetry's export is `export()`."""
-        if self.capture_content:
-            trace.content = {
-                "messages": [dict(m) for m in messages],
-                "answer": answer,
-                "tool_calls": [
-                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
-                ],
-            }
+        """One request is over: add its trace (its content already recorded, `content()`) to
+        the aggregates (on the loop, so `stats()` counts it at once; 2.8 ms of the loop for a
+        1,000-token answer, measured). OpenTelemetry's export is `export()`."""
         self.stats.record(trace)
+
+    def content(
+        self, messages: Sequence[Mapping[str, Any]], answer: str, calls: Sequence[ToolCall]
+    ) -> dict[str, Any] | None:
+        """A request's content for its trace where the client captures it (None: it does not)."""
+        if not self.capture_content:
+            return None
+        return {
+            "messages": [dict(m) for m in messages],
+            "answer": answer,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+        }
 
     async def export(self, trace: Trace) -> None:
         """Hand a finished request to OpenTelemetry, on a worker thread: the SDK records each

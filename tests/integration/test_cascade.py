@@ -108,7 +108,7 @@ async def test_cascade_releases_the_local_answer(
     trace = s.trace
     assert tokens and {t.engine for t in tokens} == {"local"}
     assert "4" in "".join(t.text for t in tokens)
-    assert trace.started == ["local"] and trace.cascade is not None
+    assert trace.started == ("local",) and trace.cascade is not None
     assert trace.cascade.decision == "local" and trace.cascade.held_ms > 0
     assert trace.cascade.signals["first_p"] > 0.0
     # the decision log keeps the signals: `router train --from-log` learns stage 2 from them
@@ -154,7 +154,7 @@ async def test_complete_judges_the_whole_local_answer_then_keeps_or_defers_it(
     assert k is not None and d is not None
     # kept: the whole local answer, written once (nothing continued after the judgement)
     assert k.judge == "answer" and k.decision == "local"
-    assert kept.trace.engine == "local" and kept.trace.started == ["local"] and kept.text.strip()
+    assert kept.trace.engine == "local" and kept.trace.started == ("local",) and kept.text.strip()
     assert k.local_tokens > 8 and kept.trace.completion_tokens == k.local_tokens
     assert k.answer_signals["answer_tokens"] == k.local_tokens
     assert k.signals["answer_tokens"] == 8  # the logged figures: stage 2's training form
@@ -218,7 +218,7 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud(
     trace = s.trace
     assert trace.cascade is not None and trace.cascade.decision == "local"
     assert "injected decode failure" in trace.cascade.failover
-    assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
+    assert trace.engine == "cloud" and trace.started == ("local", "cloud")
     assert [w.delivered_chars for w in trace.switches] == [len(delivered_by_local)]
     # what reached the network: the delivered text as the start of the assistant turn
     body = json.loads(proxy.requests()[-1][1])

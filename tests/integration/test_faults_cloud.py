@@ -116,7 +116,7 @@ async def test_500_on_every_request_falls_back_to_local(
             events = [e async for e in s.events()]
     tr = s.trace
     assert tr.engine == "local" and tr.n_tokens > 0 and tr.error is None
-    assert tr.started == ["cloud", "local"]
+    assert tr.started == ("cloud", "local")
     (fb,) = [e for e in events if isinstance(e, Fallback)]
     assert "500" in fb.reason and tr.fallback_reason == fb.reason
     assert fb.cause == tr.fallback_cause == "failed"
@@ -140,13 +140,13 @@ async def test_refused_connections_open_the_circuit(proxy: FaultProxy, model_pat
             assert client.breakers["cloud"].state == "closed"
             done = await client.complete("Say hi.")
             assert done.text and done.trace.engine == "local"
-            assert done.trace.started == ["cloud", "local"], i
+            assert done.trace.started == ("cloud", "local"), i
         assert client.breakers["cloud"].state == "open"
         assert len(proxy.connections) == threshold
         assert all(c.refused for c in proxy.connections)
         done = await client.complete("Say hi.")
     tr = done.trace
-    assert tr.engine == "local" and tr.started == ["local"]  # routed local at once
+    assert tr.engine == "local" and tr.started == ("local",)  # routed local at once
     assert "circuit" in tr.route_reason
     assert "fallback_started" not in tr.marks
     assert len(proxy.connections) == threshold  # the cloud was not even tried
@@ -173,7 +173,7 @@ async def test_malformed_sse_falls_back_to_local(proxy: FaultProxy, model_path: 
         done = await client.complete("Say hi.")
         failures = client.breakers["cloud"].failures
     assert done.text and done.trace.engine == "local"
-    assert done.trace.started == ["cloud", "local"]
+    assert done.trace.started == ("cloud", "local")
     assert failures == 1, "a malformed stream counts against the cloud's health"
 
 
@@ -200,7 +200,7 @@ async def test_keepalives_only_lose_the_deadline_race(proxy: FaultProxy, model_p
     # local engine, a quality decision's rescue (issue 25), started ahead of the deadline by its
     # predicted TTFT (at once, on a machine where it could not be ready by 300 ms otherwise) and
     # its tokens were held until the deadline passed
-    assert tr.started == ["cloud", "local"] and tr.fallback_cause in ("deadline", "rescue")
+    assert tr.started == ("cloud", "local") and tr.fallback_cause in ("deadline", "rescue")
     assert tr.ttft_ms is not None and tr.ttft_ms >= 300 and "rescue_released" in tr.marks
     (rec,) = proxy.connections
     assert rec.http_fault == "keepalive"
@@ -293,7 +293,7 @@ async def test_long_local_prompt_starts_the_cloud_at_once(
                 if isinstance(event, Fallback):
                     break  # enough: leaving stops both engines
     tr = s.trace
-    assert tr.started == ["local", "cloud"]
+    assert tr.started == ("local", "cloud")
     reason = tr.fallback_reason
     assert reason is not None and "predicted at" in reason and "in parallel" in reason
     assert tr.fallback_cause == "parallel"

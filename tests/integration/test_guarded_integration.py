@@ -79,7 +79,7 @@ async def test_flagged_prompts_never_reach_the_cloud_benign_ones_do(
     for (prompt, kind, secret), done in zip(SENSITIVE, private, strict=True):
         tr = done.trace
         # routing scanned the prompt first: local from the start, the reason names the kind
-        assert tr.engine == "local" and tr.started == ["local"], prompt
+        assert tr.engine == "local" and tr.started == ("local",), prompt
         assert "privacy:" in tr.route_reason and kind in tr.route_reason, tr.route_reason
         assert not leaked(secret, wire), kind
         assert secret not in repr(tr) + str(tr.summary())

@@ -81,7 +81,7 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
     else:
         assert messages[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
     assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
-    assert trace.started == ["local", "cloud"] and trace.error is None
+    assert trace.started == ("local", "cloud") and trace.error is None
 
 
 async def test_a_warm_cloud_reads_the_prompt_first_then_continues_the_delivered_text(

@@ -243,7 +243,7 @@ async def test_barge_in_before_the_first_token_stops_both_engines(
     assert at.steps_after <= 1 and not at.busy_after
     assert closed is not None, "the cloud connection was left open"
     (cut,) = llm.interruptions
-    assert cut.trace is not None and cut.trace.started == ["cloud", "local"]
+    assert cut.trace is not None and cut.trace.started == ("cloud", "local")
     assert cut.trace.n_tokens == 0
 
 

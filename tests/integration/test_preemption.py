@@ -114,7 +114,7 @@ async def test_a_preempted_answer_moves_to_the_cloud_where_the_policy_allows(
                 assert "".join([t async for t in fg])
         bg, events = back.stream, back.events
         assert bg is not None
-    assert bg.trace.started == ["local", "cloud"]
+    assert bg.trace.started == ("local", "cloud")
     (switch,) = bg.trace.switches
     assert (switch.from_engine, switch.to_engine) == (
         "local",

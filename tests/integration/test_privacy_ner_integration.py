@@ -102,7 +102,7 @@ async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
     wire = on_the_wire(proxy)
     for (_, kind, secrets), done in zip(PRIVATE, private, strict=True):
         tr = done.trace
-        assert tr.engine == "local" and tr.started == ["local"], tr.route_reason
+        assert tr.engine == "local" and tr.started == ("local",), tr.route_reason
         assert "privacy:" in tr.route_reason and kind in tr.route_reason, tr.route_reason
         for secret in secrets:
             assert not leaked(secret, wire), secret

@@ -107,7 +107,7 @@ async def test_confident_local_releases_held_text_and_continues_from_it_scripted
     assert [t.text for t in tokens] == ["Hel", "lo", "!"]
     assert {t.engine for t in tokens} == {"local"}
     assert local.continued_from == ["Hel"]  # the continuation starts from the held text
-    assert trace.started == ["local"] and trace.engine == "local"
+    assert trace.started == ("local",) and trace.engine == "local"
     assert trace.cascade.decision == "local" and trace.cascade.held_ms >= 45
     assert "cascade: combined score 0.10 <= 0.50" in trace.route_reason
 
@@ -321,7 +321,7 @@ async def test_a_released_local_answer_that_fails_goes_on_in_the_cloud_scripted(
         ("local", "cloud", "mid_stream")
     ]
     trace = s.trace
-    assert trace.engine == "cloud" and trace.started == ["local", "cloud"]
+    assert trace.engine == "cloud" and trace.started == ("local", "cloud")
     assert [(w.from_engine, w.to_engine, w.delivered_chars) for w in trace.switches] == [
         ("local", "cloud", 5)
     ]
@@ -369,7 +369,7 @@ async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_s
         )
     assert [(t.engine, t.text) for t in tokens] == [("local", "L"), ("local", "!")]
     assert trace.engine == "local" and "-> local" in trace.route_reason
-    assert trace.started == ["cloud", "local"]
+    assert trace.started == ("cloud", "local")
 
 
 def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:

@@ -70,7 +70,7 @@ async def test_privacy_finding_never_reaches_the_cloud_even_on_failure() -> None
         with pytest.raises(PrivacyBlockedError, match="privacy: email found -> blocked") as info:
             await client.complete("ada.lovelace@example.org", policy=blocked)
         assert info.value.kinds == ("email",) and not info.value.retryable
-    assert res.text == "slow" and res.trace.started == ["local"]
+    assert res.text == "slow" and res.trace.started == ("local",)
     assert "privacy: email found -> local only" in res.trace.route_reason
     assert len(cloud.requests) == 1 and "@" not in cloud.requests[0].messages[0]["content"]
 
@@ -132,7 +132,7 @@ async def test_a_long_local_queue_sends_the_request_to_the_cloud() -> None:
     assert (
         route.engine == "cloud" and "local queue 2100 ms > deadline 200 ms -> cloud" in route.reason
     )
-    assert s.trace.started == ["cloud"] and len(local.requests) == 1
+    assert s.trace.started == ("cloud",) and len(local.requests) == 1
 
 
 @pytest.mark.virtual_clock  # tests/unit/conftest.py

@@ -187,7 +187,7 @@ async def test_the_client_serves_locally_and_says_why_until_the_key_changes() ->
             route = events[0]
             assert isinstance(route, Route) and route.engine == "local"
             assert f"cloud: {AUTH} -> local" in route.reason
-            assert s.trace.started == ["local"]
+            assert s.trace.started == ("local",)
         assert fake.sent == ["wrong"]  # nothing more was sent
         cloud.set_api_key("good")
         done = await client.complete("q")

@@ -35,7 +35,7 @@ async def test_reset_mid_stream_continues_on_the_local_engine() -> None:
     assert len(fb) == 1 and fb[0].from_engine == "cloud" and "mid-stream" in fb[0].reason
     assert fb[0].cause == "mid_stream"
     tr = s.trace
-    assert tr.engine == "local" and tr.started == ["cloud", "local"]
+    assert tr.engine == "local" and tr.started == ("cloud", "local")
     (switch,) = tr.switches
     assert isinstance(switch, Switch) and (switch.from_engine, switch.to_engine) == (
         "cloud",

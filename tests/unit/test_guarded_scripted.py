@@ -79,7 +79,7 @@ async def test_privacy_refusal_sends_nothing_and_local_answers() -> None:
     assert "".join(e.text for e in events if isinstance(e, Token)) == "local answer"
     tr = s.trace
     # routing saw the finding first: local from the start, the reason says privacy
-    assert tr.engine == "local" and tr.started == ["local"] and tr.fallback_reason is None
+    assert tr.engine == "local" and tr.started == ("local",) and tr.fallback_reason is None
     assert "privacy: email found -> local only" in tr.route_reason
     route = next(e for e in events if isinstance(e, Route))
     assert "privacy" in route.reason and not any(isinstance(e, Fallback) for e in events)

@@ -132,7 +132,7 @@ async def warm_run(warm_s: float) -> tuple[ScriptedEngine, ScriptedEngine, list[
             events = [e async for e in s.events()]
         assert local.active == 0 and cloud.active == 0
     rec = s.trace.handoff
-    assert s.trace.started == ["local", "cloud"] and rec is not None and rec.outcome == "switched"
+    assert s.trace.started == ("local", "cloud") and rec is not None and rec.outcome == "switched"
     return local, cloud, events, "".join(e.text for e in events if isinstance(e, Token))
 
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from hybridllm.runtime.latency import CLOUD_PRIOR, LatencyModel, Prior
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 
 
@@ -84,8 +85,10 @@ def test_and_recovers_when_it_gets_fast_again() -> None:
     assert model.predict("cloud", 50, 1).ttft_s < 0.5
 
 
-def _trace(**marks_ms: float) -> Trace:
-    tr = Trace(t_start=100.0)
+def _trace(engine: str = "local", *ran: str, **marks_ms: float) -> Recorder:
+    """A recorder of a trace that started at 100 s on `engine` (`ran`: the engines that
+    ran, in order; just `engine` where none are given), with these marks."""
+    tr = Recorder(Trace(t_start=100.0, engine=engine, started=ran or (engine,)))
     for name, ms in marks_ms.items():
         if name != "first_token":
             tr.mark(name, 100.0 + ms / 1000.0)
@@ -94,41 +97,36 @@ def _trace(**marks_ms: float) -> Trace:
 
 def test_observe_trace_reads_queue_rtt_and_decode_speed() -> None:
     model = LatencyModel()
-    local = _trace(queued=2, started=402, prefill_done=900)
-    local.engine = "local"
-    local.started = ["local"]
+    local = _trace("local", queued=2, started=402, prefill_done=900)
     for i in range(5):
         local.token(100.0 + (950 + 40 * i) / 1000.0)
     local.done("stop", 101.2)
-    model.observe_trace(local, 100)
+    model.observe_trace(local.freeze(), 100)
     comp = model.engine("local").components()
     assert comp["queue_s"] == pytest.approx(0.4)
     assert model.engine("local").obs[-1].service_s == pytest.approx(0.95 - 0.4)
     assert comp["tpot_s"] == pytest.approx(0.04)
 
-    cloud = _trace(request_sent=1, first_byte=121)
-    cloud.engine = "cloud"
-    cloud.started = ["cloud"]
+    cloud = _trace("cloud", request_sent=1, first_byte=121)
     cloud.token(100.3)
     cloud.done("stop", 100.4)
-    model.observe_trace(cloud, 40)
+    model.observe_trace(cloud.freeze(), 40)
     assert model.engine("cloud").components()["rtt_s"] == pytest.approx(0.12)
 
 
 def test_a_slow_loser_is_recorded_as_at_least_its_waiting_time() -> None:
     model = LatencyModel({"local": Prior(0.02, 200.0, 0.03), "cloud": CLOUD_PRIOR})
-    tr = _trace(fallback_started=500)
-    tr.engine = "local"
-    tr.started = ["cloud", "local"]  # the cloud was primary, the local engine won at 700 ms
+    # the cloud was primary, the local engine won at 700 ms
+    tr = _trace("local", "cloud", "local", fallback_started=500)
     tr.token(100.7)
     tr.done("stop", 100.8)
-    model.observe_trace(tr, 30)
+    model.observe_trace(tr.freeze(), 30)
     cloud = model.engine("cloud")
     assert cloud.samples == 1 and cloud.obs[-1].service_s == pytest.approx(0.7)
     assert model.engine("local").obs[-1].service_s == pytest.approx(0.2)
-    failed = _trace()
-    failed.engine, failed.error = "cloud", "boom"
-    model.observe_trace(failed, 30)
+    failed = _trace("cloud")
+    failed.failed(RuntimeError("boom"))
+    model.observe_trace(failed.freeze(), 30)
     assert cloud.samples == 1
 
 
@@ -138,12 +136,11 @@ def test_the_kv_cache_share_is_taken_off_the_prefill() -> None:
     assert uncached_share("abcd", None) == 1.0
     assert uncached_share("abcdefgh", "abcdXYZ") == 0.5
     model = LatencyModel()
-    tr = _trace(queued=0, started=0, prefill_done=40)
-    tr.engine, tr.started = "local", ["local"]
-    tr.prompt_tokens, tr.cached_prompt_tokens = 600, 540  # 90% reused
+    tr = _trace("local", queued=0, started=0, prefill_done=40)
+    tr.usage(600, 0, 540, False)  # 90% reused
     tr.token(100.05)
     tr.done("stop", 100.06)
-    model.observe_trace(tr, 500)
+    model.observe_trace(tr.freeze(), 500)
     assert model.engine("local").obs[-1].tokens == pytest.approx(50.0)
 
 
@@ -173,15 +170,14 @@ def test_a_handoff_teaches_the_local_ttft_and_the_clouds_continuation() -> None:
     from hybridllm.runtime.trace import HandoffRecord
 
     model = LatencyModel()
-    tr = Trace(t_start=100.0)
-    tr.engine, tr.started = "cloud", ["local", "cloud"]
+    rec = Recorder(Trace(t_start=100.0, engine="cloud", started=("local", "cloud")))
     for i in range(4):  # local: first token at 50 ms, then 60 ms per token
-        tr.token(100.05 + 0.06 * i)
-    tr.handoff = HandoffRecord(100.23, 8, 4, switched_t=100.53, outcome="switched")
+        rec.token(100.05 + 0.06 * i)
+    rec.plan_record(HandoffRecord(100.23, 8, 4, switched_t=100.53, outcome="switched"))
     for i in range(10):  # cloud: 10 ms per token from 100.53
-        tr.token(100.53 + 0.01 * i)
-    tr.done("stop", 100.7)
-    model.observe_trace(tr, 30)
+        rec.token(100.53 + 0.01 * i)
+    rec.done("stop", 100.7)
+    model.observe_trace(rec.freeze(), 30)
     local, cloud = model.engine("local"), model.engine("cloud")
     assert local.obs[-1].service_s == pytest.approx(0.05)
     assert local.tpot()[0] == pytest.approx(0.06)

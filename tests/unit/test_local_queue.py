@@ -122,7 +122,7 @@ async def test_a_full_local_queue_sends_the_request_to_the_cloud() -> None:
             t = anyio.current_time()
             second = await client.complete("second")
             assert anyio.current_time() - t == pytest.approx(0.01)  # the cloud's script alone
-    assert second.trace.engine == "cloud" and second.trace.started == ["cloud"]
+    assert second.trace.engine == "cloud" and second.trace.started == ("cloud",)
     assert "unavailable" in second.trace.reason_codes  # the full queue leaves local out
     assert len(local.requests) == 1
 

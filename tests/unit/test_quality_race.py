@@ -18,6 +18,7 @@ from hybridllm.routing.decide import PROBE_AFTER
 from hybridllm.routing.hedging import backup_ttft_s, choose_hedge_delay, lead_s
 from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import ScriptedEngine
 
@@ -270,9 +271,9 @@ async def test_a_local_engine_predicted_slow_is_not_locked_out_by_a_faster_cloud
 def test_the_latency_model_counts_requests_since_an_engine_was_measured() -> None:
     model = LatencyModel()
     for _ in range(3):
-        t = Trace(t_start=0.0, engine="cloud", started=["local", "cloud"])
-        t.token(0.1)
-        model.observe_trace(t, 20)
+        rec = Recorder(Trace(t_start=0.0, engine="cloud", started=("local", "cloud")))
+        rec.token(0.1)
+        model.observe_trace(rec.freeze(), 20)
     assert model.unmeasured["local"] == 3 and model.unmeasured["cloud"] == 0
 
 

@@ -134,7 +134,7 @@ async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
     async with HybridClient(local=local, cloud=cloud, policy=policy) as client:
         res = await client.complete("q")
     tr = res.trace
-    assert res.text == "hedged" and tr.hedged and tr.started == ["local", "cloud"]
+    assert res.text == "hedged" and tr.hedged and tr.started == ("local", "cloud")
     assert tr.segments_ms["fallback_started"] == pytest.approx(50)
     assert "hedge" in (tr.fallback_reason or "") and tr.fallback_cause == "hedge"
 
@@ -310,16 +310,15 @@ async def test_the_plans_run_on_a_request_run_without_a_client() -> None:
         ),
     }
     for want, plan in plans.items():
-        trace = Trace()
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-        run = RequestRun(trace, send)
+        run = RequestRun(Trace(), send)
         async with anyio.create_task_group() as tg:
             tg.start_soon(run.run, plan)
             async with Stream(run, recv) as s:
                 events = [e async for e in s.events()]
         assert "".join(e.text for e in events if isinstance(e, Token)) == want
         assert isinstance(events[0], Route) and isinstance(events[-1], Done)
-        assert trace.error is None and trace.finish_reason == "stop"
+        assert s.trace.error is None and s.trace.finish_reason == "stop"
     assert slow.active == 0 and slow.emitted == 0
 
 
@@ -329,14 +328,13 @@ async def test_a_timer_posted_just_before_the_crown_starts_nothing() -> None:
     from hybridllm.runtime.plans.race import _Race, _TimerFired
 
     local, cloud = engines([0.0, "a"], [0.0, "b"])
-    trace = Trace()
     send, _recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-    run = RequestRun(trace, send)
+    run = RequestRun(Trace(), send)
     req = GenerationRequest([{"role": "user", "content": "q"}])
     async with anyio.create_task_group() as tg:
         r = _Race(run, local, cloud, req, tg, deadline_s=0.1, stall_s=None)
         r.crown(r.start(local, req))
         r._on_timer(_TimerFired("no token from local within 100 ms", "deadline"))
-        assert not r.deadline_fired and trace.fallback_reason is None
+        assert not r.deadline_fired and run.trace.fallback_reason is None
         tg.cancel_scope.cancel()
-    assert trace.started == ["local"] and not cloud.requests
+    assert list(run.trace.started) == ["local"] and not cloud.requests

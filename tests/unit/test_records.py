@@ -4,12 +4,14 @@ plan reports to the request's recorder (`RequestRun.fell_back`, `RequestRun.swit
 it; usage is summed over every attempt, per engine, and is at least what was delivered; and what
 leaves a request is a `HybridError`, never an `ExceptionGroup`.
 
-The matrix: the plans that start a second engine (single with a fallback, hedge, handoff) times
-the faults a script can play (fails before its first token, fails mid-stream, stalls, refused by
-a guard, cancelled by the app)."""
+The matrix: every registered plan (single with a fallback, hedge, handoff, cascade, speculative,
+and the toy plan tests/unit/toy_plan.py registers) times the faults a script can play on the
+cloud (fails before its first token, fails mid-stream, stalls, refused by a guard, cancelled by
+the app)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -26,12 +28,15 @@ from hybridllm.errors import (
     InternalError,
     PrivacyBlockedError,
 )
-from hybridllm.events import Done, Event, Fallback, Token, Usage
+from hybridllm.events import Done, Event, Fallback, ParallelStart, Token, Usage
 from hybridllm.gateway.app import create_app
 from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.policy import plan_names
 from hybridllm.runtime.trace import Trace
 from hybridllm.telemetry.stats import request_samples
 from hybridllm.testing import ScriptedEngine
+from tests.unit import toy_plan  # noqa: F401  (registers "shout")
+from tests.unit.test_cascade_scripted import FakeRouter, SignalScriptedEngine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 
@@ -40,12 +45,24 @@ PLANS: dict[str, Policy] = {
     "hedge": Policy(
         name="rec-hedge",
         routing={"prefer": "cloud", "stall_ms": 200, "retries": 0, "ttft_deadline_ms": 300},
+        hedge={"after_ms": 5},
     ),
     "handoff": Policy(
         name="rec-handoff",
         routing={"prefer": "local", "stall_ms": 200, "retries": 0},
         handoff={"after_tokens": 2},
     ),
+    # stage 1 unsure (the cloud starts at once, held), stage 2 sends the answer to the cloud
+    "cascade": Policy(
+        name="rec-cascade",
+        plans=("single", "hedge", "cascade"),
+        routing={"router_threshold": 0.5, "stall_ms": 200, "retries": 0},
+    ),
+    # scripted engines cannot draft or verify: the plan streams the cloud plainly
+    "speculative": Policy(
+        name="rec-speculative", routing={"prefer": "cloud", "stall_ms": 200, "retries": 0}
+    ),
+    "shout": Policy(name="rec-shout", routing={"prefer": "cloud", "stall_ms": 200, "retries": 0}),
 }
 
 
@@ -69,21 +86,29 @@ FAULTS: dict[str, list[Any]] = {
 LOCAL = ["l1", "l2", "l3", "l4"]
 
 
-def engines() -> tuple[ScriptedEngine, ScriptedEngine]:
-    local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.02, tpot_s=0.01)
+def engines(plan: str) -> tuple[ScriptedEngine, ScriptedEngine]:
+    if plan == "cascade":  # a local engine that reads its own signals
+        local: ScriptedEngine = SignalScriptedEngine(hold_s=0.05, tokens=LOCAL, tpot_s=0.01)
+    else:
+        local = ScriptedEngine("local", tokens=LOCAL, ttft_s=0.02, tpot_s=0.01)
     return local, ScriptedEngine("cloud", script=[])
 
 
+def test_the_matrix_covers_every_registered_plan() -> None:
+    assert set(PLANS) == set(plan_names())
+
+
 async def play(plan: str, fault: str) -> tuple[list[Event], Any, BaseException | None, int]:
-    local, cloud = engines()
+    local, cloud = engines(plan)
     cloud.script = list(FAULTS[fault])
     cloud.duration_s = sum(s for s in cloud.script if isinstance(s, float))
     events: list[Event] = []
     raised: BaseException | None = None
-    async with HybridClient(local=local, cloud=cloud, router=None) as client:
+    router = FakeRouter(0.6, combined=0.9) if plan == "cascade" else None
+    async with HybridClient(local=local, cloud=cloud, router=router) as client:
         kw: dict[str, Any] = {"policy": PLANS[plan]}
-        if plan == "handoff":
-            kw["plan"] = "handoff"
+        if plan != "single":
+            kw["plan"] = plan
         try:
             async with client.stream("write", **kw) as s:
                 async for e in s.events():
@@ -116,6 +141,7 @@ def produced(events: Sequence[Event]) -> int:
 @pytest.mark.parametrize("plan", list(PLANS))
 async def test_every_fallback_event_has_its_record_and_usage_adds_up(plan: str, fault: str) -> None:
     events, trace, raised, counted = await play(plan, fault)
+    assert trace.plan == plan  # the plan of the cell ran
     # only typed errors leave a request
     assert raised is None or isinstance(raised, HybridError), repr(raised)
     # each Fallback (Hedge, ParallelStart) event is the trace's record, in order, same cause
@@ -288,3 +314,58 @@ async def test_a_cascade_trace_round_trips_and_counts_its_held_tokens(router_sco
     if trace.engine == "local":  # the held "Hel" (3 tokens by the double's count) and the rest
         assert [u.engine for u in trace.counted] == ["local"]
         assert trace.completion_tokens == trace.counted[0].completion_tokens + 2
+
+
+async def test_a_plan_is_one_module_and_one_registration_line() -> None:
+    """tests/unit/toy_plan.py registers "shout"; nothing else names it. A policy and a call may
+    name it, `decide()` previews it, `stream()` runs it, and the trace, its export and
+    `stats()` carry it; a name nobody registered is still a `PolicyError`."""
+    import tests.unit.toy_plan  # noqa: F401  (the registration)
+    from hybridllm.errors import PolicyError
+
+    pol = Policy(name="loud", plans=("single", "shout"), plan="shout", routing={"prefer": "local"})
+    local = ScriptedEngine("local", tokens=["hi", " there"])
+    async with HybridClient(local=local, router=None, policy=pol) as client:
+        preview = client.decide("q").decision
+        async with client.stream("q") as s:
+            text = "".join([e.text async for e in s.events() if isinstance(e, Token)])
+        per_call = await client.complete("q", policy=Policy(name="quiet"), plan="shout")
+        report = client.stats()
+    assert preview.plan == "shout" and "registered_plan" in preview.codes
+    assert text == "HI THERE" and per_call.text == "HI THERE"
+    assert s.trace.plan == "shout" and s.trace.to_dict()["plan"] == "shout"
+    assert Trace.from_dict(s.trace.to_dict()).plan == "shout"
+    assert report.overall.counts.requests == 2
+    with pytest.raises(PolicyError):
+        Policy(name="x", plans=("single", "whisper"))
+
+
+async def test_the_trace_is_a_frozen_value_once_the_request_ends() -> None:
+    """`s.trace` after the end is the recorder's frozen value: no field can be set, it has no
+    `__dict__` (slotted), every sequence is a tuple, and it is the trace the `Done` carried."""
+    events, trace, _, _ = await play("single", "fails-mid-stream")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trace.engine = "cloud"
+    assert not hasattr(trace, "__dict__")
+    sequences = ("fallbacks", "started", "switches", "attempts", "spans", "token_times")
+    assert all(isinstance(getattr(trace, name), tuple) for name in sequences)
+    (done,) = [e for e in events if isinstance(e, Done)]
+    assert done.trace == trace
+    assert trace.parallel_engine is None and trace.fallback_cause == "mid_stream"
+    assert Trace.from_dict(trace.to_dict()).started == trace.started
+
+
+async def test_a_parallel_start_is_a_fallback_record_and_its_event() -> None:
+    """`parallel_start` / `parallel_engine` are read from the fallback record whose cause is
+    "parallel" (no field repeats another): a cascade unsure at stage 1 starts the cloud at once,
+    and the app sees the `ParallelStart` the trace holds."""
+    local = SignalScriptedEngine(hold_s=0.05, tokens=LOCAL, tpot_s=0.01)
+    cloud = ScriptedEngine("cloud", tokens=["c1", "c2"], ttft_s=0.01)
+    pol = PLANS["cascade"].with_(cascade={"hedge": True})
+    async with HybridClient(local=local, cloud=cloud, router=FakeRouter(0.9, 0.9)) as client:
+        async with client.stream("q", policy=pol, plan="cascade") as s:
+            events = [e async for e in s.events()]
+    starts = [e for e in events if isinstance(e, ParallelStart)]
+    assert [(e.to_engine, e.cause) for e in starts] == [("cloud", "parallel")]
+    assert s.trace.parallel_engine == "cloud" and s.trace.parallel_start == starts[0].reason
+    assert [f.cause for f in s.trace.fallbacks] == ["parallel"]

@@ -73,7 +73,7 @@ async def test_the_race_retries_the_cloud_before_the_local_engine_takes_over() -
     )
     assert [(t.engine, t.text) for t in tokens] == [("cloud", "C"), ("cloud", "!")]
     assert len(cloud.requests) == 3 and trace.retries == 2
-    assert not local.requests and trace.started == ["cloud"]
+    assert not local.requests and trace.started == ("cloud",)
 
 
 async def test_a_hedge_retries_the_cloud_and_the_retry_can_win() -> None:

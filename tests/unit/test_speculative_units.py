@@ -380,13 +380,15 @@ async def test_verification_calls_go_through_the_guard() -> None:
 
 def test_a_speculative_trace_does_not_teach_the_latency_model_the_clouds_speed() -> None:
     from hybridllm.runtime.latency import LatencyModel
+    from hybridllm.runtime.recorder import Recorder
     from hybridllm.runtime.trace import Speculation, Trace
 
     model = LatencyModel()
-    trace = Trace(t_start=0.0, engine="cloud", started=["cloud"])
+    rec = Recorder(Trace(t_start=0.0, engine="cloud", started=("cloud",)))
     for t in (3.0, 6.0, 9.0, 12.0):  # commits in bursts, one per slow verification round
-        trace.token(t)
-    trace.speculation = Speculation(verifier="echo-logprobs", rounds=4)
+        rec.token(t)
+    rec.plan_record(Speculation(verifier="echo-logprobs", rounds=4))
+    trace = rec.freeze()
     before = model.engine("cloud").tpot()
     model.observe_trace(trace, 20)
     assert model.engine("cloud").tpot() == before and model.engine("cloud").samples == 0

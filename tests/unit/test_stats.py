@@ -12,20 +12,20 @@ import pytest
 
 from hybridllm import HybridClient, Policy, Telemetry
 from hybridllm.errors import CloudConnectionError, InvalidArgumentError
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 from hybridllm.telemetry.stats import Stats
 from hybridllm.testing import ScriptedEngine
 
 
 def _trace(ttft_s: float, gaps_s: list[float], engine: str = "local", policy: str = "p") -> Trace:
-    tr = Trace(t_start=0.0)
-    tr.policy, tr.engine = policy, engine  # type: ignore[assignment]
+    tr = Recorder(Trace(t_start=0.0, policy=policy, engine=engine))
     t = ttft_s
-    tr.token(t, engine)  # type: ignore[arg-type]
+    tr.token(t, engine)
     for g in gaps_s:
         t += g
-        tr.token(t, engine)  # type: ignore[arg-type]
-    return tr
+        tr.token(t, engine)
+    return tr.freeze()
 
 
 def _exact(values: list[float], q: float) -> float:

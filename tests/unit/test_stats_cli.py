@@ -4,6 +4,7 @@ scripted test engines, on the virtual clock, or written into a log by hand)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import time
@@ -18,6 +19,7 @@ from hybridllm.cli.stats import since_seconds, table_rows
 from hybridllm.cli.stats_log import aggregate, read_log
 from hybridllm.errors import CloudConnectionError, DecisionLogError
 from hybridllm.routing.log import MIGRATIONS, DecisionLog
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import FallbackRecord, Trace
 from hybridllm.sqlite_migrations import migrate
 from hybridllm.telemetry.logged import samples_from_dict
@@ -28,16 +30,14 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _trace(ttft_s: float, gaps_s: list[float], engine: str, policy: str) -> Trace:
-    tr = Trace(t_start=0.0)
-    tr.policy, tr.engine = policy, engine  # type: ignore[assignment]
-    tr.started = [engine]  # type: ignore[list-item]
+    tr = Recorder(Trace(t_start=0.0, policy=policy, engine=engine, started=(engine,)))
     t = ttft_s
-    tr.token(t, engine, delivered=t + 0.001)  # type: ignore[arg-type]
+    tr.token(t, engine, delivered=t + 0.001)
     for g in gaps_s:
         t += g
-        tr.token(t, engine, delivered=t + 0.002)  # type: ignore[arg-type]
+        tr.token(t, engine, delivered=t + 0.002)
     tr.done("stop", t + 0.01)
-    return tr
+    return tr.freeze()
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -109,9 +109,12 @@ def test_the_span_picks_the_rows(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_a_logged_trace_gives_the_samples_the_client_aggregates() -> None:
     tr = _trace(0.2, [0.03, 0.05, 0.02], "local", "voice")
-    tr.spans.append(type(tr.spans[0])("cloud", 2))  # the cloud wrote the last two tokens
-    tr.started.append("cloud")
-    tr.fallbacks.append(FallbackRecord(tr.t_start + 0.1, "local", "cloud", "failed", "stalled"))
+    tr = dataclasses.replace(
+        tr,
+        spans=(*tr.spans, type(tr.spans[0])("cloud", 2)),  # the cloud wrote the last two tokens
+        started=(*tr.started, "cloud"),
+        fallbacks=(FallbackRecord(tr.t_start + 0.1, "local", "cloud", "failed", "stalled"),),
+    )
     direct, logged = Stats(clock=lambda: 0.0), Stats(clock=lambda: 0.0)
     direct.add(request_samples(tr))
     logged.add(samples_from_dict(json.loads(tr.to_json())))
@@ -159,7 +162,8 @@ def test_an_old_log_still_opens_and_counts_its_ttft(tmp_path: Path) -> None:
 
 def test_captured_text_stays_out_of_a_log_without_prompts(tmp_path: Path) -> None:
     tr = _trace(0.1, [0.01], "local", "chat")
-    tr.content = {"messages": [{"role": "user", "content": "secret"}], "answer": "x"}
+    content = {"messages": [{"role": "user", "content": "secret"}], "answer": "x"}
+    tr = dataclasses.replace(tr, content=content)
     with DecisionLog(tmp_path / "d.db") as log:
         rid = log.record(route="local", features={}, request_id=tr.request_id)
         log.outcome(rid, trace=tr.to_dict())

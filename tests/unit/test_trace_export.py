@@ -11,6 +11,7 @@ import pytest
 
 from hybridllm import HybridClient, Policy
 from hybridllm.errors import CloudConnectionError
+from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 from hybridllm.testing import ScriptedEngine
 
@@ -56,10 +57,11 @@ async def test_no_prompt_or_answer_text_unless_captured() -> None:
 
 
 def test_delivery_and_production_times_and_the_hop() -> None:
-    tr = Trace(t_start=10.0)
-    tr.token(10.100, "local", delivered=10.104)
-    tr.token(10.130, "local", delivered=10.131)
-    tr.token(10.160, "local", delivered=10.170)
+    rec = Recorder(Trace(t_start=10.0))
+    rec.token(10.100, "local", delivered=10.104)
+    rec.token(10.130, "local", delivered=10.131)
+    rec.token(10.160, "local", delivered=10.170)
+    tr = rec.freeze()
     assert tr.ttft_ms == pytest.approx(104) and tr.produced_ttft_ms == pytest.approx(100)
     assert tr.itl_ms == pytest.approx([27, 39]) and tr.itl_p99_ms == pytest.approx(39)
     assert tr.hop_ms == pytest.approx([4, 1, 10])
@@ -69,10 +71,10 @@ def test_delivery_and_production_times_and_the_hop() -> None:
 
 
 def test_gaps_go_with_the_span_that_wrote_them() -> None:
-    tr = Trace(t_start=0.0)
+    rec = Recorder(Trace(t_start=0.0))
     for i, engine in enumerate(["cloud", "cloud", "local", "local"]):
-        tr.token(0.1 * (i + 1), engine)  # type: ignore[arg-type]
-    spans = tr.span_itl_ms()
+        rec.token(0.1 * (i + 1), engine)
+    spans = rec.freeze().span_itl_ms()
     assert [e for e, _ in spans] == ["cloud", "local"]
     assert spans[0][1] == pytest.approx([100]) and spans[1][1] == pytest.approx([100, 100])
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,19 +49,18 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import ReadsSignals
-from hybridllm.events import Chunk, Delta, EngineName, Finish
+from hybridllm.events import Chunk, Delta, Finish
 from hybridllm.policy import Policy
-from hybridllm.routing.decision import Decision
 from hybridllm.runtime.plans.race import race
+from hybridllm.runtime.plans.registry import Plan, PlanContext, register
 from hybridllm.runtime.plans.single import collector, relay_watched, single
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import CascadeRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Sequence
 
     from hybridllm.engines.llama.signals import LocalSignals
-    from hybridllm.routing.inputs import Scorer
     from hybridllm.routing.score import RouterScore
 
 
@@ -104,7 +102,7 @@ async def cascade(
     text = float(router.score(request.messages))
     hedged = settings.hedge and settings.text_cut is not None and text > settings.text_cut
     info = CascadeRecord(round(text, 6), hedged, settings.cut, settings.judge)
-    trace.cascade = info
+    run.plan_record(info)
     try:  # the plan's own error comes out as itself, not in an ExceptionGroup (`first_error`)
         async with anyio.create_task_group() as tg:
             buffer: MemoryObjectReceiveStream[Chunk | Exception | None] | None = None
@@ -146,13 +144,33 @@ async def cascade(
                     )
                     return
                 if buffer is not None:
-                    await _serve_buffered(run, cloud, buffer, f"{why} -> cloud (started at once)")
+                    why = f"{why} -> cloud (started at once)"
+                    rescue = (local, request, stall_s) if settings.failover else None
+                    await _serve_buffered(run, cloud, buffer, why, fallback=rescue)
                     return
                 why = f"{why} -> cloud"
             cloud_scope.cancel()
     except BaseExceptionGroup as group:
         raise errors.first_error(group) from None
-    await single(run, cloud, request, why, stall_s=stall_s)
+    await _to_cloud(run, local, cloud, request, why, settings, stall_s)
+
+
+async def _to_cloud(
+    run: RequestRun,
+    local: Engine,
+    cloud: Engine,
+    request: GenerationRequest,
+    why: str,
+    settings: CascadeSettings,
+    stall_s: float | None,
+) -> None:
+    """The cascade sent the answer to the cloud: the local engine is its fallback where the
+    decision allows one (a cloud that fails before its first token, or mid-stream, leaves the
+    answer to it, as in the race); the answer is never lost to a cloud failure."""
+    if not settings.failover:
+        await single(run, cloud, request, why, stall_s=stall_s)
+        return
+    await race(run, cloud, local, request, deadline_s=None, reason=why, stall_s=stall_s)
 
 
 async def _hold(
@@ -309,7 +327,7 @@ async def _fail_over(
         (local.name, exc, (now - trace.t_start) * 1e3)
     ]
     why = f"{local.name} failed mid-stream: {exc}"
-    if trace.cascade is not None:
+    if trace.cascade is not None:  # the plan's own record (`run.plan_record`)
         trace.cascade.failover = why
     run.switched(local.name, cloud.name, exc, reason=why, t=now)
     cont = dataclasses.replace(  # the rest of the answer: what is left of max_tokens
@@ -331,8 +349,8 @@ def _start_buffered(
 ) -> MemoryObjectReceiveStream[Chunk | Exception | None]:
     """Start the cloud now; its chunks wait in a buffer until the cascade decides."""
     send, recv = anyio.create_memory_object_stream[Chunk | Exception | None](math.inf)
-    run.trace.parallel_start = "cascade: stage 1 is unsure, the cloud starts at once"
-    run.trace.parallel_engine = cloud.name
+    why = "cascade: stage 1 is unsure, the cloud starts at once"
+    run.fell_back(run.trace.engine or "local", cloud.name, why, "parallel")
 
     async def go() -> None:
         with scope, send:
@@ -381,16 +399,12 @@ async def _serve_buffered(
     run.complete(cloud.name, finish)
 
 
-def build_cascade(
-    decision: Decision,
-    engines: dict[EngineName, Engine],
-    request: GenerationRequest,
-    policy: Policy,
-    router: Scorer,
-) -> Callable[[RequestRun], Awaitable[None]]:
+def build_cascade(ctx: PlanContext) -> Plan:
     """The cascade plan for a decision whose plan is "cascade" (`routing.decide` chose it:
     both engines may serve, the local one reads its own signals, there is a router);
     `decision.cascade_judge` says what the router's stage 2 judges."""
+    decision, policy, router = ctx.decision, ctx.policy, ctx.routing.router
+    assert router is not None  # decide() chooses the cascade only with a router
     judge = decision.cascade_judge or "prefix"
     settings = CascadeSettings(
         hold_tokens=policy.cascade.hold_tokens,
@@ -401,16 +415,15 @@ def build_cascade(
         judge=judge,
         failover=decision.failover,
     )
-    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
     return partial(
         cascade,
-        local=engines["local"],
-        cloud=engines["cloud"],
-        request=request,
+        local=ctx.engines["local"],
+        cloud=ctx.engines["cloud"],
+        request=ctx.request,
         router=router,
         settings=settings,
         deadline_s=decision.deadline_s,
-        stall_s=stall_s,
+        stall_s=ctx.stall_s,
     )
 
 
@@ -453,3 +466,6 @@ def _rotations_within(budget: float) -> float | None:
     """How long the option rotations of a multiple-choice prompt may take inside the hold: half
     of it, the rest left for the prompt itself and the held tokens (none past the budget)."""
     return None if math.isinf(budget) else max(budget, 0.0) / 2
+
+
+register("cascade", build_cascade, builtin=True)

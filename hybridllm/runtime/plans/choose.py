@@ -5,27 +5,25 @@ builds what `Decision.plan` names."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+# the plans that register in their own modules (importing them registers them)
+import hybridllm.runtime.plans.cascade  # noqa: F401
+import hybridllm.runtime.plans.handoff  # noqa: F401
+import hybridllm.runtime.plans.speculative.plan  # noqa: F401
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
 from hybridllm.routing.decision import Decision
-from hybridllm.runtime.plans.cascade import build_cascade
-from hybridllm.runtime.plans.handoff import build_handoff
 from hybridllm.runtime.plans.race import race
+from hybridllm.runtime.plans.registry import Plan, PlanContext, plan_spec, register
 from hybridllm.runtime.plans.single import single
-from hybridllm.runtime.plans.speculative.plan import build_speculative
-from hybridllm.runtime.stream import RequestRun
 
 if TYPE_CHECKING:
     from hybridllm.runtime.gather import Gatherer
 
 __all__ = ["Plan", "choose_plan"]
-
-Plan = Callable[[RequestRun], Awaitable[None]]
 
 
 def choose_plan(
@@ -36,42 +34,50 @@ def choose_plan(
     fallback_ttft_s: float | None,
     routing: Gatherer,
 ) -> Plan:
-    """The plan for this request. `engines` are the ones this request may use (the cloud one
-    already bound to the request's guard context)."""
-    assert decision.primary is not None
-    target = engines[decision.primary]
-    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
-    if decision.plan == "cascade":
-        assert routing.router is not None  # decide() chooses the cascade only with a router
-        return build_cascade(decision, engines, request, policy, routing.router)
-    if decision.plan == "speculative":
-        return build_speculative(routing, engines, request, decision, policy)
-    if decision.plan == "handoff":
-        return build_handoff(decision, engines, request, policy)
-    request = _with_call_bounds(decision, request, policy)
-    if decision.fallback is None:
-        return partial(
-            single,
-            engine=target,
-            request=request,
-            reason=decision.reason,
-            stall_s=stall_s,
-        )
+    """The plan for this request: the registered plan `decision.plan` names, built from the
+    request's `PlanContext` (`engines`: the ones it may use, the cloud already bound to the
+    request's guard context). A registered plan whose capabilities the primary lacks runs as
+    the decision's own single or hedge plan would."""
+    ctx = PlanContext(decision, engines, request, policy, fallback_ttft_s, routing)
+    spec = plan_spec(decision.plan)
+    if spec is None or not spec.fits(ctx):
+        spec = _builtin_hedge if decision.fallback is not None else _builtin_single
+    return spec.build(ctx)
+
+
+def _single(ctx: PlanContext) -> Plan:
+    request = _with_call_bounds(ctx.decision, ctx.request, ctx.policy)
+    if ctx.decision.fallback is not None:
+        return _race(ctx)
+    return partial(
+        single, engine=ctx.primary, request=request, reason=ctx.decision.reason, stall_s=ctx.stall_s
+    )
+
+
+def _race(ctx: PlanContext) -> Plan:
+    decision = ctx.decision
+    assert decision.fallback is not None
     return partial(
         race,
-        primary=target,
-        fallback=engines[decision.fallback],
-        request=request,
+        primary=ctx.primary,
+        fallback=ctx.engines[decision.fallback],
+        request=_with_call_bounds(decision, ctx.request, ctx.policy),
         deadline_s=decision.deadline_s,
         reason=decision.reason,
         hedge_s=decision.hedge_s,
-        stall_s=stall_s,
+        stall_s=ctx.stall_s,
         # a parallel start is announced with the load rule's own words
         fallback_now=decision.load_reason if decision.fallback_now else None,
-        fallback_ttft_s=fallback_ttft_s,
+        fallback_ttft_s=ctx.fallback_ttft_s,
         failover=decision.failover,
         release_s=decision.release_s,
     )
+
+
+# the decision's own plans ("single" is the race when the decision has a fallback, as "hedge"
+# is); the others register in their own modules
+_builtin_single = register("single", _single, builtin=True)
+_builtin_hedge = register("hedge", _single, builtin=True)
 
 
 def _with_call_bounds(

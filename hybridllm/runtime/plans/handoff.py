@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
@@ -59,14 +58,11 @@ from hybridllm.events import (
     Called,
     Chunk,
     Delta,
-    EngineName,
     Finish,
-    Handoff,
     Mark,
     is_content,
 )
-from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
+from hybridllm.runtime.plans.registry import Plan, PlanContext, register
 from hybridllm.runtime.stream import RequestRun
 from hybridllm.runtime.trace import HandoffOutcome, HandoffRecord, SpendRole, spend_role
 
@@ -90,25 +86,20 @@ class _Timer:
 _Item = tuple[int, Chunk | Exception | None] | _Timer  # (task id, what it sent) or a timer
 
 
-def build_handoff(
-    decision: Decision,
-    engines: Mapping[EngineName, Engine],
-    request: GenerationRequest,
-    policy: Policy,
-) -> Callable[[RequestRun], Awaitable[None]]:
-    """The handoff plan for a decision whose plan is "handoff" (the client's `_plan`)."""
-    stall_s = None if policy.routing.stall_ms is None else policy.routing.stall_ms / 1000.0
+def build_handoff(ctx: PlanContext) -> Plan:
+    """The handoff plan for a decision whose plan is "handoff" (`runtime.plans.registry`)."""
+    policy, stall_s = ctx.policy, ctx.stall_s
     return partial(
         handoff,
-        local=engines["local"],
-        cloud=engines["cloud"],
-        request=request,
-        reason=decision.reason,
+        local=ctx.engines["local"],
+        cloud=ctx.engines["cloud"],
+        request=ctx.request,
+        reason=ctx.decision.reason,
         after_tokens=policy.handoff.after_tokens,
         warm_cloud=policy.handoff.warm_cloud,
         cloud_wait_s=stall_s or CLOUD_WAIT_S,
         stall_s=stall_s,
-        deadline_s=decision.deadline_s,
+        deadline_s=ctx.decision.deadline_s,
     )
 
 
@@ -163,6 +154,7 @@ class _Handoff:
         self.cloud_id: int | None = None
         self.local_tokens = 0
         self.local_error: Exception | None = None  # the local engine failed before the handoff
+        self.record: HandoffRecord | None = None  # where the cloud was asked (the trace's)
         self.finish: Finish | None = None
         self.attempts: list[tuple[str, BaseException, float]] = []
         self.over = False
@@ -218,9 +210,8 @@ class _Handoff:
         if item.kind == "deadline":
             if self.phase == "local" and not self.run.delivered_text:
                 self.ask_cloud()  # the local engine missed the deadline: the cloud answers
-                assert self.run.trace.handoff is not None
-                self.run.trace.handoff.outcome = "asked_at_deadline"
-                self.run.trace.handoff.detail = item.why
+                assert self.record is not None
+                self.record.outcome, self.record.detail = "asked_at_deadline", item.why
         elif item.kind == "warm":
             self.warm = True
             if self.phase == "local" and self.local_tokens >= 1:
@@ -285,8 +276,7 @@ class _Handoff:
         self.next_id += 1
         self.scopes[cid] = scope = anyio.CancelScope()
         self.engine_of[cid] = engine
-        if engine.name not in self.run.trace.started:
-            self.run.trace.started.append(engine.name)
+        self.run.started(engine.name)
         self.tg.start_soon(self._task, cid, scope, engine, request, role)
         return cid
 
@@ -301,35 +291,32 @@ class _Handoff:
     def ask_cloud(self, failed: Exception | None = None) -> None:
         """Fix T0 (the text delivered now), stop the local engine there and ask the cloud to
         continue from T0 (see the module)."""
-        trace = self.run.trace
-        trace.handoff = HandoffRecord(clock.now(), len(self.run.delivered_text), self.local_tokens)
+        record = HandoffRecord(clock.now(), len(self.run.delivered_text), self.local_tokens)
+        self.record = record
+        self.run.plan_record(record)
         self.phase = "hold"
         self.scopes[self.local_id].cancel()
         if failed is not None:
             self.local_error = failed
-            trace.handoff.outcome, trace.handoff.detail = "asked_after_local_failed", str(failed)
+            record.outcome, record.detail = "asked_after_local_failed", str(failed)
         self.cloud_id = self.start(self.cloud, self.continuation(self.local_tokens), "handoff")
         self.tg.start_soon(self._timer_task)
 
     def switch(self) -> None:
         """The cloud's first token: the answer moves to it."""
-        assert self.cloud_id is not None and self.run.trace.handoff is not None
+        assert self.cloud_id is not None and self.record is not None
         self.timer.cancel()
         self.phase, self.serving = "cloud", self.cloud_id
-        rec = self.run.trace.handoff
-        rec.switched_t, rec.outcome = clock.now(), "switched"
-        self.run.trace.engine = "cloud"
+        rec = self.record
         why = f"cloud continues after {rec.local_tokens} local tokens ({rec.local_chars} chars)"
-        self.run.emit(
-            Handoff(rec.switched_t, "local", "cloud", rec.local_chars, rec.local_tokens, why)
-        )
+        self.run.handed_off(rec, self.local.name, self.cloud.name, why)
 
     def abandon(self, outcome: HandoffOutcome, why: str) -> None:
         """No handoff: stop the cloud; the local engine resumes from T0."""
-        assert self.cloud_id is not None and self.run.trace.handoff is not None
+        assert self.cloud_id is not None and self.record is not None
         self.timer.cancel()
         self.scopes[self.cloud_id].cancel()
-        self.run.trace.handoff.outcome, self.run.trace.handoff.detail = outcome, why
+        self.record.outcome, self.record.detail = outcome, why
         if self.local_error is not None:  # the local engine failed first: no engine is left
             self._fail(self.all_failed())
             return
@@ -346,7 +333,6 @@ class _Handoff:
         n = self.run.trace.n_tokens
         self.serving = self.start(self.local, self.continuation(n), "continuation")
         self.local_id, self.phase, self.finish = self.serving, "local-only", None
-        self.run.trace.engine = "local"
 
     def all_failed(self) -> AllEnginesFailedError:
         return AllEnginesFailedError(self.attempts, received_content=bool(self.run.delivered_text))
@@ -394,3 +380,6 @@ class _Handoff:
         with self.timer:
             await anyio.sleep(self.cloud_wait_s)
             self._post(_Timer("cloud_wait", f"no token within {self.cloud_wait_s * 1e3:.0f} ms"))
+
+
+register("handoff", build_handoff, builtin=True)

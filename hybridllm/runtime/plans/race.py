@@ -342,13 +342,13 @@ class _Race:
             return
         self.release_at = None
         now = clock.now()
-        self.run.trace.mark("rescue_released", now)
+        self.run.mark("rescue_released", now)
         for cid, c in list(self.contenders.items()):
             held, c.held = c.held, None
             parked, c.parked = c.parked, False
             for got in held or ():
                 if isinstance(got, Delta | Called) and is_content(got):  # reaches the app now;
-                    self.run.trace.mark("rescue_first_token", got.t)  # the engine's own time
+                    self.run.mark("rescue_first_token", got.t)  # the engine's own time
                     got = dataclasses.replace(got, t=max(got.t, now))
                 self._dispatch(cid, got)
             if parked and self.winner == cid:
@@ -369,7 +369,7 @@ class _Race:
         """The released rescue was parked: the same engine goes on from the text delivered (its
         held tokens), for what is left of max_tokens, and serves from here."""
         trace = self.run.trace
-        trace.mark("rescue_resumed")
+        self.run.mark("rescue_resumed")
         cont = dataclasses.replace(
             self.request,
             assistant_prefix=self.request.assistant_prefix + self.run.delivered_text,
@@ -383,8 +383,7 @@ class _Race:
         self.contenders[cid] = c = _Contender(engine, anyio.CancelScope(), role)
         if engine is not self.primary and role != "continuation" and self.release_at is not None:
             c.held = []  # a rescue: what it sends waits for the release
-        if engine.name not in self.run.trace.started:
-            self.run.trace.started.append(engine.name)
+        self.run.started(engine.name)
         self.tg.start_soon(self._contend, cid, c, request)
         return cid
 
@@ -393,7 +392,7 @@ class _Race:
         in parallel from the start (a predicted deadline miss)."""
         if any(c.engine is self.fallback for c in self.contenders.values()):
             return
-        self.run.trace.mark("fallback_started")
+        self.run.mark("fallback_started")
         role: SpendRole = _FALLBACK_ROLES.get(cause, "fallback")
         self.run.fell_back(self.primary.name, self.fallback.name, why, cause)
         self.start(self.fallback, self.request, role)
@@ -407,9 +406,9 @@ class _Race:
             if other != cid:
                 c.scope.cancel()
         c = self.contenders[cid]
-        self.run.trace.engine = c.engine.name
+        self.run.serving(c.engine.name)
         for mark in c.marks:
-            self.run.trace.mark(mark.name, mark.t)
+            self.run.mark(mark.name, mark.t)
 
     def _report_late_primary(self, cid: int) -> None:
         """A primary that lost the race past the deadline (or after the deadline timer started

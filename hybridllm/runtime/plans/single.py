@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import anyio
 
-from hybridllm import clock
+from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
 from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
@@ -68,10 +68,13 @@ async def relay_watched(
                 return
             await anyio.sleep(wait)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch, tg.cancel_scope)
-        await run.relay(engine, request, watched)
-        tg.cancel_scope.cancel()
+    try:  # the engine's error comes out as itself, not in an ExceptionGroup (`first_error`)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            await run.relay(engine, request, watched)
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise errors.first_error(group) from None
     if stalled:
         raise StallError.after(stall_s, engine.name)
 

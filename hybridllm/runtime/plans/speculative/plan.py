@@ -46,19 +46,16 @@ rejected end of it a `Retract` event after it; the committed text follows as `To
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
-from hybridllm import clock, errors
+from hybridllm import errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.engines.capabilities import Drafter, Drafts, Endpoint, VerifiesAtEndpoint
-from hybridllm.events import EngineName, FallbackCause
-from hybridllm.policy import Policy
-from hybridllm.routing.decide import Decision
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans.single import collector
+from hybridllm.runtime.plans.registry import Plan, PlanContext, register
+from hybridllm.runtime.plans.single import collector, relay_watched
 from hybridllm.runtime.plans.speculative.outlook import SpeculationState
 from hybridllm.runtime.plans.speculative.rounds import Rounds, StepAside
 from hybridllm.runtime.plans.speculative.verifier import Verifier
@@ -89,7 +86,8 @@ async def speculative(
     """The plan for one request: a drafter and a verifier when both engines can, the rounds
     while they pay, then plain cloud streaming or a local failover for the rest."""
     run.route(setup.cloud, reason)
-    spec = run.trace.speculation = Speculation()
+    spec = Speculation()
+    run.plan_record(spec)
     found = await _drafter_and_verifier(run, setup, request, spec)
     if found is None:  # `spec.verifier` says why
         return await _plain(run, setup, request, "", 0, spec.verifier)
@@ -136,7 +134,7 @@ async def _drafter_and_verifier(
     try:
         probed = await setup.state.verifier(endpoint, cloud.verification_post, drafter)
     except errors.RefusedError as exc:  # the probe itself was refused by the guard
-        run.trace.refusals.append(f"cloud: {exc}")
+        run.refused(cloud.name, exc)
         spec.unverified = "probe_refused"
         spec.verifier = f"none: probing refused by the guard: {exc}"
         return None
@@ -170,14 +168,16 @@ async def _plain(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
     )
     spend_role.set("continuation" if committed else "primary")
-    await _relay_rest(run, setup.cloud, rest, n_out)
-
-
-def _cause(exc: BaseException, committed: str) -> FallbackCause:
-    """A failed verification's cause: the answer had begun, or not (a refusal, a failure)."""
-    if committed:
-        return "mid_stream"
-    return "refused" if isinstance(exc, errors.RefusedError) else "failed"
+    try:
+        await _relay_rest(run, setup.cloud, rest, n_out, setup.stall_s)
+    except (errors.EngineError, errors.RefusedError) as exc:
+        if not setup.failover:
+            raise
+        # the cloud failed while streaming plainly: the local engine continues from the text
+        # delivered (the committed text and what the cloud streamed after it)
+        done, n_done = run.delivered_text, run.trace.n_tokens
+        aside = StepAside(done, n_done, f"{setup.cloud.name} failed: {exc}", exc)
+        await _fail_over(run, setup, request, aside)
 
 
 async def _fail_over(
@@ -189,53 +189,53 @@ async def _fail_over(
     if not setup.failover:
         raise exc
     if isinstance(exc, errors.RefusedError):
-        run.trace.refusals.append(f"cloud: {exc}")
+        run.refused(setup.cloud.name, exc)
     spec = run.trace.speculation
     if spec is not None:
         spec.switched, spec.switched_at = why, len(committed)
-    now = clock.now()
-    cause = _cause(exc, committed)
-    run.trace.switched("cloud", "local", exc, len(committed), reason=why, t=now)
-    run.trace.engine = "local"
-    run.fell_back("cloud", "local", why, cause, t=now)
+    cloud, local = setup.cloud.name, setup.local.name
+    if committed:  # a move mid-answer: a switch and its fallback record
+        run.switched(cloud, local, exc, reason=why, chars=len(committed))
+    else:  # nothing delivered yet: the local engine answers instead
+        refused = isinstance(exc, errors.RefusedError)
+        run.fell_back(cloud, local, why, "refused" if refused else "failed")
     rest = replace(
         request, assistant_prefix=committed, max_tokens=max(1, request.max_tokens - n_out)
     )
-    await _relay_rest(run, setup.local, rest, n_out)
+    await _relay_rest(run, setup.local, rest, n_out, setup.stall_s)
 
 
 async def _relay_rest(
-    run: RequestRun, engine: Engine, request: GenerationRequest, n_out: int
+    run: RequestRun,
+    engine: Engine,
+    request: GenerationRequest,
+    n_out: int,
+    stall_s: float | None,
 ) -> None:
-    """Stream the rest on `engine` (the rounds' `n_out` tokens are counted already)."""
+    """Stream the rest on `engine` (the rounds' `n_out` tokens are counted already), ended by
+    a `StallError` when its text stops for longer than `stall_s`."""
     handle, finishes = collector(run, engine.name)
-    await run.relay(engine, request, handle)
+    await relay_watched(run, engine, request, handle, stall_s)
     run.complete(engine.name, finishes[-1] if finishes else None)
 
 
-def build_speculative(
-    routing: _ClientState,
-    engines: Mapping[EngineName, Engine],
-    request: GenerationRequest,
-    decision: Decision,
-    policy: Policy,
-) -> Callable[[RequestRun], Awaitable[None]]:
+def build_speculative(ctx: PlanContext) -> Plan:
     """The plan for one request, as the client runs plans (a function of the `RequestRun`)."""
-    spec, stall_ms = policy.speculative, policy.routing.stall_ms
+    spec, routing, decision = ctx.policy.speculative, ctx.routing, ctx.decision
     setup = SpeculativeSetup(
-        local=engines["local"],
-        cloud=engines["cloud"],
+        local=ctx.engines["local"],
+        cloud=ctx.engines["cloud"],
         state=routing.speculation,
         # the prior until the cloud has streamed here
         cloud_tpot_s=routing.latency.engine("cloud").tpot()[0],
         show_drafts=spec.show_drafts,
         failover=decision.failover,
-        stall_s=None if stall_ms is None else stall_ms / 1000.0,
+        stall_s=ctx.stall_s,
         max_prompt_overhead=spec.max_prompt_overhead,
         k=spec.k,
         ahead=spec.ahead,
     )
-    return partial(speculative, setup=setup, request=request, reason=decision.reason)
+    return partial(speculative, setup=setup, request=ctx.request, reason=decision.reason)
 
 
 class _ClientState(Protocol):
@@ -243,3 +243,6 @@ class _ClientState(Protocol):
 
     latency: LatencyModel
     speculation: SpeculationState
+
+
+register("speculative", build_speculative, builtin=True)

@@ -183,7 +183,7 @@ class Rounds:
     async def _verify_traced(self, round_: Round, drafted: Drafted) -> Verdict:
         """`_verify`, recorded in the trace as one verification attempt of the cloud."""
         cloud = self.setup.cloud
-        attempt = self.run.trace.attempt(cloud.name, cloud.info().model, "verification")
+        attempt = self.run.attempt(cloud, "verification")
         try:
             verdict = await self._verify(round_, drafted)
         except anyio.get_cancelled_exc_class():
