@@ -494,7 +494,8 @@ def test_the_parallel_start_is_announced_with_the_load_rules_own_words() -> None
     engines = {"local": ScriptedEngine("local"), "cloud": ScriptedEngine("cloud")}
     request = GenerationRequest([{"role": "user", "content": "hi"}])
     plan = choose_plan(reworded, dict(engines), request, CHAT, None, Gatherer())
-    assert isinstance(plan, partial) and plan.keywords["fallback_now"] == d.load_reason
+    assert isinstance(plan, partial) and plan.keywords["fallback_now"] is True
+    assert plan.keywords["parallel_reason"] == d.load_reason
 
 
 HELD = {"hedge": {"parallel_cloud": False}}

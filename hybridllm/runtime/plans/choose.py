@@ -66,8 +66,8 @@ def _race(ctx: PlanContext) -> Plan:
         reason=decision.reason,
         hedge_s=decision.hedge_s,
         stall_s=ctx.stall_s,
-        # a parallel start is announced with the load rule's own words
-        fallback_now=decision.load_reason if decision.fallback_now else None,
+        fallback_now=decision.fallback_now,
+        parallel_reason=decision.load_reason,  # a parallel start says the load rule's words
         fallback_ttft_s=ctx.fallback_ttft_s,
         failover=decision.failover,
         release_s=decision.release_s,

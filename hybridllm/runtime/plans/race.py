@@ -127,19 +127,20 @@ async def race(
     reason: str,
     hedge_s: float | None = None,
     stall_s: float | None = None,
-    fallback_now: str | None = None,
+    fallback_now: bool = False,
+    parallel_reason: str = "",
     fallback_ttft_s: float | None = None,
     failover: bool = True,
     release_s: float | None = None,
 ) -> None:
-    """Run the race. `fallback_now`: start the fallback at once too, in parallel, for this
-    reason (the routing decision predicts the primary misses the deadline; `reason` says so).
+    """Run the race. `fallback_now`: start the fallback at once too, in parallel (the routing
+    decision predicts the primary misses the deadline; `parallel_reason` says so in words).
     `fallback_ttft_s`: the fallback's predicted time to a first token (None: ask the engine; 0:
     no lead, the fallback starts at the deadline itself). `failover`: whether an answer that
     fails mid-stream may continue on the other engine (the decision says no where an engine
     cannot continue an answer). `release_s`: the fallback is a rescue, its tokens held until
     this long after the call or the primary's failure (None: the first token wins)."""
-    if fallback_now is not None:
+    if fallback_now:
         why = reason  # the fallback starts now: no deadline to wait for
     elif deadline_s is None:
         why = f"{reason}; {fallback.name} takes over if it fails"
@@ -158,7 +159,8 @@ async def race(
             failover=failover,
             release_s=release_s,
         )
-        await r.serve(hedge_s=hedge_s, fallback_now=fallback_now, fallback_ttft_s=fallback_ttft_s)
+        parallel = (fallback_now, parallel_reason)
+        await r.serve(hedge_s=hedge_s, parallel=parallel, fallback_ttft_s=fallback_ttft_s)
     r.conclude()  # outside the task group: the app gets a typed, unwrapped error
 
 
@@ -208,14 +210,20 @@ class _Race:
     # ---- the coordinator ---------------------------------------------------------------------
 
     async def serve(
-        self, *, hedge_s: float | None, fallback_now: str | None, fallback_ttft_s: float | None
+        self,
+        *,
+        hedge_s: float | None,
+        parallel: tuple[bool, str],
+        fallback_ttft_s: float | None,
     ) -> None:
-        """Start the primary (and the fallback, with `fallback_now`) and the timer, then handle
-        what they post until the race is over; nothing is left running when it returns."""
+        """Start the primary (and the fallback at once where `parallel` says so, with the words
+        of its `ParallelStart`) and the timer, then handle what they post until the race is
+        over; nothing is left running when it returns."""
+        now, why = parallel
         try:
             self.start(self.primary, self.request)
-            if fallback_now is not None:
-                self.start_fallback(fallback_now, "parallel")
+            if now:
+                self.start_fallback(why, "parallel")
             self.tg.start_soon(self._timer_task, hedge_s, fallback_ttft_s)
             async with self.recv:
                 while not self.over:
