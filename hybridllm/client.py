@@ -414,7 +414,12 @@ class HybridClient:
         if route.decision.primary is None:  # the documented type: privacy, budget, or else
             log.info("refused at routing%s: %s", " (preview)" * preview, route.decision.reason)
             raise refusal_error(
-                route.decision, route.facts, ticket.policy, ticket.request, self._guard
+                route.decision,
+                route.facts,
+                ticket.policy,
+                ticket.request,
+                self._guard,
+                route.state.context,
             )
         return route
 

@@ -64,9 +64,11 @@ class ScriptedEngine:
         serial: bool = False,
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
+        n_ctx: int | None = None,
     ) -> None:
         """`supports_continuation`: what `info()` reports (a double of an engine that cannot go
-        on from a started answer: False); `token_count`: what `count_tokens()` answers;
+        on from a started answer: False); `n_ctx`: the context `info()` reports (None: unknown;
+        the double itself never overflows); `token_count`: what `count_tokens()` answers;
         `serial`, `max_queue`, `max_queue_wait_s`: a bounded FIFO queue (see the module).
         Checked when made (`InvalidArgumentError`): tokens are strings, `ttft_s` and `tpot_s`
         finite and >= 0, script steps a float >= 0, a str or an exception, `token_count` an
@@ -81,6 +83,7 @@ class ScriptedEngine:
                 validate.number(f"script[{i}]", step, minimum=0.0)
         if token_count is not None:
             validate.integer("token_count", token_count, minimum=0)
+        self.n_ctx = None if n_ctx is None else validate.integer("n_ctx", n_ctx, minimum=1)
         self.name: EngineName = name
         self.model = model
         if script is None:
@@ -122,6 +125,7 @@ class ScriptedEngine:
             if self.queue is None
             else {p: self.queue.expected_wait_s(p) for p in PRIORITIES},
             unavailable=None if self.queue is None else self.queue.unavailable(),
+            n_ctx=self.n_ctx,
         )
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:

@@ -109,10 +109,16 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     refused, removed = _restrict(facts, policy, state, allowed, want, reasons, objective)
     if refused:
         return _refuse(reasons, deadline, _cause(removed, "no_engine"))
+    too_long = _too_long(facts, state, allowed, reasons)
+    if too_long and not allowed:  # no engine left can hold the prompt: an error at once
+        refused_for = _refuse(reasons, deadline, "context_overflow")
+        return replace(refused_for, overflowed=too_long)
     local_off = _local_circuit(facts, state, allowed, reasons)
     left_out = _unavailable(facts, state, allowed, reasons)
     # a reason already says why an engine is missing (`no <engine> engine` would repeat it)
-    absence_noted = removed is not None or local_off or any(e == "cloud" for e, _ in left_out)
+    absence_noted = (
+        removed is not None or local_off or bool(too_long) or any(e == "cloud" for e, _ in left_out)
+    )
     if want not in allowed:  # the engine asked for is out: what took it out is the objective
         objective = "availability" if removed is None else _REMOVED_FOR[removed]
     decision = _serve(
@@ -124,6 +130,8 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     decision = _speculative(decision, facts, policy, state, reasons, asked)
     decision = _cascade(decision, facts, policy, state, reasons, asked)
     decision = _registered(decision, reasons, asked)
+    if too_long:
+        decision = replace(decision, overflowed=too_long)
     if left_out:
         decision = replace(decision, unavailable=left_out)
     return _note_cached(decision, facts, state)
@@ -440,6 +448,30 @@ def _local_circuit(
         text = "local circuit open, but no other engine -> local"
         reasons.append(Reason("local_circuit_only_engine", text))
     return False
+
+
+def _too_long(
+    facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[Reason]
+) -> tuple[EngineName, ...]:
+    """Leave out the engines whose context cannot hold the prompt plus its output bound (the
+    engine would refuse it with `ContextOverflowError`): the request goes to one that can, a
+    routing fact rather than a failure. Returns the engines left out; where none is left,
+    `decide()` refuses with "context_overflow"."""
+    need = facts.prompt_tokens + facts.max_tokens
+    out: list[EngineName] = []
+    for engine in list(allowed):
+        n_ctx = state.context.get(engine)
+        if n_ctx is None or need <= n_ctx:
+            continue
+        allowed.remove(engine)
+        out.append(engine)
+        where = f"-> {allowed[0]}" if allowed else "and no other engine can hold it"
+        text = (
+            f"{engine}: a prompt of {facts.prompt_tokens} tokens + {facts.max_tokens} output "
+            f"tokens does not fit its context of {n_ctx} {where}"
+        )
+        reasons.append(Reason("context_overflow", text))
+    return tuple(out)
 
 
 def _unavailable(

@@ -32,7 +32,7 @@ PlanKind = str
 # why no engine may serve: a privacy finding kept the request from the cloud; the budget could
 # not cover the cloud request; the engine the caller forced is not allowed; no engine the client
 # has is allowed (the policy, no privacy scanner)
-RefusalCause = Literal["privacy", "budget", "forced_not_allowed", "no_engine"]
+RefusalCause = Literal["privacy", "budget", "forced_not_allowed", "no_engine", "context_overflow"]
 # the load rule that fired (3.): a swap for the local queue, for the cloud's concurrency queue,
 # or for a fallback predicted to meet the deadline; a parallel start of the fallback at once;
 # a parallel cloud start the policy holds back until the deadline itself
@@ -64,8 +64,10 @@ ReasonCode = Literal[
     # known as public, no scanner, a finding the policy allows, blocks or keeps local); the
     # budget (refused, or local); the cloud circuit (forced anyway, slow but a quality decision,
     # probed, open: local, the only engine); the local circuit (forced anyway, open: cloud, the
-    # only engine); an unavailable engine (forced anyway, left out, the only engine); the engine
-    # forced is not allowed; no engine is allowed; the engine asked for is missing
+    # only engine); an unavailable engine (forced anyway, left out, the only engine); an engine
+    # whose context cannot hold the prompt and its output bound (left out; with none left, the
+    # refusal of the same name); the engine forced is not allowed; no engine is allowed; the
+    # engine asked for is missing
     "policy_no_cloud",
     "privacy_public_names",
     "privacy_no_scanner",
@@ -85,6 +87,7 @@ ReasonCode = Literal[
     "unavailable_forced",
     "unavailable",
     "unavailable_only_engine",
+    "context_overflow",
     "forced_not_allowed",
     "no_engine",
     "wanted_missing",
@@ -184,6 +187,10 @@ class LiveState:
     continues: frozenset[EngineName] = frozenset({"local", "cloud"})
     # engines that cannot take a request now, and why (`EngineInfo.unavailable`)
     unavailable: Mapping[EngineName, str] = field(default_factory=dict)
+    # each engine's context window in tokens, where it is known (`EngineInfo.n_ctx`: the
+    # local engine's n_ctx, `OpenAIEngine(max_context=)`): a prompt and its output bound that do
+    # not fit an engine go elsewhere, before any work
+    context: Mapping[EngineName, int] = field(default_factory=dict)
     # this policy's recent requests in this client: (how many started the cloud in parallel,
     # how many there were), for `Policy.parallel_cloud_share`
     parallel_recent: tuple[int, int] = (0, 0)
@@ -215,6 +222,8 @@ class Decision:
     failover: bool = False  # a failure mid-answer moves the answer to the other engine
     # engines this request could have used, left out as unavailable: (engine, why)
     unavailable: tuple[tuple[EngineName, str], ...] = ()
+    # engines left out because their context cannot hold the prompt and its output bound
+    overflowed: tuple[EngineName, ...] = ()
     # the fallback may start ahead of the deadline by its own predicted time to a first token;
     # False: at the deadline itself (a cloud the policy does not start in parallel)
     fallback_lead: bool = True

@@ -246,6 +246,7 @@ class Gatherer:
             budget_detail=detail,
             continues=frozenset(n for n, i in infos.items() if i.supports_continuation),
             unavailable={n: i.unavailable for n, i in infos.items() if i.unavailable},
+            context={n: i.n_ctx for n, i in infos.items() if i.n_ctx},
             parallel_recent=self.parallel_recent(policy.name),
             speculation=self.speculation_outlook(request, policy, engines),
             reads_signals=frozenset(n for n, e in engines.items() if _declares(e, ReadsSignals)),
@@ -436,11 +437,23 @@ def refusal_error(
     policy: Policy,
     request: GenerationRequest,
     guard: GuardedEngine | None,
-) -> errors.RefusedError:
+    context: Mapping[EngineName, int] | None = None,
+) -> errors.HybridError:
     """The documented type for a request no engine may serve, from the decision's typed cause
-    (`Decision.refusal`), each a `RefusedError` with the decision's reasons:
-    `PrivacyBlockedError` when the privacy scan kept it from the cloud, `BudgetExceededError`
-    (the guard's, with the cap's figures) when the budget did."""
+    (`Decision.refusal`): `ContextOverflowError` when no engine it could use can hold the
+    prompt and its output bound (`Decision.overflowed`; the largest of their `context`s is
+    named), else a `RefusedError` with
+    the decision's reasons: `PrivacyBlockedError` when the privacy scan kept it from the cloud,
+    `BudgetExceededError` (the guard's, with the cap's figures) when the budget did."""
+    sizes = {e: n for e, n in (context or {}).items() if e in decision.overflowed}
+    if decision.refusal == "context_overflow" and sizes:
+        engine, n_ctx = max(sizes.items(), key=lambda item: item[1])
+        return errors.ContextOverflowError(
+            engine=engine,
+            prompt_tokens=facts.prompt_tokens,
+            max_tokens=facts.max_tokens,
+            n_ctx=n_ctx,
+        )
     reasons = tuple(r.text for r in decision.reasons)
     found = facts.privacy_kinds
     if decision.refusal == "privacy" and found:

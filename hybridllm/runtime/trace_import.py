@@ -80,6 +80,7 @@ def _decision(d: Row | None) -> Decision | None:
     fields = dict(d)
     fields["reasons"] = tuple(Reason(r["code"], r["text"]) for r in d.get("reasons") or ())
     fields["unavailable"] = tuple((e, why) for e, why in d.get("unavailable") or ())
+    fields["overflowed"] = tuple(d.get("overflowed") or ())
     return Decision(**fields)
 
 
