@@ -121,9 +121,19 @@ class ManifestError(ConfigError):
 
 
 class PolicyError(ConfigError):
-    def __init__(self, message: str, *, path: Path | None = None, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | None = None,
+        field: str | None = None,
+        suggestion: str | None = None,
+    ) -> None:
+        """`field`: the dotted field at fault; `suggestion`: for an unknown field, the closest
+        known name ("ttft_deadline_ms" for "ttft_deadline"; None: none is close)."""
         self.path = path
         self.field = field
+        self.suggestion = suggestion
         where = ": ".join(str(p) for p in (path, field) if p)
         super().__init__(f"{where}: {message}" if where else message)
 

@@ -38,6 +38,7 @@ threshold / cloud share / quality floor 0 to 1, budget caps >= 0 USD, stop strin
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Sequence
@@ -105,8 +106,8 @@ def _init(model: BaseModel, **data: Any) -> None:
     try:
         BaseModel.__init__(model, **data)
     except ValidationError as exc:
-        msg, loc = _described(exc, type(model))
-        raise PolicyError(msg, field=".".join(loc) or None) from None
+        msg, loc, close = _described(exc, type(model))
+        raise PolicyError(msg, field=".".join(loc) or None, suggestion=close) from None
 
 
 # pydantic validates nested and file data without calling a model's own __init__ when it is
@@ -114,18 +115,24 @@ def _init(model: BaseModel, **data: Any) -> None:
 _init.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
-def _described(exc: ValidationError, model: type[BaseModel]) -> tuple[str, list[str]]:
-    """The first error's message, in words, and its location (field names)."""
+def _described(exc: ValidationError, model: type[BaseModel]) -> tuple[str, list[str], str | None]:
+    """The first error's message, in words, its location (field names), and for an unknown
+    field the closest known name (None: none is close)."""
     err = exc.errors()[0]
     loc = [str(x) for x in err["loc"]]
     msg = err["msg"].removeprefix("Value error, ")
+    close: str | None = None
     if err["type"] == "extra_forbidden":
         if len(loc) > 1 and loc[0] in TABLES:
             model = TABLES[loc[0]]
-        msg = f"unknown field; known fields: {', '.join(model.model_fields)}"
+        known = list(model.model_fields)
+        found = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+        close = found[0] if found else None
+        hint = f"did you mean {close}? " if close else ""
+        msg = f"unknown field; {hint}known fields: {', '.join(known)}"
     elif loc:
         msg += f" (got {err['input']!r})"
-    return msg, loc
+    return msg, loc, close
 
 
 def _number(v: object) -> object:
@@ -612,10 +619,10 @@ def policy_from_data(
     try:
         return Policy.model_validate(data)
     except ValidationError as exc:
-        msg, loc = _described(exc, Policy)
+        msg, loc, close = _described(exc, Policy)
         field = ".".join(loc) or None
         where = origin.get(field or "", origin.get(loc[0], path) if loc else path)
-        raise PolicyError(msg, path=where, field=field) from exc
+        raise PolicyError(msg, path=where, field=field, suggestion=close) from exc
 
 
 def resolve_policy(

@@ -285,10 +285,18 @@ def _tool_results_answer_calls(messages: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _range(what: str, minimum: float | None, maximum: float | None) -> str:
+    lo, hi = _bound(minimum), _bound(maximum)
     if minimum is not None and maximum is not None:
-        return f"{what} from {minimum:g} to {maximum:g}"
+        return f"{what} from {lo} to {hi}"
     if minimum is not None:
-        return f"{what} >= {minimum:g}"
+        return f"{what} >= {lo}"
     if maximum is not None:
-        return f"{what} <= {maximum:g}"
+        return f"{what} <= {hi}"
     return what
+
+
+def _bound(x: float | None) -> str:
+    """A bound as people write it: an int whole (1048576, not 1.04858e+06), a float short."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)
+    return "" if x is None else f"{x:g}"
