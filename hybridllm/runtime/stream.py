@@ -141,6 +141,9 @@ class RequestRun:
                     self.rec.failed(typed)
                     self.emit(_Failure(typed))
         finally:
+            trace = self.trace
+            if self.scope.cancel_called and trace.finish_reason is None and not trace.error_type:
+                self.rec.done("cancelled")  # the app stopped it (aclose, a break): typed, not None
             self.rec.ended()
             self.rec.freeze()
             self._send.close()

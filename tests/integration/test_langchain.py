@@ -166,7 +166,7 @@ async def test_cancelled_astream_stops_the_engine(
     await chunks.aclose()
     await until(lambda: len(recorded.traces) == 2 and not local.busy)
     for trace in recorded.traces:
-        assert trace.finish_reason is None and trace.attempts[-1].outcome == "cancelled"
+        assert trace.finish_reason == "cancelled" and trace.attempts[-1].outcome == "cancelled"
         assert trace.n_tokens < 300
 
 
