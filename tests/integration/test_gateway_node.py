@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.local.resolve import resolve_model
 from tests.integration.gateway_fixture import InProcessGateway, write_policies
 from tests.integration.recorded import Recorded
+from tests.parts import HAS_NODE, needs
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessGatew
         yield gw
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js 20 (node on PATH)")
+@needs(HAS_NODE, "needs Node.js 20 (node on PATH)")
 def test_the_node_completion_client(gateway: InProcessGateway) -> None:
     env = {
         **os.environ,

@@ -7,7 +7,6 @@ back from the proxy's log of request bodies."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,14 @@ from hybridllm.guard.privacy_ner import NerLayer, PrivacyScanner, default_scanne
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY
 from tests.integration.test_guarded_integration import leaked, on_the_wire
+from tests.parts import HAS_NER, needs
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.integration,
-    pytest.mark.skipif(
-        not all(importlib.util.find_spec(p) for p in ("presidio_analyzer", "spacy")),
-        reason="the privacy extra (hybridllm[privacy]) is not installed",
+    needs(
+        HAS_NER,
+        "the privacy extra (hybridllm[privacy]) is not installed",
     ),
 ]
 

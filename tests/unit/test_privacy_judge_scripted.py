@@ -6,8 +6,6 @@ is checked."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from hybridllm import HybridClient
@@ -17,6 +15,7 @@ from hybridllm.guard.guarded import GuardedEngine, RequestContext
 from hybridllm.guard.privacy_judge import MAX_CHARS, PrivacyJudge, Verdict, borderline, parse
 from hybridllm.guard.privacy_ner import PrivacyScanner
 from hybridllm.testing import ScriptedEngine
+from tests.parts import HAS_NER, needs
 
 pytestmark = pytest.mark.anyio
 PRIVATE = ['{"private": ', "true", ', "span": "07911 234567"}']
@@ -111,9 +110,7 @@ async def test_the_guard_sends_a_request_local_when_the_deadline_would_pass() ->
     assert cloud.requests == []
 
 
-@pytest.mark.skipif(
-    not importlib.util.find_spec("spacy"), reason="names need the NER layer (privacy extra)"
-)
+@needs(HAS_NER, "names need the NER layer (privacy extra)")
 async def test_a_name_alone_is_cleared_only_by_a_judge_that_clears_names() -> None:
     scanner = PrivacyScanner(ner="on")
     cloud = ScriptedEngine("cloud", tokens=["ok"])

@@ -9,7 +9,6 @@ the decision says so; German nouns are not read as names."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Mapping
 
 import pytest
@@ -24,11 +23,10 @@ from hybridllm.guard.privacy_public import names_public_figure
 from hybridllm.routing.decision import RequestFacts
 from hybridllm.runtime.public_names import clear_public_names
 from hybridllm.testing import ScriptedEngine
+from tests.parts import HAS_NER, needs
 
 pytestmark = pytest.mark.anyio
-needs_ner = pytest.mark.skipif(
-    not importlib.util.find_spec("spacy"), reason="names need the NER layer (privacy extra)"
-)
+needs_ner = needs(HAS_NER, "names need the NER layer (privacy extra)")
 PRIVATE_SCORE = -10.0  # every text the double does not know
 KNOWN = {" Quintavius": -1.0, " Vexmoor": -0.5}  # the rest of two made-up famous names
 

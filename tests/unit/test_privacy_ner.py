@@ -5,7 +5,6 @@ test_privacy_ner_integration.py; the corpus figures: benchmarks/bench_privacy.py
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 
@@ -24,9 +23,9 @@ from hybridllm.guard.privacy_ner import (
 from hybridllm.guard.privacy_ner_rules import detect_languages, find, named_alone, nir_ok
 from hybridllm.runtime.gather import Gatherer
 from hybridllm.testing import ScriptedEngine
+from tests.parts import HAS_NER, needs
 
 pytestmark = pytest.mark.anyio
-HAS_NER = all(importlib.util.find_spec(p) for p in ("presidio_analyzer", "spacy"))
 
 
 def found(text: str) -> list[tuple[str, str]]:
@@ -149,7 +148,7 @@ def test_the_default_scanner_reads_its_mode_once(monkeypatch: pytest.MonkeyPatch
         default_scanner()
 
 
-@pytest.mark.skipif(not HAS_NER, reason="the privacy extra is not installed")
+@needs(HAS_NER, "the privacy extra is not installed")
 def test_a_missing_spacy_model_is_never_downloaded(monkeypatch: pytest.MonkeyPatch) -> None:
     import spacy.cli
 
@@ -225,7 +224,8 @@ async def test_a_local_request_never_runs_the_ner_layer_scripted(
         assert (await client.complete("Hi, John Whitaker here", engine="local")).text == "local"
         assert calls == []  # forced local: the patterns only
         done = await client.complete("Hi, John Whitaker here")
-        assert done.text == "local" and "person" in done.trace.route_reason
+        # the NER layer (its finder says "person" only) kept it local
+        assert done.text == "local" and "privacy_local" in done.trace.reason_codes
         assert (await client.complete("What is 2+2?")).text == "cloud"
     assert "Whitaker" not in str(cloud.requests)
     # routing and the guard read the same cloud-bound prompt: the guard's scan of the benign one
