@@ -53,7 +53,7 @@ async def test_scripted_timing_cloud_takes_over_at_the_seam() -> None:
     assert rec.outcome == "switched" and rec.local_chars == 2 and rec.switched_t > rec.asked_t
     assert trace.engine == "cloud"  # type: ignore[attr-defined]
     assert trace.ttft_ms == pytest.approx(20)  # type: ignore[attr-defined]
-    assert "plan=handoff" in trace.route_reason  # type: ignore[attr-defined]
+    assert "handoff_asked" in trace.reason_codes  # type: ignore[attr-defined]
 
 
 async def test_scripted_timing_cloud_failure_before_its_token_local_continues() -> None:

@@ -61,7 +61,7 @@ async def test_a_preview_leaves_the_half_open_probe_to_the_next_request() -> Non
         assert breaker.state == "half-open"
         res = await client.complete("q")
     assert res.text == "cloud" and res.trace.engine == "cloud"
-    assert "circuit open" not in res.trace.route_reason
+    assert not [c for c in res.trace.reason_codes if "circuit" in c]  # no circuit spoke
     assert breaker.state == "closed" and len(cloud.requests) == 1
 
 
@@ -84,7 +84,7 @@ async def test_open_cloud_circuit_sends_requests_local_at_once() -> None:
             assert res.text == "local" and res.trace.fallback_reason
         assert client.breakers["cloud"].state == "open"
         res = await client.complete("q")
-        assert res.text == "local" and "circuit open" in res.trace.route_reason
+        assert res.text == "local" and "cloud_circuit_open" in res.trace.reason_codes
         assert res.trace.fallback_reason is None
     assert len(down.requests) == 2
 

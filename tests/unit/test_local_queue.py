@@ -143,6 +143,6 @@ async def test_without_a_cloud_a_full_queue_fails_at_once() -> None:
                 with pytest.raises(QueueFullError):
                     _ = [tok async for tok in s]
             assert anyio.current_time() == t  # at once
-            assert "no other engine -> local (fails)" in s.trace.route_reason
+            assert "unavailable_only_engine" in s.trace.reason_codes
             assert s.trace.error_type is QueueFullError
     assert not cloud.requests

@@ -41,7 +41,7 @@ async def test_a_preset_cap_holds_without_prices() -> None:
     async with HybridClient(local=local, cloud=cloud, policy="batch", router=None) as client:
         big = await client.complete("report", max_tokens=6000)
         small = await client.complete("report", max_tokens=100)
-    assert big.text == "local" and "budget:" in big.trace.route_reason
+    assert big.text == "local" and "budget_local" in big.trace.reason_codes
     assert small.text == "cloud" and len(cloud.requests) == 1
     assert small.trace.cost_usd is not None and small.trace.cost_usd > 0  # costed and settled
 

@@ -110,7 +110,11 @@ async def test_a_cloud_token_before_the_deadline_wins_over_a_ready_local_rescue(
     tokens = [e for e in events if isinstance(e, Token)]
     assert [t.engine for t in tokens] == ["cloud"] and s.trace.ttft_ms == pytest.approx(90)
     assert len(local.requests) == 1 and s.trace.cloud_cancelled is False
-    assert any(isinstance(e, Fallback) and "held" in e.reason for e in events)
+    # the local fallback started, as a rescue: its tokens held (`release_s`)
+    assert s.trace.decision is not None and s.trace.decision.rescue
+    assert [(e.to_engine, e.cause) for e in events if isinstance(e, Fallback)] == [
+        ("local", "deadline")
+    ]
 
 
 async def test_a_late_cloud_releases_the_held_rescue_at_the_deadline_itself() -> None:

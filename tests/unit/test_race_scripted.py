@@ -57,7 +57,7 @@ async def test_slow_primary_loses_to_the_fallback_after_the_deadline() -> None:
     assert [t.text for t in tokens] == ["cl", "oud"] and {t.engine for t in tokens} == {"cloud"}
     assert isinstance(events[0], Route) and events[0].engine == "local"
     fb = [e for e in events if isinstance(e, Fallback)]
-    assert len(fb) == 1 and fb[0].to_engine == "cloud" and "100 ms" in fb[0].reason
+    assert len(fb) == 1 and fb[0].to_engine == "cloud"  # at the 100 ms deadline: see below
     assert type(fb[0]) is Fallback and fb[0].cause == "deadline"
     tr = s.trace
     assert tr.engine == "cloud" and tr.fallback_reason and tr.fallback_cause == "deadline"
@@ -81,8 +81,9 @@ async def test_primary_failure_before_first_token_starts_fallback_at_once() -> N
         res = await client.complete("q")
     assert res.text == "saved"
     assert res.trace.segments_ms["fallback_started"] == pytest.approx(10)  # not at 100 ms
-    assert "failed before its first token" in (res.trace.fallback_reason or "")
-    assert res.trace.fallback_cause == "failed"
+    assert res.trace.fallback_cause == "failed"  # the primary failed before its first token
+    first = res.trace.attempts[0]
+    assert (first.engine, first.outcome, first.error_type) == ("local", "failed", LocalEngineError)
 
 
 async def test_both_failing_raises_a_typed_error() -> None:
@@ -122,7 +123,9 @@ async def test_predicted_miss_starts_the_fallback_without_waiting() -> None:
         res = await client.complete("q")
     assert res.text == "fast" and res.trace.engine == "cloud"
     assert res.trace.segments_ms["fallback_started"] == pytest.approx(0)
-    assert "predicted at 500 ms against the 100 ms deadline" in (res.trace.fallback_reason or "")
+    assert res.trace.decision is not None and res.trace.decision.load == "parallel_start"
+    assert res.trace.predicted_ttft_ms["local"] == pytest.approx(500)
+    assert res.trace.decision.deadline_s == pytest.approx(0.1)  # predicted past the deadline
     assert res.trace.parallel_engine == "cloud" and res.trace.fallback_cause == "parallel"
 
 
@@ -136,7 +139,7 @@ async def test_fixed_hedge_starts_the_backup_before_the_deadline() -> None:
     tr = res.trace
     assert res.text == "hedged" and tr.hedged and tr.started == ("local", "cloud")
     assert tr.segments_ms["fallback_started"] == pytest.approx(50)
-    assert "hedge" in (tr.fallback_reason or "") and tr.fallback_cause == "hedge"
+    assert tr.fallback_cause == "hedge"
 
 
 async def test_auto_hedge_prices_the_primary_tail() -> None:
@@ -150,7 +153,7 @@ async def test_auto_hedge_prices_the_primary_tail() -> None:
         for _ in range(6):  # a tight history: hedging cannot beat it
             await client.complete("q")
         tight = await client.complete("q")
-        assert not tight.trace.hedged and "auto hedge: none pays" in tight.trace.route_reason
+        assert not tight.trace.hedged and "auto_hedge_none" in tight.trace.reason_codes
         for _ in range(2):  # now a heavy tail
             local.script = [0.6, "slow"]
             await client.complete("q", engine="local")
@@ -211,7 +214,7 @@ async def test_hedge_events_are_hedges() -> None:
         async with client.stream("q") as s:
             events = [e async for e in s.events()]
     hedges = [e for e in events if isinstance(e, Hedge)]
-    assert len(hedges) == 1 and "hedge" in hedges[0].reason
+    assert len(hedges) == 1 and hedges[0].cause == "hedge"
 
 
 async def test_a_primary_that_keeps_missing_the_deadline_is_skipped() -> None:
@@ -224,7 +227,7 @@ async def test_a_primary_that_keeps_missing_the_deadline_is_skipped() -> None:
             res = await client.complete("q")
             assert res.text == "local" and res.trace.ttft_ms == pytest.approx(50)
         res = await client.complete("q")  # circuit open: local at once
-    assert res.text == "local" and "circuit open" in res.trace.route_reason
+    assert res.text == "local" and "cloud_circuit_open" in res.trace.reason_codes
     assert res.trace.ttft_ms == pytest.approx(0)
     assert len(cloud.requests) == 5
 
@@ -240,7 +243,7 @@ async def test_a_slow_circuit_still_sends_quality_decisions_to_the_cloud_with_a_
             res = await client.complete("q")
             assert res.text == "local" and res.trace.ttft_ms == pytest.approx(50)
         assert client.breakers["cloud"].slow
-        assert "cloud circuit open for slowness, but a quality decision" in res.trace.route_reason
+        assert "cloud_circuit_slow_quality" in res.trace.reason_codes
         cloud.script = [0.01, "quick"]
         res = await client.complete("q")
     assert res.text == "quick" and client.breakers["cloud"].state == "closed"
@@ -271,8 +274,7 @@ async def test_fallback_starts_ahead_of_the_deadline_by_its_predicted_ttft() -> 
     assert res.text == "here" and tr.engine == "local"
     assert tr.segments_ms["fallback_started"] == pytest.approx(300 - 100)
     assert tr.ttft_ms == pytest.approx(300)
-    assert "ahead of the 300 ms deadline" in (tr.fallback_reason or "")
-    assert tr.fallback_cause == "deadline"
+    assert tr.fallback_cause == "deadline"  # started ahead of it: `fallback_started` above
 
 
 async def test_fallback_lead_is_at_most_half_the_deadline() -> None:

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from hybridllm import Fallback, HybridClient, Policy, Token, ToolCall
-from hybridllm.errors import AllEnginesFailedError, InvalidArgumentError, InvalidOutputError
+from hybridllm.errors import (
+    AllEnginesFailedError,
+    InvalidArgumentError,
+    InvalidOutputError,
+    UnsureCallError,
+)
 from hybridllm.routing.decide import decide
 from hybridllm.routing.decision import LiveState, RequestFacts
 from hybridllm.testing import ScriptedCall, ScriptedEngine
@@ -307,7 +312,9 @@ async def test_an_unsure_local_call_goes_to_the_cloud(
     assert bool(cloud.requests) == (served == "cloud")
     if served == "cloud":
         fallback = next(e for e in events if isinstance(e, Fallback))
-        assert "unsure" in fallback.reason and "0.40" in fallback.reason
+        assert fallback.cause == "failed"  # the unsure local call (0.40 < 0.6) was not delivered
+        local_attempt = s.trace.attempts[0]
+        assert (local_attempt.engine, local_attempt.error_type) == ("local", UnsureCallError)
 
 
 async def test_an_unsure_call_stands_where_no_other_engine_can_answer() -> None:

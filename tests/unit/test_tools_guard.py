@@ -18,6 +18,7 @@ from hybridllm.guard.privacy import scan, tool_texts
 from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.testing import ScriptedCall, ScriptedEngine
 from hybridllm.tools import ToolSpec, tool_spec
+from tests.parts import skip_unless
 
 pytestmark = pytest.mark.anyio
 
@@ -77,8 +78,7 @@ def test_an_email_in_call_arguments_is_found_there() -> None:
 
 def test_an_address_in_call_arguments_is_found_by_the_ner_layer() -> None:
     scanner = default_scanner()
-    if not scanner.deep:
-        pytest.skip("the NER layer (hybridllm[privacy]) is not installed")
+    skip_unless(scanner.deep, "the NER layer (hybridllm[privacy]) is not installed")
     found = scanner.scan(loop(json.dumps({"city": f"{ADDRESS}, London"}), "sunny"))
     where = "messages[1].tool_calls[0].function.arguments"
     assert ("address", where) in [(f.kind, f.location) for f in found]
@@ -86,8 +86,7 @@ def test_an_address_in_call_arguments_is_found_by_the_ner_layer() -> None:
 
 def test_the_ner_layer_reads_the_tool_definitions_apart_and_locates_them() -> None:
     scanner = default_scanner()
-    if not scanner.deep:
-        pytest.skip("the NER layer (hybridllm[privacy]) is not installed")
+    skip_unless(scanner.deep, "the NER layer (hybridllm[privacy]) is not installed")
     tools = spec(weather(f"Deliveries go to {ADDRESS}, London."))
     messages = loop('{"city": "Paris"}', "sunny")
     found = scanner.scan(messages, extra=tool_texts(tools))
@@ -133,14 +132,14 @@ async def test_keep_local_keeps_a_tool_result_with_an_email_on_the_device() -> N
     done, cloud = await _ask(loop('{"city": "Paris"}', result), [weather()], privacy="keep-local")
     assert done.text == "local" and done.trace.engine == "local"
     assert cloud.requests == []
-    assert "privacy: email found -> local only" in done.trace.route_reason  # routing saw it
+    assert "privacy_local" in done.trace.reason_codes  # routing saw it
 
 
 async def test_keep_local_keeps_call_arguments_with_an_email_on_the_device() -> None:
     args = json.dumps({"city": "Paris", "notify": EMAIL})
     done, cloud = await _ask(loop(args, "sunny"), [weather()], privacy="keep-local")
     assert done.text == "local" and cloud.requests == []
-    assert "privacy: email found -> local only" in done.trace.route_reason  # routing saw it
+    assert "privacy_local" in done.trace.reason_codes  # routing saw it
 
 
 async def test_keep_local_keeps_a_tool_definition_with_an_email_on_the_device() -> None:
@@ -150,7 +149,7 @@ async def test_keep_local_keeps_a_tool_definition_with_an_email_on_the_device() 
     done, cloud = await _ask(loop('{"city": "Paris"}', "sunny"), tools, privacy="keep-local")
     assert done.text == "local" and cloud.requests == []
     # routing's scan reads the tool definitions as the guard's does: local from the start
-    assert done.trace.fallback_reason is None and "email" in (done.trace.route_reason or "")
+    assert done.trace.fallback_cause is None and "privacy_local" in done.trace.reason_codes
 
 
 async def test_a_clean_tool_loop_goes_to_the_cloud_whole() -> None:
@@ -215,7 +214,7 @@ async def test_a_request_whose_tools_break_the_cap_is_kept_from_the_cloud() -> N
     large, cloud = await _ask(question, [weather("word " * 2_000)], **budget)
     assert small.text == "cloud"
     assert large.text == "local" and cloud.requests == []
-    assert large.trace.fallback_reason is None and "budget" in (large.trace.route_reason or "")
+    assert large.trace.fallback_cause is None and "budget_local" in large.trace.reason_codes
 
 
 async def test_a_call_without_reported_usage_is_settled_with_its_tokens() -> None:
