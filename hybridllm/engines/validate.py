@@ -4,8 +4,9 @@ one `InvalidArgumentError` naming the argument, the value and the rule.
 The rules for a request (`HybridClient.stream` / `complete`, `GenerationRequest`):
 
     messages      a non-blank prompt string, or a non-empty sequence of {"role", "content"}
-                  mappings (role: system, user, assistant, developer, tool; content: a string;
-                  an optional non-blank "name"); the last user message (else some message) must
+                  mappings (role: system, user, assistant, developer, tool; content: a string,
+                  or OpenAI's list of text parts, joined; an optional non-blank "name"); the last
+                  user message (else some message) must
                   hold non-blank text. An assistant message may carry `tool_calls` (OpenAI's
                   shape; its content may then be None or empty, kept as ""), and a "tool"
                   message the `tool_call_id` of a call made earlier in the conversation. Any
@@ -241,9 +242,7 @@ def _message(i: int, m: object) -> dict[str, Any]:
     content = m.get("content")
     if content is None and calls:
         content = ""  # an assistant turn that only calls tools
-    if not isinstance(content, str):
-        raise InvalidArgumentError(f"messages[{i}].content", content, "a string")
-    out: dict[str, Any] = {"role": str(role), "content": content}
+    out: dict[str, Any] = {"role": str(role), "content": _content(i, content)}
     if "name" in m:
         out["name"] = text(f"messages[{i}].name", m["name"])
     if calls:
@@ -251,6 +250,31 @@ def _message(i: int, m: object) -> dict[str, Any]:
     if role == "tool":
         out["tool_call_id"] = text(f"messages[{i}].tool_call_id", m.get("tool_call_id"))
     return out
+
+
+def _content(i: int, content: object) -> str:
+    """A message's content: a string, or OpenAI's list of text parts (`[{"type": "text",
+    "text": ...}]`, joined as the gateway joins them). Any other part (an image, audio) is
+    refused, naming it: no engine here takes it (the local engine and the cloud engine send
+    text only)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, str | bytes | Mapping) or not isinstance(content, Sequence):
+        raise InvalidArgumentError(
+            f"messages[{i}].content", content, "a string or a list of text parts"
+        )
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"a {kind!r} part" if isinstance(kind, str) else "that"
+            rule = (
+                "a text part {'type': 'text', 'text': ...}: neither the local nor the cloud "
+                f"engine takes {what}"
+            )
+            raise InvalidArgumentError(f"messages[{i}].content[{j}]", part, rule)
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _tool_calls(i: int, value: object) -> list[dict[str, Any]]:

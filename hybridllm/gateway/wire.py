@@ -76,6 +76,7 @@ def chat_call(
     problem: an unsupported parameter, a bad field (400), too many messages or tokens (400),
     an unknown policy (404)."""
     _refuse_unsupported(data)
+    _refuse_unknown_inner(data)
     body = parse(ChatBody, {k: v for k, v in data.items() if k in PASSED})
     if len(body.messages) > limits.max_messages:
         raise ApiError(
@@ -119,8 +120,46 @@ def _refuse_unsupported(data: Mapping[str, Any]) -> None:
         )
 
 
+# what a message and `stream_options` may hold on the way to the client (anything else is a 400)
+MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+STREAM_OPTIONS = frozenset({"include_usage"})
+
+
+def _refuse_unknown_inner(data: Mapping[str, Any]) -> None:
+    """A message field or a `stream_options` key the client does not take is a 400 naming it
+    (null counts as absent), never dropped."""
+    messages = data.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else ()):
+        if isinstance(m, Mapping):
+            _refuse_keys(m, MESSAGE_FIELDS, f"messages[{i}]")
+    options = data.get("stream_options")
+    if isinstance(options, Mapping):
+        _refuse_keys(options, STREAM_OPTIONS, "stream_options")
+
+
+def _refuse_keys(obj: Mapping[str, Any], known: frozenset[str], at: str) -> None:
+    for key in sorted(k for k in obj if k not in known and obj[k] is not None):
+        raise ApiError(
+            400,
+            f"{at}.{key} is not supported by the hybridllm gateway (it is never dropped "
+            f"silently; {at} holds {', '.join(sorted(known))})",
+            param=f"{at}.{key}",
+            code="unsupported_parameter",
+        )
+
+
 def _max_tokens(body: ChatBody, limits: GatewayLimits) -> int | None:
-    """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`, within the limit."""
+    """`max_completion_tokens` (OpenAI's newer name) or `max_tokens`, within the limit; both,
+    with different values, is a 400 (one would be ignored)."""
+    both = body.max_tokens is not None and body.max_completion_tokens is not None
+    if both and body.max_tokens != body.max_completion_tokens:
+        raise ApiError(
+            400,
+            f"max_tokens ({body.max_tokens}) and max_completion_tokens "
+            f"({body.max_completion_tokens}) disagree: give one",
+            param="max_tokens",
+            code="conflicting_parameters",
+        )
     for name in ("max_completion_tokens", "max_tokens"):
         value = getattr(body, name)
         if value is None:

@@ -70,10 +70,13 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (OpenAI's shape)
     tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None  # the author's name (OpenAI's), as the SDK takes it
 
     def message(self) -> dict[str, Any]:
         """The message as the engines take it (`engines.base.Message`)."""
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
         if self.tool_calls:
             out["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
