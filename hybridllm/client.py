@@ -56,7 +56,7 @@ from hybridllm.runtime.gather import (
     privacy_kinds,
     refusal_error,
 )
-from hybridllm.runtime.health import CircuitBreaker
+from hybridllm.runtime.health import CircuitBreaker, EngineState, check_engines
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.cascade import score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
@@ -74,6 +74,10 @@ Messages = str | Sequence[Mapping[str, str]]
 # a prompt longer than this is admitted on a worker thread (the router's score and the privacy
 # scan grow with it: about 100 ms at 2,000 characters with the NER layer, a few ms without)
 INLINE_ADMISSION_CHARS = 1_000
+# the failures that say an engine cannot be reached (logged once, `_outcome`)
+UNREACHABLE = (errors.CloudConnectionError, errors.CloudTimeoutError)
+# how long one engine's check may take (`HybridClient.check()`, the gateway at start)
+CHECK_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -220,6 +224,9 @@ class HybridClient:
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._sync_cm: AbstractContextManager[HybridClient] | None = None
+        # each engine's state at the last `check()` (empty: never checked)
+        self.last_check: dict[EngineName, EngineState] = {}
+        self._unreachable: set[EngineName] = set()  # said at WARNING, not answered since
 
     @property
     def engines(self) -> dict[EngineName, Engine]:
@@ -361,6 +368,20 @@ class HybridClient:
         if _costly(ticket):
             return await anyio.to_thread.run_sync(self.routing.facts, *args)
         return self.routing.facts(*args)
+
+    async def check(self, timeout_s: float = CHECK_TIMEOUT_S) -> dict[EngineName, EngineState]:
+        """Each engine's state now (`EngineState`: reachable, key accepted, model found, its
+        circuit, why it is unavailable), each engine's check bounded by `timeout_s`; nothing
+        is generated or billed. A cloud whose key is refused stops sending as after a refused
+        request; an engine that cannot serve is logged once per check at WARNING. Kept as
+        `last_check` (the gateway's /healthz reads it)."""
+        validate.number("timeout_s", timeout_s, above=0.0)
+        if self._tg is None:
+            raise errors.ClientStateError(
+                "the client is not open: use 'async with HybridClient(...) as client:'"
+            )
+        self.last_check = await check_engines(self.engines, self.breakers, timeout_s)
+        return self.last_check
 
     def decide(
         self,
@@ -600,7 +621,15 @@ class HybridClient:
         return Completion(text, s.trace, tuple(calls), finish, parsed)
 
     def _outcome(self, engine: EngineName, exc: BaseException | None) -> None:
+        """An engine's outcome: its circuit counts it, and an engine found unreachable is said
+        once at WARNING (the answer goes on elsewhere, silently in a plain `async for`), again
+        only after it has answered in between."""
         self.breakers[engine].record(exc)
+        if exc is None:
+            self._unreachable.discard(engine)
+        elif isinstance(exc, UNREACHABLE) and engine not in self._unreachable:
+            self._unreachable.add(engine)
+            log.warning("the %s engine is unreachable (%s); the other engine serves", engine, exc)
 
     # ---- blocking wrappers ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ class Doctor:
     system_info: Callable[[], str] | None = None
     base_url: str | None = None
     api_key: str | None = None
+    model: str | None = None  # the model the endpoint must list (None: $OPENAI_MODEL, if set)
     # a running cloud engine (a client's `client.cloud`): its own state is reported too (a key
     # it found missing or refused stops it until `set_api_key()`)
     engine: Engine | None = None
@@ -168,6 +169,10 @@ class Doctor:
                 "check OPENAI_BASE_URL and the network",
             )
         facts.insert(1, f"reachable; models: {', '.join(names[:5]) or 'none listed'}")
+        model = self.model or os.environ.get("OPENAI_MODEL")
+        if model and names and model not in names:
+            facts.append(f"the model {model!r} is NOT listed: requests for it would fail")
+            return Finding("cloud endpoint", "fail", tuple(facts), "check OPENAI_MODEL")
         if not key:  # reachable, but the SDK sends no placeholder key: nothing would be sent
             facts.append("OpenAIEngine sends nothing without an API key: requests stay local")
             return Finding("cloud endpoint", "fail", tuple(facts), no_key)

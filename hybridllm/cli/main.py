@@ -388,7 +388,7 @@ def _register_tune(subparsers: Subparsers) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from hybridllm.cli.doctor import Doctor, report
 
-    return report(Doctor(base_url=args.base_url).run(), sys.stdout)
+    return report(Doctor(base_url=args.base_url, model=args.cloud_model).run(), sys.stdout)
 
 
 def _register_doctor(subparsers: Subparsers) -> None:
@@ -397,7 +397,16 @@ def _register_doctor(subparsers: Subparsers) -> None:
         help="check this machine: the llama.cpp build against the CPU, the wait policy, the "
         "models and their tuning, the cloud endpoint",
     )
-    p.add_argument("--base-url", help="the cloud endpoint to check (default: $OPENAI_BASE_URL)")
+    p.add_argument(
+        "--base-url",
+        "--cloud-url",
+        dest="base_url",
+        help="the cloud endpoint to check (default: $OPENAI_BASE_URL)",
+    )
+    p.add_argument(
+        "--cloud-model",
+        help="the model the endpoint must list (default: $OPENAI_MODEL; none: not checked)",
+    )
     p.set_defaults(func=cmd_doctor)
 
 

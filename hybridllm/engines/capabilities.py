@@ -12,6 +12,7 @@ ScoresText          log-probabilities of a plain text after a prefix (LlamaCppEn
 Drafts              a `Drafter`: drafts tokens after a token context (LlamaCppEngine)
 VerifiesAtEndpoint  posts a verifier's raw request through its own client (OpenAIEngine)
 SetsApiKey          takes a new API key (OpenAIEngine)
+Checks              says whether it can serve: reachable, key accepted, model found (both)
 LimitsConcurrency   a `ConcurrencyLimit` whose forecast counts requests routed to it
 Wraps               wraps another engine (the cloud guard), which it names with `wrapped()`
 ```
@@ -40,6 +41,8 @@ __all__ = [
     "Drafted",
     "Drafter",
     "Drafts",
+    "Checks",
+    "EngineCheck",
     "Endpoint",
     "LimitsConcurrency",
     "Outgoing",
@@ -223,6 +226,33 @@ class VerifiesAtEndpoint(Protocol):
         """POST `body` (the engine adds its model) to `path`; the answer's JSON object.
         `outgoing`: what the request carries, for a guard wrapped around the engine (None:
         read from the body); an engine sends `body` as it is."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheck:
+    """What an engine's own check found (`Checks.check`): whether it answers (`reachable`), its
+    key was accepted (`key_accepted`), its model is there (`model_found`); None where the check
+    cannot say (a local engine has no key; an endpoint that lists no models). `detail`: the
+    same in words, for people; `error`: the class of the error the check met (None: none)."""
+
+    reachable: bool | None
+    key_accepted: bool | None
+    model_found: bool | None
+    detail: str = ""
+    error: type[BaseException] | None = None
+
+    @property
+    def serves(self) -> bool:
+        """Nothing the check found stops it from serving."""
+        return False not in (self.reachable, self.key_accepted, self.model_found)
+
+
+@runtime_checkable
+class Checks(Protocol):
+    async def check(self, timeout_s: float) -> EngineCheck:
+        """Whether the engine can serve now, found within `timeout_s` (a short probe: a cloud
+        lists its models; never a generation). Never raises: what went wrong is the finding."""
         ...
 
 

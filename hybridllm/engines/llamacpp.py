@@ -32,6 +32,7 @@ import anyio.to_thread
 from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
+from hybridllm.engines.capabilities import EngineCheck
 from hybridllm.engines.llama.kvdisk import DEFAULT_DISK_BYTES, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
@@ -183,6 +184,15 @@ class LlamaCppEngine:
         self.stopped_at: float | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
+
+    async def check(self, timeout_s: float = 3.0) -> EngineCheck:
+        """`Checks`: the model loads (it is loaded at the first check or request); a local
+        engine has no endpoint and no key (`timeout_s` does not bound a load)."""
+        try:
+            await self.start()
+        except errors.ModelError as exc:
+            return EngineCheck(True, None, False, f"{self.model}: {exc}", type(exc))
+        return EngineCheck(True, None, True, f"{self.model}: loaded, n_ctx {self.n_ctx}")
 
     async def start(self) -> None:
         async with self._start_lock:

@@ -52,7 +52,7 @@ from hybridllm.engines.base import (
     estimate_prompt_tokens,
 )
 from hybridllm.engines.call_deltas import CallAssembler
-from hybridllm.engines.capabilities import Endpoint, Outgoing
+from hybridllm.engines.capabilities import Endpoint, EngineCheck, Outgoing
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
 from hybridllm.engines.tokens import estimate_text_tokens
@@ -386,6 +386,35 @@ class OpenAIEngine:
             )
         return error
 
+    # ---- the check (`engines.capabilities.Checks`) -----------------------------------------
+
+    async def check(self, timeout_s: float = 3.0) -> EngineCheck:
+        """Whether the endpoint serves this engine: it answers `GET /models` within `timeout_s`
+        with this key, and lists the model (None where it lists none). A refused key stops
+        the engine as a refused request would (`unavailable`, `CloudUnavailable`); nothing is
+        generated and nothing is billed."""
+        where = self.base_url or "the OpenAI API"
+        if self.api_key is None:
+            return EngineCheck(
+                None, False, None, f"{where}: {NO_KEY}", errors.CloudUnavailableError
+            )
+        await self.start()
+        assert self._client is not None
+        try:
+            with anyio.fail_after(timeout_s):
+                page = await self._client.with_options(timeout=timeout_s).models.list()
+        except TimeoutError:
+            why = f"{where}: no answer within {timeout_s:g} s"
+            return EngineCheck(False, None, None, why, errors.CloudTimeoutError)
+        except Exception as exc:  # the finding, in hybridllm's tree (a refused key stops it)
+            return _check_failed(where, self._noted(exc, self.api_key, False))
+        ids = [m.id for m in page.data]
+        found = (self.model in ids) if ids else None
+        listed = {True: "listed", False: f"NOT listed ({', '.join(ids[:5])})", None: "unlisted"}
+        return EngineCheck(
+            True, True, found, f"{where}: key accepted; {self.model} {listed[found]}"
+        )
+
     # ---- verifying drafts (`engines.capabilities.VerifiesAtEndpoint`) -------------------------
 
     def verification_endpoint(self) -> Endpoint:
@@ -572,6 +601,19 @@ async def _next_event(events: AsyncIterator[Any], read_s: float | None) -> Any:
         except StopAsyncIteration:
             return _END
     return _QUIET
+
+
+def _check_failed(where: str, error: errors.CloudError) -> EngineCheck:
+    """What a failed `GET /models` says of the endpoint."""
+    kind = type(error)
+    if isinstance(error, errors.AuthenticationError):
+        return EngineCheck(True, False, None, f"{where}: the key was refused ({error})", kind)
+    if isinstance(error, errors.CloudConnectionError | errors.CloudTimeoutError):
+        return EngineCheck(False, None, None, f"{where}: unreachable ({error})", kind)
+    if isinstance(error, errors.CloudStatusError) and error.status_code == 404:
+        # no /models here: the endpoint answers, and cannot list its models
+        return EngineCheck(True, None, None, f"{where}: answers; it lists no models", kind)
+    return EngineCheck(True, None, None, f"{where}: answered with an error ({error})", kind)
 
 
 def map_error(

@@ -30,6 +30,7 @@ import anyio
 from hybridllm import clock
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
+from hybridllm.engines.capabilities import EngineCheck
 from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import InvalidArgumentError
 from hybridllm.events import PRIORITIES, Called, Chunk, Delta, EngineName, Finish, RequestSent
@@ -84,6 +85,9 @@ class ScriptedEngine:
         if token_count is not None:
             validate.integer("token_count", token_count, minimum=0)
         self.n_ctx = None if n_ctx is None else validate.integer("n_ctx", n_ctx, minimum=1)
+        # what `check()` finds (`engines.capabilities.Checks`): set it to play an engine that
+        # is unreachable, refuses its key or lacks its model
+        self.check_result = EngineCheck(True, None, True, f"scripted {name}")
         self.name: EngineName = name
         self.model = model
         if script is None:
@@ -113,6 +117,10 @@ class ScriptedEngine:
 
     def count_tokens(self, messages: Sequence[Message]) -> int | None:
         return self.token_count
+
+    async def check(self, timeout_s: float = 3.0) -> EngineCheck:
+        """`check_result`, at once."""
+        return self.check_result
 
     def info(self) -> EngineInfo:
         return EngineInfo(

@@ -17,7 +17,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -30,9 +30,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hybridllm import errors
 from hybridllm.client import HybridClient
+from hybridllm.events import EngineName
 from hybridllm.gateway import playground, relay, wire
 from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.policy import known_policies
+from hybridllm.runtime.health import UNCHECKED, EngineState
 from hybridllm.server.app import until_disconnect
 from hybridllm.server.schema import ApiError
 
@@ -202,26 +204,35 @@ class _Routes:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(self, request: Request) -> Response:
-        """Each engine: configured or not, its model, its circuit, why it cannot serve now."""
+        """Each engine: configured or not, its model, its circuit, what its check at start
+        found, and why it cannot serve now (`cause`). "ok" while every configured engine
+        serves, "degraded" while one does not (503 when none does)."""
         engines: dict[str, Any] = {}
+        serves: list[bool] = []
         for name, breaker in self.client.breakers.items():
             engine = self.client.engines.get(name)
             if engine is None:
                 engines[name] = {"configured": False}
                 continue
             info = engine.info()
+            checked = self.client.last_check.get(name)
+            found = UNCHECKED if checked is None else checked.check
+            state = EngineState(name, found, breaker.state, info.unavailable)
+            serves.append(state.serves)
             engines[name] = {
                 "configured": True,
                 "model": info.model,
                 "circuit": breaker.state,
                 "unavailable": info.unavailable,
                 "queue_depth": info.queue_depth,
+                "reachable": found.reachable,
+                "key_accepted": found.key_accepted,
+                "model_found": found.model_found,
+                "cause": state.cause,
             }
-        serving = any(
-            e["configured"] and e["circuit"] != "open" and e["unavailable"] is None
-            for e in engines.values()
-        )
-        return JSONResponse({"status": "ok" if serving else "degraded", "engines": engines})
+        status = "ok" if all(serves) else "degraded"
+        body = {"status": status if any(serves) else "unavailable", "engines": engines}
+        return JSONResponse(body, status_code=200 if any(serves) else 503)
 
 
 def create_app(
@@ -229,8 +240,11 @@ def create_app(
     limits: GatewayLimits | None = None,
     *,
     api_key: str | None = None,
+    on_check: Callable[[Mapping[EngineName, EngineState]], None] | None = None,
 ) -> ASGIApp:
-    """The gateway over `client`, which its lifespan opens and closes (see the module)."""
+    """The gateway over `client`, which its lifespan opens and checks (`HybridClient.check()`:
+    each engine's state, told to `on_check`, logged, and read by /healthz) and closes (see the
+    module)."""
     limits = limits or GatewayLimits()
     routes = _Routes(client, limits, playground.page(key_required=api_key is not None))
 
@@ -241,6 +255,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with client:
+            states = await client.check()  # each engine, found at start (a bounded probe)
+            if on_check is not None:
+                on_check(states)
             yield
 
     app: ASGIApp = Door(

@@ -28,10 +28,14 @@ from hybridllm.gateway.limits import GatewayLimits, is_loopback
 from hybridllm.server.command import LOG_LEVELS, check_listen
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from hybridllm.client import HybridClient
+    from hybridllm.events import EngineName
     from hybridllm.guard.budget import Ledger
     from hybridllm.guard.prices import Prices
     from hybridllm.routing.log import DecisionLogLike
+    from hybridllm.runtime.health import EngineState
 
 __all__ = ["KEY_ENV", "Settings", "add_arguments", "check", "run"]
 
@@ -198,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     print(describe(settings, client), file=sys.stderr, flush=True)
     _show_access_log(settings.log_level)
     config = uvicorn.Config(
-        create_app(client, settings.limits, api_key=settings.api_key),
+        create_app(client, settings.limits, api_key=settings.api_key, on_check=say_checked),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -237,6 +241,19 @@ def build_client(settings: Settings) -> HybridClient:
         prices=settings.prices,
         decision_log=settings.decision_log,
     )
+
+
+def say_checked(states: Mapping[EngineName, EngineState]) -> None:
+    """What the gateway's check at start found, one line an engine, on stderr."""
+    print(checked_lines(states), file=sys.stderr, flush=True)
+
+
+def checked_lines(states: Mapping[EngineName, EngineState]) -> str:
+    lines = []
+    for state in states.values():
+        verdict = "ok" if state.serves else "NOT SERVING"
+        lines.append(f"  checked {state.name}: {verdict}: {state.cause or state.check.detail}")
+    return "\n".join(lines)
 
 
 def describe(settings: Settings, client: HybridClient) -> str:

@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import anyio
+
 from hybridllm import clock, errors
+from hybridllm.engines.base import Engine
+from hybridllm.engines.capabilities import Checks, EngineCheck, Wraps
+from hybridllm.events import EngineName
 
 log = logging.getLogger(__name__)
 State = Literal["closed", "open", "half-open"]
@@ -132,3 +138,59 @@ class CircuitBreaker:
             why = "deadline misses" if miss else f"{type(exc).__name__} ({self.failures} in a row)"
             log.warning("%s circuit open for %.0f s: %s", self.name, self._open_for_s, why)
             self._recent.clear()  # after the reset, judge the engine afresh
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """An engine's state (`HybridClient.check()`): what its own check found (`check`: reachable,
+    key accepted, model found), its circuit, and why it cannot take a request now
+    (`unavailable`: a missing or refused key, a full queue; None: it can)."""
+
+    name: EngineName
+    check: EngineCheck
+    circuit: State
+    unavailable: str | None = None
+
+    @property
+    def serves(self) -> bool:
+        """It can take a request now: its check found nothing wrong, its circuit is not open
+        and nothing makes it unavailable."""
+        return self.check.serves and self.circuit != "open" and self.unavailable is None
+
+    @property
+    def cause(self) -> str | None:
+        """Why it does not serve, in words (None: it serves)."""
+        if self.unavailable is not None:
+            return self.unavailable
+        if self.circuit == "open":
+            return "its circuit is open (it failed recently)"
+        return None if self.check.serves else self.check.detail
+
+
+UNCHECKED = EngineCheck(None, None, None, "the engine has no check of its own")
+
+
+async def check_engines(
+    engines: Mapping[EngineName, Engine],
+    breakers: Mapping[EngineName, CircuitBreaker],
+    timeout_s: float,
+) -> dict[EngineName, EngineState]:
+    """Each engine's state, its checks run side by side (a wrapper's engine is checked: the
+    cloud guard's), each within `timeout_s`. A state that does not serve is logged at WARNING."""
+    found: dict[EngineName, EngineCheck] = {}
+
+    async def one(name: EngineName, engine: Engine) -> None:
+        inner = engine.wrapped() if isinstance(engine, Wraps) else engine
+        found[name] = await inner.check(timeout_s) if isinstance(inner, Checks) else UNCHECKED
+
+    async with anyio.create_task_group() as tg:
+        for name, engine in engines.items():
+            tg.start_soon(one, name, engine)
+    states = {
+        name: EngineState(name, found[name], breakers[name].state, engine.info().unavailable)
+        for name, engine in engines.items()
+    }
+    for state in states.values():
+        if not state.serves:
+            log.warning("the %s engine cannot serve now: %s", state.name, state.cause)
+    return states
