@@ -51,6 +51,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -68,19 +69,27 @@ PLAN_NAMES: tuple[BuiltinPlan, ...] = ("single", "hedge", "handoff", "cascade", 
 # tool call or a JSON answer, which is delivered whole
 SPLITTING_PLANS: set[PlanName] = {"handoff", "cascade", "speculative"}
 _REGISTERED: list[PlanName] = []  # the names `register_plan_name` added, in order
+# the policy tables registered plans declared, by plan name (`[shout]` in a policy file)
+_PLAN_TABLES: dict[PlanName, type[BaseModel]] = {}
 
 
-def register_plan_name(name: PlanName, *, splits: bool) -> None:
+def register_plan_name(
+    name: PlanName, *, splits: bool, table: type[BaseModel] | None = None
+) -> None:
     """A plan a module registered (`runtime.plans.registry.register`): policies and calls may
     name it from now on; `splits`: it may split an answer (so it never runs for a tool call or
-    a JSON answer). A name already taken is a `PolicyError`."""
+    a JSON answer); `table`: the plan's own policy table, a pydantic model (a policy's `[name]`
+    table, validated by it: `Policy.plan_table(name)`). A name already taken (by a plan or a
+    policy field) is a `PolicyError`."""
     if not name or not name.replace("-", "_").isidentifier():
         raise PolicyError(f"a plan's name is a word (letters, digits, '-', '_'): {name!r}")
-    if name in plan_names():
+    if name in plan_names() or name in Policy.model_fields:
         raise PolicyError(f"a plan named {name!r} is already registered", field="plan")
     _REGISTERED.append(name)
     if splits:
         SPLITTING_PLANS.add(name)
+    if table is not None:
+        _PLAN_TABLES[name] = table
 
 
 def plan_names() -> tuple[PlanName, ...]:
@@ -479,6 +488,9 @@ class Policy(BaseModel):
     budget: BudgetTable = BudgetTable()
     privacy: PrivacyTable = PrivacyTable()
     tools: ToolsTable = ToolsTable()
+    # the tables of registered plans (`register_plan_name(table=)`), by plan name: written as
+    # top-level tables (`[shout]`, `Policy(shout={...})`), read with `plan_table(name)`
+    plan_tables: dict[str, BaseModel] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -486,7 +498,20 @@ class Policy(BaseModel):
         flat = _reject_flat(data)
         if flat is not None:
             raise PolicyError(moved_message(flat), field=flat)
-        return data
+        return _with_plan_tables(data)
+
+    @field_serializer("plan_tables")
+    def _dump_plan_tables(self, tables: dict[str, BaseModel]) -> dict[str, Any]:
+        """Each table by its own model (the field's declared type has no fields)."""
+        return {name: table.model_dump() for name, table in tables.items()}
+
+    def plan_table(self, plan: PlanName) -> BaseModel | None:
+        """The table of the registered plan `plan` in this policy (its defaults where the
+        policy has none); None: that plan declared no table."""
+        model = _PLAN_TABLES.get(plan)
+        if model is None:
+            return None
+        return self.plan_tables.get(plan) or model()
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -515,6 +540,8 @@ class Policy(BaseModel):
         for key, value in changes.items():
             if key in TABLES and isinstance(value, dict):
                 data[key] = {**data[key], **value}
+            elif key in _PLAN_TABLES and isinstance(value, dict):  # a registered plan's table
+                data["plan_tables"][key] = {**data["plan_tables"].get(key, {}), **value}
             else:
                 data[key] = value
         return Policy(**data)
@@ -554,6 +581,29 @@ class Policy(BaseModel):
         if r.fallback_order is not None:
             return r.fallback_order
         return ("cloud", "local") if r.prefer == "cloud" else ("local", "cloud")
+
+
+def _with_plan_tables(data: Any) -> Any:
+    """A policy's data with the registered plans' tables (top-level `[name]` tables, and the
+    `plan_tables` of a dumped policy) validated into `plan_tables`; a bad key is a
+    `PolicyError` naming it as `name.key`."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    given = dict(data.pop("plan_tables", None) or {})
+    given.update({k: data.pop(k) for k in list(data) if k in _PLAN_TABLES})
+    tables: dict[str, BaseModel] = {}
+    for name, value in given.items():
+        model = _PLAN_TABLES.get(name)
+        if model is None:
+            raise PolicyError("no registered plan declares this table", field=name)
+        try:
+            tables[name] = value if isinstance(value, model) else model.model_validate(value)
+        except ValidationError as exc:
+            msg, loc, close = _described(exc, model)
+            raise PolicyError(msg, field=".".join([name, *loc]), suggestion=close) from None
+    data["plan_tables"] = tables
+    return data
 
 
 DEFAULT_POLICY = Policy()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,12 +27,13 @@ from hybridllm.errors import (
     ContextOverflowError,
     HybridError,
     InternalError,
+    PolicyError,
     PrivacyBlockedError,
 )
 from hybridllm.events import Done, Event, Fallback, ParallelStart, Token, Usage
 from hybridllm.gateway.app import create_app
 from hybridllm.gateway.limits import GatewayLimits
-from hybridllm.policy import plan_names
+from hybridllm.policy import load_policy_file, plan_names
 from hybridllm.runtime.trace import Trace
 from hybridllm.telemetry.stats import request_samples
 from hybridllm.testing import ScriptedEngine
@@ -338,6 +340,31 @@ async def test_a_plan_is_one_module_and_one_registration_line() -> None:
     assert report.overall.counts.requests == 2
     with pytest.raises(PolicyError):
         Policy(name="x", plans=("single", "whisper"))
+
+
+async def test_a_registered_plan_declares_its_own_policy_table(tmp_path: Path) -> None:
+    """The toy plan's `[shout]` table: set in a policy file or in Python, merged by `with_`,
+    read by the plan; a bad key is a `PolicyError` naming it (`shout.sufix`, with the closest
+    name), and a table no registered plan declares is one too."""
+    from tests.unit.toy_plan import ShoutTable
+
+    path = tmp_path / "loud.toml"
+    path.write_text('name = "loud"\nplans = ["single", "shout"]\n[shout]\nsuffix = "!"\n')
+    loud = load_policy_file(path)
+    assert loud.plan_table("shout") == ShoutTable(suffix="!")
+    assert Policy(name="q").plan_table("shout") == ShoutTable()  # its defaults
+    assert loud.with_(routing={"prefer": "local"}).plan_table("shout") == ShoutTable(suffix="!")
+    assert loud.with_(shout={"suffix": "?"}).plan_table("shout") == ShoutTable(suffix="?")
+    local = ScriptedEngine("local", tokens=["hi"])
+    async with HybridClient(local=local, router=None) as client:
+        answer = await client.complete("q", policy=loud, plan="shout")
+    assert answer.text == "HI!" and answer.trace.plan == "shout"
+    with pytest.raises(PolicyError) as caught:
+        Policy(name="x", shout={"sufix": "!"})  # type: ignore[call-arg]
+    assert caught.value.field == "shout.sufix" and caught.value.suggestion == "suffix"
+    with pytest.raises(PolicyError) as unknown:
+        Policy(name="x", plan_tables={"whisper": {}})
+    assert unknown.value.field == "whisper"
 
 
 async def test_the_trace_is_a_frozen_value_once_the_request_ends() -> None:

@@ -5,8 +5,10 @@ the plan (an async function of the request's `RequestRun`, which it reports to),
 that registers it:
 
     register("echo", build_echo)                 # splits=True: never for a tool call or JSON
+    register("echo", build_echo, table=EchoTable)  # with its own policy table, `[echo]`
 
-From then on a policy's `plans`/`plan` and a call's `plan=` may name it, `decide()` runs it on
+From then on a policy's `plans`/`plan` (and its `[echo]` table) and a call's `plan=` may name
+it, `decide()` runs it on
 the engines it chose when it is asked for (a `registered_plan` reason), and the trace, its
 export and `stats()` carry its name. `needs`: the engine capabilities (the protocols of
 `engines.capabilities`) it needs of the decision's primary; without them the request runs as
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.events import EngineName
@@ -53,6 +57,12 @@ class PlanContext:
         return self.engines[self.decision.primary]
 
     @property
+    def table(self) -> BaseModel | None:
+        """The plan's own policy table (`register(table=)`), as this request's policy sets it;
+        None: the plan declared none."""
+        return self.policy.plan_table(self.decision.plan)
+
+    @property
     def stall_s(self) -> float | None:
         """The policy's inter-token limit in seconds (None: none)."""
         ms = self.policy.routing.stall_ms
@@ -84,11 +94,14 @@ def register(
     needs: tuple[type[Any], ...] = (),
     splits: bool = True,
     builtin: bool = False,
+    table: type[BaseModel] | None = None,
 ) -> PlanSpec:
     """Register the plan `name` (see the module); a name already taken is a `PolicyError`.
-    `builtin`: one of the policy's own plan names (registered by hybridllm itself)."""
+    `table`: the plan's own policy table (a pydantic model; a policy's `[name]` table, read as
+    `PlanContext.table`). `builtin`: one of the policy's own plan names (registered by
+    hybridllm itself, whose tables the policy holds)."""
     if not builtin:
-        register_plan_name(name, splits=splits)
+        register_plan_name(name, splits=splits, table=table)
     spec = _PLANS[name] = PlanSpec(name, build, needs)
     return spec
 
