@@ -79,7 +79,7 @@ async def main(args: argparse.Namespace) -> None:
     ttft = "-" if t.ttft_ms is None else f"{t.ttft_ms:.0f} ms"
     print(
         f"[{t.engine}: TTFT {ttft}, {t.n_tokens} tokens generated, "
-        f"finish: {t.finish_reason or 'interrupted'}]"
+        f"finish: {'interrupted' if t.finish_reason == 'cancelled' else t.finish_reason}]"
     )
 
 

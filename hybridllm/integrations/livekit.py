@@ -155,7 +155,8 @@ class HybridLLMStream(llm.LLMStream):
         except errors.EngineError as exc:
             raise APIConnectionError(f"hybridllm: {exc}", retryable=False) from exc
         finally:
-            self._report(stream.trace)
+            self._trace = stream.trace  # the frozen value, once the stream has ended
+            self._report(self._trace)
 
     def _report(self, trace: Trace) -> None:
         """The route on the request span, and the whole trace to the LLM's listeners."""

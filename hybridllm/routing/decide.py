@@ -453,26 +453,23 @@ def _local_circuit(
 def _too_long(
     facts: RequestFacts, state: LiveState, allowed: list[EngineName], reasons: list[Reason]
 ) -> tuple[EngineName, ...]:
-    """Leave out the engines whose context cannot hold the request, before any work: a routing
-    fact rather than a failure. An engine holds it whole when the prompt plus its output bound
-    fit; where some engine does, the others go (their answer would be cut short). Where none
-    does, an engine that holds the prompt stays (it answers what its context leaves, as the
-    engines bound `max_tokens`); one that cannot even hold the prompt goes (it would raise
-    `ContextOverflowError`). Returns the engines left out; where none is left, `decide()`
-    refuses with "context_overflow"."""
-    room = {e: state.context[e] - facts.prompt_tokens for e in allowed if e in state.context}
-    whole = [e for e in allowed if e not in room or room[e] >= facts.max_tokens]
+    """Leave out the engines whose context cannot hold the prompt (with room for one output
+    token), before any work: they would raise `ContextOverflowError`, so the request goes to one
+    that can, a routing fact rather than a failure. An engine that holds the prompt but not all
+    of `max_tokens` stays, primary or fallback: it answers what its context leaves (the engines
+    bound `max_tokens` so), which beats no answer where the other engine fails. Returns the
+    engines left out; where none is left, `decide()` refuses with "context_overflow"."""
     out: list[EngineName] = []
-    for engine in [e for e in allowed if e in room]:
-        if room[engine] >= facts.max_tokens or (not whole and room[engine] >= 1):
+    for engine in list(allowed):
+        n_ctx = state.context.get(engine)
+        if n_ctx is None or facts.prompt_tokens < n_ctx:
             continue
         allowed.remove(engine)
         out.append(engine)
         where = f"-> {allowed[0]}" if allowed else "and no other engine can hold it"
-        what = "its output bound" if room[engine] >= 1 else "the prompt"
         text = (
-            f"{engine}: a prompt of {facts.prompt_tokens} tokens + {facts.max_tokens} output "
-            f"tokens: its context of {state.context[engine]} cannot hold {what} {where}"
+            f"{engine}: a prompt of {facts.prompt_tokens} tokens does not fit its context of "
+            f"{n_ctx} {where}"
         )
         reasons.append(Reason("context_overflow", text))
     return tuple(out)

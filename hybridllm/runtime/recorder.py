@@ -89,8 +89,12 @@ class Recorder:
         return self._working if self._frozen is None else self._frozen
 
     def freeze(self) -> Trace:
-        """The trace as a value: every sequence a tuple, every mapping a copy."""
-        self._frozen = self._working.frozen()
+        """The trace as a value: every sequence a tuple, every mapping a copy. Frozen again
+        with nothing recorded since, it is the same value (`Done.trace is s.trace`)."""
+        value = self._working.frozen()
+        if value != self._frozen:
+            self._frozen = value
+        assert self._frozen is not None
         return self._frozen
 
     def _set(self, **changes: Any) -> None:

@@ -40,24 +40,18 @@ def test_decide_sends_a_prompt_the_local_context_cannot_hold_to_the_cloud() -> N
     assert fits.primary == "local" and "context_overflow" not in fits.codes
 
 
-def test_the_output_bound_counts_where_another_engine_holds_it_whole() -> None:
-    """3,900 prompt tokens + 256 output tokens: the local 4,096 holds the prompt but would cut
-    the answer short; a cloud that holds it whole takes it. Alone (or beside a cloud no larger),
-    the local engine answers what its context leaves, as engines bound `max_tokens`."""
+def test_an_engine_that_holds_the_prompt_stays_though_the_answer_may_be_cut() -> None:
+    """3,900 prompt tokens + 256 output tokens in a local context of 4,096: the local engine
+    holds the prompt and answers what its context leaves (engines bound `max_tokens`), so it
+    stays, primary or the cloud's rescue; only a prompt it cannot hold sends it out."""
     facts = RequestFacts(prompt_tokens=3900, max_tokens=256)
     both = LiveState(context={"local": 4096, "cloud": 128_000})
     d = decide(facts, LOCAL_FIRST, both)
-    assert d.primary == "cloud" and d.overflowed == ("local",)
-    alone = decide(
-        facts, LOCAL_FIRST, LiveState(available=frozenset({"local"}), context={"local": 4096})
-    )
-    assert alone.primary == "local" and not alone.overflowed
-    small = LiveState(context={"local": 4096, "cloud": 4000})  # neither holds it whole
-    assert decide(facts, LOCAL_FIRST, small).primary == "local"
-    assert (
-        decide(RequestFacts(prompt_tokens=3900, max_tokens=100), LOCAL_FIRST, both).primary
-        == "local"
-    )
+    assert d.primary == "local" and d.fallback == "cloud" and not d.overflowed
+    cloud_first = decide(facts, LOCAL_FIRST.with_(routing={"prefer": "cloud"}), both)
+    assert cloud_first.primary == "cloud" and cloud_first.fallback == "local"  # the rescue stays
+    full = decide(RequestFacts(prompt_tokens=4096, max_tokens=256), LOCAL_FIRST, both)
+    assert full.primary == "cloud" and full.overflowed == ("local",)
 
 
 def test_a_context_nobody_reported_is_no_limit() -> None:
