@@ -142,9 +142,9 @@ class HybridLLMService(LLMService):
         """Pipecat's own handling (the base classes) cancels the task answering the context
         frame, which closes its stream and waits until every engine let go; then the
         interruption is recorded and handed on."""
-        at = clock.now()
-        cut = self._stream.trace if self._stream is not None else None
+        at, stream = clock.now(), self._stream
         await super().process_frame(frame, direction)
+        cut = None if stream is None else stream.trace  # the frozen value: the stream is closed
         self.interruptions.append(Interruption(at, clock.now(), cut))
         await self.push_frame(frame, direction)
 
