@@ -67,7 +67,10 @@ async def test_events_form(model_path: Path) -> None:
             assert done.trace is s.trace
             tokens = [e for e in events if isinstance(e, Token)]
             assert "".join(t.text for t in tokens) and {t.engine for t in tokens} == {"local"}
-            assert s.trace.n_tokens == len(tokens) and tuple(t.t for t in tokens) == s.trace.token_times
+            assert (
+                s.trace.n_tokens == len(tokens)
+                and tuple(t.t for t in tokens) == s.trace.token_times
+            )
             assert usage.completion_tokens == s.trace.completion_tokens >= len(tokens)
 
 
