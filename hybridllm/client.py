@@ -74,6 +74,7 @@ Messages = str | Sequence[Mapping[str, str]]
 # a prompt longer than this is admitted on a worker thread (the router's score and the privacy
 # scan grow with it: about 100 ms at 2,000 characters with the NER layer, a few ms without)
 INLINE_ADMISSION_CHARS = 1_000
+ENGINE_NAMES: tuple[EngineName, ...] = ("local", "cloud")
 # the failures that say an engine cannot be reached (logged once, `_outcome`)
 UNREACHABLE = (errors.CloudConnectionError, errors.CloudTimeoutError)
 # how long one engine's check may take (`HybridClient.check()`, the gateway at start)
@@ -217,15 +218,11 @@ class HybridClient:
         self._to_warm: deque[_WarmUp] = deque(maxlen=WARM_QUEUE)
         self._warming: anyio.CancelScope | None = None
         self._runs: set[RequestRun] = set()
-        self.breakers: dict[EngineName, CircuitBreaker] = {
-            "local": CircuitBreaker(name="local"),
-            "cloud": CircuitBreaker(name="cloud"),
-        }
+        self.breakers = {e: CircuitBreaker(name=e) for e in ENGINE_NAMES}
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._sync_cm: AbstractContextManager[HybridClient] | None = None
-        # each engine's state at the last `check()` (empty: never checked)
-        self.last_check: dict[EngineName, EngineState] = {}
+        self.last_check: dict[EngineName, EngineState] = {}  # at the last `check()`
         self._unreachable: set[EngineName] = set()  # said at WARNING, not answered since
 
     @property
