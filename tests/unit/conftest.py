@@ -27,6 +27,8 @@ import anyio.to_thread
 import pytest
 from trio.testing import MockClock
 
+from tests.unit.models_endpoint import Models, serve_models
+
 T = TypeVar("T")
 REAL_SLEEP_LIMIT_S = 1.0
 
@@ -110,3 +112,10 @@ def _no_real_waiting(monkeypatch: pytest.MonkeyPatch) -> Iterator[RealSleeps]:
         f"this unit test slept {sleeps.total_s:.2f} s on the real clock (at most "
         f"{REAL_SLEEP_LIMIT_S} s): run it on the virtual clock (@pytest.mark.virtual_clock)"
     )
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[str, type[Models]]]:
+    """An OpenAI-compatible `GET /v1/models` on loopback (`tests/unit/models_endpoint.py`)."""
+    with serve_models() as found:
+        yield found

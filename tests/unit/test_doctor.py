@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +10,7 @@ import pytest
 from hybridllm.cli.doctor import Doctor, report
 from hybridllm.cli.main import main
 from hybridllm.local import models, waitpolicy
+from tests.unit.models_endpoint import Models
 from tests.unit.test_cpubuild import AVX2_LAPTOP, ZEN4
 
 AVX2_BUILD = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 |"
@@ -75,36 +72,8 @@ def test_a_corrupt_model_file_fails_with_the_pull_command(cache: Path) -> None:
     assert finding.status == "fail" and "hybridllm models pull smollm2-135m-instruct" in finding.fix
 
 
-class _Models(BaseHTTPRequestHandler):
-    status = 200
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        ok = self.status == 200 and self.path == "/v1/models"
-        body = json.dumps({"data": [{"id": "smol"}]} if ok else {"error": "no"}).encode()
-        self.send_response(self.status if self.path == "/v1/models" else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def endpoint() -> Iterator[tuple[str, type[_Models]]]:
-    handler = type("Handler", (_Models,), {})
-    server = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_the_cloud_endpoint_reachable_refused_and_unset(
-    cache: Path, endpoint: tuple[str, type[_Models]]
+    cache: Path, endpoint: tuple[str, type[Models]]
 ) -> None:
     url, handler = endpoint
     ok = Doctor(base_url=url, api_key="k").cloud()
@@ -127,7 +96,7 @@ def test_report_exit_code_and_the_command(cache: Path, capsys: pytest.CaptureFix
 
 
 def test_the_cloud_without_a_key_or_with_a_stopped_engine_fails(
-    cache: Path, endpoint: tuple[str, type[_Models]], monkeypatch: pytest.MonkeyPatch
+    cache: Path, endpoint: tuple[str, type[Models]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from types import SimpleNamespace
 

@@ -5,10 +5,6 @@ can serve), and `hybridllm doctor --cloud-url --cloud-model`."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,39 +18,9 @@ from hybridllm.gateway.app import create_app
 from hybridllm.gateway.command import checked_lines
 from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.testing import ScriptedEngine
+from tests.unit.models_endpoint import Models
 
 pytestmark = pytest.mark.anyio
-
-
-class Models(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint's `GET /v1/models`, answering `status`."""
-
-    status = 200
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        ok = self.status == 200 and self.path == "/v1/models"
-        body = json.dumps({"data": [{"id": "smol"}]} if ok else {"error": "no"}).encode()
-        self.send_response(self.status if self.path == "/v1/models" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def endpoint() -> Iterator[tuple[str, type[Models]]]:
-    handler = type("Handler", (Models,), {})
-    server = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", handler
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 DOWN = "http://127.0.0.1:9/v1"  # nothing listens on port 9 (discard)

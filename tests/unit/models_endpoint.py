@@ -1,0 +1,43 @@
+"""An OpenAI-compatible endpoint's `GET /v1/models` on loopback, for the tests that check a
+cloud endpoint (`hybridllm doctor`, `OpenAIEngine.check()`): the `endpoint` fixture
+(tests/unit/conftest.py) serves `Models`, answering its `status`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+class Models(BaseHTTPRequestHandler):
+    """`GET /v1/models` listing the model "smol", or answering `status` (a 401, a 403)."""
+
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        ok = self.status == 200 and self.path == "/v1/models"
+        body = json.dumps({"data": [{"id": "smol"}]} if ok else {"error": "no"}).encode()
+        self.send_response(self.status if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serve_models() -> Iterator[tuple[str, type[Models]]]:
+    """The endpoint's base URL and its handler class (set `status` on it), for a with block."""
+    handler = type("Handler", (Models,), {})
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", handler
+    finally:
+        server.shutdown()
+        server.server_close()
