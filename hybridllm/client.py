@@ -47,7 +47,13 @@ from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLogLike
 from hybridllm.routing.logs import as_decision_log
 from hybridllm.routing.score import RouterScore
-from hybridllm.runtime.admission import RequestArgs, StreamArgs, build_request, check_names
+from hybridllm.runtime.admission import (
+    RequestArgs,
+    StreamArgs,
+    build_request,
+    check_constraints,
+    check_names,
+)
 from hybridllm.runtime.gather import (
     CloudStart,
     Gatherer,
@@ -413,6 +419,7 @@ class HybridClient:
             validate.one_of("engine", forced, ("local", "cloud"))
             if forced not in self.engines:
                 raise errors.ConfigError(f"no {forced} engine configured on this client")
+        check_constraints(request, self.engines, forced)
         return _Ticket(request, pol, forced, args.get("plan"), streamed)
 
     def _route(self, ticket: _Ticket, facts: RequestFacts, *, preview: bool) -> RoutePreview:

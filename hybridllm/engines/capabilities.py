@@ -13,6 +13,7 @@ Drafts              a `Drafter`: drafts tokens after a token context (LlamaCppEn
 VerifiesAtEndpoint  posts a verifier's raw request through its own client (OpenAIEngine)
 SetsApiKey          takes a new API key (OpenAIEngine)
 Checks              says whether it can serve: reachable, key accepted, model found (both)
+ConstrainsOutput    says up front whether it can constrain a request's schemas (LlamaCppEngine)
 LimitsConcurrency   a `ConcurrencyLimit` whose forecast counts requests routed to it
 Wraps               wraps another engine (the cloud guard), which it names with `wrapped()`
 ```
@@ -36,12 +37,14 @@ if TYPE_CHECKING:
     from hybridllm.engines.limit import ConcurrencyLimit
     from hybridllm.engines.llama.signals import LocalSignals
     from hybridllm.engines.nucleus import Dist
+    from hybridllm.tools import ToolSpec
 
 __all__ = [
     "Drafted",
     "Drafter",
     "Drafts",
     "Checks",
+    "ConstrainsOutput",
     "EngineCheck",
     "Endpoint",
     "LimitsConcurrency",
@@ -253,6 +256,15 @@ class Checks(Protocol):
     async def check(self, timeout_s: float) -> EngineCheck:
         """Whether the engine can serve now, found within `timeout_s` (a short probe: a cloud
         lists its models; never a generation). Never raises: what went wrong is the finding."""
+        ...
+
+
+@runtime_checkable
+class ConstrainsOutput(Protocol):
+    def check_constraints(self, spec: ToolSpec) -> None:
+        """Whether this engine can constrain `spec`'s tool calls and JSON answer (a local
+        grammar per schema): `InvalidArgumentError` naming the argument where it cannot, at
+        admission, before any engine is sent the request."""
         ...
 
 

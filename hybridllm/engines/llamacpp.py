@@ -48,6 +48,7 @@ from hybridllm.engines.llama.thread import (
     loop_caller,
     run_on_llama_thread,
 )
+from hybridllm.engines.llama.toolcalls import check_spec
 from hybridllm.engines.options import LlamaOptions
 from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import (
@@ -72,6 +73,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from hybridllm.engines.capabilities import Drafter
     from hybridllm.engines.llama.signals import LocalSignals
+    from hybridllm.tools import ToolSpec
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 # a token on its way from the llama thread to the loop (the thread waits for `ack`: Handoff)
@@ -193,6 +195,10 @@ class LlamaCppEngine:
         except errors.ModelError as exc:
             return EngineCheck(True, None, False, f"{self.model}: {exc}", type(exc))
         return EngineCheck(True, None, True, f"{self.model}: loaded, n_ctx {self.n_ctx}")
+
+    def check_constraints(self, spec: ToolSpec) -> None:
+        """`ConstrainsOutput`: each schema of `spec` converts to a llama.cpp grammar."""
+        check_spec(spec)
 
     async def start(self) -> None:
         async with self._start_lock:

@@ -51,7 +51,8 @@ class OpenAIOptions(EngineOptions):
     accepted and rejected prediction tokens). `presence_penalty`, `frequency_penalty`: -2 to 2.
     `user`: the end user's id, for the provider's abuse monitoring. `extra_body`: JSON fields a
     particular OpenAI-compatible server understands (e.g. vLLM's `top_k`), merged into the
-    request body. Every string here leaves with the request, so the cloud guard scans them."""
+    request body (`n` other than 1 is refused: a stream is one answer). Every string here
+    leaves with the request, so the cloud guard scans them."""
 
     prediction: str | None = None
     presence_penalty: float | None = None
@@ -71,6 +72,9 @@ class OpenAIOptions(EngineOptions):
                 raise InvalidArgumentError(name, value, "a finite number from -2 to 2")
         if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
             raise InvalidArgumentError("extra_body", self.extra_body, "a mapping")
+        n = (self.extra_body or {}).get("n", 1)
+        if n != 1 or isinstance(n, bool):  # one stream is one answer: choices would mix
+            raise InvalidArgumentError("extra_body.n", n, "1 or absent (one answer per request)")
         for name in ("prediction", "user"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):

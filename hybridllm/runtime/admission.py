@@ -12,11 +12,19 @@ from typing import Any, Literal, TypedDict
 from hybridllm import errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineOptions, GenerationRequest, Message
-from hybridllm.events import Priority
+from hybridllm.engines.capabilities import ConstrainsOutput
+from hybridllm.events import EngineName, Priority
 from hybridllm.policy import PlanName, Policy
 from hybridllm.tools import tool_spec
 
-__all__ = ["ARG_NAMES", "RequestArgs", "StreamArgs", "build_request", "check_names"]
+__all__ = [
+    "ARG_NAMES",
+    "RequestArgs",
+    "StreamArgs",
+    "build_request",
+    "check_constraints",
+    "check_names",
+]
 
 
 class RequestArgs(TypedDict, total=False):
@@ -67,6 +75,19 @@ def check_names(args: Mapping[str, object]) -> None:
     for name in sorted(set(args) - ARG_NAMES):
         known = ", ".join(sorted(ARG_NAMES))
         raise errors.InvalidArgumentError(name, args[name], f"a known keyword argument ({known})")
+
+
+def check_constraints(
+    request: GenerationRequest, engines: Mapping[EngineName, object], forced: EngineName | None
+) -> None:
+    """Each engine that may serve `request` (all, or the forced one) and constrains output
+    itself (`ConstrainsOutput`: the local grammar) can take its schemas: a schema it cannot
+    take is an `InvalidArgumentError` now, not a failure after another engine was tried."""
+    if request.tools is None:
+        return
+    for name, engine in engines.items():
+        if forced in (None, name) and isinstance(engine, ConstrainsOutput):
+            engine.check_constraints(request.tools)
 
 
 def build_request(

@@ -22,11 +22,13 @@ unless the schema names another draft); it is imported on first use.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from hybridllm.errors import InvalidArgumentError, InvalidOutputError
+from hybridllm.tools.keywords import unknown_keywords
 
 __all__ = [
     "ResponseFormat",
@@ -42,6 +44,9 @@ __all__ = [
 ToolChoiceMode = Literal["auto", "none", "required"]
 CHOICES: tuple[ToolChoiceMode, ...] = ("auto", "none", "required")
 FORMATS = ("text", "json_object", "json_schema")
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # schemas (as JSON text) whose unknown keywords were logged
+_WARNED_MAX = 1024
 MAX_TOOLS = 128  # OpenAI's own bound on `tools`
 # what OpenAI allows in a function or schema name (no dots: a cloud would refuse one with a 400)
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -84,6 +89,9 @@ class ToolSpec:
     forced: str | None = None
     response_format: ResponseFormat | None = None
     raw_choice: object = None  # `tool_choice` as given (None: not given)
+    # `response_format` as given (None: not given); {"type": "text"} is sent though it asks
+    # for what happens anyway (`response_format` is then None)
+    raw_format: object = None
     # a call whose engine's confidence is below this is not delivered (`UnsureCallError`): set
     # by the plan where another engine can answer instead (None: every valid call stands)
     min_call_confidence: float | None = None
@@ -117,8 +125,8 @@ class ToolSpec:
             out["tools"] = [dict(t.raw) for t in self.tools]
         if self.raw_choice is not None:
             out["tool_choice"] = self.raw_choice
-        if self.response_format is not None:
-            out["response_format"] = dict(self.response_format.raw)
+        if isinstance(self.raw_format, Mapping):
+            out["response_format"] = dict(self.raw_format)
         return out
 
 
@@ -129,7 +137,8 @@ def tool_spec(tools: object, tool_choice: object, response_format: object) -> To
         return None
     defined = _tools(tools)
     choice, forced = _choice(tool_choice, defined)
-    return ToolSpec(defined, choice, forced, _response_format(response_format), tool_choice)
+    fmt = _response_format(response_format)
+    return ToolSpec(defined, choice, forced, fmt, tool_choice, raw_format=response_format)
 
 
 # ---- the arguments --------------------------------------------------------------------------
@@ -166,11 +175,11 @@ def _tool(at: str, value: object) -> Tool:
     description = fn.get("description", "")
     if not isinstance(description, str):
         raise InvalidArgumentError(f"{at}.function.description", description, "a string")
-    parameters = fn.get("parameters", EMPTY_PARAMETERS)
-    _object_schema(f"{at}.function.parameters", parameters)
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise InvalidArgumentError(f"{at}.function.strict", strict, "True, False or absent")
+    parameters = fn.get("parameters", EMPTY_PARAMETERS)
+    _object_schema(f"{at}.function.parameters", parameters, strict=strict is True)
     return Tool(name, description, parameters, strict, value)
 
 
@@ -215,24 +224,26 @@ def _response_format(value: object) -> ResponseFormat | None:
     if not isinstance(name, str) or not name or set(name) - _NAME_CHARS or len(name) > 64:
         rule = "a name of 1 to 64 letters, digits, '_' or '-'"
         raise InvalidArgumentError("response_format.json_schema.name", name, rule)
-    schema = spec.get("schema")
-    _schema("response_format.json_schema.schema", schema)
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise InvalidArgumentError("response_format.json_schema.strict", strict, "a bool")
+    schema = spec.get("schema")
+    _schema("response_format.json_schema.schema", schema, strict=strict is True)
     assert isinstance(schema, Mapping)
     return ResponseFormat("json_schema", schema, name, strict, value)
 
 
-def _object_schema(at: str, schema: object) -> None:
-    _schema(at, schema)
+def _object_schema(at: str, schema: object, *, strict: bool) -> None:
+    _schema(at, schema, strict=strict)
     assert isinstance(schema, Mapping)
     if schema.get("type", "object") != "object":
         raise InvalidArgumentError(f"{at}.type", schema.get("type"), "'object'")
 
 
-def _schema(at: str, schema: object) -> None:
-    """A JSON Schema that is itself valid (against its draft's meta-schema)."""
+def _schema(at: str, schema: object, *, strict: bool) -> None:
+    """A JSON Schema that is itself valid (against its draft's meta-schema), whose keywords
+    are all known (`keywords`): an unknown one is logged at WARNING once per schema, or
+    refused under `strict`."""
     if not isinstance(schema, Mapping):
         raise InvalidArgumentError(at, schema, "a JSON Schema (a mapping)")
     try:
@@ -247,6 +258,31 @@ def _schema(at: str, schema: object) -> None:
     except exceptions.SchemaError as exc:
         where = "".join(f"[{p!r}]" for p in exc.absolute_path)
         raise InvalidArgumentError(f"{at}{where}", exc.instance, f"valid ({exc.message})") from None
+    _known_keywords(at, schema, strict=strict)
+
+
+def _known_keywords(at: str, schema: Mapping[str, Any], *, strict: bool) -> None:
+    text = json.dumps(schema, sort_keys=True)
+    if not strict and text in _WARNED:
+        return
+    unknown = unknown_keywords(schema)
+    if unknown and strict:
+        first = unknown[0]
+        rule = "a known JSON Schema keyword under strict: true" + (
+            f" (did you mean {first.closest!r}?)" if first.closest else ""
+        )
+        raise InvalidArgumentError(f"{at}.{first.path}", first.keyword, rule)
+    if len(_WARNED) < _WARNED_MAX:
+        _WARNED.add(text)
+    for u in unknown:
+        meant = f" (did you mean {u.closest!r}?)" if u.closest else ""
+        log.warning(
+            "%s.%s: unknown JSON Schema keyword %r, which constrains nothing%s",
+            at,
+            u.path,
+            u.keyword,
+            meant,
+        )
 
 
 # ---- what an engine produced ------------------------------------------------------------------
@@ -266,6 +302,8 @@ def check_call(spec: ToolSpec, name: str, arguments: str, *, engine: str) -> Any
         problem = f"arguments that are not JSON ({exc})"
         raise InvalidOutputError(engine, "tool_call", f"{name}({arguments})", problem) from None
     wrong = _violation(tool.parameters, parsed)
+    if not isinstance(parsed, dict):  # OpenAI's shape, whatever the schema's "type" says
+        wrong = f"arguments that are not a JSON object ({type(parsed).__name__})"
     if wrong is not None:
         raise InvalidOutputError(engine, "tool_call", f"{name}({arguments})", wrong)
     return parsed

@@ -26,6 +26,7 @@ templates written for Hugging Face expect the parsed object (Qwen's writes
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -49,6 +50,7 @@ __all__ = [
     "call_confidence",
     "call_id",
     "call_schema",
+    "check_spec",
     "confidence",
     "intended_name",
     "json_opening",
@@ -158,10 +160,18 @@ def answer_gbnf(fmt: ResponseFormat) -> str:
     return _gbnf(dict(fmt.schema), "response_format.json_schema.schema", lead="")
 
 
+def check_spec(spec: ToolSpec) -> None:
+    """Whether the local engine can constrain `spec`'s call and answer: each schema converts
+    to a grammar, or `InvalidArgumentError` naming the argument (before anything is sent)."""
+    if spec.response_format is not None:
+        answer_gbnf(spec.response_format)
+    if spec.callable_tools:
+        call_gbnf(spec.callable_tools)
+
+
 def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
-    grammars = loader.llama_cpp_part("llama_grammar")  # heavy: only when constraining
     try:
-        body = grammars.json_schema_to_gbnf(json.dumps(_bare_as_any(schema)))
+        body = _converted(json.dumps(_bare_as_any(schema)))
     except (ValueError, KeyError, TypeError, NotImplementedError, AssertionError) as exc:
         rule = f"a schema llama.cpp's grammar converter supports ({exc})"
         raise InvalidArgumentError(at, schema, rule) from None
@@ -170,6 +180,13 @@ def _gbnf(schema: Mapping[str, Any], at: str, *, lead: str) -> str:
         for line in body.splitlines()
     ]
     return f"root ::= {lead}{_BODY}\n" + "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=256)
+def _converted(schema_json: str) -> str:
+    """llama.cpp's GBNF of a schema (JSON text), converted once per schema."""
+    grammars = loader.llama_cpp_part("llama_grammar")  # heavy: only when constraining
+    return str(grammars.json_schema_to_gbnf(schema_json))
 
 
 # keywords that describe a schema without constraining it
