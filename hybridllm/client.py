@@ -606,19 +606,35 @@ class HybridClient:
         msgs = validate.messages(messages)
         return await score_messages(self.routing.router, self.engines.get("local"), msgs)
 
-    async def complete(self, messages: Messages, **args: Unpack[StreamArgs]) -> Completion:
+    async def complete(
+        self,
+        messages: Messages,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (as openai-python's own `timeout=`)
+        **args: Unpack[StreamArgs],
+    ) -> Completion:
         """The whole answer at once, with its trace (the arguments of `stream()`). Nothing is
-        streamed, so a cascade may judge the whole local answer (`cascade_judge`)."""
+        streamed, so a cascade may judge the whole local answer (`cascade_judge`). `timeout`:
+        seconds for the whole answer (None: no bound); past it the request is closed and
+        `AnswerTimeoutError` holds what had come (its text, tool calls and trace)."""
+        if timeout is not None:
+            validate.number("timeout", timeout, above=0.0)
         s = self._start(messages, args, streamed=False)
         pieces: list[str] = []
         calls: list[ToolCall] = []
         async with s:
-            async for event in s.events():
-                if isinstance(event, Token):
-                    pieces.append(event.text)
-                elif isinstance(event, ToolCall):
-                    calls.append(event)
+            with anyio.move_on_after(math.inf if timeout is None else timeout) as bound:
+                async for event in s.events():
+                    if isinstance(event, Token):
+                        pieces.append(event.text)
+                    elif isinstance(event, ToolCall):
+                        calls.append(event)
         text, finish = "".join(pieces), s.trace.finish_reason
+        if bound.cancelled_caught:
+            assert timeout is not None
+            raise errors.AnswerTimeoutError(
+                timeout, text=text, tool_calls=tuple(calls), trace=s.trace
+            )
         fmt = args.get("response_format") or {}
         wants_json = fmt.get("type") in ("json_object", "json_schema")
         parsed = json.loads(text) if wants_json and text and not calls else None  # checked
@@ -707,10 +723,14 @@ class HybridClient:
         finally:
             portal.call(s.aclose)
 
-    def complete_sync(self, messages: Messages, **args: Unpack[StreamArgs]) -> Completion:
-        """The whole answer at once, blocking (the arguments of `stream()`)."""
+    def complete_sync(
+        self, messages: Messages, *, timeout: float | None = None, **args: Unpack[StreamArgs]
+    ) -> Completion:
+        """The whole answer at once, blocking (the arguments of `stream()`, and `timeout` as
+        `complete()` takes it)."""
         portal = self._blocking_portal()
-        result: Completion = portal.call(partial(self.complete, messages, **args))
+        call = partial(self.complete, messages, timeout=timeout, **args)
+        result: Completion = portal.call(call)
         return result
 
     def forget_sync(self, conversation: str) -> None:

@@ -26,6 +26,9 @@ HybridError
 │   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
 ├── ClientStateError            the client or a stream was used outside its lifetime
+├── AnswerTimeoutError          `complete(timeout=)` passed before the answer ended (also a
+│                               `TimeoutError`): `timeout_s`, the `text`, `tool_calls` and
+│                               `trace` so far (the stream was closed, its spend settled)
 ├── InternalError               a fault inside hybridllm (a bug): the error is its __cause__;
 │                               what leaves a request is always a HybridError (`typed`)
 ├── ServerStartError            a test server of `hybridllm.testing` did not start
@@ -195,6 +198,22 @@ class PullError(HybridError):
 
 class ClientStateError(HybridError):
     """The client or a stream was used outside its lifetime (not entered, already closed)."""
+
+
+class AnswerTimeoutError(HybridError, TimeoutError):
+    """`complete(..., timeout=)` ran out before the whole answer came: nothing of it is lost,
+    `text` and `tool_calls` hold what had come, `trace` the closed request's record."""
+
+    def __init__(
+        self, timeout_s: float, *, text: str, tool_calls: tuple[object, ...], trace: object
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.text = text
+        self.tool_calls = tool_calls
+        self.trace = trace
+        super().__init__(
+            f"no whole answer within {timeout_s:g} s ({len(text)} characters had come)"
+        )
 
 
 class InternalError(HybridError):

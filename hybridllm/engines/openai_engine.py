@@ -137,6 +137,8 @@ class OpenAIEngine:
     family) on OpenAI's own hosts (api.openai.com, *.openai.azure.com), which refuse
     `max_tokens`; `max_tokens` elsewhere (llama-cpp-python's server knows no other; vLLM takes
     both). The `RequestSent` mark carries what was sent (`TokenLimit`; `Trace.token_limit`).
+    By the same rule `temperature` and `top_p` are left out for those models on those hosts,
+    which refuse them (`reasoning_host`).
     """
 
     def __init__(
@@ -262,9 +264,14 @@ class OpenAIEngine:
             sent = max(1, min(sent, self.max_context - prompt))
         param = self.token_limit_param
         if param == "auto":
-            reasoning = self._openai_host() and REASONING_MODEL.match(self.model) is not None
-            param = "max_completion_tokens" if reasoning else "max_tokens"
+            param = "max_completion_tokens" if self.reasoning_host else "max_tokens"
         return TokenLimit(param, sent, request.max_tokens)
+
+    @property
+    def reasoning_host(self) -> bool:
+        """One of OpenAI's reasoning models on OpenAI's own hosts, which refuse `max_tokens`,
+        `temperature` and `top_p` (only their defaults are taken)."""
+        return self._openai_host() and REASONING_MODEL.match(self.model) is not None
 
     def _openai_host(self) -> bool:
         """The endpoint is OpenAI's own (or Azure OpenAI), whose documented fields we may add."""
@@ -276,7 +283,8 @@ class OpenAIEngine:
         options = request.option(OpenAIOptions)
         kwargs: dict[str, Any] = {} if options is None else options.fields()
         kwargs[limit.param] = limit.sent
-        kwargs["temperature"], kwargs["top_p"] = request.temperature, request.top_p
+        if not self.reasoning_host:  # those refuse any value: the model samples its own way
+            kwargs["temperature"], kwargs["top_p"] = request.temperature, request.top_p
         if request.seed is not None:
             kwargs["seed"] = request.seed
         if request.stop:

@@ -153,3 +153,24 @@ def test_a_conversation_keeps_its_cache_key_from_turn_to_turn() -> None:
     assert fields["prompt_cache_key"] == conversation_key(later, "user-42@example.com")
     assert fields["prompt_cache_key"] not in (conversation_key(first), conversation_key(other))
     assert "user-42" not in str(fields) and "example.com" not in str(fields)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "model", "sampled"),
+    [
+        ("https://api.openai.com/v1", "o3-mini", False),  # refuses temperature and top_p
+        ("https://api.openai.com/v1", "gpt-5", False),
+        ("https://api.openai.com/v1", "gpt-4o-mini", True),
+        ("http://127.0.0.1:8000/v1", "gpt-5", True),  # another host: sent as asked
+    ],
+)
+def test_temperature_and_top_p_follow_the_reasoning_rule(
+    base_url: str, model: str, sampled: bool
+) -> None:
+    """Issue 42 item 6: the hosts that get `max_completion_tokens` get no sampling fields."""
+    engine = OpenAIEngine(base_url=base_url, api_key="k", model=model)
+    request = GenerationRequest(MSGS, max_tokens=9, temperature=0.3, top_p=0.9)
+    fields = engine._fields(request, engine.token_limit(request))
+    assert ("temperature" in fields, "top_p" in fields) == (sampled, sampled)
+    if sampled:
+        assert (fields["temperature"], fields["top_p"]) == (0.3, 0.9)
