@@ -99,6 +99,7 @@ class _Ticket:
     streamed: bool
     route: RoutePreview | None = None
     cloud_start: CloudStart | None = None  # its entry in the policy's parallel-cloud window
+    dropped: int = 0  # the oldest messages left out to fit the local context (overflow "trim")
 
 
 def _costly(ticket: _Ticket) -> bool:
@@ -337,6 +338,8 @@ class HybridClient:
     async def _serve(self, ticket: _Ticket, run: RequestRun) -> None:
         """Admit the request (its facts off the loop where they cost), decide, run the plan."""
         facts = await self._facts(ticket)
+        if ticket.dropped:
+            run.rec.trimmed(ticket.dropped)
         facts = await clear_public_names(
             self._judge, ticket.request, ticket.policy, ticket.forced, facts
         )
@@ -367,10 +370,17 @@ class HybridClient:
         prompt, or the NER layer), so the event loop (the app's audio, UI, other streams) does
         not stall; inline otherwise. (The client's engines are closed only after its requests'
         tasks end, so a worker thread never counts with a model being unloaded.)"""
-        args = (ticket.request, ticket.policy, ticket.forced, self.engines)
         if _costly(ticket):
-            return await anyio.to_thread.run_sync(self.routing.facts, *args)
-        return self.routing.facts(*args)
+            return await anyio.to_thread.run_sync(self._gather, ticket)
+        return self._gather(ticket)
+
+    def _gather(self, ticket: _Ticket) -> RequestFacts:
+        """The request cut to fit (`[sampling] overflow = "trim"`, `ticket.dropped`), then its
+        facts."""
+        ticket.request, ticket.dropped = self.routing.trimmed(
+            ticket.request, ticket.policy, self.engines
+        )
+        return self.routing.facts(ticket.request, ticket.policy, ticket.forced, self.engines)
 
     async def check(self, timeout_s: float = CHECK_TIMEOUT_S) -> dict[EngineName, EngineState]:
         """Each engine's state now (`EngineState`: reachable, key accepted, model found, its
@@ -404,8 +414,7 @@ class HybridClient:
         `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
         ticket = self._ticket(messages, full, streamed=True)
-        facts = self.routing.facts(ticket.request, ticket.policy, ticket.forced, self.engines)
-        return self._route(ticket, facts, preview=True)
+        return self._route(ticket, self._gather(ticket), preview=True)
 
     def _ticket(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> _Ticket:
         """The cheap, synchronous half of admission, at the call: the checked arguments, the

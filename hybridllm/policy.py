@@ -166,12 +166,19 @@ class _Table(BaseModel):
 
 
 class SamplingTable(_Table):
-    """`[sampling]`: the defaults of a request's sampling (a call's arguments override them)."""
+    """`[sampling]`: the defaults of a request's sampling (a call's arguments override them),
+    and `overflow`: what a prompt that outgrew an engine's context does. "route" (default):
+    routing sends it to an engine that can hold it (`ContextOverflowError` where none can);
+    "trim": the oldest turns after the system message are dropped until it fits the local
+    context (tool calls kept with their results; `Trace.trimmed_messages` says how many), then
+    routing as "route"; "error": `ContextOverflowError` at once, where any engine the policy
+    allows cannot hold it."""
 
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     stop: tuple[str, ...] = ()
     max_tokens: int = Field(default=256, ge=1, le=MAX_TOKENS)
+    overflow: Literal["route", "trim", "error"] = "route"
 
     _numbers = field_validator("temperature", "top_p", mode="before")(_number)
     _counts = field_validator("max_tokens", mode="before")(_count)

@@ -110,7 +110,8 @@ def decide(facts: RequestFacts, policy: Policy, state: LiveState) -> Decision:
     if refused:
         return _refuse(reasons, deadline, _cause(removed, "no_engine"))
     too_long = _too_long(facts, state, allowed, reasons)
-    if too_long and not allowed:  # no engine left can hold the prompt: an error at once
+    loud = policy.sampling.overflow == "error"  # the policy asks for the error, not a detour
+    if too_long and (loud or not allowed):  # no engine left can hold it: an error at once
         refused_for = _refuse(reasons, deadline, "context_overflow")
         return replace(refused_for, overflowed=too_long)
     local_off = _local_circuit(facts, state, allowed, reasons)

@@ -65,6 +65,7 @@ from hybridllm.routing.inputs import BudgetGate, BudgetVerdict, Prediction, Priv
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.runtime.plans.speculative.outlook import SpeculationState
+from hybridllm.runtime.trim import trim_to_fit
 
 # how many recent local prompts routing assumes the local engine still holds (live or saved)
 LOCAL_PROMPTS = 16
@@ -167,6 +168,20 @@ class Gatherer:
             if tps is not None and tps > 0:
                 tpot = 1.0 / decode_tps if decode_tps else None
                 self.latency.seed(name, prefill_tps=tps, tpot_s=tpot, overhead_s=tpot)
+
+    def trimmed(
+        self,
+        request: GenerationRequest,
+        policy: Policy,
+        engines: Mapping[EngineName, Engine],
+    ) -> tuple[GenerationRequest, int]:
+        """`request` cut to the local context where the policy says `[sampling] overflow =
+        "trim"` (`runtime.trim`), and how many messages were dropped (0: none)."""
+        local = engines.get("local")
+        n_ctx = None if local is None else local.info().n_ctx
+        if policy.sampling.overflow != "trim" or local is None or n_ctx is None:
+            return request, 0
+        return trim_to_fit(request, n_ctx=n_ctx, count=lambda m: count_prompt_tokens(m, (local,)))
 
     def facts(
         self,

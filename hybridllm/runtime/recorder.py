@@ -118,6 +118,10 @@ class Recorder:
             predicted_ttft_ms=dict(predicted_ttft_ms),
         )
 
+    def trimmed(self, dropped: int) -> None:
+        """The oldest `dropped` messages were left out to fit the local context."""
+        self._set(trimmed_messages=dropped)
+
     def captured(self, content: dict[str, Any]) -> None:
         """The prompt, the answer and the tool calls (only where the client captures content)."""
         self._set(content=content)

@@ -111,6 +111,9 @@ class Trace:
     error_type: type[Exception] | None = None
     error: str | None = None
     prompt_tokens: int | None = None
+    # the oldest messages left out so the conversation fits the local context (`[sampling]
+    # overflow = "trim"`, `runtime.trim`); 0: the prompt went as given
+    trimmed_messages: int = 0
     completion_tokens: int | None = None
     usage_estimated: bool = False
     cached_prompt_tokens: int | None = None

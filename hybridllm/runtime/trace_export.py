@@ -73,6 +73,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "started": list(t.started),
         "hedged": t.hedged,
         "retries": t.retries,
+        "trimmed_messages": t.trimmed_messages,
         "fallback_reason": t.fallback_reason,
         "fallback_cause": t.fallback_cause,
         "fallbacks": [_fallback(t, f) for f in t.fallbacks],
