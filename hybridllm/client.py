@@ -40,6 +40,7 @@ from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
+from hybridllm.guard.privacy_ner import ner_wanted, say_ner_missing
 from hybridllm.policy import PlanName, Policy, PolicyCache
 from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
 from hybridllm.routing.hedging import backup_ttft_s
@@ -104,7 +105,7 @@ class _Ticket:
 
 def _costly(ticket: _Ticket) -> bool:
     """Could gathering this request's facts stall the event loop past about a millisecond?"""
-    if ticket.policy.privacy.ner and ticket.policy.privacy.mode != "off":
+    if ner_wanted(ticket.policy.privacy) and ticket.policy.privacy.mode != "off":
         return True
     chars = sum(len(str(m.get("content", ""))) for m in ticket.request.messages)
     return chars > INLINE_ADMISSION_CHARS
@@ -209,7 +210,9 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            self._guard.preload_privacy = self.policy.privacy.ner
+            table = self.policy.under_client(privacy).privacy
+            self._guard.preload_privacy = ner_wanted(table)
+            say_ner_missing(table)
         gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         self.decision_log = as_decision_log(decision_log)
         self.telemetry = _telemetry(telemetry)
@@ -360,7 +363,11 @@ class HybridClient:
         )
         privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(
-            scope=pol.name, privacy=privacy, on_settle=run.rec.settled, ner=pol.privacy.ner, due=due
+            scope=pol.name,
+            privacy=privacy,
+            on_settle=run.rec.settled,
+            ner=ner_wanted(pol.privacy),
+            due=due,
         )
         await self._plan(decision, ticket.request, context, pol, lead)(run)
 

@@ -385,12 +385,15 @@ class PrivacyTable(_Table):
     """`[privacy]`: `mode` "keep-local" (the default) keeps a request holding personal or secret
     data off the cloud; "block" refuses it; "off" lets it go. What is looked for: the patterns
     and checksums always (emails, phone numbers, cards, IBANs, national IDs, API keys and
-    tokens, private keys: about 0.5 ms a prompt); `ner = true` adds the NER layer (names,
-    addresses, dates of birth; the `hybridllm[privacy]` extra, loaded in the background when a
-    client opens with such a policy; tens to hundreds of ms a prompt, off the event loop)."""
+    tokens, private keys: about 0.5 ms a prompt), and the NER layer (names, addresses, dates of
+    birth: the `hybridllm[privacy]` extra, loaded in the background when a client opens; a few
+    to tens of ms a prompt, off the event loop). `ner` unset (the default): the NER layer runs
+    wherever the mode looks at all and the extra is installed (a client says at start when it
+    is not: names are then not looked for); `ner = false`: the patterns alone, the explicit way
+    out; `ner = true`: the NER layer, warned about where it is not installed."""
 
     mode: PrivacyMode = "keep-local"
-    ner: bool = Field(default=False, strict=True)
+    ner: bool | None = Field(default=None, strict=True)
 
 
 class ToolsTable(_Table):

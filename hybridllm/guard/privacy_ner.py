@@ -28,6 +28,7 @@ kept (a few recent texts), so routing's scan and the guard's scan of the same pr
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import threading
 import time
@@ -48,6 +49,9 @@ from hybridllm.guard.privacy_ner_rules import (
 )
 from hybridllm.guard.privacy_phone import PhoneFinder, check_regions
 from hybridllm.guard.privacy_public import names_public_figure
+from hybridllm.policy import PrivacyTable
+
+log = logging.getLogger(__name__)
 
 NerMode = Literal["auto", "on", "off"]
 NER_MODES: tuple[NerMode, ...] = ("auto", "on", "off")
@@ -436,6 +440,35 @@ def _warn_once(status: NerStatus) -> None:
 
 _default: PrivacyScanner | None = None
 _default_lock = threading.Lock()
+
+
+_said_missing = False  # `say_ner_missing` has logged
+
+
+def ner_wanted(table: PrivacyTable) -> bool:
+    """Whether a policy's privacy scan runs the NER layer: its `ner` where set; unset, wherever
+    its mode looks at all and the layer is installed here (the default scanner can run it)."""
+    if table.ner is not None:
+        return table.ner
+    return table.mode != "off" and default_scanner().deep
+
+
+def say_ner_missing(table: PrivacyTable) -> bool:
+    """Log once per process, at WARNING, that a policy that looks for personal data (its `ner`
+    unset) will not find names, addresses or dates of birth here: the extra is not installed.
+    Returns whether it is missing for this policy."""
+    global _said_missing
+    missing = table.ner is None and table.mode != "off" and not default_scanner().deep
+    if missing and not _said_missing:
+        _said_missing = True
+        status = default_scanner().status()
+        log.warning(
+            "privacy %s: names, addresses and dates of birth are not looked for (%s); "
+            "set [privacy] ner = false to say the patterns alone are meant",
+            table.mode,
+            status.describe(),
+        )
+    return missing
 
 
 def default_scanner() -> PrivacyScanner:

@@ -51,7 +51,7 @@ from hybridllm.events import EngineName
 from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds, tool_texts
-from hybridllm.guard.privacy_ner import default_scanner
+from hybridllm.guard.privacy_ner import default_scanner, ner_wanted
 from hybridllm.policy import PlanName, Policy
 from hybridllm.routing.decide import decide
 from hybridllm.routing.decision import (
@@ -208,7 +208,7 @@ class Gatherer:
                 kinds = None
             else:
                 bound = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
-                deep = policy.privacy.ner and bound
+                deep = ner_wanted(policy.privacy) and bound
                 extra = tuple(tool_texts(request.tools))  # the tool definitions it sends
                 kinds = frozenset(self.privacy(request.messages, deep=deep, extra=extra))
         return RequestFacts(

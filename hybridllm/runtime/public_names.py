@@ -21,7 +21,7 @@ from hybridllm.engines.base import GenerationRequest
 from hybridllm.events import EngineName
 from hybridllm.guard.guarded import request_texts
 from hybridllm.guard.privacy_judge import PrivacyJudge, person_names
-from hybridllm.guard.privacy_ner import default_scanner
+from hybridllm.guard.privacy_ner import default_scanner, ner_wanted
 from hybridllm.policy import Policy
 from hybridllm.routing.decision import RequestFacts
 
@@ -56,7 +56,7 @@ async def clear_public_names(
     if judge is None or not worth_judging(judge, policy, forced, facts):
         return facts
     sent = list(request_texts(request))
-    scan = partial(default_scanner().scan, (), extra=sent, deep=policy.privacy.ner)
+    scan = partial(default_scanner().scan, (), extra=sent, deep=ner_wanted(policy.privacy))
     found = await anyio.to_thread.run_sync(scan)  # the NER layer's cached result, off the loop
     names = person_names(found, sent)
     if not names or {f.kind for f in found} != PERSON_ONLY:

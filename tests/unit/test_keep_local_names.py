@@ -1,0 +1,57 @@
+""""keep-local" keeps names local (issue 42, item 7): with `[privacy] ner` unset (the default)
+the NER layer runs wherever the mode looks at all and the privacy extra is installed, so a
+person's name with their street address stays on the device; `ner = false` is the explicit way
+out (the patterns alone); where the extra is missing, a client says so once at start (WARNING).
+Scripted engines (routing only); the privacy scan is the real one (Presidio and spaCy)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hybridllm import HybridClient, Policy
+from hybridllm.guard import privacy_ner
+from hybridllm.guard.privacy_ner import PrivacyScanner, ner_wanted, say_ner_missing
+from hybridllm.testing import ScriptedEngine
+from tests.parts import HAS_NER, needs
+
+pytestmark = pytest.mark.anyio
+
+# no email, phone, card or ID number: only the NER layer and its address rule see it
+PRIVATE = "Write a short note to Margaret Holloway at 14 Ashdown Road about her late parcel."
+CLOUD_FIRST = Policy(name="c", routing={"prefer": "cloud", "ttft_deadline_ms": 2000})
+
+
+def test_ner_is_wanted_by_default_only_where_the_mode_looks_and_it_is_not_turned_off() -> None:
+    installed = privacy_ner.default_scanner().deep
+    assert ner_wanted(Policy().privacy) is installed
+    assert not ner_wanted(Policy(privacy={"ner": False}).privacy)
+    assert not ner_wanted(Policy(privacy={"mode": "off"}).privacy)
+    assert ner_wanted(Policy(privacy={"ner": True}).privacy)
+
+
+@needs(HAS_NER, "the privacy extra (hybridllm[privacy]) is not installed")
+async def test_a_name_with_a_street_address_stays_local_by_default() -> None:
+    local, cloud = ScriptedEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
+        kept = client.decide(PRIVATE)
+        opted_out = client.decide(PRIVATE, policy=CLOUD_FIRST.with_(privacy={"ner": False}))
+    assert kept.decision.primary == "local" and "privacy_local" in kept.decision.codes
+    assert {"person", "address"} <= set(kept.facts.privacy_kinds or ())
+    assert opted_out.decision.primary == "cloud"  # the patterns alone find nothing here
+
+
+def test_a_missing_extra_is_said_once_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(privacy_ner, "_default", PrivacyScanner(ner="off"))  # as if missing
+    monkeypatch.setattr(privacy_ner, "_said_missing", False)
+    with caplog.at_level(logging.WARNING, logger="hybridllm.guard.privacy_ner"):
+        assert not say_ner_missing(Policy(privacy={"ner": False}).privacy)  # meant: silent
+        assert not caplog.records
+        local, cloud = ScriptedEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+        HybridClient(local=local, cloud=cloud, router=None)  # the default policy: keep-local
+        HybridClient(local=local, cloud=cloud, router=None)
+    said = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and said[0].args and said[0].args[0] == "keep-local"
