@@ -31,6 +31,7 @@ from typing import Any, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import _ChatModelBinding  # bind()'s type, 1.8+
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -39,19 +40,32 @@ from langchain_core.messages import (
     convert_to_openai_messages,
 )
 from langchain_core.messages.tool import tool_call, tool_call_chunk
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers import (
+    BaseOutputParser,
+    JsonOutputKeyToolsParser,
+    JsonOutputParser,
+    PydanticOutputParser,
+    PydanticToolsParser,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, Field
 
 from hybridllm import errors
 from hybridllm.client import Completion, HybridClient
 from hybridllm.engines import validate
 from hybridllm.events import Done, Event, Token, ToolCall
 from hybridllm.policy import Policy
-from hybridllm.runtime.admission import StreamArgs, check_names
+from hybridllm.runtime.admission import (
+    ARG_NAMES,
+    RequestArgs,
+    StreamArgs,
+    build_request,
+    check_names,
+)
 from hybridllm.runtime.trace import Trace
 
 __all__ = ["HybridChatModel", "route_metadata", "usage_metadata", "to_openai_messages"]
@@ -68,24 +82,35 @@ class HybridChatModel(BaseChatModel):
     """A LangChain chat model over a `HybridClient`: `policy` (a name, a path or a `Policy`;
     None: the client's) for every call unless a call binds its own (`model.bind(policy=...)`).
     Any keyword argument of `HybridClient.stream()` (`max_tokens`, `temperature`, `engine`,
-    `plan`, `conversation`, ...) may be bound the same way."""
+    `plan`, `conversation`, ...) may be given to the constructor (kept in `request`, for every
+    call) or bound (`model.bind(max_tokens=60)`, over the constructor's); what was bound holds
+    under `with_structured_output` and `bind_tools`, in either order."""
 
     client: HybridClient
     policy: str | Path | Policy | None = None
+    request: dict[str, Any] = Field(default_factory=dict)
 
     def __init__(
         self, *, client: HybridClient, policy: str | Path | Policy | None = None, **kw: Any
     ) -> None:
-        """Checks `client` and `policy` (resolved now, so an unknown name fails here, naming
-        the argument) before LangChain's own fields."""
+        """Checks `client`, `policy` (resolved now, so an unknown name fails here, naming the
+        argument) and the request arguments (by name and by value, as the client checks them)
+        before LangChain's own fields."""
         if not isinstance(client, HybridClient):
             raise errors.InvalidArgumentError("client", client, "a HybridClient")
-        client.policies.get(validate.policy_ref(policy))
-        for name in kw:  # pydantic would drop an unknown one without a word
-            if name not in type(self).model_fields:
-                rule = "a field of the chat model (request arguments go in model.bind(...))"
-                raise errors.InvalidArgumentError(name, kw[name], rule)
-        fields: dict[str, Any] = {"client": client, "policy": policy, **kw}
+        resolved = client.policies.get(validate.policy_ref(policy))
+        fields: dict[str, Any] = {"client": client, "policy": policy}
+        request = dict(kw.pop("request", None) or {})
+        for name, value in kw.items():  # pydantic would drop an unknown one without a word
+            if name in type(self).model_fields:
+                fields[name] = value
+            elif name in ARG_NAMES:
+                request[name] = value
+            else:
+                known = ", ".join(sorted({*type(self).model_fields, *ARG_NAMES} - {"request"}))
+                rule = f"a field of the chat model or a request argument ({known})"
+                raise errors.InvalidArgumentError(name, value, rule)
+        fields["request"] = _checked_request(resolved, request)
         super().__init__(**fields)
 
     @property
@@ -95,16 +120,17 @@ class HybridChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         policy = self.policy.name if isinstance(self.policy, Policy) else self.policy
-        return {"policy": None if policy is None else str(policy)}
+        request = {k: repr(v) for k, v in sorted(self.request.items())}
+        return {"policy": None if policy is None else str(policy), "request": request}
 
     # ---- the calls ----------------------------------------------------------------------------
 
     def _args(self, stop: list[str] | None, kwargs: Mapping[str, Any]) -> StreamArgs:
-        """The request's keyword arguments: the model's policy, then what the call bound
-        (checked by name here, by value by the client), then LangChain's `stop`."""
+        """The request's keyword arguments: the model's policy and `request`, then what the
+        call bound (checked by name here, by value by the client), then LangChain's `stop`."""
         bound = {k: v for k, v in kwargs.items() if k not in _TRACING_ONLY}
         check_names(bound)
-        args: dict[str, Any] = {"policy": self.policy, **bound}
+        args: dict[str, Any] = {"policy": self.policy, **self.request, **bound}
         if stop:
             args["stop"] = stop
         return cast("StreamArgs", args)  # the names checked above, the values by the client
@@ -172,6 +198,12 @@ class HybridChatModel(BaseChatModel):
 
     # ---- tools and structured output -----------------------------------------------------------
 
+    def bind(self, **kwargs: Any) -> _ChatModelBinding:
+        """LangChain's binding, whose `bind_tools` and `with_structured_output` keep what was
+        bound (on LangChain's own, they reach the model alone and the bound arguments are lost:
+        `model.bind(max_tokens=60).with_structured_output(S)` would ask for the default)."""
+        return HybridBinding(bound=self, kwargs=kwargs, config={})
+
     def bind_tools(
         self,
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
@@ -183,10 +215,7 @@ class HybridChatModel(BaseChatModel):
         dicts) offered to every call; `tool_choice`: "auto", "none", "required" (or "any",
         LangChain's word for it, or True), a tool's name, or OpenAI's `{"type": "function",
         ...}`; None: the engines' default ("auto")."""
-        formatted = [convert_to_openai_tool(t) for t in tools]
-        if tool_choice is not None and tool_choice is not False:
-            kwargs["tool_choice"] = _tool_choice(tool_choice)
-        return self.bind(tools=formatted, **kwargs)
+        return self.bind(**_tools_args(tools, tool_choice), **kwargs)
 
     def with_structured_output(
         self,
@@ -201,34 +230,105 @@ class HybridChatModel(BaseChatModel):
         `method` "json_schema" (default) asks for a `json_schema` response format, which the
         local engine enforces with a grammar and the runtime checks; "function_calling" forces
         a call of one tool built from the schema (LangChain's own way, through `bind_tools`).
-        `include_raw`: a dict of the message (`raw`), `parsed` and `parsing_error`."""
-        if method == "function_calling":
-            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
-        if method != "json_schema":
-            rule = '"json_schema" or "function_calling"'
-            raise errors.InvalidArgumentError("method", method, rule)
-        if kwargs:
-            rule = "no other keyword argument (include_raw, method)"
-            raise errors.InvalidArgumentError(next(iter(kwargs)), kwargs, rule)
-        function = convert_to_openai_tool(schema)["function"]
+        `include_raw`: a dict of the message (`raw`), `parsed` and `parsing_error`. Request
+        arguments bound on the result (`.bind(max_tokens=60)`) reach the model."""
+        return _structured(self, schema, include_raw, method, kwargs)
+
+
+class HybridBinding(_ChatModelBinding):
+    """`HybridChatModel.bind(...)`: LangChain's binding (a `RunnableBinding`, its `kwargs`
+    what was bound), whose `bind_tools` and `with_structured_output` bind on it, so what was
+    bound before reaches the request."""
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """`HybridChatModel.bind_tools`, over what this binding holds."""
+        return self.bind(**_tools_args(tools, tool_choice), **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: StructuredMethod = "json_schema",
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """`HybridChatModel.with_structured_output`, over what this binding holds."""
+        return _structured(self, schema, include_raw, method, kwargs)
+
+
+def _checked_request(policy: Policy, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor's request arguments, checked now by name and by value as the client
+    checks a call's (a bad one is the client's own `InvalidArgumentError`, naming it)."""
+    check_names(request)
+    if "policy" in request:
+        raise errors.InvalidArgumentError("request.policy", request["policy"], "absent: policy=")
+    if request.get("engine") is not None:
+        validate.one_of("engine", request["engine"], ("local", "cloud"))
+    probe = validate.messages([{"role": "user", "content": "?"}])
+    build_request(probe, policy, cast("RequestArgs", request))  # raises on a bad value
+    return dict(request)
+
+
+def _tools_args(
+    tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+    tool_choice: str | dict[str, Any] | bool | None,
+) -> dict[str, Any]:
+    """`bind_tools`' request arguments: the tools as OpenAI's, and the tool choice if any."""
+    args: dict[str, Any] = {"tools": [convert_to_openai_tool(t) for t in tools]}
+    if tool_choice is not None and tool_choice is not False:
+        args["tool_choice"] = _tool_choice(tool_choice)
+    return args
+
+
+def _structured(
+    base: HybridChatModel | HybridBinding,
+    schema: dict[str, Any] | type,
+    include_raw: bool,
+    method: StructuredMethod,
+    kwargs: Mapping[str, Any],
+) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+    """`with_structured_output` on the model or a binding of it (`base`, which keeps what it
+    bound): the model asked for `schema` (a response format, or a forced tool call), then the
+    parser; the model is the chain's first step, so what is bound on the chain reaches it."""
+    if method not in ("json_schema", "function_calling"):
+        rule = '"json_schema" or "function_calling"'
+        raise errors.InvalidArgumentError("method", method, rule)
+    if kwargs:
+        rule = "no other keyword argument (include_raw, method)"
+        raise errors.InvalidArgumentError(next(iter(kwargs)), kwargs, rule)
+    traced = {"kwargs": {"method": method}, "schema": schema}
+    function = convert_to_openai_tool(schema)["function"]
+    pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    llm: Runnable[LanguageModelInput, AIMessage]
+    parser: BaseOutputParser[Any]
+    if method == "function_calling":  # LangChain's own way
+        llm = base.bind_tools([schema], tool_choice="any", ls_structured_output_format=traced)
+        parser = JsonOutputKeyToolsParser(key_name=function["name"], first_tool_only=True)
+        if pydantic:
+            parser = PydanticToolsParser(
+                tools=[cast("type[BaseModel]", schema)], first_tool_only=True
+            )
+    else:
         spec = {"name": function["name"], "schema": function["parameters"], "strict": True}
-        traced = {"kwargs": {"method": method}, "schema": schema}
-        llm = self.bind(
-            response_format={"type": "json_schema", "json_schema": spec},
-            ls_structured_output_format=traced,
-        )
-        parser: JsonOutputParser
-        if isinstance(schema, type) and is_basemodel_subclass(schema):
-            parser = PydanticOutputParser(pydantic_object=schema)
-        else:
-            parser = JsonOutputParser()
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-        )
-        failed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
+        format_ = {"type": "json_schema", "json_schema": spec}
+        llm = base.bind(response_format=format_, ls_structured_output_format=traced)
+        parser = JsonOutputParser()
+        if pydantic:
+            parser = PydanticOutputParser(pydantic_object=cast("type[BaseModel]", schema))
+    if not include_raw:
+        return llm | parser
+    parsed = RunnablePassthrough.assign(
+        parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+    )
+    failed = RunnablePassthrough.assign(parsed=lambda _: None)
+    raw = RunnableMap(raw=RunnablePassthrough())  # after the model, not around it (see above)
+    return llm | raw | parsed.with_fallbacks([failed], exception_key="parsing_error")
 
 
 # ---- conversions ---------------------------------------------------------------------------------

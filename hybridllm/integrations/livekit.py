@@ -47,6 +47,7 @@ from hybridllm.events import Done, Event, Token, ToolCall, Usage
 from hybridllm.policy import Policy
 from hybridllm.runtime.admission import RequestArgs, StreamArgs, check_names
 from hybridllm.runtime.trace import Trace
+from hybridllm.tools import tool_spec
 
 PolicyArg = str | Path | Policy | None
 TRACE_EVENT: Literal["hybridllm_trace"] = "hybridllm_trace"
@@ -96,18 +97,25 @@ class HybridLLM(llm.LLM[Literal["hybridllm_trace"]]):
         tool_choice: NotGivenOr[llm.ToolChoice] = NOT_GIVEN,
         extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
     ) -> HybridLLMStream:
-        """One reply. `parallel_tool_calls` is not a hybridllm setting: the answer carries the
-        calls its engine made, each checked. Bad tools or messages raise here, typed."""
+        """One reply. `tool_choice` is sent as given, with the tools or without them, checked
+        here as the client checks a `stream()` call's ("none" asks for no call; another choice
+        with no tools is the client's `InvalidArgumentError` naming `tool_choice`).
+        `parallel_tool_calls`: True (or not given) is what every engine does, an answer may
+        carry several calls, each checked; False has no field in a hybridllm request and is an
+        `InvalidArgumentError` naming it. Bad tools or messages raise here, typed."""
         args: dict[str, Any] = dict(self._request)
         if is_given(extra_kwargs):
             args.update(request_args(extra_kwargs, name="extra_kwargs"))
+        if is_given(parallel_tool_calls) and parallel_tool_calls is not True:
+            rule = "True or not given (an answer may carry several calls; hybridllm has no bound)"
+            raise errors.InvalidArgumentError("parallel_tool_calls", parallel_tool_calls, rule)
         schemas = tool_schemas(tools or [])
         if schemas:
             args["tools"] = schemas
-            if is_given(tool_choice):
-                args["tool_choice"] = (
-                    dict(tool_choice) if isinstance(tool_choice, Mapping) else tool_choice
-                )
+        if is_given(tool_choice):
+            choice = dict(tool_choice) if isinstance(tool_choice, Mapping) else tool_choice
+            args["tool_choice"] = choice
+        tool_spec(args.get("tools"), args.get("tool_choice"), args.get("response_format"))
         args["policy"] = self._policy
         return HybridLLMStream(
             self,

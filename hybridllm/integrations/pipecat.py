@@ -22,8 +22,8 @@ the failover run under Pipecat, which on its own switches LLMs on errors only:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from pipecat.utils.types import is_given
 
 from hybridllm import clock, errors
 from hybridllm.client import HybridClient
+from hybridllm.engines.options import EngineOptions, OpenAIOptions
 from hybridllm.events import Token, ToolCall
 from hybridllm.policy import Policy
 from hybridllm.runtime.admission import RequestArgs
@@ -55,6 +56,15 @@ __all__ = ["HybridLLMService", "HybridRouteMetricsData", "Interruption"]
 
 # request arguments Pipecat's context owns: a service-wide value would contradict it
 _FROM_CONTEXT = ("tools", "tool_choice")
+# Pipecat's settings that are a request's own arguments, and those that are OpenAI's fields
+# (`OpenAIOptions`: the cloud engine sends them; the local engine has no penalties)
+_SAMPLING = ("temperature", "max_tokens", "top_p", "seed")
+_PENALTIES = ("frequency_penalty", "presence_penalty")
+# Pipecat's settings a hybridllm request has no field for: refused when given, never dropped
+_NO_FIELD = {
+    "top_k": "None (a hybridllm request has no top_k; a cloud server that takes one gets it "
+    "as request={'options': [OpenAIOptions(extra_body={'top_k': ...})]})",
+}
 
 
 class HybridRouteMetricsData(MetricsData):
@@ -89,8 +99,12 @@ class HybridLLMService(LLMService):
     `policy`: a policy name, a policy file or a `Policy` (None: the client's);
     `request`: keyword arguments every request gets (`max_tokens`, `priority`, `plan`, ...;
     not `tools` or `tool_choice`, which come from the context). Pipecat's `settings`
-    (`LLMSettings`: `temperature`, `max_tokens`, `top_p`, `seed`, `system_instruction`) apply
-    where given, over `request`. Other keyword arguments go to `LLMService`.
+    (`LLMSettings`, given here or updated by an `LLMUpdateSettingsFrame`) apply where given,
+    over `request`: `temperature`, `max_tokens`, `top_p`, `seed`, `system_instruction`, and
+    `frequency_penalty`, `presence_penalty` as the request's `OpenAIOptions` (the cloud engine
+    sends them; the local engine has no penalties). `top_k` has no field in a hybridllm
+    request: given, it is an `InvalidArgumentError` naming `settings.top_k` (here, or as the
+    answer's `ErrorFrame` after an update). Other keyword arguments go to `LLMService`.
     """
 
     def __init__(
@@ -115,6 +129,7 @@ class HybridLLMService(LLMService):
         self._client = client
         self._policy = resolved
         self._request = given
+        _from_settings(self._settings, given)  # a setting with no field is refused now
         self._stream: Stream | None = None
         self.last_trace: Trace | None = None  # the last answer's trace (finished or cut)
         self.interruptions: list[Interruption] = []
@@ -247,11 +262,7 @@ class HybridLLMService(LLMService):
         """The `stream()` arguments: the service's `request`, Pipecat's given settings over
         it, the context's messages, and its tools with their tool choice (Pipecat's NOT_GIVEN:
         none; a tool choice with no tools is dropped, as it asks nothing)."""
-        args: dict[str, Any] = dict(self._request)
-        for name in ("temperature", "max_tokens", "top_p", "seed"):
-            value = getattr(self._settings, name)
-            if is_given(value) and value is not None:
-                args[name] = value
+        args: dict[str, Any] = {**self._request, **_from_settings(self._settings, self._request)}
         args["messages"] = chat_messages(params["messages"])
         tools, choice = params.get("tools"), params.get("tool_choice")
         if isinstance(tools, list) and tools:  # a tool choice without tools says nothing
@@ -259,6 +270,45 @@ class HybridLLMService(LLMService):
             if isinstance(choice, str | Mapping):
                 args["tool_choice"] = choice
         return args
+
+
+def _from_settings(settings: LLMSettings, request: Mapping[str, Any]) -> dict[str, Any]:
+    """The request arguments Pipecat's settings give (those given and not None): the sampling
+    ones as they are, the penalties in the request's `OpenAIOptions` (over those `request`
+    holds, the rest of its options kept); a setting with no field in a hybridllm request is an
+    `InvalidArgumentError` naming it."""
+    given = {
+        f.name: value
+        for f in fields(settings)
+        if is_given(value := getattr(settings, f.name)) and value is not None
+    }
+    for name, rule in _NO_FIELD.items():
+        if name in given:
+            raise errors.InvalidArgumentError(f"settings.{name}", given[name], rule)
+    args = {name: given[name] for name in _SAMPLING if name in given}
+    penalties = {name: given[name] for name in _PENALTIES if name in given}
+    if penalties:
+        args["options"] = _with_penalties(request.get("options", ()), penalties)
+    return args
+
+
+def _with_penalties(options: object, penalties: Mapping[str, float]) -> tuple[object, ...]:
+    """`options` (the request's, which the client checks) with the penalties in its
+    `OpenAIOptions` (one added if none is there)."""
+    if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
+        rule = "a sequence of engine options, e.g. (OpenAIOptions(),)"
+        raise errors.InvalidArgumentError("request['options']", options, rule)
+    given = tuple(options)
+    kept = [o for o in given if not isinstance(o, OpenAIOptions)]
+    openai = next((o for o in given if isinstance(o, OpenAIOptions)), OpenAIOptions())
+    return (
+        *kept,
+        replace(
+            openai,
+            frequency_penalty=penalties.get("frequency_penalty", openai.frequency_penalty),
+            presence_penalty=penalties.get("presence_penalty", openai.presence_penalty),
+        ),
+    )
 
 
 def chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """What `hybridllm.integrations.livekit` hands across, checked on LiveKit's real types without a
 model: the chat context as OpenAI messages, the agent's function tools as tool schemas, hybridllm
-events as LiveKit chunks, and each bad input refused by name. The streaming itself runs on real
-engines in tests/integration/test_livekit.py."""
+events as LiveKit chunks, each bad input refused by name, and what `chat()` is given reaching
+the request a scripted engine gets or refused by name, never dropped (issue 42 item 5). The
+streaming itself runs on real engines in tests/integration/test_livekit.py."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hybridllm import HybridClient, OpenAIEngine, Policy
 from hybridllm.errors import EngineError, InvalidArgumentError
 from hybridllm.events import Route, Token, ToolCall, Usage
 from hybridllm.integrations.livekit import HybridLLM, chat_messages, to_chunk, tool_schemas
+from hybridllm.testing import ScriptedEngine
 
 
 @function_tool
@@ -139,3 +141,63 @@ async def test_every_engine_failing_is_one_non_retryable_livekit_error() -> None
                     pass
     assert not caught.value.retryable and isinstance(caught.value.__cause__, EngineError)
     assert [e.recoverable for e in errors_seen] == [False]
+
+
+def hello() -> llm.ChatContext:
+    ctx = llm.ChatContext.empty()
+    ctx.add_message(role="user", content="hi")
+    return ctx
+
+
+@pytest.mark.anyio
+async def test_a_tool_choice_without_tools_is_sent_as_given() -> None:
+    """ "none" with no tools reaches the request (the client takes it: it asks for no call)."""
+    local = ScriptedEngine("local", tokens=["Hi."])
+    async with HybridClient(local=local, router=None) as client:
+        async with HybridLLM(client=client).chat(chat_ctx=hello(), tool_choice="none") as stream:
+            text = "".join([c.delta.content or "" async for c in stream if c.delta is not None])
+    [request] = local.requests
+    assert text == "Hi."
+    assert request.tools is not None
+    assert (request.tools.tools, request.tools.choice, request.tools.raw_choice) == (
+        (),
+        "none",
+        "none",
+    )
+
+
+@pytest.mark.anyio
+async def test_a_tool_choice_no_tool_can_answer_is_refused_as_the_client_refuses_it() -> None:
+    """ "required" or a named tool with no tools: `chat()` raises the client's own error for
+    it (the same argument, value and rule), and nothing is asked of the engine."""
+    local = ScriptedEngine("local", tokens=["Hi."])
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    async with HybridClient(local=local, router=None) as client:
+        hybrid = HybridLLM(client=client)
+        for choice in ("required", named):
+            with pytest.raises(InvalidArgumentError) as from_client:
+                client.decide([{"role": "user", "content": "hi"}], tool_choice=choice)
+            with pytest.raises(InvalidArgumentError) as from_adapter:
+                hybrid.chat(chat_ctx=hello(), tool_choice=choice)  # type: ignore[arg-type]
+            seen = (from_adapter.value.argument, from_adapter.value.value, from_adapter.value.rule)
+            assert seen == ("tool_choice", choice, from_client.value.rule)
+    assert local.requests == []
+
+
+@pytest.mark.anyio
+async def test_parallel_tool_calls_true_is_what_the_engines_do_and_false_is_refused() -> None:
+    """True (an answer may carry several calls) runs the request with the tools; False has no
+    field in a hybridllm request and is refused by name, not dropped."""
+    local = ScriptedEngine("local", tokens=["Hi."])
+    async with HybridClient(local=local, router=None) as client:
+        hybrid = HybridLLM(client=client)
+        with pytest.raises(InvalidArgumentError) as bad:
+            hybrid.chat(chat_ctx=hello(), tools=[get_weather], parallel_tool_calls=False)
+        assert (bad.value.argument, bad.value.value) == ("parallel_tool_calls", False)
+        assert local.requests == []
+        stream = hybrid.chat(chat_ctx=hello(), tools=[get_weather], parallel_tool_calls=True)
+        async with stream:
+            async for _ in stream:
+                pass
+    [request] = local.requests
+    assert request.tools is not None and [t.name for t in request.tools.tools] == ["get_weather"]
