@@ -207,8 +207,8 @@ class Gatherer:
             if self.privacy is None:
                 kinds = None
             else:
-                bound = policy.privacy.mode == "block" or _cloud_bound(policy, forced, engines)
-                deep = ner_wanted(policy.privacy) and bound
+                bound = _cloud_bound(policy, forced, engines) and not _local_first(policy)
+                deep = ner_wanted(policy.privacy) and (policy.privacy.mode == "block" or bound)
                 extra = tuple(tool_texts(request.tools))  # the tool definitions it sends
                 kinds = frozenset(self.privacy(request.messages, deep=deep, extra=extra))
         return RequestFacts(
@@ -377,6 +377,15 @@ def _cloud_bound(
     NER layer): a request that stays local pays for the patterns alone."""
     has_cloud = engines is None or "cloud" in engines
     return has_cloud and forced != "local" and policy.cloud_allowed
+
+
+def _local_first(policy: Policy) -> bool:
+    """The policy serves on the device first, the cloud a rescue or a parallel start at most:
+    routing reads the patterns alone, and the NER layer runs at the cloud seam (the guard's
+    scan, off the loop, beside the local engine's work) only where the cloud is started, so a
+    local first token never waits for it (a name found there keeps the cloud out then)."""
+    r = policy.routing
+    return r.prefer == "local" and (r.fallback_order is None or r.fallback_order[0] == "local")
 
 
 def _announce(engine: Engine, request: GenerationRequest) -> None:

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from hybridllm import HybridClient, Policy
+from hybridllm.errors import AllEnginesFailedError, LocalEngineError, PrivacyBlockedError
 from hybridllm.guard import privacy_ner
 from hybridllm.guard.privacy_ner import PrivacyScanner, ner_wanted, say_ner_missing
 from hybridllm.testing import ScriptedEngine
@@ -55,3 +56,37 @@ def test_a_missing_extra_is_said_once_at_start(
         HybridClient(local=local, cloud=cloud, router=None)
     said = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1 and said[0].args and said[0].args[0] == "keep-local"
+
+
+@pytest.fixture(scope="module")
+def warm_ner() -> None:
+    """The NER pipelines loaded before the test (spaCy's load waits on the real clock)."""
+    privacy_ner.default_scanner().warm()
+
+
+@needs(HAS_NER, "the privacy extra (hybridllm[privacy]) is not installed")
+@pytest.mark.usefixtures("warm_ner")
+async def test_a_local_first_policy_reads_names_at_the_cloud_seam_not_before_the_local_start() -> (
+    None
+):
+    """Local first: routing reads the patterns alone (the local first token never waits for the
+    NER layer), and the cloud, started as the rescue of a failed local engine, is refused at
+    the seam where the NER layer finds the name: nothing reaches it."""
+    failing = LocalEngineError("llama.cpp failed", engine="local")
+    local = ScriptedEngine("local", script=[0.01, failing])
+    cloud = ScriptedEngine("cloud", tokens=["c"])
+    local_first = Policy(name="l", routing={"prefer": "local", "ttft_deadline_ms": 2000})
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=local_first) as client:
+        preview = client.decide(PRIVATE)
+        s = client.stream(PRIVATE)
+        with pytest.raises(AllEnginesFailedError):
+            async with s:
+                async for _ in s:
+                    pass
+    assert preview.decision.primary == "local" and preview.decision.fallback == "cloud"
+    assert "person" not in (preview.facts.privacy_kinds or ())  # the patterns alone
+    assert cloud.requests == [] and s.trace.error_type is AllEnginesFailedError
+    assert [(a.engine, a.error_type) for a in s.trace.attempts] == [
+        ("local", LocalEngineError),
+        ("cloud", PrivacyBlockedError),
+    ]
