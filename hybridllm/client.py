@@ -103,6 +103,13 @@ class _Ticket:
     dropped: int = 0  # the oldest messages left out to fit the local context (overflow "trim")
 
 
+def _ner_preload(policy: Policy) -> bool:
+    """Whether a client opening under `policy` loads the NER layer; where it would but the
+    privacy extra is missing, that is said once at start (`say_ner_missing`)."""
+    say_ner_missing(policy.privacy)
+    return ner_wanted(policy.privacy)
+
+
 def _costly(ticket: _Ticket) -> bool:
     """Could gathering this request's facts stall the event loop past about a millisecond?"""
     if ner_wanted(ticket.policy.privacy) and ticket.policy.privacy.mode != "off":
@@ -210,9 +217,7 @@ class HybridClient:
         self.policies = PolicyCache(policy_dirs)
         self.policy = self.policies.get(policy)
         if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            table = self.policy.under_client(privacy).privacy
-            self._guard.preload_privacy = ner_wanted(table)
-            say_ner_missing(table)
+            self._guard.preload_privacy = _ner_preload(self.policy.under_client(privacy))
         gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
         self.decision_log = as_decision_log(decision_log)
         self.telemetry = _telemetry(telemetry)

@@ -42,7 +42,7 @@ async def ran_on(policy: Policy, prompt: str) -> bool:
 
 
 async def test_a_short_prompt_is_admitted_inline() -> None:
-    assert await ran_on(Policy(name="p"), "What is 2+2?")
+    assert await ran_on(Policy(name="p", privacy={"ner": False}), "What is 2+2?")
 
 
 async def test_a_long_prompt_is_admitted_on_a_worker_thread() -> None:

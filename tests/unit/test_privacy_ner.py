@@ -196,9 +196,13 @@ def test_routing_scans_deeply_only_what_could_reach_the_cloud() -> None:
     routing.facts(
         request, Policy(name="b", privacy={"mode": "block", "ner": True}), "local", both
     )  # block: refuses
-    routing.facts(request, Policy(name="n"), None, both)  # the default: patterns only
+    routing.facts(request, Policy(name="n"), None, both)  # the default: NER where installed
+    routing.facts(request, Policy(name="f", privacy={"ner": False}), None, both)  # way out
+    local_first = keep.with_(routing={"prefer": "local"})  # NER at the cloud seam only
+    routing.facts(request, local_first, None, both)
     routing.facts(request, Policy(name="o", privacy={"mode": "off"}), None, both)  # no scan
-    assert scan.deep == [True, False, False, False, True, False]
+    installed = default_scanner().deep
+    assert scan.deep == [True, False, False, False, True, installed, False, False]
 
 
 async def test_a_local_request_never_runs_the_ner_layer_scripted(
