@@ -130,7 +130,9 @@ class OpenAIEngine:
     model continues the text itself; its prompt is the original prompt plus the delivered text,
     so a server's prefix cache covers all but the new tokens.
 
-    `max_context`: the endpoint's context in tokens, where known (None: not known). A request's
+    `max_context`: the endpoint's context in tokens, where known (None: what `check()` reads
+    from the endpoint's model list, vLLM's `max_model_len` and the like, else not known;
+    `context`). Routing sends a prompt the context cannot hold elsewhere. A request's
     `max_tokens` is then sent cut to what the context leaves after the prompt (estimated: the
     endpoint's tokenizer is not at hand), at least 1. `token_limit_param`: the field that carries
     it. "auto": `max_completion_tokens` for OpenAI's reasoning models (o1, o3, o4-mini, the gpt-5
@@ -161,6 +163,9 @@ class OpenAIEngine:
         self.max_context = (
             None if max_context is None else validate.integer("max_context", max_context, minimum=1)
         )
+        # the model's context as the endpoint's model list says it (`check()`: vLLM's
+        # `max_model_len`, ...); `max_context` given wins
+        self.reported_context: int | None = None
         self.token_limit_param = validate.one_of(
             "token_limit_param", token_limit_param, TOKEN_LIMIT_PARAMS
         )
@@ -239,8 +244,14 @@ class OpenAIEngine:
             expected_wait_s=self.limit.expected_wait_s(),
             wait_by_priority={p: self.limit.expected_wait_s(p) for p in PRIORITIES},
             unavailable=self.unavailable or self._queue_unavailable(),
-            n_ctx=self.max_context,
+            n_ctx=self.context,
         )
+
+    @property
+    def context(self) -> int | None:
+        """The endpoint's context in tokens: `max_context`, else what `check()` read from the
+        endpoint's model list (None: not known)."""
+        return self.max_context if self.max_context is not None else self.reported_context
 
     def _queue_unavailable(self) -> str | None:
         limit = self.limit
@@ -258,10 +269,10 @@ class OpenAIEngine:
     def token_limit(self, request: GenerationRequest) -> TokenLimit:
         """The output-token bound `request` is sent with: `max_tokens`, cut to what
         `max_context` leaves after the (estimated) prompt, in the field the endpoint accepts."""
-        sent = request.max_tokens
-        if self.max_context is not None:
+        sent, context = request.max_tokens, self.context
+        if context is not None:
             prompt = estimate_prompt_tokens(self._messages(request), request.tools)
-            sent = max(1, min(sent, self.max_context - prompt))
+            sent = max(1, min(sent, context - prompt))
         param = self.token_limit_param
         if param == "auto":
             param = "max_completion_tokens" if self.reasoning_host else "max_tokens"
@@ -419,9 +430,12 @@ class OpenAIEngine:
         ids = [m.id for m in page.data]
         found = (self.model in ids) if ids else None
         listed = {True: "listed", False: f"NOT listed ({', '.join(ids[:5])})", None: "unlisted"}
-        return EngineCheck(
-            True, True, found, f"{where}: key accepted; {self.model} {listed[found]}"
-        )
+        entry = next((m for m in page.data if m.id == self.model), None)
+        self.reported_context = _listed_context(entry) or self.reported_context
+        said = f"{where}: key accepted; {self.model} {listed[found]}"
+        if self.context is not None:
+            said += f", context {self.context} tokens"
+        return EngineCheck(True, True, found, said)
 
     # ---- verifying drafts (`engines.capabilities.VerifiesAtEndpoint`) -------------------------
 
@@ -609,6 +623,21 @@ async def _next_event(events: AsyncIterator[Any], read_s: float | None) -> Any:
         except StopAsyncIteration:
             return _END
     return _QUIET
+
+
+# where OpenAI-compatible model lists give a model's context: vLLM (`max_model_len`), LM Studio
+# (`max_context_length`), OpenRouter and others (`context_length`)
+CONTEXT_FIELDS = ("max_model_len", "max_context_length", "context_length")
+
+
+def _listed_context(entry: object) -> int | None:
+    """A model list entry's context in tokens (None: it gives none)."""
+    extra = getattr(entry, "model_extra", None) or {}
+    for name in CONTEXT_FIELDS:
+        value = extra.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _check_failed(where: str, error: errors.CloudError) -> EngineCheck:

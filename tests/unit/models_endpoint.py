@@ -15,10 +15,12 @@ class Models(BaseHTTPRequestHandler):
     """`GET /v1/models` listing the model "smol", or answering `status` (a 401, a 403)."""
 
     status = 200
+    entry: dict[str, object] = {}  # more fields of the model's entry (vLLM's max_model_len)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         ok = self.status == 200 and self.path == "/v1/models"
-        body = json.dumps({"data": [{"id": "smol"}]} if ok else {"error": "no"}).encode()
+        listing = {"object": "list", "data": [{"id": "smol", "object": "model", **self.entry}]}
+        body = json.dumps(listing if ok else {"error": "no"}).encode()
         self.send_response(self.status if self.path == "/v1/models" else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -35,6 +35,22 @@ async def test_an_endpoint_that_answers_with_the_model(endpoint: tuple[str, type
     assert other.model_found is False and not other.serves
 
 
+async def test_the_context_the_endpoint_lists_becomes_the_engines_context(
+    endpoint: tuple[str, type[Models]],
+) -> None:
+    """vLLM's model list gives `max_model_len` (documented shape, not a real vLLM here): once
+    checked, routing knows the cloud's context (issue 42 item 1), unless `max_context` says."""
+    url, handler = endpoint
+    handler.entry = {"max_model_len": 8192, "owned_by": "vllm"}
+    engine = OpenAIEngine(base_url=url, api_key="k", model="smol")
+    assert engine.info().n_ctx is None
+    await engine.check(2.0)
+    assert engine.info().n_ctx == 8192 and engine.context == 8192
+    given = OpenAIEngine(base_url=url, api_key="k", model="smol", max_context=4096)
+    await given.check(2.0)
+    assert given.info().n_ctx == 4096
+
+
 async def test_a_refused_key_stops_the_engine_as_a_refused_request_would(
     endpoint: tuple[str, type[Models]],
 ) -> None:
