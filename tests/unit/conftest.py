@@ -101,6 +101,16 @@ class RealSleeps:
         return timed_sleep
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ner_loaded() -> None:
+    """The privacy scan's NER pipelines loaded once, before any test (where the privacy extra
+    is installed): a client with a cloud loads them by default on a background thread, whose
+    waits would otherwise count against whichever test opened the first such client."""
+    from hybridllm.guard.privacy_ner import default_scanner
+
+    default_scanner().warm()
+
+
 @pytest.fixture(autouse=True)
 def _no_real_waiting(monkeypatch: pytest.MonkeyPatch) -> Iterator[RealSleeps]:
     sleeps = RealSleeps()
