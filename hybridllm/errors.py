@@ -436,8 +436,9 @@ class LocalEngineError(EngineError):
 
 
 class InvalidOutputError(EngineError):
-    """A tool call (`what` "tool_call") or a JSON answer (`what` "json") that `engine`
-    produced does not hold against the request's tools or response format: `produced` is what
+    """A tool call (`what` "tool_call"), a JSON answer (`what` "json") or an answer to a tool
+    result that only echoes it (`what` "echo") that `engine` produced does not hold against
+    the request's tools, response format or last turn: `produced` is what
     it produced (the call as `name(arguments)`, or the answer's text), `problem` what is wrong.
     Never delivered to the app: the request escalates to the other engine where the policy
     allows, else this is raised."""
@@ -447,7 +448,7 @@ class InvalidOutputError(EngineError):
         self.produced = produced
         self.problem = problem
         shown = produced if len(produced) <= 200 else produced[:197] + "..."
-        kind = "tool call" if what == "tool_call" else "JSON answer"
+        kind = {"tool_call": "tool call", "json": "JSON answer"}.get(what, "answer")
         super().__init__(f"the {engine} engine's {kind} {shown!r} is {problem}", engine=engine)
 
 

@@ -20,6 +20,12 @@ delivered.
   malformed call, or its echo of the tools' list, is never delivered as an answer. Its first
   text is held only while it could still be such markup (an answer starting "The" is not).
 
+- An answer to a tool result (the request's last message is a tool message) that only repeats
+  that result (the local model echoing `{"ok": true, "minutes": 5}` back as its answer: the
+  same text, give or take whitespace, quotes and a code fence) fails the same way (`what`
+  "echo"), with or without tools in the request. Its text is held only while it could still be
+  such an echo (an answer starting "The timer" is not).
+
 A failure is an `InvalidOutputError` raised before anything of the answer left the engine's
 stream (text streamed before a call excepted): the plan treats it as the engine failing, so the
 request escalates to the other engine where the policy allows, or the error reaches the app.
@@ -44,6 +50,9 @@ async def checked(
 ) -> AsyncGenerator[Chunk, None]:
     """`chunks`, with every tool call and JSON answer checked (the stream is always closed)."""
     spec = request.tools
+    echoed = _tool_result(request)
+    if echoed is not None:
+        chunks = _no_echo(chunks, echoed, engine)
     async with aclosing(chunks) as inner:
         if spec is None:
             async for chunk in inner:
@@ -81,6 +90,55 @@ async def checked(
                     yield piece
                 yield chunk
             else:
+                yield chunk
+
+
+def _tool_result(request: GenerationRequest) -> str | None:
+    """The last tool message's text, normalized, where the request answers one (else None)."""
+    last = request.messages[-1] if request.messages else None
+    if last is None or last.get("role") != "tool" or request.assistant_prefix:
+        return None
+    text = _bare(str(last.get("content") or ""))
+    return text or None
+
+
+def _bare(text: str) -> str:
+    """`text` without whitespace, quotes or a code fence (its language tag too, or what may
+    still become one): how an echo is compared."""
+    text = text.strip()
+    if text.startswith("```"):
+        head, newline, rest = text.lstrip("`").partition("\n")
+        if not head.strip() or head.strip().isalpha():  # "```json", or "```js" so far
+            text = rest if newline else ""
+    text = text.replace("```", "")
+    return "".join(c for c in text if not c.isspace() and c not in "'\"`")
+
+
+async def _no_echo(
+    chunks: AsyncGenerator[Chunk, None], echoed: str, engine: str
+) -> AsyncGenerator[Chunk, None]:
+    """`chunks`, failing an answer that only repeats the tool result `echoed` (normalized);
+    its text is held while it could still become such an echo."""
+    held: list[Delta] | None = []  # None: it can no longer be an echo
+    async with aclosing(chunks) as inner:
+        async for chunk in inner:
+            if held is None:  # no echo any more: the rest as it comes
+                yield chunk
+            elif isinstance(chunk, Delta):
+                held.append(chunk)
+                if not echoed.startswith(_bare("".join(d.text for d in held))):
+                    for piece in held:
+                        yield piece
+                    held = None
+            elif isinstance(chunk, Finish) and _bare(text := "".join(d.text for d in held)):
+                problem = "only the last tool result repeated, not an answer to it"
+                raise InvalidOutputError(engine, "echo", text, problem)
+            elif isinstance(chunk, Called | Finish):  # a call is no echo; nothing was said
+                for piece in held:
+                    yield piece
+                held = None
+                yield chunk
+            else:  # marks, usage: not text
                 yield chunk
 
 
