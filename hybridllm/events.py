@@ -286,14 +286,20 @@ class TokenLimit:
 class RequestSent(Mark):
     """The mark "request_sent": the request is leaving for the endpoint, which may bill it from
     here on (the cloud guard settles a reservation, rather than releasing it, once it sees this,
-    any text or a `Finish`). `limit`: the output-token bound it carries (None: not said)."""
+    any text or a `Finish`). `limit`: the output-token bound it carries (None: not said);
+    `continuation`: the dialect a continuation was asked in (`engines.continuation`: None, not
+    a continuation)."""
 
     limit: TokenLimit | None
+    continuation: str | None
 
-    def __init__(self, t: float, *, limit: TokenLimit | None = None) -> None:
+    def __init__(
+        self, t: float, *, limit: TokenLimit | None = None, continuation: str | None = None
+    ) -> None:
         object.__setattr__(self, "name", "request_sent")
         object.__setattr__(self, "t", t)
         object.__setattr__(self, "limit", limit)
+        object.__setattr__(self, "continuation", continuation)
 
 
 @dataclass(frozen=True, slots=True, init=False)

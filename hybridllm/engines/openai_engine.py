@@ -53,6 +53,14 @@ from hybridllm.engines.base import (
 )
 from hybridllm.engines.call_deltas import CallAssembler
 from hybridllm.engines.capabilities import Endpoint, EngineCheck, Outgoing
+from hybridllm.engines.continuation import (
+    CONTINUATIONS,
+    Continuation,
+    Dialect,
+    continued_messages,
+    dialect_fields,
+    probe,
+)
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
 from hybridllm.engines.tokens import estimate_text_tokens
@@ -70,9 +78,7 @@ from hybridllm.events import (
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=5.0)
 OPENAI_BASE_URL = "https://api.openai.com/v1"  # the openai SDK's own default
-Continuation = Literal["instruction", "continue_final_message"]
-CONTINUATIONS: tuple[Continuation, ...] = ("instruction", "continue_final_message")
-CONTINUE_FINAL = {"continue_final_message": True, "add_generation_prompt": False}
+PROBE_TIMEOUT_S = 10.0  # the continuation probe's bound (a few tokens, once per engine)
 TokenLimitParam = Literal["auto", "max_tokens", "max_completion_tokens"]
 TOKEN_LIMIT_PARAMS: tuple[TokenLimitParam, ...] = ("auto", "max_tokens", "max_completion_tokens")
 # OpenAI's reasoning models, which refuse `max_tokens` (o1, o3-mini, o4-mini, gpt-5, gpt-5.1, ...)
@@ -155,7 +161,7 @@ class OpenAIEngine:
         name: EngineName = "cloud",
         max_concurrency: int | None = None,
         queue_timeout_s: float | None = None,
-        continuation: Continuation = "instruction",
+        continuation: Continuation = "auto",
         max_context: int | None = None,
         token_limit_param: TokenLimitParam = "auto",
     ) -> None:
@@ -174,6 +180,9 @@ class OpenAIEngine:
                 "continuation", continuation, " or ".join(map(repr, CONTINUATIONS))
             )
         self.continuation: Continuation = continuation
+        # the dialect continuations are sent in (`engines.continuation`): fixed, or probed once
+        self._dialect: Dialect | None = None if continuation == "auto" else continuation
+        self._probing = anyio.Lock()
         _check_args(base_url, api_key, model, timeout, include_usage, default_headers, name)
         self.name: EngineName = name
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
@@ -289,7 +298,9 @@ class OpenAIEngine:
         host = urlsplit(self.base_url or "https://api.openai.com/v1").hostname or ""
         return host == "api.openai.com" or host.endswith(".openai.azure.com")
 
-    def _fields(self, request: GenerationRequest, limit: TokenLimit) -> dict[str, Any]:
+    def _fields(
+        self, request: GenerationRequest, limit: TokenLimit, dialect: Dialect | None = None
+    ) -> dict[str, Any]:
         """The request's fields besides model, messages and stream."""
         options = request.option(OpenAIOptions)
         kwargs: dict[str, Any] = {} if options is None else options.fields()
@@ -307,19 +318,67 @@ class OpenAIEngine:
         if self._openai_host():  # cache affinity: one key per conversation (its opening)
             key = conversation_key(request.messages, request.conversation)
             kwargs.setdefault("prompt_cache_key", key)
-        if request.assistant_prefix and self.continuation == "continue_final_message":
-            extra = dict(kwargs.get("extra_body") or {})
-            kwargs["extra_body"] = {**extra, **CONTINUE_FINAL}
+        fields = dialect_fields(dialect) if request.assistant_prefix and dialect else {}
+        if fields:
+            kwargs["extra_body"] = {**dict(kwargs.get("extra_body") or {}), **fields}
         return kwargs
 
-    def _messages(self, request: GenerationRequest) -> list[dict[str, Any]]:
-        """The chat messages (a continuation's included: `engines.base.chat_messages`, or the
-        delivered text as the open final message: `continuation`), each whole: an assistant
-        message's `tool_calls` and a tool message's `tool_call_id` go as given."""
-        if request.assistant_prefix and self.continuation == "continue_final_message":
-            final = {"role": "assistant", "content": request.assistant_prefix}
-            return [*(dict(m) for m in request.messages), final]
+    def _messages(
+        self, request: GenerationRequest, dialect: Dialect | None = None
+    ) -> list[dict[str, Any]]:
+        """The chat messages (a continuation's included: the delivered text as the open final
+        message in `dialect`, or `engines.base.chat_messages`' instruction), each whole: an
+        assistant message's `tool_calls` and a tool message's `tool_call_id` go as given."""
+        if request.assistant_prefix and dialect is not None:
+            host = urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
+            shaped = continued_messages(request.messages, request.assistant_prefix, dialect, host)
+            if shaped is not None:
+                return shaped
         return [dict(m) for m in chat_messages(request)]
+
+    async def continuation_dialect(self) -> Dialect:
+        """The dialect this engine's continuations are sent in: the one given, else the one
+        probed (once; `engines.continuation.probe`), else "instruction" while the endpoint
+        cannot be probed."""
+        if self._dialect is None:
+            async with self._probing:
+                if self._dialect is None:
+                    self._dialect = await self.probe_continuation()
+        return self._dialect or "instruction"
+
+    async def probe_continuation(self) -> Dialect | None:
+        """Probe the endpoint's continuation dialect now (None: it could not be reached)."""
+        host = urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
+        found = await probe(self._probe_send, host)
+        if found is not None:
+            log.info("%s: continuations in the %s dialect", self.base_url or host, found)
+        return found
+
+    async def _probe_send(
+        self, messages: list[dict[str, Any]], extra: dict[str, Any]
+    ) -> str | None:
+        """One probe request, streamed: its text, or None where the endpoint refused it (4xx)."""
+        client = await self._ready_client()
+        pieces: list[str] = []
+        try:
+            with anyio.fail_after(PROBE_TIMEOUT_S):
+                sent = client.chat.completions.create(
+                    model=self.model,
+                    messages=messages,  # type: ignore[arg-type]
+                    stream=True,
+                    max_tokens=6,
+                    temperature=0.0,
+                    extra_body=extra or None,
+                )
+                stream = cast("openai.AsyncStream[Any]", await sent)
+                async for c in stream:
+                    if c.choices and c.choices[0].delta.content:
+                        pieces.append(c.choices[0].delta.content)
+        except openai.APIStatusError as exc:
+            if 400 <= exc.status_code < 500 and exc.status_code != 429:
+                return None  # the dialect's fields refused here
+            raise
+        return "".join(pieces)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -329,7 +388,8 @@ class OpenAIEngine:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
         client, key = await self._ready_client(), self.api_key
         limit = self.token_limit(request)
-        kwargs = self._fields(request, limit)
+        dialect = await self.continuation_dialect() if request.assistant_prefix else None
+        kwargs = self._fields(request, limit, dialect)
         seen = _Seen(CallAssembler(self.base_url or "the endpoint"))
         limited = self.limit.max_concurrency is not None
         if limited:
@@ -341,11 +401,11 @@ class OpenAIEngine:
         self._active += 1
         stream: openai.AsyncStream[Any] | None = None
         try:
-            yield RequestSent(clock.now(), limit=limit)
+            yield RequestSent(clock.now(), limit=limit, continuation=dialect)
             try:
                 raw = await client.chat.completions.with_raw_response.create(
                     model=self.model,
-                    messages=self._messages(request),  # type: ignore[arg-type]
+                    messages=self._messages(request, dialect),  # type: ignore[arg-type]
                     stream=True,
                     **kwargs,
                 )
@@ -435,6 +495,11 @@ class OpenAIEngine:
         said = f"{where}: key accepted; {self.model} {listed[found]}"
         if self.context is not None:
             said += f", context {self.context} tokens"
+        if found is not False and self._dialect is None:  # probed here, not at the first seam
+            with anyio.move_on_after(timeout_s):
+                self._dialect = await self.probe_continuation()
+        if self._dialect is not None:
+            said += f"; continues in the {self._dialect} dialect"
         return EngineCheck(True, True, found, said)
 
     # ---- verifying drafts (`engines.capabilities.VerifiesAtEndpoint`) -------------------------

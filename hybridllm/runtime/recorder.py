@@ -118,6 +118,10 @@ class Recorder:
             predicted_ttft_ms=dict(predicted_ttft_ms),
         )
 
+    def continued_in(self, dialect: str) -> None:
+        """A cloud continuation of the delivered text was asked in `dialect`."""
+        self._set(continuation=dialect)
+
     def trimmed(self, dropped: int) -> None:
         """The oldest `dropped` messages were left out to fit the local context."""
         self._set(trimmed_messages=dropped)

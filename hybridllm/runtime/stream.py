@@ -279,6 +279,8 @@ class RequestRun:
         if isinstance(chunk, Mark):
             if isinstance(chunk, RequestSent) and chunk.limit is not None:
                 self.rec.token_limit(chunk.limit)  # what the serving engine was asked
+            if isinstance(chunk, RequestSent) and chunk.continuation is not None:
+                self.rec.continued_in(chunk.continuation)
             self.rec.mark(chunk.name, chunk.t)
         elif isinstance(chunk, Called):  # a tool call counts as a token for the deadline
             if not self.trace.token_times:

@@ -90,6 +90,9 @@ class Trace:
     deadline_missed_ms: float | None = None
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
+    # the dialect a cloud continuation of the delivered text was asked in ("continue_final_
+    # message", "trailing_assistant", "instruction": `engines.continuation`); None: none sent
+    continuation: str | None = None
     # every other engine started, in order, with why (`Fallback` events: one record each; a
     # parallel start is the one whose cause is "parallel")
     fallbacks: Sequence[FallbackRecord] = ()

@@ -74,6 +74,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "hedged": t.hedged,
         "retries": t.retries,
         "trimmed_messages": t.trimmed_messages,
+        "continuation": t.continuation,
         "fallback_reason": t.fallback_reason,
         "fallback_cause": t.fallback_cause,
         "fallbacks": [_fallback(t, f) for f in t.fallbacks],

@@ -100,6 +100,7 @@ def _orchestration(t: Trace, d: Row) -> None:
     t.started = list(d.get("started") or ())
     t.retries = int(d.get("retries") or 0)
     t.trimmed_messages = int(d.get("trimmed_messages") or 0)
+    t.continuation = d.get("continuation")
     t.fallbacks = _fallbacks(d, t.started)
     t.switches = [_switch(s) for s in d.get("switches") or ()]
     t.pauses = [_pause(p) for p in d.get("pauses") or ()]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,16 +33,32 @@ class Endpoint:
     def __init__(self, chunks: list[dict[str, Any]] | None = None) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.chunks: list[dict[str, Any]] = list(OK if chunks is None else chunks)
+        # answers by request: the chunks for a body, or a status to refuse it with (None: chunks)
+        self.answer: Callable[[dict[str, Any]], list[dict[str, Any]] | int] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 length = int(self.headers.get("content-length", 0))
-                outer.bodies.append(json.loads(self.rfile.read(length)))
-                body = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in outer.chunks)
+                request = json.loads(self.rfile.read(length))
+                outer.bodies.append(request)
+                chunks = outer.chunks if outer.answer is None else outer.answer(request)
+                if isinstance(chunks, int):  # refused, in OpenAI's error shape
+                    self.refuse(chunks)
+                    return
+                body = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
                 body += b"data: [DONE]\n\n"
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def refuse(self, status: int) -> None:
+                error = {"error": {"message": "unknown field", "type": "invalid_request_error"}}
+                body = json.dumps(error).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
