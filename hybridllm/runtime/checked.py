@@ -20,11 +20,12 @@ delivered.
   malformed call, or its echo of the tools' list, is never delivered as an answer. Its first
   text is held only while it could still be such markup (an answer starting "The" is not).
 
-- An answer to a tool result (the request's last message is a tool message) that only repeats
-  that result (the local model echoing `{"ok": true, "minutes": 5}` back as its answer: the
-  same text, give or take whitespace, quotes and a code fence) fails the same way (`what`
-  "echo"), with or without tools in the request. Its text is held only while it could still be
-  such an echo (an answer starting "The timer" is not).
+- An answer to a tool result that is data (the request's last message is a tool message whose
+  content is a JSON object or array) that only repeats that result (the local model echoing
+  `{"ok": true, "minutes": 5}` back as its answer: the same text, give or take whitespace,
+  quotes and a code fence) fails the same way (`what` "echo"), with or without tools in the
+  request; a prose result read back is an answer. Its text is held only while it could still
+  be such an echo (an answer starting "The timer" is not).
 
 A failure is an `InvalidOutputError` raised before anything of the answer left the engine's
 stream (text streamed before a call excepted): the plan treats it as the engine failing, so the
@@ -33,6 +34,7 @@ request escalates to the other engine where the policy allows, or the error reac
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
@@ -94,12 +96,17 @@ async def checked(
 
 
 def _tool_result(request: GenerationRequest) -> str | None:
-    """The last tool message's text, normalized, where the request answers one (else None)."""
+    """The last tool message's text, normalized, where the request answers one and it is
+    data, a JSON object or array (else None: a prose result read back is an answer)."""
     last = request.messages[-1] if request.messages else None
     if last is None or last.get("role") != "tool" or request.assistant_prefix:
         return None
-    text = _bare(str(last.get("content") or ""))
-    return text or None
+    content = str(last.get("content") or "")
+    try:  # data (a JSON object or array), not prose a user may be read back
+        data = json.loads(content)
+    except ValueError:
+        return None
+    return _bare(content) if isinstance(data, dict | list) else None
 
 
 def _bare(text: str) -> str:

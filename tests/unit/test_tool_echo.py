@@ -70,3 +70,13 @@ async def test_with_no_other_engine_the_echo_is_the_error() -> None:
     err = caught.value
     found = err if isinstance(err, InvalidOutputError) else err.attempts[-1][1]
     assert isinstance(found, InvalidOutputError) and found.what == "echo"
+
+
+async def test_a_prose_tool_result_read_back_is_an_answer() -> None:
+    prose = "It is sunny and 21 degrees Celsius in Lisbon."
+    local = ScriptedEngine("local", script=pieces(prose))
+    cloud = ScriptedEngine("cloud", tokens=["c"])
+    loop = [*LOOP[:2], {"role": "tool", "tool_call_id": "call_1", "content": prose}]
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        done = await client.complete(loop)
+    assert done.text == prose and done.trace.engine == "local" and cloud.requests == []
