@@ -39,6 +39,9 @@ HybridError
     │                           urgent request; the race moved it to the cloud mid-answer
     ├── StallError              the serving engine sent no token for longer than the policy's
     │                           inter-token limit (`stall_ms`)
+    ├── ContinuationError       a continuation did not continue the delivered text (`kind`
+    │                           "restart": it began the answer again; "stopped": it ended at
+    │                           once mid-sentence): the plan's rule for a failed engine applies
     ├── ContextOverflowError    prompt (+ requested output) does not fit the context
     ├── LocalEngineError        llama.cpp failed during prefill or decode
     ├── InvalidOutputError      a tool call or a JSON answer an engine produced failed its
@@ -417,6 +420,23 @@ class StallError(EngineError):
     @property
     def retryable(self) -> bool:
         return not self.received_content
+
+
+class ContinuationError(EngineError):
+    """The continuing engine did not continue the delivered text (`runtime.seam`): `kind`
+    "restart" (it began the answer again and left it before the seam) or "stopped" (it ended
+    at once where the delivered text stops mid-sentence); `produced`: its opening text. Nothing
+    of it was delivered."""
+
+    def __init__(self, engine: str, kind: str, produced: str) -> None:
+        self.kind = kind
+        self.produced = produced
+        what = "began the answer again" if kind == "restart" else "stopped mid-sentence"
+        super().__init__(
+            f"the {engine} engine's continuation {what} ({produced[:60]!r})",
+            engine=engine,
+            received_content=True,
+        )
 
 
 class ContextOverflowError(EngineError):

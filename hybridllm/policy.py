@@ -600,7 +600,10 @@ def _with_plan_tables(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     data = dict(data)
-    given = dict(data.pop("plan_tables", None) or {})
+    raw = data.pop("plan_tables", None) or {}
+    if not isinstance(raw, dict):
+        raise PolicyError("must be a table of the registered plans' tables", field="plan_tables")
+    given = dict(raw)
     given.update({k: data.pop(k) for k in list(data) if k in _PLAN_TABLES})
     tables: dict[str, BaseModel] = {}
     for name, value in given.items():

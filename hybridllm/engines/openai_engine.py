@@ -329,6 +329,7 @@ class OpenAIEngine:
         """The chat messages (a continuation's included: the delivered text as the open final
         message in `dialect`, or `engines.base.chat_messages`' instruction), each whole: an
         assistant message's `tool_calls` and a tool message's `tool_call_id` go as given."""
+        dialect = self._dialect if dialect is None else dialect  # the engine's, where fixed
         if request.assistant_prefix and dialect is not None:
             host = urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
             shaped = continued_messages(request.messages, request.assistant_prefix, dialect, host)

@@ -22,6 +22,7 @@ from hybridllm.runtime.records import (
     FallbackRecord,
     HandoffRecord,
     Pause,
+    SeamRecord,
     Speculation,
     Spend,
     SpendRole,
@@ -57,6 +58,7 @@ class Recorder:
         self.started: list[EngineName] = list(base.started)
         self.switches: list[Switch] = list(base.switches)
         self.pauses: list[Pause] = list(base.pauses)
+        self.seams: list[SeamRecord] = list(base.seams)
         self.refusals: list[str] = list(base.refusals)
         self.token_times: list[float] = list(base.token_times)
         self.delivered_times: list[float] = list(base.delivered_times)
@@ -73,6 +75,7 @@ class Recorder:
             started=self.started,
             switches=self.switches,
             pauses=self.pauses,
+            seams=self.seams,
             refusals=self.refusals,
             token_times=self.token_times,
             delivered_times=self.delivered_times,
@@ -117,6 +120,10 @@ class Recorder:
             objective=decision.objective,
             predicted_ttft_ms=dict(predicted_ttft_ms),
         )
+
+    def seam(self, record: SeamRecord) -> None:
+        """A continuation's seam, as judged before delivery."""
+        self.seams.append(record)
 
     def continued_in(self, dialect: str) -> None:
         """A cloud continuation of the delivered text was asked in `dialect`."""

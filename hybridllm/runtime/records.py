@@ -20,6 +20,8 @@ __all__ = [
     "HandoffOutcome",
     "HandoffRecord",
     "Pause",
+    "SeamKind",
+    "SeamRecord",
     "Spend",
     "SpendRole",
     "Speculation",
@@ -28,6 +30,22 @@ __all__ = [
     "Unverified",
     "spend_role",
 ]
+
+# how a continuation joined the delivered text (`runtime.seam`)
+SeamKind = Literal["clean", "overlap", "restart"]
+
+
+@dataclass(frozen=True, slots=True)
+class SeamRecord:
+    """A continuation's seam, judged before delivery (`runtime.seam`): the continuing
+    `engine`, the `kind`, the text of its opening that was cut ("" when clean), and how long
+    its first text was held to judge it."""
+
+    engine: str
+    kind: SeamKind
+    cut: str
+    held_ms: float
+
 
 # what a cloud request did for its request: served it from the start ("primary"), started at
 # the deadline or on a failure ("fallback"), by a hedge ("hedge"), at once beside the primary

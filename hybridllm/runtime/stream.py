@@ -67,6 +67,7 @@ from hybridllm.runtime.records import (
     spend_role,
 )
 from hybridllm.runtime.retry import RetryPolicy, Tries
+from hybridllm.runtime.seam import seamed
 from hybridllm.runtime.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -358,7 +359,10 @@ class RequestRun:
         healthy = False
         attempt = self._attempt(engine, tries)
         try:
-            async with aclosing(checked(engine.stream(request), request, engine.name)) as chunks:
+            raw = engine.stream(request)
+            if request.assistant_prefix:  # a continuation: its seam judged before delivery
+                raw = seamed(raw, request.assistant_prefix, engine.name, self.rec.seam)
+            async with aclosing(checked(raw, request, engine.name)) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, Finish):
                         attempt.finish = chunk

@@ -33,6 +33,7 @@ from hybridllm.runtime.records import (
     HandoffOutcome,
     HandoffRecord,
     Pause,
+    SeamRecord,
     Speculation,
     Spend,
     SpendRole,
@@ -105,6 +106,8 @@ class Trace:
     switches: Sequence[Switch] = ()
     # preemption on the device: each pause and resume (a move to the cloud is a switch above)
     pauses: Sequence[Pause] = ()
+    # each continuation's seam, judged before delivery (`runtime.seam`): what was cut
+    seams: Sequence[SeamRecord] = ()
     handoff: HandoffRecord | None = None  # the handoff plan: where the cloud took over
     # engines a guard kept the request from, with why ("cloud: privacy: ...", "cloud: budget: ...")
     refusals: Sequence[str] = ()

@@ -82,6 +82,7 @@ def _orchestration(t: Trace) -> dict[str, Any]:
         "parallel_start": t.parallel_start,
         "switches": [_switch(t, s) for s in t.switches],
         "pauses": [_pause(t, p) for p in t.pauses],
+        "seams": [_seam(s) for s in t.seams],
         "handoff": None if t.handoff is None else _rel_fields(t, asdict(t.handoff)),
         "cascade": None if t.cascade is None else t.cascade.as_dict(),
         "speculation": None if t.speculation is None else asdict(t.speculation),
@@ -150,6 +151,10 @@ def _switch(t: Trace, s: Any) -> dict[str, Any]:
         "delivered_chars": s.delivered_chars,
         "error_type": None if err is None else err.__name__,
     }
+
+
+def _seam(s: Any) -> dict[str, Any]:
+    return {"engine": s.engine, "kind": s.kind, "cut": s.cut, "held_ms": s.held_ms}
 
 
 def _pause(t: Trace, p: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from hybridllm.runtime.records import (
     FallbackRecord,
     HandoffRecord,
     Pause,
+    SeamRecord,
     Speculation,
     Spend,
     Switch,
@@ -104,6 +105,7 @@ def _orchestration(t: Trace, d: Row) -> None:
     t.fallbacks = _fallbacks(d, t.started)
     t.switches = [_switch(s) for s in d.get("switches") or ()]
     t.pauses = [_pause(p) for p in d.get("pauses") or ()]
+    t.seams = [SeamRecord(**s) for s in d.get("seams") or ()]
     t.handoff = _handoff(d.get("handoff"))
     cascade = d.get("cascade")
     t.cascade = None if cascade is None else CascadeRecord(**cascade)

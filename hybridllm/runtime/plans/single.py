@@ -52,7 +52,9 @@ async def relay_watched(
 
     def watched(chunk: Chunk) -> None:
         nonlocal last
-        if isinstance(chunk, Delta | Resumed):
+        if isinstance(chunk, Delta | Resumed) or (
+            isinstance(chunk, Mark) and chunk.name == "seam_held"  # a token held at a seam
+        ):
             last = clock.now()
         elif isinstance(chunk, Mark) and chunk.name == "paused":
             last = None  # preempted on the device: waiting for its turn is not a stall
