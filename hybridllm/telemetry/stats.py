@@ -63,6 +63,8 @@ class Counts:
     cloud_answers: int = 0
     cloud_started: int = 0
     cloud_cancelled: int = 0
+    # continuations whose seam the check cut (an overlap or a restart: `Trace.seams`)
+    seams_cut: int = 0
     spend_usd: float = 0.0
 
     @property
@@ -252,6 +254,7 @@ def _counts(trace: Trace) -> Counts:
         cloud_answers=int("cloud" in engines),
         cloud_started=int("cloud" in trace.started),
         cloud_cancelled=int(trace.cloud_cancelled),
+        seams_cut=sum(s.kind != "clean" for s in trace.seams),
         spend_usd=trace.cost_usd or 0.0,
     )
 

@@ -75,3 +75,13 @@ async def test_a_continuation_that_stops_at_once_mid_sentence_failed() -> None:
         await failover([])
     attempts = getattr(caught.value, "attempts", [])
     assert any(isinstance(e, ContinuationError) and e.kind == "stopped" for _, e, _ in attempts)
+
+
+async def test_the_cuts_are_counted_in_stats() -> None:
+    reset = LocalEngineError("llama.cpp failed", engine="local")
+    local = ScriptedEngine("local", script=[0.01, "Lighthouses", 0.01, " were", 0.01, reset])
+    cloud = ScriptedEngine("cloud", tokens=["were", " painted."])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        await client.complete(ASK)
+        counts = client.stats().overall.counts
+    assert counts.seams_cut == 1
