@@ -8,7 +8,7 @@ primes, multiples). The local engine is Qwen2.5-Coder 0.5B through llama-cpp-pyt
 cloud is `hybridllm serve-model` on loopback, serving the same model. Each runs one thread, and
 both share this machine's two cores.
 
-Per prompt, greedy decoding, max_tokens 60:
+Per prompt, greedy decoding, max_tokens 100:
 - the cloud alone and the local engine alone (the references);
 - `plan="handoff"` after `--after` local tokens, the cloud continuing in each dialect
   (`OpenAIEngine(continuation=...)`; "auto" probes).
@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     pol = Policy(
         name="seams",
         routing={"prefer": "local", "retries": 0, "stall_ms": 20000},
-        sampling={"max_tokens": 60, "temperature": 0},
+        sampling={"max_tokens": 100, "temperature": 0},
     )
     rows: list[dict[str, Any]] = []
     with HybridServer(path, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as srv:

@@ -123,6 +123,8 @@ def _judged(
     if verdict is None:
         raise ContinuationError(engine, "restart", text)
     kind, cut = verdict
+    if cut and delivered[-1:].isspace():  # the delivered text's own space stands at the seam
+        cut += len(text[cut:]) - len(text[cut:].lstrip())
     held_ms = 0.0 if since is None else (clock.now() - since) * 1e3
     on_seam(SeamRecord(engine, kind, text[:cut], held_ms))
     out: list[Delta] = []

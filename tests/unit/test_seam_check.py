@@ -64,6 +64,15 @@ async def test_an_overlap_at_the_seam_is_cut_and_recorded() -> None:
     assert Trace.from_dict(trace.to_dict()).seams == trace.seams
 
 
+async def test_a_restart_after_a_trailing_space_leaves_one_space() -> None:
+    reset = LocalEngineError("llama.cpp failed", engine="local")
+    local = ScriptedEngine("local", script=[0.01, "1,", 0.01, " ", 0.01, reset])
+    cloud = ScriptedEngine("cloud", tokens=["1,", " 2,", " 3"])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        done = await client.complete(ASK)
+    assert done.text == "1, 2, 3" and [s.kind for s in done.trace.seams] == ["restart"]
+
+
 async def test_a_clean_continuation_is_delivered_as_it_comes() -> None:
     text, trace = await failover([" painted", " in", " stripes."])
     assert text == "Lighthouses were painted in stripes."
