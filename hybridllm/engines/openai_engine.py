@@ -295,8 +295,13 @@ class OpenAIEngine:
 
     def _openai_host(self) -> bool:
         """The endpoint is OpenAI's own (or Azure OpenAI), whose documented fields we may add."""
-        host = urlsplit(self.base_url or "https://api.openai.com/v1").hostname or ""
+        host = self._host
         return host == "api.openai.com" or host.endswith(".openai.azure.com")
+
+    @property
+    def _host(self) -> str:
+        """The endpoint's host name ("api.openai.com" without a `base_url`)."""
+        return urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
 
     def _fields(
         self, request: GenerationRequest, limit: TokenLimit, dialect: Dialect | None = None
@@ -331,8 +336,8 @@ class OpenAIEngine:
         assistant message's `tool_calls` and a tool message's `tool_call_id` go as given."""
         dialect = self._dialect if dialect is None else dialect  # the engine's, where fixed
         if request.assistant_prefix and dialect is not None:
-            host = urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
-            shaped = continued_messages(request.messages, request.assistant_prefix, dialect, host)
+            prefix = request.assistant_prefix
+            shaped = continued_messages(request.messages, prefix, dialect, self._host)
             if shaped is not None:
                 return shaped
         return [dict(m) for m in chat_messages(request)]
@@ -349,10 +354,9 @@ class OpenAIEngine:
 
     async def probe_continuation(self) -> Dialect | None:
         """Probe the endpoint's continuation dialect now (None: it could not be reached)."""
-        host = urlsplit(self.base_url or OPENAI_BASE_URL).hostname or ""
-        found = await probe(self._probe_send, host)
+        found = await probe(self._probe_send, self._host)
         if found is not None:
-            log.info("%s: continuations in the %s dialect", self.base_url or host, found)
+            log.info("%s: continuations in the %s dialect", self.base_url or self._host, found)
         return found
 
     async def _probe_send(

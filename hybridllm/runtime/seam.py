@@ -31,7 +31,7 @@ from hybridllm.errors import ContinuationError
 from hybridllm.events import Called, Chunk, Delta, Finish, Mark
 from hybridllm.runtime.records import SeamKind, SeamRecord
 
-__all__ = ["judge", "seamed"]
+__all__ = ["decided", "judge", "seamed"]
 
 HOLD_MAX_CHARS = 64  # a start that could still be a repeat is judged at this length at most
 HOLD_MAX_PIECES = 8  # ... or at this many deltas
