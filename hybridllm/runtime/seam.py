@@ -15,8 +15,9 @@ restart   it starts the answer again, all of the delivered text first ("1, 2," +
 
 A continuation that starts the answer again but leaves it before the seam ("1, 2, 3, 4," +
 "1, 2, 5"), or that ends at once (a "stop" with no text) where the delivered text stops
-mid-sentence, did not continue: `ContinuationError`, and the plan's rule for a failed engine
-applies (the other engine goes on, or the error reaches the app). What was judged is a
+mid-sentence, did not continue (unless the engine goes on from its own text: a released rescue
+that stops there has ended its own answer): `ContinuationError`, and the plan's rule for a
+failed engine applies (the other engine goes on, or the error reaches the app). What was judged is a
 `SeamRecord` in `Trace.seams`. The hold is the continuation's first word or two; a start that
 could still be a repeat is held at most `HOLD_MAX_CHARS`.
 """
@@ -82,9 +83,13 @@ async def seamed(
     delivered: str,
     engine: str,
     on_seam: Callable[[SeamRecord], None],
+    *,
+    own: bool = False,
 ) -> AsyncGenerator[Chunk, None]:
     """`chunks` of a continuation of `delivered`, its first text held until the seam is judged
-    and cut as `judge` says (the stream is always closed)."""
+    and cut as `judge` says (the stream is always closed). `own`: the engine goes on from text
+    it wrote itself (a parked rescue released), so a stop at once is its own end, not a failed
+    continuation."""
     held: list[Delta] | None = []  # None: judged
     since: float | None = None
     async with aclosing(chunks) as inner:
@@ -99,7 +104,8 @@ async def seamed(
                     yield Mark("seam_held", chunk.t)  # alive: a held token is no stall
                     continue
             elif isinstance(chunk, Finish) and not any(d.text.strip() for d in held):
-                _check_stop(delivered, chunk, engine)
+                if not own:
+                    _check_stop(delivered, chunk, engine)
             elif not isinstance(chunk, Finish | Called):
                 yield chunk  # marks, usage: not text
                 continue

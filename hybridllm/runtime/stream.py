@@ -116,6 +116,7 @@ class RequestRun:
         self._cloud_unavailable = cloud_unavailable
         self._said_unavailable = False
         self._delivered: list[str] = []
+        self._authors: set[EngineName] = set()  # the engines whose text was delivered
         self.calls: list[ToolCall] = []  # the tool calls delivered
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
@@ -298,6 +299,7 @@ class RequestRun:
                 self._check_deadline(engine, chunk.t)
             self.rec.token(chunk.t, engine, clock.now())
             self._delivered.append(chunk.text)
+            self._authors.add(engine)
             self.emit(Token(chunk.t, chunk.text, engine))
 
     def _check_deadline(self, engine: EngineName, t: float) -> None:
@@ -361,7 +363,8 @@ class RequestRun:
         try:
             raw = engine.stream(request)
             if request.assistant_prefix:  # a continuation: its seam judged before delivery
-                raw = seamed(raw, request.assistant_prefix, engine.name, self.rec.seam)
+                own = self._authors <= {engine.name}  # it goes on from its own text only
+                raw = seamed(raw, request.assistant_prefix, engine.name, self.rec.seam, own=own)
             async with aclosing(checked(raw, request, engine.name)) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, Finish):

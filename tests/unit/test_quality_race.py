@@ -165,6 +165,21 @@ async def test_a_cloud_failure_releases_a_parked_rescue_which_goes_on() -> None:
     assert ms == [90, 100]  # released by the failure at 90 ms, not at the deadline
 
 
+async def test_a_parked_rescue_whose_answer_was_its_first_token_ends_there() -> None:
+    """The rescue's one-word answer ("here", no sentence end) is parked; on the release the same
+    engine goes on from it and stops at once: its own end, not a failed continuation (no
+    failover to the late cloud, whose text would follow it)."""
+    local = ScriptedEngine("local", script=[0.03, "here"])
+    cloud = ScriptedEngine("cloud", script=[0.5, "late"])
+    local.predicted_ttft_s = 0.05
+    async with HybridClient(local=local, cloud=cloud, policy=CLOUD_FIRST) as client:
+        done = await client.complete("q")
+    assert done.text == "here" and done.trace.engine == "local"
+    assert [r.assistant_prefix for r in local.requests] == ["", "here"]
+    assert done.trace.fallback_cause == "deadline" and done.trace.finish_reason == "stop"
+    assert [s.kind for s in done.trace.seams] == ["clean"]  # it stopped where it was
+
+
 async def test_a_parked_rescue_loses_to_a_cloud_token_before_the_deadline() -> None:
     local = ScriptedEngine("local", script=[0.01, "loc", 0.01, "al"])
     cloud = ScriptedEngine("cloud", script=[0.09, "cloud"])
