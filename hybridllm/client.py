@@ -38,6 +38,7 @@ from hybridllm.engines.capabilities import Warms
 from hybridllm.events import EngineName, Event, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
+from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.guard.privacy_ner import ner_wanted, say_ner_missing
@@ -69,6 +70,7 @@ from hybridllm.runtime.plans.cascade import score_messages
 from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.public_names import clear_public_names
 from hybridllm.runtime.retry import RetryPolicy
+from hybridllm.runtime.roster import Roster
 from hybridllm.runtime.stream import RequestRun, Stream, StreamItem
 from hybridllm.runtime.trace import Trace
 from hybridllm.telemetry import StatsReport, Telemetry
@@ -81,7 +83,6 @@ Messages = str | Sequence[Mapping[str, str]]
 # a prompt longer than this is admitted on a worker thread (the router's score and the privacy
 # scan grow with it: about 100 ms at 2,000 characters with the NER layer, a few ms without)
 INLINE_ADMISSION_CHARS = 1_000
-ENGINE_NAMES: tuple[EngineName, ...] = ("local", "cloud")
 # the failures that say an engine cannot be reached (logged once, `_outcome`)
 UNREACHABLE = (errors.CloudConnectionError, errors.CloudTimeoutError)
 # how long one engine's check may take (`HybridClient.check()`, the gateway at start)
@@ -94,10 +95,13 @@ class _Ticket:
     (`HybridClient._ticket`), and the route once decided."""
 
     request: GenerationRequest
-    policy: Policy
-    forced: EngineName | None
+    policy: Policy  # bound to the client's engines: its names are the sides (`Roster.bind`)
+    forced: EngineName | None  # the side the call's `engine=` names
     plan: PlanName | None
     streamed: bool
+    # the clouds the policy allows, by name, in its order; the one serving the cloud side
+    clouds: tuple[EngineName, ...] = ()
+    cloud: EngineName | None = None
     route: RoutePreview | None = None
     cloud_start: CloudStart | None = None  # its entry in the policy's parallel-cloud window
     dropped: int = 0  # the oldest messages left out to fit the local context (overflow "trim")
@@ -137,12 +141,52 @@ T = TypeVar("T")
 WARM_QUEUE = 4
 
 
-def _check_engines(local: object, cloud: object) -> None:
-    if local is None and cloud is None:
-        raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
-    for arg, eng in (("local", local), ("cloud", cloud)):
-        if eng is not None and not isinstance(eng, Engine):
-            raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
+def _roster(local: object, cloud: object, engines: object) -> Roster:
+    """The client's engines: `engines=` by the app's names, or the shorthand `local=` (the
+    device's) and `cloud=`; each engine takes its name."""
+    if engines is not None:
+        if local is not None or cloud is not None:
+            raise errors.ConfigError("give engines= or local=/cloud=, not both")
+        roster = Roster.of(engines)  # type: ignore[arg-type]  # checked there
+    else:
+        if local is None and cloud is None:
+            raise errors.ConfigError("HybridClient needs at least one engine (local= or cloud=)")
+        for arg, eng in (("local", local), ("cloud", cloud)):
+            if eng is not None and not isinstance(eng, Engine):
+                raise errors.InvalidArgumentError(arg, eng, "an Engine (e.g. LlamaCppEngine())")
+        given = {n: e for n, e in (("local", local), ("cloud", cloud)) if e is not None}
+        roster = Roster.of(given, device="local" if local is not None else None)  # type: ignore[arg-type]
+    for name, engine in roster.engines.items():
+        engine.name = name
+    return roster
+
+
+def _guards(
+    roster: Roster,
+    privacy: PrivacyMode,
+    ledger: Ledger | str | Path | None,
+    prices: Prices | str | Path | None,
+    caps: Sequence[Cap],
+    judge: PrivacyJudge | None,
+) -> dict[EngineName, GuardedEngine]:
+    """Each cloud behind its own guard (the privacy scan, its own prices), all on one ledger."""
+    if not roster.clouds:
+        return {}
+    if ledger is None and (prices is not None or caps):
+        ledger = SQLiteLedger()  # in memory, this process: one for every cloud
+    elif ledger is not None:
+        ledger = as_ledger(ledger)
+    return {
+        name: GuardedEngine(
+            roster.engines[name],
+            privacy=privacy,
+            ledger=ledger,
+            prices=prices,
+            caps=caps,
+            judge=judge,
+        )
+        for name in roster.clouds
+    }
 
 
 def _judge(seconds: object, local: Engine | None) -> PrivacyJudge | None:
@@ -165,6 +209,7 @@ class HybridClient:
         local: Engine | None = None,
         cloud: Engine | None = None,
         *,
+        engines: Mapping[EngineName, Engine] | None = None,
         policy: str | Path | Policy | None = None,
         policy_dirs: Sequence[str | Path] | None = None,
         router: Scorer | Literal["default"] | None = "default",
@@ -177,7 +222,11 @@ class HybridClient:
         telemetry: Telemetry | None = None,
         privacy_judge: float | None = None,
     ) -> None:
-        """`privacy="keep-local"` keeps requests holding personal or secret data off the cloud
+        """`engines`: the engines by the app's names (`{"local": LlamaCppEngine(), "fast":
+        OpenAIEngine(...), "smart": OpenAIEngine(...)}`: at most one on the device; `local=`
+        and `cloud=` are the shorthand for `{"local": ..., "cloud": ...}`); events, traces,
+        stats and policies name them so (`runtime.roster`).
+        `privacy="keep-local"` keeps requests holding personal or secret data off the cloud
         engine; `ledger` (a `Ledger`, or a path or URL for `ledger_from_url`), `prices` (a `Prices`
         or a TOML path) and `budget_caps` reserve and settle every cloud request's cost against the
         caps (with `prices` alone, an in-memory ledger holds the policies' own `[budget]` caps). The
@@ -196,29 +245,23 @@ class HybridClient:
         `HYBRIDLLM_OTEL` says).
         `privacy_judge`: seconds the local model may take to judge a borderline prompt bound for
         the cloud under "keep-local" (`guard.privacy_judge`; None: no judge)."""
-        _check_engines(local, cloud)
+        roster = self._roster = _roster(local, cloud, engines)
         validate.one_of("privacy", privacy, PRIVACY_MODES)
         policy = validate.policy_ref(policy)
         for i, d in enumerate(policy_dirs or ()):
             validate.directory(f"policy_dirs[{i}]", d)
         if router not in (None, "default") and not callable(getattr(router, "score", None)):
             raise errors.InvalidArgumentError("router", router, 'None, "default" or a Router')
-        judge = self._judge = _judge(privacy_judge, local)
-        self._guard: GuardedEngine | None = None
-        if cloud is not None:
-            if prices is not None and ledger is None:
-                ledger = SQLiteLedger()
-            cloud = self._guard = GuardedEngine(
-                cloud, privacy=privacy, ledger=ledger, prices=prices, caps=budget_caps, judge=judge
-            )
+        device = None if roster.device is None else roster.engines[roster.device]
+        judge = self._judge = _judge(privacy_judge, device)
+        self._guards = _guards(roster, privacy, ledger, prices, budget_caps, judge)
         self.privacy: PrivacyMode = privacy
-        self.local = local
-        self.cloud = cloud
         self.policies = PolicyCache(policy_dirs)
-        self.policy = self.policies.get(policy)
-        if self._guard is not None:  # its start() loads the privacy scan's NER pipelines
-            self._guard.preload_privacy = _ner_preload(self.policy.under_client(privacy))
-        gate = None if self._guard is None else GuardBudget(self._guard)  # a ledger may come later
+        self.policy = roster.bind(self.policies.get(policy))  # names it lacks: PolicyError
+        preload = _ner_preload(self.policy.under_client(privacy))
+        for guard in self._guards.values():  # its start() loads the privacy scan's NER pipelines
+            guard.preload_privacy = preload
+        gate = GuardBudget(self._guards) if self._guards else None  # a ledger may come later
         self.decision_log = as_decision_log(decision_log)
         self.telemetry = _telemetry(telemetry)
         self._log_lock = threading.Lock()
@@ -227,13 +270,14 @@ class HybridClient:
         self._router_spec = router
         scorer = None if router == "default" else router
         self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
+        self.routing.latency.device = roster.device or "local"
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         # cloud-answered conversations for the local engine to prefill; the task doing it
         self._to_warm: deque[_WarmUp] = deque(maxlen=WARM_QUEUE)
         self._warming: anyio.CancelScope | None = None
         self._runs: set[RequestRun] = set()
-        self.breakers = {e: CircuitBreaker(name=e) for e in ENGINE_NAMES}
+        self.breakers = {e: CircuitBreaker(name=e) for e in roster.engines}
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._sync_cm: AbstractContextManager[HybridClient] | None = None
@@ -242,12 +286,26 @@ class HybridClient:
 
     @property
     def engines(self) -> dict[EngineName, Engine]:
-        found: dict[EngineName, Engine] = {}
-        if self.local is not None:
-            found["local"] = self.local
-        if self.cloud is not None:
-            found["cloud"] = self.cloud
-        return found
+        """The engines by name, in the app's order (each cloud behind its guard)."""
+        return {n: self._guards.get(n, e) for n, e in self._roster.engines.items()}
+
+    @property
+    def local(self) -> Engine | None:
+        """The engine on the device (None: none)."""
+        device = self._roster.device
+        return None if device is None else self._roster.engines[device]
+
+    @property
+    def cloud(self) -> Engine | None:
+        """The first cloud, behind its guard (None: none)."""
+        clouds = self._roster.clouds
+        return self._guards[clouds[0]] if clouds else None
+
+    @property
+    def _guard(self) -> GuardedEngine | None:
+        """The first cloud's guard (None: no cloud)."""
+        clouds = self._roster.clouds
+        return self._guards[clouds[0]] if clouds else None
 
     # ---- lifetime ---------------------------------------------------------------------------
 
@@ -258,7 +316,7 @@ class HybridClient:
             async with anyio.create_task_group() as tg:
                 for engine in self.engines.values():
                     tg.start_soon(engine.start)
-                if self._router_spec == "default" and len(self.engines) == 2:
+                if self._router_spec == "default" and self._roster.device and self._roster.clouds:
                     tg.start_soon(self._load_default_router)
         except BaseExceptionGroup as group:
             with anyio.CancelScope(shield=True):
@@ -374,7 +432,7 @@ class HybridClient:
             ner=ner_wanted(pol.privacy),
             due=due,
         )
-        await self._plan(decision, ticket.request, context, pol, lead)(run)
+        await self._plan(decision, ticket, context, lead)(run)
 
     async def _facts(self, ticket: _Ticket) -> RequestFacts:
         """The request's facts: on a worker thread where counting the prompt's tokens, the
@@ -389,10 +447,19 @@ class HybridClient:
     def _gather(self, ticket: _Ticket) -> RequestFacts:
         """The request cut to fit (`[sampling] overflow = "trim"`, `ticket.dropped`), then its
         facts."""
-        ticket.request, ticket.dropped = self.routing.trimmed(
-            ticket.request, ticket.policy, self.engines
-        )
-        return self.routing.facts(ticket.request, ticket.policy, ticket.forced, self.engines)
+        sides = self._sides(ticket)
+        ticket.request, ticket.dropped = self.routing.trimmed(ticket.request, ticket.policy, sides)
+        return self.routing.facts(ticket.request, ticket.policy, ticket.forced, sides)
+
+    def _sides(self, ticket: _Ticket) -> dict[EngineName, Engine]:
+        """The engines as routing sees this request: the device's as "local", the cloud that
+        serves it as "cloud"."""
+        return self._roster.by_side(self.engines, ticket.cloud)
+
+    def _usable(self, name: EngineName) -> bool:
+        """Could this engine take a request now (its circuit lets one through, it is not
+        unavailable)? Read only: a half-open circuit keeps its probe."""
+        return self.breakers[name].would_allow() and self.engines[name].info().unavailable is None
 
     async def check(self, timeout_s: float = CHECK_TIMEOUT_S) -> dict[EngineName, EngineState]:
         """Each engine's state now (`EngineState`: reachable, key accepted, model found, its
@@ -433,24 +500,41 @@ class HybridClient:
         effective policy, the request (a bad one raises here, before anything runs)."""
         check_names(args)
         msgs = validate.messages(messages)
-        pol = self._effective(validate.policy_ref(args.get("policy")), args)
+        named = self._effective(validate.policy_ref(args.get("policy")), args)
+        pol = self._roster.bind(named)
         request = build_request(msgs, pol, args)
-        forced = args.get("engine")
+        forced, clouds = args.get("engine"), self._roster.cloud_order(named)
         if forced is not None:
-            validate.one_of("engine", forced, ("local", "cloud"))
-            if forced not in self.engines:
-                raise errors.ConfigError(f"no {forced} engine configured on this client")
-        check_constraints(request, self.engines, forced)
-        return _Ticket(request, pol, forced, args.get("plan"), streamed)
+            forced, clouds = self._forced(forced, clouds)
+        ticket = _Ticket(request, pol, forced, args.get("plan"), streamed, clouds)
+        ticket.cloud = self._roster.pick_cloud(clouds, self._usable)
+        check_constraints(request, self._sides(ticket), forced)
+        return ticket
+
+    def _forced(
+        self, engine: object, clouds: tuple[EngineName, ...]
+    ) -> tuple[EngineName, tuple[EngineName, ...]]:
+        """The call's `engine=`: a side ("local", "cloud": the policy's clouds) or an engine's
+        name; the side it forces and the clouds that may serve."""
+        roster = self._roster
+        names = tuple(dict.fromkeys(("local", "cloud", *roster.engines)))
+        name = validate.one_of("engine", engine, names)
+        side = name if name in ("local", "cloud") else roster.side(name)
+        if side == "local" and roster.device is None or side == "cloud" and not roster.clouds:
+            raise errors.ConfigError(f"no {side} engine configured on this client")
+        if name in roster.clouds:
+            clouds = (name,)
+        return side, clouds or roster.clouds
 
     def _route(self, ticket: _Ticket, facts: RequestFacts, *, preview: bool) -> RoutePreview:
         """The decision from the facts and the live state; a request no engine may serve
         raises its refusal (a `RefusedError`)."""
+        sides = self._sides(ticket)
         route = self.routing.decide(
             ticket.request,
             ticket.policy,
-            self.engines,
-            self.breakers,
+            sides,
+            {side: self.breakers[e.name] for side, e in sides.items()},
             ticket.forced,
             preview=preview,
             plan=ticket.plan,
@@ -464,7 +548,7 @@ class HybridClient:
                 route.facts,
                 ticket.policy,
                 ticket.request,
-                self._guard,
+                self._guards.get(ticket.cloud or ""),
                 route.state.context,
             )
         return route
@@ -480,22 +564,29 @@ class HybridClient:
         if show_drafts is not None:
             pol = pol.with_(speculative={"show_drafts": validate.flag("show_drafts", show_drafts)})
         pol = pol.under_client(self.privacy)
-        if self._guard is not None:  # a cap it cannot cost is a PolicyError
-            self._guard.set_scoped_caps(pol.name, policy_caps(pol))
+        for guard in self._guards.values():  # a cap it cannot cost is a PolicyError
+            guard.set_scoped_caps(pol.name, policy_caps(pol))
         return pol
 
     def _plan(
         self,
         decision: Decision,
-        request: GenerationRequest,
+        ticket: _Ticket,
         context: RequestContext,
-        policy: Policy,
         fallback_ttft_s: float | None,
     ) -> Plan:
-        engines = self.engines
-        if self._guard is not None:  # every path of this plan carries the request's context
-            engines["cloud"] = self._guard.bind(context)
-        return choose_plan(decision, engines, request, policy, fallback_ttft_s, self.routing)
+        """The decided plan, its clouds bound to the request's context (every path of the plan
+        carries it); the policy's other clouds that can serve now are its next clouds."""
+        sides = self._sides(ticket)
+        if ticket.cloud is not None:
+            sides["cloud"] = self._guards[ticket.cloud].bind(context)
+        others = [n for n in ticket.clouds if n != ticket.cloud and self._usable(n)]
+        if ticket.forced is not None or "cloud" not in decision.engines:
+            others = []
+        backups = tuple(self._guards[n].bind(context) for n in others)
+        return choose_plan(
+            decision, sides, ticket.request, ticket.policy, fallback_ttft_s, self.routing, backups
+        )
 
     async def _drive(self, run: RequestRun, ticket: _Ticket) -> None:
         try:
@@ -513,7 +604,7 @@ class HybridClient:
             self.routing.latency.observe_trace(run.trace, route.facts.prompt_tokens)
         if ticket.cloud_start is not None and run.trace.cloud_cancelled:
             ticket.cloud_start.extra = True  # a cloud request paid for and not used
-        if "local" in run.trace.started:
+        if self._roster.device in run.trace.started:
             self.routing.note_local(request.messages)
         if ticket.forced != "cloud" and "local" in ticket.policy.order:  # a local turn may come
             self._continue_locally(run, request)
@@ -558,12 +649,12 @@ class HybridClient:
         for a request the caller sent to the cloud, nor under a policy without the local
         engine: their next turns are the cloud's too, and a warm-up would only spend the
         device's CPU."""
-        trace, local = run.trace, self.engines.get("local")
+        trace, local = run.trace, self.local
         if not isinstance(local, Warms) or self._tg is None:
             return
         if trace.error_type is not None or run.calls or not trace.spans:
             return
-        if trace.spans[-1].engine != "cloud" or not run.delivered_text:
+        if self._roster.side(trace.spans[-1].engine) != "cloud" or not run.delivered_text:
             return
         messages = [*request.messages, {"role": "assistant", "content": run.delivered_text}]
         key = request.conversation
@@ -599,7 +690,7 @@ class HybridClient:
         waiting for it is dropped, so that it takes no more memory."""
         validate.conversation(conversation)
         self._drop_warm_ups(conversation)
-        local = self.engines.get("local")
+        local = self.local
         if isinstance(local, Warms):
             freed = await local.forget(conversation)
             log.debug("forgot a conversation: %d bytes of KV state freed", freed)
@@ -625,7 +716,7 @@ class HybridClient:
     async def router_score(self, messages: Messages) -> RouterScore:
         """Stage 1, stage 2 (the local model's own signals) and the combined score."""
         msgs = validate.messages(messages)
-        return await score_messages(self.routing.router, self.engines.get("local"), msgs)
+        return await score_messages(self.routing.router, self.local, msgs)
 
     async def complete(
         self,

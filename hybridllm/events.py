@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from hybridllm.runtime.trace import Trace
 
-EngineName = Literal["local", "cloud"]
+# an engine's name: the app's own (`HybridClient(engines={"fast": ..., "smart": ...})`); "local"
+# and "cloud" where the client was given `local=` and `cloud=`
+EngineName = str
 # a request's scheduling class on a busy engine (`Policy.priority`, per call `priority=`)
 Priority = Literal["interactive", "normal", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "normal", "background")

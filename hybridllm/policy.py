@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,7 +108,23 @@ def _known_plan(name: str) -> str:
 KnownPlan = Annotated[str, AfterValidator(_known_plan)]
 
 
-EngineChoice = Literal["local", "cloud"]
+# an engine a policy names: the sides "local" (the device) and "cloud" (the clouds, in the
+# client's order), or the name the app gave an engine (`HybridClient(engines={"smart": ...})`;
+# a name the client does not hold is a `PolicyError` when the client opens or takes the policy)
+SIDE_WORDS = ("local", "cloud")
+_ENGINE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,39}")
+
+
+def _engine_choice(value: str) -> str:
+    if not _ENGINE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an engine: 'local', 'cloud', or an engine's name (a letter, then "
+            "letters, digits, _ . -)"
+        )
+    return value
+
+
+EngineChoice = Annotated[str, AfterValidator(_engine_choice)]
 
 
 def _init(model: BaseModel, **data: Any) -> None:
@@ -216,7 +233,8 @@ class RoutingTable(_Table):
     (at most one of `router_threshold`, `target_cloud_share`, `quality_floor`; the score is
     P(the local answer is wrong))."""
 
-    prefer: Literal["local", "cloud", "auto"] = "auto"
+    # "auto" (the router's choice), "local", "cloud", or an engine's name
+    prefer: EngineChoice = "auto"
     allow_cloud: bool = True
     # why the policy's first engine is preferred (`Decision.objective`): "quality", a cloud
     # wanted for its answer (a local backup only rescues it: held until the deadline), or
@@ -248,9 +266,12 @@ class RoutingTable(_Table):
             raise ValueError(f"give at most one of {', '.join(given)} (they all set the threshold)")
         order = self.fallback_order
         if order is not None:
-            if not order or len(set(order)) != len(order):
-                raise ValueError("fallback_order: one or two distinct engines, 'local'/'cloud'")
-            if self.prefer != "auto" and order[0] != self.prefer:
+            if not order or len(set(order)) != len(order) or "auto" in order:
+                raise ValueError(
+                    "fallback_order: distinct engines ('local', 'cloud' or engines' names)"
+                )
+            named = self.prefer in order or {self.prefer, order[0]} <= set(SIDE_WORDS)
+            if self.prefer != "auto" and named and order[0] != self.prefer:
                 raise ValueError(
                     f"fallback_order starts with {order[0]!r} but prefer is {self.prefer!r}"
                 )
@@ -582,7 +603,8 @@ class Policy(BaseModel):
     def cloud_allowed(self) -> bool:
         """May any part of a request under this policy reach the cloud?"""
         r = self.routing
-        return r.allow_cloud and (r.fallback_order is None or "cloud" in r.fallback_order)
+        order = r.fallback_order
+        return r.allow_cloud and (order is None or any(n != "local" for n in order))
 
     @property
     def order(self) -> tuple[EngineChoice, ...]:

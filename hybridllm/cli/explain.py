@@ -156,7 +156,9 @@ class ArtifactRouter:
 
 
 class _Exhausted:
-    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
+    def check(
+        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+    ) -> BudgetVerdict:
         return BudgetVerdict(False, "stated exhausted on the command line")
 
 

@@ -152,6 +152,9 @@ class EngineInfo:
     # API key, a local queue at its bound. Routing leaves such an engine out with this reason
     # when another may serve; a request sent anyway fails at once with a typed error
     unavailable: str | None = None
+    # it runs on this device (the privacy guard and the budget apply to every engine that does
+    # not); a client holds at most one such engine, the "local" side of its policies
+    on_device: bool = False
 
 
 @runtime_checkable

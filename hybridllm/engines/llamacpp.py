@@ -279,6 +279,7 @@ class LlamaCppEngine:
             prefill_tps=self.prefill_tps,
             decode_tps=1.0 / self.tpot_s if self.tpot_s else None,
             unavailable=self._queue.unavailable(),
+            on_device=True,
         )
 
     def expected_wait_s(self) -> float:

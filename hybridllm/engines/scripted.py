@@ -66,6 +66,7 @@ class ScriptedEngine:
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
         n_ctx: int | None = None,
+        on_device: bool | None = None,
     ) -> None:
         """`supports_continuation`: what `info()` reports (a double of an engine that cannot go
         on from a started answer: False); `n_ctx`: the context `info()` reports (None: unknown;
@@ -73,8 +74,9 @@ class ScriptedEngine:
         `serial`, `max_queue`, `max_queue_wait_s`: a bounded FIFO queue (see the module).
         Checked when made (`InvalidArgumentError`): tokens are strings, `ttft_s` and `tpot_s`
         finite and >= 0, script steps a float >= 0, a str or an exception, `token_count` an
-        int >= 0."""
-        validate.one_of("name", name, ("local", "cloud"))
+        int >= 0. `on_device`: what `info()` reports (None: a double named "local" runs on the
+        device, any other is a cloud)."""
+        validate.engine_name("name", name)
         for arg, value in (("ttft_s", ttft_s), ("tpot_s", tpot_s)):
             validate.number(arg, value, minimum=0.0)
         if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
@@ -89,6 +91,7 @@ class ScriptedEngine:
         # is unreachable, refuses its key or lacks its model
         self.check_result = EngineCheck(True, None, True, f"scripted {name}")
         self.name: EngineName = name
+        self.on_device = name == "local" if on_device is None else on_device
         self.model = model
         if script is None:
             steps: list[Step] = []
@@ -134,6 +137,7 @@ class ScriptedEngine:
             else {p: self.queue.expected_wait_s(p) for p in PRIORITIES},
             unavailable=None if self.queue is None else self.queue.unavailable(),
             n_ctx=self.n_ctx,
+            on_device=self.on_device,
         )
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:

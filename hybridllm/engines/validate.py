@@ -26,6 +26,7 @@ Engine constructors and CLI options use the same helpers (`integer`, `number`, `
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -139,6 +140,26 @@ def one_of(argument: str, value: object, choices: Sequence[T]) -> T:
         if type(value) is type(choice) and value == choice:
             return choice
     raise InvalidArgumentError(argument, value, "one of " + ", ".join(map(repr, choices)))
+
+
+# an engine's name (`HybridClient(engines=)`): it names the engine in events, traces, stats,
+# logs and policies
+ENGINE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,39}")
+# names a policy gives a meaning of its own ("auto": the router chooses)
+RESERVED_ENGINE_NAMES = ("auto",)
+
+
+def engine_name(argument: str, value: object) -> str:
+    """An engine's name: a letter, then up to 39 letters, digits, "_", "." or "-" ("auto" is a
+    policy's word for the router's choice)."""
+    if (
+        not isinstance(value, str)
+        or not ENGINE_NAME.fullmatch(value)
+        or value in RESERVED_ENGINE_NAMES
+    ):
+        rule = 'a name such as "fast" (a letter, then letters, digits, _ . -; not "auto")'
+        raise InvalidArgumentError(argument, value, rule)
+    return value
 
 
 def directory(argument: str, value: object) -> Path:

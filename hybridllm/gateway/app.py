@@ -209,11 +209,12 @@ class _Routes:
         serves, "degraded" while one does not (503 when none does)."""
         engines: dict[str, Any] = {}
         serves: list[bool] = []
-        for name, breaker in self.client.breakers.items():
-            engine = self.client.engines.get(name)
-            if engine is None:
-                engines[name] = {"configured": False}
-                continue
+        client = self.client
+        for side, held in (("local", client.local), ("cloud", client.cloud)):
+            if held is None:  # a side the client lacks
+                engines[side] = {"configured": False}
+        for name, engine in client.engines.items():
+            breaker = client.breakers[name]
             info = engine.info()
             checked = self.client.last_check.get(name)
             found = UNCHECKED if checked is None else checked.check
@@ -221,6 +222,7 @@ class _Routes:
             serves.append(state.serves)
             engines[name] = {
                 "configured": True,
+                "on_device": info.on_device,
                 "model": info.model,
                 "circuit": breaker.state,
                 "unavailable": info.unavailable,

@@ -36,8 +36,10 @@ class BudgetVerdict:
 
 
 class BudgetGate(Protocol):
-    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
-        """Could a cloud request of this size be paid for now (worst case)?"""
+    def check(
+        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+    ) -> BudgetVerdict:
+        """Could a cloud request of this size be paid for now on `engine` (worst case)?"""
         ...
 
 

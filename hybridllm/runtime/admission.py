@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from hybridllm import errors
 from hybridllm.engines import validate
@@ -45,7 +45,7 @@ class RequestArgs(TypedDict, total=False):
     the cloud's prompt cache is keyed by its hash (None: the conversation is found by its
     content). None leaves the policy's setting."""
 
-    engine: Literal["local", "cloud"] | None
+    engine: EngineName | None
     max_tokens: int | None
     temperature: float | None
     top_p: float | None

@@ -241,7 +241,7 @@ class Gatherer:
         if cloud_ok and self.budget is not None:
             # what the reservation will hold
             bound = prompt_token_bound(request.messages, request.tools)
-            verdict = self.budget.check(policy, bound, facts.max_tokens)
+            verdict = self.budget.check(policy, bound, facts.max_tokens, engines["cloud"].name)
             fits, detail = verdict.fits, verdict.detail
         cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
         cloud_breaker = breakers.get("cloud")
@@ -266,7 +266,7 @@ class Gatherer:
             speculation=self.speculation_outlook(request, policy, engines),
             reads_signals=frozenset(n for n, e in engines.items() if _declares(e, ReadsSignals)),
             has_router=self.router is not None,
-            unmeasured={n: self.latency.unmeasured.get(n, 0) for n in engines},
+            unmeasured={n: self.latency.unmeasured.get(e.name, 0) for n, e in engines.items()},
         )
 
     def predictions(
@@ -284,8 +284,8 @@ class Gatherer:
             q = waits[name]  # the cloud's: its concurrency limit's queue, a 429's Retry-After
             local = name == "local"
             n = self.local_tokens(facts, request, cached) if local else facts.prompt_tokens
-            if self.latency.knows(name):
-                latency[name] = self.latency.predict(name, n, facts.max_tokens, queue_s=q)
+            if self.latency.knows(engine.name):  # by the engine's own name, not its side
+                latency[name] = self.latency.predict(engine.name, n, facts.max_tokens, queue_s=q)
             else:
                 own = engine.predict_ttft_s(request)
                 if own is not None:
@@ -320,7 +320,7 @@ class Gatherer:
                 f"temperature > 0 needs raw token-level log-probabilities ({probed.reason})",
             )
         # the latency model's figure (its prior until the cloud has streamed here)
-        return spec.outlook(key).pays(self.latency.engine("cloud").tpot()[0])
+        return spec.outlook(key).pays(self.latency.engine(cloud.name).tpot()[0])
 
     def decide(
         self,
@@ -445,13 +445,17 @@ def privacy_kinds(
 
 
 class GuardBudget:
-    """The budget gate routing asks (`BudgetGate`), answered by the cloud guard's ledger."""
+    """The budget gate routing asks (`BudgetGate`), answered by each cloud guard's ledger (the
+    request priced by that cloud's model)."""
 
-    def __init__(self, guard: GuardedEngine) -> None:
-        self.guard = guard
+    def __init__(self, guards: Mapping[EngineName, GuardedEngine]) -> None:
+        self.guards = guards
 
-    def check(self, policy: Policy, prompt_tokens: int, max_tokens: int) -> BudgetVerdict:
-        fits, detail = self.guard.fits(policy.name, prompt_tokens, max_tokens)
+    def check(
+        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+    ) -> BudgetVerdict:
+        guard = self.guards.get(engine) or next(iter(self.guards.values()))
+        fits, detail = guard.fits(policy.name, prompt_tokens, max_tokens)
         return BudgetVerdict(fits, detail)
 
 

@@ -237,10 +237,12 @@ class LatencyModel:
         # per engine, the finished requests since it last served a first token measured here
         # (routing probes an engine kept out too long: `LiveState.unmeasured`)
         self.unmeasured: dict[EngineName, int] = {}
+        self.device: EngineName = "local"  # the engine on the device (its prior: LOCAL_PRIOR)
 
     def engine(self, name: EngineName) -> EngineLatency:
         if name not in self.engines:
-            self.engines[name] = EngineLatency(LOCAL_PRIOR if name == "local" else CLOUD_PRIOR)
+            local = name == self.device
+            self.engines[name] = EngineLatency(LOCAL_PRIOR if local else CLOUD_PRIOR)
         return self.engines[name]
 
     def seed(

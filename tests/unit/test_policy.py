@@ -38,7 +38,7 @@ def test_unknown_name_lists_the_known_ones() -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ('[routing]\nprefer = "gpu"', "routing.prefer"),
+        ('[routing]\nprefer = "9-gpu"', "routing.prefer"),
         ("[sampling]\nmax_tokens = 0", "sampling.max_tokens"),
         ('[sampling]\ntemperature = "hot"', "sampling.temperature"),
         ("[routing]\nttft_deadline_ms = -5", "routing.ttft_deadline_ms"),

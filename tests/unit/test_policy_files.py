@@ -64,7 +64,7 @@ def test_policy_dirs_and_env_path_come_before_the_presets(
 
 MISTAKES = [
     # (body, field, words in the message)
-    ('[routing]\nprefer = "gpu"', "routing.prefer", ["local", "gpu"]),
+    ('[routing]\nprefer = "9-gpu"', "routing.prefer", ["local", "9-gpu"]),
     ("[sampling]\nmax_tokens = 0", "sampling.max_tokens", ["greater than or equal to 1"]),
     ('[sampling]\ntemperature = "hot"', "sampling.temperature", ["number", "hot"]),
     ("[routing]\nrouter_threshold = 1.5", "routing.router_threshold", ["less than or equal to 1"]),
@@ -80,7 +80,7 @@ MISTAKES = [
     ("[cascade]\nhold_tokens = 0", "cascade.hold_tokens", ["greater than or equal to 1"]),
     ("[cascade]\nhedge = 1", "cascade.hedge", ["bool"]),
     ('[cascade]\njudge = "whole"', "cascade.judge", ["prefix", "answer"]),
-    ('[routing]\nfallback_order = ["local", "mars"]', "routing.fallback_order.1", ["cloud"]),
+    ('[routing]\nfallback_order = ["local", "mars rover"]', "routing.fallback_order.1", ["cloud"]),
     ("[hedge]\nafter_ms = -50", "hedge.after_ms", [">= 0", "auto", "-50"]),
     ('[hedge]\nafter_ms = "soon"', "hedge.after_ms", ["delay in ms", "auto", "soon"]),
     ("[hedge]\nafter_ms = nan", "hedge.after_ms", ["finite"]),

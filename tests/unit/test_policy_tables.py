@@ -107,11 +107,11 @@ def test_the_migrate_command_rewrites_in_place_and_to_stdout(
 
 def test_migrate_refuses_what_would_not_load(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text('prefer = "gpu"\n')
+    path.write_text('prefer = "9-gpu"\n')
     with pytest.raises(PolicyError) as info:
         migrate_file(path, path)
-    assert "gpu" in str(info.value)
-    assert path.read_text() == 'prefer = "gpu"\n'  # nothing written
+    assert "9-gpu" in str(info.value)
+    assert path.read_text() == 'prefer = "9-gpu"\n'  # nothing written
     assert main(["policy", "migrate", str(tmp_path / "absent.toml")]) == 2
 
 

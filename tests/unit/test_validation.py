@@ -201,7 +201,7 @@ def test_a_policy_file_keeps_its_path_in_the_error(tmp_path: Path) -> None:
         (lambda: ScriptedEngine("local", ttft_s=-1), "ttft_s"),
         (lambda: ScriptedEngine("local", tpot_s=NAN), "tpot_s"),
         (lambda: ScriptedEngine("local", tokens="abc"), "tokens"),
-        (lambda: ScriptedEngine("gpu"), "name"),  # type: ignore[arg-type]
+        (lambda: ScriptedEngine("9-gpu"), "name"),  # type: ignore[arg-type]
         (lambda: HybridClient(local=ScriptedEngine("local"), privacy="maybe"), "privacy"),
         (lambda: HybridClient(local=ScriptedEngine("local"), policy=5), "policy"),
         (lambda: HybridClient(local="llama"), "local"),

@@ -33,21 +33,22 @@ def choose_plan(
     policy: Policy,
     fallback_ttft_s: float | None,
     routing: Gatherer,
+    backups: tuple[Engine, ...] = (),
 ) -> Plan:
     """The plan for this request: the registered plan `decision.plan` names, built from the
     request's `PlanContext` (`engines`: the ones it may use, the cloud already bound to the
     request's guard context). A registered plan whose capabilities the primary lacks runs as
     the decision's own single or hedge plan would."""
-    ctx = PlanContext(decision, engines, request, policy, fallback_ttft_s, routing)
+    ctx = PlanContext(decision, engines, request, policy, fallback_ttft_s, routing, backups)
     spec = plan_spec(decision.plan)
     if spec is None or not spec.fits(ctx):
-        spec = _builtin_hedge if decision.fallback is not None else _builtin_single
+        spec = _builtin_hedge if decision.fallback is not None or backups else _builtin_single
     return spec.build(ctx)
 
 
 def _single(ctx: PlanContext) -> Plan:
     request = _with_call_bounds(ctx.decision, ctx.request, ctx.policy)
-    if ctx.decision.fallback is not None:
+    if ctx.decision.fallback is not None or ctx.backups:
         return _race(ctx)
     return partial(
         single, engine=ctx.primary, request=request, reason=ctx.decision.reason, stall_s=ctx.stall_s
@@ -55,12 +56,18 @@ def _single(ctx: PlanContext) -> Plan:
 
 
 def _race(ctx: PlanContext) -> Plan:
-    decision = ctx.decision
-    assert decision.fallback is not None
+    """The race; with no fallback of the decision's own, the first backup cloud is it (started
+    on the primary's failure, or at the deadline)."""
+    decision, backups = ctx.decision, ctx.backups
+    if decision.fallback is not None:
+        fallback = ctx.engines[decision.fallback]
+    else:
+        fallback, backups = backups[0], backups[1:]
     return partial(
         race,
         primary=ctx.primary,
-        fallback=ctx.engines[decision.fallback],
+        fallback=fallback,
+        backups=backups,
         request=_with_call_bounds(decision, ctx.request, ctx.policy),
         deadline_s=decision.deadline_s,
         reason=decision.reason,

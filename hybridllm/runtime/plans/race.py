@@ -24,9 +24,17 @@ a buffer beside the primary on a shared device, and on the release the same engi
 the held text (`assistant_prefix`), after the held token has gone out.
 
 Once an engine is streaming, a failure (reset, error event) or a stall longer than the policy's
-inter-token limit (`StallError`) moves the answer to the other engine, which continues from the
+inter-token limit (`StallError`) moves the answer to the next engine, which continues from the
 text already delivered (given as the start of the assistant turn): nothing repeated, nothing
-dropped. That happens once; a continuation that fails too ends the request.
+dropped. Each engine gets the answer at most once; a continuation that fails with no engine
+left ends the request.
+
+More than one cloud (`backups`: the policy's other clouds that can serve now, in its order): the
+engines are tried in one order, the chain: a cloud primary, the other clouds, then the device's
+engine; a device primary, then the clouds. A failure before the first token starts the next
+engine in the chain that has not started; a rescue's hold (the device's engine) lasts while
+another cloud may still answer. A mid-stream failure moves the answer to the next engine in the
+chain that has not failed (a backup cloud takes it where it can continue an answer).
 
 One coordinator, `_Race.serve()`, owns the race's state: each contender's task and the timer
 task only post items (`ContenderItem`, `_TimerFired`) to it, and it handles them one at a time,
@@ -39,6 +47,7 @@ import contextlib
 import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -132,6 +141,7 @@ async def race(
     fallback_ttft_s: float | None = None,
     failover: bool = True,
     release_s: float | None = None,
+    backups: Sequence[Engine] = (),
 ) -> None:
     """Run the race. `fallback_now`: start the fallback at once too, in parallel (the routing
     decision predicts the primary misses the deadline; `parallel_reason` says so in words).
@@ -139,7 +149,8 @@ async def race(
     no lead, the fallback starts at the deadline itself). `failover`: whether an answer that
     fails mid-stream may continue on the other engine (the decision says no where an engine
     cannot continue an answer). `release_s`: the fallback is a rescue, its tokens held until
-    this long after the call or the primary's failure (None: the first token wins)."""
+    this long after the call or the primary's failure (None: the first token wins). `backups`:
+    the other clouds, in order (see the module)."""
     if fallback_now:
         why = reason  # the fallback starts now: no deadline to wait for
     elif deadline_s is None:
@@ -158,6 +169,7 @@ async def race(
             stall_s=stall_s,
             failover=failover,
             release_s=release_s,
+            backups=backups,
         )
         parallel = (fallback_now, parallel_reason)
         await r.serve(hedge_s=hedge_s, parallel=parallel, fallback_ttft_s=fallback_ttft_s)
@@ -179,11 +191,16 @@ class _Race:
         stall_s: float | None,
         failover: bool = True,
         release_s: float | None = None,
+        backups: Sequence[Engine] = (),
     ) -> None:
         self.run = run
         self.failover = failover
         self.primary = primary
         self.fallback = fallback
+        self.backups = tuple(backups)
+        ahead = [fallback, *backups] if primary.info().on_device else [*backups, fallback]
+        self.chain: tuple[Engine, ...] = (primary, *ahead)  # the order engines are tried in
+        self.gave_up: list[Engine] = []  # the engines that failed while serving the answer
         self.request = request
         self.tg = tg
         self.deadline_s = deadline_s
@@ -293,8 +310,9 @@ class _Race:
             self.crown(cid)
         if isinstance(chunk, Mark) and chunk.name in ("paused", "resumed"):
             self.paused = chunk.name == "paused"  # waiting for the device is not a stall
-            name = self.contenders[cid].engine.name
-            if self.paused and name == "local" and self.fail_over(_preempted(name)):
+            engine = self.contenders[cid].engine
+            on_device = engine.info().on_device
+            if self.paused and on_device and self.fail_over(_preempted(engine.name)):
                 self.paused = False  # moved to the other engine (where the policy allows it)
                 return
         self.run.deliver(self.contenders[cid].engine.name, chunk)
@@ -328,10 +346,13 @@ class _Race:
                 self._fail(self.all_failed() if self.failovers else exc)
             return
         self.failed.add(cid)
-        if self.contenders[cid].engine is self.primary:
+        failed = self.contenders[cid].engine
+        if failed is not self.fallback or not self.rescuing:
             cause: FallbackCause = "refused" if isinstance(exc, RefusedError) else "failed"
-            self.start_fallback(f"{self.primary.name} {cause} before its first token: {exc}", cause)
-            self.release()  # a rescue waits no more
+            why = f"{failed.name} {cause} before its first token: {exc}"
+            self.start_next(why, cause, failed)
+            if not self._cloud_running():
+                self.release()  # a rescue waits no more: no cloud is left to answer
         if self.failed == set(self.contenders):
             self._fail(self.all_failed())  # every engine that was tried has failed
 
@@ -389,21 +410,47 @@ class _Race:
     def start(self, engine: Engine, request: GenerationRequest, role: SpendRole = "primary") -> int:
         cid = next(self.ids)
         self.contenders[cid] = c = _Contender(engine, anyio.CancelScope(), role)
-        if engine is not self.primary and role != "continuation" and self.release_at is not None:
+        if engine is self.fallback and role != "continuation" and self.rescuing:
             c.held = []  # a rescue: what it sends waits for the release
         self.run.started(engine.name)
         self.tg.start_soon(self._contend, cid, c, request)
         return cid
 
+    @property
+    def rescuing(self) -> bool:
+        """The fallback is a rescue whose tokens are held (a quality decision)."""
+        return self.release_at is not None
+
+    def _started(self, engine: Engine) -> bool:
+        return any(c.engine is engine for c in self.contenders.values())
+
+    def _cloud_running(self) -> bool:
+        """Is a cloud other than a held rescue still running (it may yet answer)?"""
+        return any(
+            cid not in self.failed and c.held is None and not c.engine.info().on_device
+            for cid, c in self.contenders.items()
+        )
+
     def start_fallback(self, why: str, cause: FallbackCause) -> None:
         """Start the fallback beside the primary: on the deadline or a failure, by a hedge, or
         in parallel from the start (a predicted deadline miss)."""
-        if any(c.engine is self.fallback for c in self.contenders.values()):
+        self._start_engine(self.fallback, why, cause, self.primary)
+
+    def start_next(self, why: str, cause: FallbackCause, after: Engine) -> None:
+        """`after` failed before its first token: start the next engine in the chain that has
+        not started (a backup cloud before the device's engine)."""
+        for engine in self.chain:
+            if not self._started(engine):
+                self._start_engine(engine, why, cause, after)
+                return
+
+    def _start_engine(self, engine: Engine, why: str, cause: FallbackCause, after: Engine) -> None:
+        if self._started(engine):
             return
         self.run.mark("fallback_started")
         role: SpendRole = _FALLBACK_ROLES.get(cause, "fallback")
-        self.run.fell_back(self.primary.name, self.fallback.name, why, cause)
-        self.start(self.fallback, self.request, role)
+        self.run.fell_back(after.name, engine.name, why, cause)
+        self.start(engine, self.request, role)
 
     def crown(self, cid: int) -> None:
         """`cid` delivered first: cancel the others and the timer, replay its marks."""
@@ -435,15 +482,30 @@ class _Race:
                 miss = DeadlineMissError("no token before the deadline", engine=self.primary.name)
                 self.run.outcome(self.primary.name, miss)
 
+    def _next_for(self, failed: Engine) -> Engine | None:
+        """The engine that goes on from an answer `failed` dropped: the next in the chain that
+        has not failed serving it (the primary and the fallback where the decision allows a
+        failover; a backup cloud where it can continue an answer); None: none is left."""
+        self.gave_up.append(failed)
+        for engine in self.chain:
+            if any(engine is g for g in self.gave_up):
+                continue
+            backup = any(engine is b for b in self.backups)
+            if engine.info().supports_continuation if backup else self.failover:
+                return engine
+        return None
+
     def fail_over(self, exc: Exception) -> bool:
-        """The winner failed mid-stream: continue on the other engine from the delivered text
-        (once per request). False: no failover is left, or a tool call was delivered (a call
+        """The winner failed mid-stream: continue on the next engine from the delivered text
+        (each engine once). False: no engine is left, or a tool call was delivered (a call
         is whole: the other engine cannot continue an answer past it)."""
         wid = self.winner
-        if wid is None or not self.failover or self.failovers >= 1 or self.run.calls:
+        if wid is None or self.run.calls:
             return False
         old = self.contenders[wid]
-        other = self.fallback if old.engine is self.primary else self.primary
+        other = self._next_for(old.engine)
+        if other is None:
+            return False
         self.failovers += 1
         self.failed.add(wid)
         delivered = self.run.delivered_text

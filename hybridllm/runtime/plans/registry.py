@@ -50,6 +50,9 @@ class PlanContext:
     policy: Policy
     fallback_ttft_s: float | None
     routing: Gatherer
+    # the policy's other clouds that can serve now, in its order (bound to the request's
+    # context): where the serving cloud fails, the next one goes on before the device
+    backups: tuple[Engine, ...] = ()
 
     @property
     def primary(self) -> Engine:
