@@ -257,7 +257,8 @@ class HybridClient:
         self._guards = _guards(roster, privacy, ledger, prices, budget_caps, judge)
         self.privacy: PrivacyMode = privacy
         self.policies = PolicyCache(policy_dirs)
-        self.policy = roster.bind(self.policies.get(policy))  # names it lacks: PolicyError
+        self.policy = self.policies.get(policy)
+        roster.check(self.policy)  # an engine it names that the client lacks: PolicyError
         preload = _ner_preload(self.policy.under_client(privacy))
         for guard in self._guards.values():  # its start() loads the privacy scan's NER pipelines
             guard.preload_privacy = preload
@@ -392,8 +393,8 @@ class HybridClient:
             )
         ticket = self._ticket(messages, args, streamed=streamed)
         send, recv = anyio.create_memory_object_stream[StreamItem](math.inf)
-        run = RequestRun(Trace(policy=ticket.policy.name), send, self._outcome)
-        trace = run.trace
+        trace = Trace(policy=ticket.policy.name, device=self._roster.device)
+        run = RequestRun(trace, send, self._outcome)
         self._runs.add(run)
         if self.decision_log is not None:
             with self._log_lock:

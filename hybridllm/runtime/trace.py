@@ -101,6 +101,8 @@ class Trace:
     cascade: CascadeRecord | None = None
     spent: Sequence[Spend] = ()  # settled cloud requests, in order
     started: Sequence[EngineName] = ()  # engines that ran, in order
+    # the client's engine on the device, by name (None: it had none): every other is a cloud
+    device: EngineName | None = "local"
     retries: int = 0  # retried attempts before the first token
     # mid-stream switches to the other engine, in order (each has its fallback record too)
     switches: Sequence[Switch] = ()
@@ -317,17 +319,25 @@ class Trace:
         kept to its bound; above 0: the ledger has closed the caps they were under)."""
         return sum(s.overrun_usd for s in self.spent)
 
+    def on_cloud(self, engine: EngineName | None) -> bool:
+        """Is `engine` (a name in this trace) a cloud, not the device's?"""
+        return engine is not None and engine != self.device
+
     @property
     def cloud_cancelled(self) -> bool:
         """A cloud request of this request started and was cancelled before it served a token:
         another engine won the race (a parallel start, a hedge, a rescue). It is a cost: the
         guard bills its prompt (`spent`, under its role), and `Policy.parallel_cloud_share`
         counts it."""
-        if "cloud" not in self.started or self.engine in (None, "cloud"):
+        if not any(map(self.on_cloud, self.started)) or self.engine is None:
             return False
+        served = {self.engine, *(s.engine for s in self.spans)}
+        if not any(e not in served for e in self.started if self.on_cloud(e)):
+            return False  # every cloud started served some of the answer
         if self.handoff is not None or self.speculation is not None:
             return False  # the cloud's work there is the plan's own (its records say what)
-        return not any("cloud" in (s.from_engine, s.to_engine) for s in self.switches)
+        switched = {e for s in self.switches for e in (s.from_engine, s.to_engine)}
+        return not any(self.on_cloud(e) for e in switched)
 
     @property
     def parallel_cost_usd(self) -> float | None:

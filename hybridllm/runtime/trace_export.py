@@ -38,6 +38,7 @@ def _identity(t: Trace) -> dict[str, Any]:
         "plan": t.plan,
         "objective": t.objective,
         "engine": t.engine,
+        "device": t.device,
         "route_reason": t.route_reason,
         "decision": list(t.reasons),
         "reason_codes": list(t.reason_codes),

@@ -68,6 +68,7 @@ def _identity(t: Trace, d: Row) -> None:
         t.request_id = d["request_id"]
     t.policy, t.plan, t.objective = d.get("policy"), d.get("plan"), d.get("objective")
     t.engine, t.route_reason = d.get("engine"), d.get("route_reason") or ""
+    t.device = d.get("device", "local")  # a row from before engines had names: "local"
     t.decision = _decision(d.get("routing_decision"))
     t.finish_reason = d.get("finish_reason")
     err = d.get("error")

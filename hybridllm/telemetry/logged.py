@@ -33,7 +33,7 @@ def samples_from_columns(row: Mapping[str, Any]) -> Samples:
         requests=1,
         failures=int(row.get("error_kind") is not None),
         fallbacks=int(bool(row.get("fallback"))),
-        cloud_answers=int(engine == "cloud"),
+        cloud_answers=int(engine == "cloud"),  # a row without a trace: the two-engine names
         cloud_started=int(engine == "cloud" or row.get("route") == "cloud"),
     )
     whole: MetricValues = {"ttft_ms": [row.get("ttft_ms")], "tpot_ms": [row.get("tpot_ms")]}

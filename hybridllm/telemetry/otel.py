@@ -52,7 +52,6 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from hybridllm import clock
-from hybridllm.events import EngineName
 from hybridllm.runtime.trace import Attempt, Spend, Trace
 
 PREFIX = "hybridllm."  # every attribute of hybridllm's own
@@ -60,10 +59,7 @@ OPERATION = ga.GenAiOperationNameValues.CHAT.value
 LOCAL_PROVIDER = (
     "llama_cpp"  # ours: 0.66b2 lists no value for llama.cpp (custom values MAY be used)
 )
-PROVIDERS: dict[EngineName, str] = {
-    "local": LOCAL_PROVIDER,
-    "cloud": ga.GenAiProviderNameValues.OPENAI.value,
-}
+CLOUD_PROVIDER = ga.GenAiProviderNameValues.OPENAI.value  # an OpenAI-compatible endpoint
 # the conventions' bucket advice (docs/gen-ai/gen-ai-metrics.md, ExplicitBucketBoundaries)
 DURATION_BUCKETS_S = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24]
 DURATION_BUCKETS_S += [20.48, 40.96, 81.92]
@@ -150,7 +146,7 @@ class OtelRecorder:
         context = trace.set_span_in_context(parent)
         usage = _attempt_usage(trace_)
         for i, attempt in enumerate(trace_.attempts):
-            gen_ai = not (shadowed and attempt.engine == "cloud")
+            gen_ai = not (shadowed and trace_.on_cloud(attempt.engine))
             self._attempt_span(trace_, attempt, usage[i], context, gen_ai, end)
             if gen_ai:
                 self._metrics(trace_, attempt, usage[i])
@@ -175,7 +171,8 @@ class OtelRecorder:
         gen_ai: bool,
         end: float,
     ) -> None:
-        kind = SpanKind.CLIENT if gen_ai and attempt.engine == "cloud" else SpanKind.INTERNAL
+        cloud = trace_.on_cloud(attempt.engine)
+        kind = SpanKind.CLIENT if gen_ai and cloud else SpanKind.INTERNAL
         name = f"{OPERATION} {attempt.model}" if gen_ai else f"hybridllm.attempt {attempt.engine}"
         attrs = _own_attempt_attributes(attempt, usage)
         if gen_ai:
@@ -188,7 +185,7 @@ class OtelRecorder:
         span.end(end_time=_ns(trace_, attempt.t_end if attempt.t_end is not None else end))
 
     def _metrics(self, trace_: Trace, attempt: Attempt, usage: _Usage) -> None:
-        common = _metric_attributes(attempt)
+        common = _metric_attributes(trace_, attempt)
         ins = self._instruments
         if attempt.outcome != "cancelled" and attempt.t_end is not None:
             failed = _error_type(attempt.error_type) if attempt.outcome == "failed" else None
@@ -225,10 +222,11 @@ def _error_type(cls: type[BaseException] | None) -> str | None:
     return None if cls is None else cls.__name__
 
 
-def _metric_attributes(attempt: Attempt) -> Attributes:
+def _metric_attributes(trace_: Trace, attempt: Attempt) -> Attributes:
+    cloud = trace_.on_cloud(attempt.engine)
     return {
         ga.GEN_AI_OPERATION_NAME: OPERATION,
-        ga.GEN_AI_PROVIDER_NAME: PROVIDERS[attempt.engine],
+        ga.GEN_AI_PROVIDER_NAME: CLOUD_PROVIDER if cloud else LOCAL_PROVIDER,
         ga.GEN_AI_REQUEST_MODEL: attempt.model,
     }
 
@@ -249,7 +247,7 @@ def _gen_ai_attempt_attributes(trace_: Trace, attempt: Attempt, usage: _Usage) -
     served = attempt is _serving_attempt(trace_)
     first = None if attempt.t_first is None else attempt.t_first - attempt.t_start
     return {
-        **_metric_attributes(attempt),
+        **_metric_attributes(trace_, attempt),
         ga.GEN_AI_REQUEST_STREAM: True,
         ga.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: first,
         ga.GEN_AI_RESPONSE_FINISH_REASONS: (
@@ -330,7 +328,7 @@ def _attempt_usage(trace_: Trace) -> list[_Usage]:
     serving = _serving_attempt(trace_)
     out = []
     for attempt in trace_.attempts:
-        mine = spends.get(attempt.role) if attempt.engine == "cloud" else None
+        mine = spends.get(attempt.role) if trace_.on_cloud(attempt.engine) else None
         if mine:
             s = mine.pop(0)
             out.append(_Usage(s.prompt_tokens, s.completion_tokens, s.usd))
