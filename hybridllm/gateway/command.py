@@ -10,6 +10,12 @@ non-blank and REQUIRED when `--host` is not loopback (from `$HYBRIDLLM_GATEWAY_K
 cloud comes from `$OPENAI_BASE_URL`, `$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads
 them; `--cloud-url` and `--cloud-model` override them. With neither a URL nor a key the gateway
 serves the local model only, and says so at start.
+
+More than one cloud: `--cloud NAME=URL`, repeated, names each (in the order the default policy
+tries them), with `--cloud-model NAME=MODEL` and its key from `--cloud-key NAME=KEY` or
+`$HYBRIDLLM_KEY_<NAME>` (the name upper-cased, "-" and "." as "_"; else `$OPENAI_API_KEY`).
+Policies name them (`prefer = "NAME"`, `fallback_order`); the start banner and `/healthz` list
+each.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from hybridllm.client import HybridClient
+    from hybridllm.engines.base import Engine
     from hybridllm.events import EngineName
     from hybridllm.guard.budget import Ledger
     from hybridllm.guard.prices import Prices
@@ -53,7 +60,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"the local model: a manifest name or a GGUF path (default: {DEFAULT_LOCAL_MODEL})",
     )
     p.add_argument("--cloud-url", metavar="URL", help="the cloud endpoint ($OPENAI_BASE_URL)")
-    p.add_argument("--cloud-model", metavar="NAME", help="the cloud's model ($OPENAI_MODEL)")
+    p.add_argument(
+        "--cloud-model",
+        metavar="MODEL",
+        action="append",
+        default=[],
+        help="the cloud's model ($OPENAI_MODEL); NAME=MODEL for a --cloud NAME (repeatable)",
+    )
+    p.add_argument(
+        "--cloud",
+        metavar="NAME=URL",
+        action="append",
+        default=[],
+        help="a named cloud endpoint, in the order tried (repeatable; instead of --cloud-url)",
+    )
+    p.add_argument(
+        "--cloud-key",
+        metavar="NAME=KEY",
+        action="append",
+        default=[],
+        help="a named cloud's key (default: $HYBRIDLLM_KEY_<NAME>, else $OPENAI_API_KEY)",
+    )
     p.add_argument(
         "--api-key",
         metavar="KEY",
@@ -91,6 +118,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
+class CloudSpec:
+    """A named cloud of `--cloud NAME=URL`: its endpoint, model and key (None: the defaults)."""
+
+    name: str
+    url: str
+    model: str | None
+    key: str | None
+
+
+@dataclass(frozen=True)
 class Settings:
     """The checked arguments: what `run` builds the gateway from."""
 
@@ -107,6 +144,7 @@ class Settings:
     limits: GatewayLimits
     n_threads: int | None
     log_level: str
+    clouds: tuple[CloudSpec, ...] = ()  # named clouds (`--cloud`), in order
 
 
 def check(args: argparse.Namespace) -> Settings:
@@ -121,14 +159,15 @@ def check(args: argparse.Namespace) -> Settings:
         validate.integer("--n-threads", args.n_threads, minimum=1)
     limits = _limits(args)
     key = _api_key(args.api_key, args.host)
-    cloud_url = args.cloud_url or os.environ.get("OPENAI_BASE_URL") or None
-    if cloud_url is not None and (
-        urlsplit(cloud_url).scheme not in ("http", "https") or not urlsplit(cloud_url).netloc
-    ):
-        raise errors.InvalidArgumentError("--cloud-url", cloud_url, "an http(s):// URL")
-    if args.cloud_model is not None:
-        validate.text("--cloud-model", args.cloud_model)
-    cloud = cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY"))
+    clouds = _clouds(args)
+    single_model = [m for m in args.cloud_model if "=" not in m]
+    cloud_model = single_model[-1] if single_model else None
+    cloud_url = None if clouds else args.cloud_url or os.environ.get("OPENAI_BASE_URL") or None
+    if cloud_url is not None:
+        _url("--cloud-url", cloud_url)
+    if cloud_model is not None:
+        validate.text("--cloud-model", cloud_model)
+    cloud = not clouds and (cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY")))
     ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
     prices = None if args.prices is None else _prices(args.prices)
     dlog = args.decision_log
@@ -140,7 +179,7 @@ def check(args: argparse.Namespace) -> Settings:
         args.port,
         args.local,
         cloud_url,
-        args.cloud_model,
+        cloud_model,
         cloud,
         key,
         ledger,
@@ -149,7 +188,55 @@ def check(args: argparse.Namespace) -> Settings:
         limits,
         args.n_threads,
         args.log_level,
+        clouds,
     )
+
+
+def _url(option: str, url: str) -> str:
+    split = urlsplit(url)
+    if split.scheme not in ("http", "https") or not split.netloc:
+        raise errors.InvalidArgumentError(option, url, "an http(s):// URL")
+    return url
+
+
+def _pairs(option: str, values: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` options by name (a name given twice, a bad name, no "=": the option's
+    `InvalidArgumentError`)."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, eq, rest = value.partition("=")
+        if not eq or not rest.strip():
+            raise errors.InvalidArgumentError(option, value, "NAME=VALUE")
+        validate.engine_name(option, name)
+        if name in out:
+            raise errors.InvalidArgumentError(option, value, f"{name!r} once")
+        out[name] = rest
+    return out
+
+
+def _clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
+    """The named clouds (`--cloud NAME=URL`), each with its model and key."""
+    urls = _pairs("--cloud", args.cloud)
+    models = _pairs("--cloud-model", [m for m in args.cloud_model if "=" in m])
+    keys = _pairs("--cloud-key", args.cloud_key)
+    for option, named in (("--cloud-model", models), ("--cloud-key", keys)):
+        for name in named:
+            if name not in urls:
+                raise errors.InvalidArgumentError(option, name, "a NAME given by --cloud NAME=URL")
+    if urls and args.cloud_url:
+        raise errors.InvalidArgumentError("--cloud-url", args.cloud_url, "absent with --cloud")
+    if "local" in urls:
+        raise errors.InvalidArgumentError("--cloud", "local", "a name other than 'local'")
+    return tuple(
+        CloudSpec(name, _url("--cloud", url), models.get(name), keys.get(name) or _key_env(name))
+        for name, url in urls.items()
+    )
+
+
+def _key_env(name: str) -> str | None:
+    """`$HYBRIDLLM_KEY_<NAME>` (upper-cased, "-" and "." as "_"), if set."""
+    env = "HYBRIDLLM_KEY_" + name.upper().replace("-", "_").replace(".", "_")
+    return os.environ.get(env) or None
 
 
 def _prices(path: str) -> Prices:
@@ -231,12 +318,15 @@ def build_client(settings: Settings) -> HybridClient:
     from hybridllm.engines.openai_engine import OpenAIEngine
 
     local = LlamaCppEngine(settings.local, n_threads=settings.n_threads)
-    cloud = None
+    engines: dict[str, Engine] = {"local": local}
     if settings.cloud:
-        cloud = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
+        engines["cloud"] = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
+    for spec in settings.clouds:
+        engines[spec.name] = OpenAIEngine(
+            base_url=spec.url, api_key=spec.key, model=spec.model, name=spec.name
+        )
     return HybridClient(
-        local=local,
-        cloud=cloud,
+        engines=engines,
         ledger=settings.ledger,
         prices=settings.prices,
         decision_log=settings.decision_log,
@@ -262,14 +352,16 @@ def describe(settings: Settings, client: HybridClient) -> str:
     lines = [f"hybridllm gateway on http://{settings.host}:{settings.port}/v1"]
     lines.append(f"  playground: http://{settings.host}:{settings.port}/ (open it in a browser)")
     lines.append(f"  local: {settings.local}")
-    cloud = client.engines.get("cloud")
-    if cloud is None:
+    urls = {spec.name: spec.url for spec in settings.clouds}
+    urls["cloud"] = settings.cloud_url or "the OpenAI API"
+    clouds = [(n, e) for n, e in client.engines.items() if e is not client.local]
+    if not clouds:
         lines.append(
             "  cloud: none configured (set OPENAI_BASE_URL / OPENAI_API_KEY or --cloud-url): "
             "serving the local model only"
         )
-    else:
-        lines.append(f"  cloud: {cloud.info().model} at {settings.cloud_url or 'the OpenAI API'}")
+    for name, engine in clouds:
+        lines.append(f"  {name}: {engine.info().model} at {urls.get(name, '?')}")
     auth = "a key is required" if settings.api_key else "no key (loopback only)"
     lines.append(f"  auth: {auth}; at most {settings.limits.max_concurrency} requests at once")
     return "\n".join(lines)

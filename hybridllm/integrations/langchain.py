@@ -269,7 +269,7 @@ def _checked_request(policy: Policy, request: Mapping[str, Any]) -> dict[str, An
     if "policy" in request:
         raise errors.InvalidArgumentError("request.policy", request["policy"], "absent: policy=")
     if request.get("engine") is not None:
-        validate.one_of("engine", request["engine"], ("local", "cloud"))
+        validate.engine_name("engine", request["engine"])  # the client's: a side or a name
     probe = validate.messages([{"role": "user", "content": "?"}])
     build_request(probe, policy, cast("RequestArgs", request))  # raises on a bad value
     return dict(request)

@@ -48,9 +48,15 @@ __all__ = ["checked"]
 
 
 async def checked(
-    chunks: AsyncGenerator[Chunk, None], request: GenerationRequest, engine: str
+    chunks: AsyncGenerator[Chunk, None],
+    request: GenerationRequest,
+    engine: str,
+    *,
+    on_device: bool | None = None,
 ) -> AsyncGenerator[Chunk, None]:
-    """`chunks`, with every tool call and JSON answer checked (the stream is always closed)."""
+    """`chunks`, with every tool call and JSON answer checked (the stream is always closed).
+    `on_device`: the engine runs on the device (None: the engine named "local" does)."""
+    local = engine == "local" if on_device is None else on_device
     spec = request.tools
     echoed = _tool_result(request)
     if echoed is not None:
@@ -70,7 +76,7 @@ async def checked(
                 check_call(spec, chunk.name, chunk.arguments, engine=engine)
                 # the bounds judge the local engine's first call: once a call is delivered,
                 # the answer cannot move any more
-                if not calls and engine == "local":
+                if not calls and local:
                     _sure(spec, chunk, engine)
                     _fits(request, spec, chunk, engine)
                 calls, sniff = calls + 1, False

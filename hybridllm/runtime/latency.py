@@ -336,12 +336,14 @@ class LatencyModel:
         times = trace.token_times
         local = [t for t in times if rec.switched_t is None or t < rec.switched_t]
         tpot = (local[-1] - local[0]) / (len(local) - 1) if len(local) >= 3 else None
-        self.engine("local").observe(prompt_tokens, trace.produced_ttft_ms / 1e3, tpot_s=tpot)
+        local_name = trace.device or "local"
+        self.engine(local_name).observe(prompt_tokens, trace.produced_ttft_ms / 1e3, tpot_s=tpot)
         if rec.switched_t is None:
             return
+        cloud_name = next((e for e in trace.started if trace.on_cloud(e)), "cloud")
         cloud = [t for t in times if t >= rec.switched_t]
         tpot = (cloud[-1] - cloud[0]) / (len(cloud) - 1) if len(cloud) >= 3 else None
-        self.engine("cloud").observe(prompt_tokens, rec.switched_t - rec.asked_t, tpot_s=tpot)
+        self.engine(cloud_name).observe(prompt_tokens, rec.switched_t - rec.asked_t, tpot_s=tpot)
 
     @staticmethod
     def _start_offset(trace: Trace, engine: EngineName) -> float:

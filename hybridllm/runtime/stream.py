@@ -365,7 +365,8 @@ class RequestRun:
             if request.assistant_prefix:  # a continuation: its seam judged before delivery
                 own = self._authors <= {engine.name}  # it goes on from its own text only
                 raw = seamed(raw, request.assistant_prefix, engine.name, self.rec.seam, own=own)
-            async with aclosing(checked(raw, request, engine.name)) as chunks:
+            on_device = engine.info().on_device
+            async with aclosing(checked(raw, request, engine.name, on_device=on_device)) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, Finish):
                         attempt.finish = chunk

@@ -11,8 +11,8 @@ from hybridllm.errors import (
     CloudConnectionError,
     ConfigError,
     InvalidArgumentError,
-    PrivacyBlockedError,
     PolicyError,
+    PrivacyBlockedError,
     ServerError,
 )
 from hybridllm.events import Event
@@ -99,13 +99,19 @@ async def test_a_policy_naming_an_engine_the_client_lacks_is_refused(
 @pytest.mark.parametrize(
     ("make", "error"),
     [
-        (lambda: {"a": ScriptedEngine("a", on_device=True), "b": ScriptedEngine("b", on_device=True)}, ConfigError),  # noqa: E501
+        (
+            lambda: {
+                "a": ScriptedEngine("a", on_device=True),
+                "b": ScriptedEngine("b", on_device=True),
+            },
+            ConfigError,
+        ),  # noqa: E501
         (lambda: {"local": ScriptedEngine("x", on_device=False)}, ConfigError),
         (lambda: {"cloud": ScriptedEngine("x", on_device=True)}, ConfigError),
         (lambda: {"auto": ScriptedEngine("x")}, InvalidArgumentError),
         (lambda: {"two words": ScriptedEngine("x")}, InvalidArgumentError),
         (lambda: {"a": "not an engine"}, InvalidArgumentError),
-        (lambda: {}, InvalidArgumentError),
+        (dict, InvalidArgumentError),
     ],
 )
 def test_the_engines_are_checked_when_the_client_is_made(make: object, error: type) -> None:
@@ -121,8 +127,11 @@ def test_engines_and_the_shorthand_do_not_mix() -> None:
 # ---- failover across clouds -----------------------------------------------------------------
 
 
-async def test_a_cloud_failing_before_its_first_token_goes_to_the_next_cloud_not_the_device() -> None:
-    engines = trio([0.05, ServerError("500", status_code=500)], [0.1, "fast answer"])
+SERVER_ERROR = ServerError("500", status_code=500)
+
+
+async def test_a_cloud_failing_before_its_first_token_goes_to_the_next_cloud() -> None:
+    engines = trio([0.05, SERVER_ERROR], [0.1, "fast answer"])
     async with HybridClient(engines=engines, policy=QUALITY, router=None) as client:
         events, trace = await events_of(client)
     assert text_by_engine(events) == [("fast", "fast answer")]
@@ -132,7 +141,7 @@ async def test_a_cloud_failing_before_its_first_token_goes_to_the_next_cloud_not
 
 
 async def test_every_cloud_failing_leaves_the_answer_to_the_device() -> None:
-    engines = trio([0.05, ServerError("500", status_code=500)], [0.05, CloudConnectionError("refused")])
+    engines = trio([0.05, SERVER_ERROR], [0.05, CloudConnectionError("refused")])
     async with HybridClient(engines=engines, policy=QUALITY, router=None) as client:
         events, _ = await events_of(client)
     assert text_by_engine(events) == [("local", "device")]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hybridllm import errors
+from hybridllm import HybridClient, errors
 from hybridllm.cli.main import main
 from hybridllm.gateway.limits import GatewayLimits, is_loopback
 from hybridllm.gateway.wire import chat_call
@@ -156,6 +156,13 @@ def one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--max-concurrency", "0"], "--max-concurrency"),
         (["--cors-origin", "example.com"], "--cors-origin"),
         (["--cloud-url", "ftp://x"], "--cloud-url"),
+        (["--cloud", "fast"], "--cloud"),
+        (["--cloud", "fast=ftp://x"], "--cloud"),
+        (["--cloud", "9x=http://x"], "--cloud"),
+        (["--cloud", "a=http://x", "--cloud", "a=http://y"], "--cloud"),
+        (["--cloud", "a=http://x", "--cloud-url", "http://y"], "--cloud-url"),
+        (["--cloud", "a=http://x", "--cloud-key", "b=k"], "--cloud-key"),
+        (["--cloud", "a=http://x", "--cloud-model", "b=m"], "--cloud-model"),
         (["--ledger", "redis://127.0.0.1:1/0"], "--ledger"),  # nothing listens there
         (["--ledger", "ftp://x"], "--ledger"),
         (["--decision-log", "redis://127.0.0.1:1/0"], "--decision-log"),  # nothing listens
@@ -174,3 +181,29 @@ def test_serve_checks_every_argument_before_anything_loads(
 
 def _never(*_: object) -> None:
     raise AssertionError("the client was built before the arguments were checked")
+
+
+def test_named_clouds_each_take_their_model_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--cloud NAME=URL` repeated: the clouds in order, each engine named so, its model from
+    `--cloud-model NAME=MODEL` and its key from `--cloud-key` or `$HYBRIDLLM_KEY_<NAME>`."""
+    import argparse
+
+    from hybridllm.engines.openai_engine import OpenAIEngine
+    from hybridllm.gateway.command import _clouds, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    monkeypatch.setenv("HYBRIDLLM_KEY_SMART_ONE", "sk-env")
+    args = parser.parse_args(
+        ["--cloud", "fast=http://127.0.0.1:9/v1", "--cloud", "smart-one=https://x.test/v1"]
+        + ["--cloud-model", "fast=m-small", "--cloud-key", "fast=sk-flag"]
+    )
+    clouds = _clouds(args)
+    assert [(c.name, c.url, c.model, c.key) for c in clouds] == [
+        ("fast", "http://127.0.0.1:9/v1", "m-small", "sk-flag"),
+        ("smart-one", "https://x.test/v1", None, "sk-env"),
+    ]
+    engines = {c.name: OpenAIEngine(base_url=c.url, api_key=c.key, model=c.model) for c in clouds}
+    client = HybridClient(engines=engines, router=None)
+    assert list(client.engines) == ["fast", "smart-one"] and client.local is None
+    assert [e.name for e in client.engines.values()] == ["fast", "smart-one"]

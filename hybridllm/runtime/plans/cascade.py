@@ -350,7 +350,7 @@ def _start_buffered(
     """Start the cloud now; its chunks wait in a buffer until the cascade decides."""
     send, recv = anyio.create_memory_object_stream[Chunk | Exception | None](math.inf)
     why = "cascade: stage 1 is unsure, the cloud starts at once"
-    run.fell_back(run.trace.engine or "local", cloud.name, why, "parallel")
+    run.fell_back(run.trace.engine or run.trace.device or "local", cloud.name, why, "parallel")
 
     async def go() -> None:
         with scope, send:

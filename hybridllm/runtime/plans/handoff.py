@@ -236,7 +236,7 @@ class _Handoff:
         elif cid == self.cloud_id and self.phase == "hold":
             if is_content(chunk):
                 self.switch()
-                self.run.deliver("cloud", chunk)
+                self.run.deliver(self.cloud.name, chunk)
 
     def _on_finish(self, cid: int, finish: Finish) -> None:
         if cid == self.serving and self.phase != "hold":
@@ -329,7 +329,7 @@ class _Handoff:
         self.failed_back = True
         old = self.serving
         self.scopes[old].cancel()
-        self.run.switched("cloud", "local", exc)
+        self.run.switched(self.cloud.name, self.local.name, exc)
         n = self.run.trace.n_tokens
         self.serving = self.start(self.local, self.continuation(n), "continuation")
         self.local_id, self.phase, self.finish = self.serving, "local-only", None

@@ -227,7 +227,7 @@ def build_speculative(ctx: PlanContext) -> Plan:
         cloud=ctx.engines["cloud"],
         state=routing.speculation,
         # the prior until the cloud has streamed here
-        cloud_tpot_s=routing.latency.engine("cloud").tpot()[0],
+        cloud_tpot_s=routing.latency.engine(ctx.engines["cloud"].name).tpot()[0],
         show_drafts=spec.show_drafts,
         failover=decision.failover,
         stall_s=ctx.stall_s,

@@ -241,7 +241,7 @@ class Rounds:
         a.billed_prompt += verdict.prompt_tokens
         text, stopped = _apply_stop(a.text, verdict.text, self.request.stop)
         if text:
-            self.run.deliver("cloud", Delta(text, t))
+            self.run.deliver(self.setup.cloud.name, Delta(text, t))
         a.text += text
         a.n_out += verdict.accepted + (1 if verdict.text != verdict.accepted_text else 0)
         eos = verdict.next_id is not None and self.drafter.is_eog(verdict.next_id)
@@ -274,12 +274,15 @@ class Rounds:
 
     def _finish(self, reason: str) -> None:
         a = self.answer
-        self.run.counted("cloud", a.billed_prompt, a.n_out)  # the rounds' verification calls
-        self.run.complete("cloud", Finish(reason, a.billed_prompt, a.n_out, clock.now()))
+        # the rounds' verification calls
+        self.run.counted(self.setup.cloud.name, a.billed_prompt, a.n_out)
+        self.run.complete(
+            self.setup.cloud.name, Finish(reason, a.billed_prompt, a.n_out, clock.now())
+        )
 
     def _step_aside(self, why: str, failure: BaseException | None = None) -> bool:
         self.aside = StepAside(self.answer.text, self.answer.n_out, why, failure)
-        self.run.counted("cloud", self.answer.billed_prompt, self.answer.n_out)
+        self.run.counted(self.setup.cloud.name, self.answer.billed_prompt, self.answer.n_out)
         return False
 
 
@@ -319,7 +322,7 @@ async def verify_round(
     with anyio.move_on_after(setup.stall_s) as scope:
         return await verifier.verify(round_, post)
     assert scope.cancelled_caught
-    raise errors.StallError.after(setup.stall_s, "cloud")
+    raise errors.StallError.after(setup.stall_s, setup.cloud.name)
 
 
 def _pieces(drafter: Drafter, ctx: list[int], ids: list[int]) -> list[str]:
