@@ -210,3 +210,29 @@ async def test_each_cloud_is_priced_by_its_own_model_on_one_ledger() -> None:
     entries = guards[0].ledger.entries()  # type: ignore[attr-defined]
     cost = {e["model"]: e["cost_nano"] for e in entries if e["state"] == "settled"}
     assert set(cost) == {"cheap", "dear"} and cost["dear"] == pytest.approx(100 * cost["cheap"])
+
+
+async def test_a_late_cloud_is_rescued_by_the_next_cloud_that_can_be_ready_in_time() -> None:
+    """The first cloud says nothing by the deadline; the next cloud, predicted to answer in
+    50 ms, starts with the device's rescue and answers before the rescue is released."""
+    policy = QUALITY.with_(routing={"ttft_deadline_ms": 300})
+    engines = trio([2.0, "late"], [0.05, "fast"], [0.05, "device"])
+    engines["fast"].predicted_ttft_s = 0.05
+    engines["local"].predicted_ttft_s = 0.1
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        events, trace = await events_of(client)
+    assert text_by_engine(events) == [("fast", "fast")]
+    fb = [(f.from_engine, f.to_engine, f.cause) for f in events if isinstance(f, Fallback)]
+    assert fb == [("smart", "fast", "deadline"), ("smart", "local", "deadline")]
+    assert trace.ttft_ms < 300  # type: ignore[attr-defined]
+
+
+async def test_a_next_cloud_that_cannot_be_ready_in_time_leaves_it_to_the_device() -> None:
+    policy = QUALITY.with_(routing={"ttft_deadline_ms": 300})
+    engines = trio([2.0, "late"], [1.0, "fast"], [0.05, "device"])
+    engines["fast"].predicted_ttft_s = 1.0  # past the deadline: not started for it
+    engines["local"].predicted_ttft_s = 0.1
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        events, trace = await events_of(client)
+    assert text_by_engine(events) == [("local", "device")]
+    assert not engines["fast"].requests

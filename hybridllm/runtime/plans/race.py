@@ -360,7 +360,22 @@ class _Race:
         if self.winner is not None:
             return  # posted just before the crown cancelled the timer
         self.deadline_fired = fired.cause != "hedge"
+        if self.deadline_fired and not self.primary.info().on_device:
+            self._start_ready_cloud(fired.why, fired.cause)
         self.start_fallback(fired.why, fired.cause)
+
+    def _start_ready_cloud(self, why: str, cause: FallbackCause) -> None:
+        """A cloud late for the deadline: the next cloud of the chain that has not started and
+        can be ready by the deadline (its predicted time to a first token fits what is left of
+        it, or it cannot say) starts too, competing, before the device's rescue could serve."""
+        left = math.inf if self.deadline_at is None else self.deadline_at - clock.now()
+        for engine in self.backups:
+            if self._started(engine):
+                continue
+            predicted = engine.predict_ttft_s(self.request)
+            if predicted is None or predicted <= max(left, 0.0):
+                self._start_engine(engine, why, cause, self.primary)
+            return
 
     # ---- the moves --------------------------------------------------------------------------
 
