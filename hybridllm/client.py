@@ -12,6 +12,7 @@ event loop thread.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,7 +44,7 @@ from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.guard.privacy_ner import ner_wanted, say_ner_missing
 from hybridllm.policy import PlanName, Policy, PolicyCache
-from hybridllm.routing.decision import Decision, RequestFacts, RoutePreview
+from hybridllm.routing.decision import CloudConsidered, Decision, RequestFacts, RoutePreview
 from hybridllm.routing.hedging import backup_ttft_s
 from hybridllm.routing.inputs import Scorer
 from hybridllm.routing.log import DecisionLogLike
@@ -457,6 +458,18 @@ class HybridClient:
         serves it as "cloud"."""
         return self._roster.by_side(self.engines, ticket.cloud)
 
+    def _considered(self, ticket: _Ticket) -> tuple[CloudConsidered, ...]:
+        """Each cloud the request's policy allows, in order: chosen, or why it was passed over."""
+        out = []
+        for name in ticket.clouds:
+            passed: Literal["circuit_open", "unavailable"] | None = None
+            if not self.breakers[name].would_allow():
+                passed = "circuit_open"
+            elif self.engines[name].info().unavailable is not None:
+                passed = "unavailable"
+            out.append(CloudConsidered(name, name == ticket.cloud, passed))
+        return tuple(out)
+
     def _usable(self, name: EngineName) -> bool:
         """Could this engine take a request now (its circuit lets one through, it is not
         unavailable)? Read only: a half-open circuit keeps its probe."""
@@ -542,6 +555,8 @@ class HybridClient:
             streamed=ticket.streamed,
             facts=facts,
         )
+        state = dataclasses.replace(route.state, clouds=self._considered(ticket))
+        route = route._replace(state=state)
         if route.decision.primary is None:  # the documented type: privacy, budget, or else
             log.info("refused at routing%s: %s", " (preview)" * preview, route.decision.reason)
             raise refusal_error(

@@ -165,6 +165,17 @@ class RequestFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class CloudConsidered:
+    """A cloud the policy allows, as the client weighed it for one request: the one serving the
+    cloud side (`chosen`), else the next ones a failure turns to, or why it was passed over
+    (its circuit open, or it is unavailable: no usable key, a queue at its bound)."""
+
+    engine: EngineName
+    chosen: bool
+    passed_over: Literal["circuit_open", "unavailable"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LiveState:
     """What is known about the engines right now."""
 
@@ -206,6 +217,9 @@ class LiveState:
     # the prompt's leading tokens the local engine holds (live KV cache or a saved state; None:
     # it cannot say): its prediction counts only the rest, and the reasons say so
     local_cached_tokens: int | None = None
+    # each cloud the policy allows, in its order: the one serving the cloud side (the state's
+    # "cloud" above), the next ones, or why one was passed over (the client's, `HybridClient`)
+    clouds: tuple[CloudConsidered, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +293,8 @@ class Decision:
 
 class RoutePreview(NamedTuple):
     """Where a request would run and why (`HybridClient.decide()`, `hybridllm explain`): the
-    decision, the request's facts and the live state it was decided from."""
+    decision, the request's facts and the live state it was decided from (with more than one
+    cloud, `state.clouds` says which served the cloud side, and why others did not)."""
 
     decision: Decision
     facts: RequestFacts

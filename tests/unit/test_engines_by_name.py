@@ -236,3 +236,20 @@ async def test_a_next_cloud_that_cannot_be_ready_in_time_leaves_it_to_the_device
         events, trace = await events_of(client)
     assert text_by_engine(events) == [("local", "device")]
     assert not engines["fast"].requests
+
+
+async def test_decide_says_which_clouds_were_weighed_and_why() -> None:
+    engines = trio([0.05, "smart"], [0.05, "fast"])
+    async with HybridClient(engines=engines, policy=QUALITY, router=None) as client:
+        first = client.decide("q").state.clouds
+        for _ in range(10):
+            client.breakers["smart"].record(SERVER_ERROR)
+        second = client.decide("q").state.clouds
+    assert [(c.engine, c.chosen, c.passed_over) for c in first] == [
+        ("smart", True, None),
+        ("fast", False, None),
+    ]
+    assert [(c.engine, c.chosen, c.passed_over) for c in second] == [
+        ("smart", False, "circuit_open"),
+        ("fast", True, None),
+    ]

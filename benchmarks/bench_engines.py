@@ -1,0 +1,295 @@
+"""More than one cloud (issue 44): a quality-routed policy over two clouds and the device,
+against LiteLLM's Router with fallbacks a -> b -> local, on the same delays and failures.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_engines.py [--n 60] [--seed 5]
+        [--litellm-python /tmp/litellm-venv/bin/python] [--variants hybridllm,litellm]
+        [--json PATH]
+
+Clouds: one stand-in server (`hybridllm serve-model`, Qwen2.5-Coder-0.5B, one thread) reached as
+two clouds, "a" and "b", each through its own `FaultProxy`. Cloud a is heavy-tailed and failing:
+request i's first byte is held a delay drawn once per run from `heavy_tail` (lognormal, median
+150 ms, p99 3 s, 3% stalls of 10 s, seeded), and 10% of the requests (seeded) are answered
+with HTTP 500 instead. Cloud b is healthy (no fault). The device: SmolLM2-135M, one thread
+(`LlamaCppEngine` in process for hybridllm; a llama.cpp server, `LlamaServer`, for LiteLLM):
+the last resort, a smaller and worse model.
+
+hybridllm: `HybridClient(engines={"local", "a", "b"})`, policy `prefer = "a"`, `fallback_order
+= ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), first-token
+deadline 600 ms, no retries. LiteLLM (`benchmarks/_litellm_engines_peer.py`, run with
+`--litellm-python`; it never imports hybridllm): deployments a, b, local, `fallbacks` a ->
+[b, local], `num_retries = 0`, the clouds' `stream_timeout` 600 ms (the deadline), the local
+one long. Both get 6 warm-up requests first (same delays drawn apart, not counted).
+
+Prompts: `--n` short-answer prompts (multiple choice, yes/no, number, short phrase) from the
+TEST split of data/router/labels.jsonl (`bench_cascade_mix.workload`), graded by the labeller's
+`score()` (no answer: wrong); max_tokens per kind (8/8/12/24); temperature 0.
+
+Reported per variant: who answered (a / b / local / none), the answers from a cloud, P50 and
+P99 TTFT at the client over every request (an unanswered request counts as its whole time),
+the share graded right. Targets: at least as many cloud answers as LiteLLM, P99 at most 0.7x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY, ALIAS = "sk-bench", "cloud"
+CLOUD, DEVICE = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
+DEADLINE_MS, FAIL_SHARE, WARMUPS = 600.0, 0.10, 6
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    from hybridllm.routing.hedging import quantile
+
+    return quantile(sorted(xs), q / 100) if xs else math.nan
+
+
+def workload(n: int, seed: int) -> dict[str, Any]:
+    """The prompts (with their grader's items), and request i's fault on cloud a."""
+    from benchmarks.bench_cascade_mix import KINDS, _labeller, workload as rows_of
+    from hybridllm.testing.proxy import heavy_tail
+
+    lab = _labeller()
+    rows = rows_of(n + WARMUPS, seed, split="test")
+    items = [
+        lab.Item(r["source"], r["id"], r["prompt"], r["kind"], r["answer"], KINDS[r["kind"]])
+        for r in rows
+    ]
+    rng = random.Random(seed)
+    dist = heavy_tail(median_ms=150, p99_ms=3000, spike_probability=0.03, spike_ms=10_000)
+    faults = [("500", 0.0) if rng.random() < FAIL_SHARE else ("delay", dist(rng)) for _ in items]
+    return {"lab": lab, "items": items, "faults": faults}
+
+
+def set_fault(proxy: Any, fault: tuple[str, float]) -> None:
+    from hybridllm.testing import Faults
+
+    kind, delay = fault
+    proxy.faults = Faults(http_status=500) if kind == "500" else Faults(first_byte_stall_ms=delay)
+
+
+@contextlib.contextmanager
+def two_clouds() -> Iterator[tuple[Any, Any]]:
+    """The stand-in server behind two recording proxies: cloud a, cloud b."""
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.testing import FaultProxy, HybridServer
+
+    model = resolve_model(CLOUD, pull=True)
+    with (
+        HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
+        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as a,
+        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as b,
+    ):
+        yield a, b
+
+
+# ---- hybridllm -----------------------------------------------------------------------------------
+
+
+async def run_hybrid(w: dict[str, Any], a: Any, b: Any) -> list[dict[str, Any]]:
+    from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
+    from hybridllm.errors import HybridError
+    from hybridllm.local.resolve import resolve_model
+
+    policy = Policy(
+        name="two-clouds",
+        routing={
+            "prefer": "a",
+            "fallback_order": ["a", "b", "local"],
+            "ttft_deadline_ms": DEADLINE_MS,
+            "retries": 0,
+        },
+        sampling={"temperature": 0.0},
+    )
+    engines = {
+        "local": LlamaCppEngine(resolve_model(DEVICE, pull=True), n_threads=1, n_ctx=2048),
+        "a": OpenAIEngine(base_url=a.url + "/v1", api_key=API_KEY, model=ALIAS),
+        "b": OpenAIEngine(base_url=b.url + "/v1", api_key=API_KEY, model=ALIAS),
+    }
+    rows: list[dict[str, Any]] = []
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        for i, (it, fault) in enumerate(zip(w["items"], w["faults"], strict=True)):
+            set_fault(a, fault)
+            t0 = time.perf_counter()
+            first, parts, error = None, [], None
+            s = client.stream(it.prompt, max_tokens=it.max_tokens)
+            try:
+                async with s:
+                    async for tok in s:
+                        if tok and first is None:
+                            first = time.perf_counter()
+                        parts.append(tok)
+            except HybridError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            rows.append(_row(i, t0, first, "".join(parts), s.trace.engine, error, fault))
+            log(f"  [hybridllm] {i + 1}/{len(w['items'])} {_said(rows[-1])}")
+    return rows[WARMUPS:]
+
+
+def _row(
+    i: int,
+    t0: float,
+    first: float | None,
+    text: str,
+    served: str | None,
+    error: str | None,
+    fault: tuple[str, float],
+) -> dict[str, Any]:
+    return {
+        "i": i,
+        "ttft_ms": None if first is None else (first - t0) * 1e3,
+        "total_ms": (time.perf_counter() - t0) * 1e3,
+        "text": text,
+        "served": served if text else None,
+        "error": error,
+        "fault": fault[0],
+        "delay_ms": fault[1],
+    }
+
+
+def _said(r: dict[str, Any]) -> str:
+    fault = "500" if r["fault"] == "500" else f"delay {r['delay_ms']:.0f} ms"
+    ttft = "-" if r["ttft_ms"] is None else f"{r['ttft_ms']:.0f} ms"
+    return f"{r['served']} ttft {ttft} (a: {fault}){', ' + r['error'] if r['error'] else ''}"
+
+
+# ---- LiteLLM -------------------------------------------------------------------------------------
+
+
+def run_litellm(args: argparse.Namespace, w: dict[str, Any], a: Any, b: Any) -> list[dict]:
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.testing import LlamaServer
+
+    device = resolve_model(DEVICE, pull=True)
+    with LlamaServer(device, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as local:
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        env.pop("PYTHONPATH", None)
+        peer_log = tempfile.TemporaryFile(mode="w+")
+        cmd = [args.litellm_python, str(ROOT / "benchmarks" / "_litellm_engines_peer.py")]
+        cmd += ["--a", a.url + "/v1", "--b", b.url + "/v1", "--local", local.base_url]
+        cmd += ["--key", API_KEY, "--model", ALIAS, "--timeout-s", str(DEADLINE_MS / 1000)]
+        peer = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer_log, text=True,
+            env=env, cwd="/",
+        )  # fmt: skip
+        assert peer.stdin is not None and peer.stdout is not None
+        rows: list[dict[str, Any]] = []
+        try:
+            while (line := peer.stdout.readline()).strip() != "ready":
+                if not line:
+                    peer_log.seek(0)
+                    raise RuntimeError(f"the LiteLLM peer did not start:\n{peer_log.read()}")
+            for i, (it, fault) in enumerate(zip(w["items"], w["faults"], strict=True)):
+                set_fault(a, fault)
+                t0 = time.perf_counter()
+                peer.stdin.write(json.dumps({"prompt": it.prompt, "max_tokens": it.max_tokens}))
+                peer.stdin.write("\n")
+                peer.stdin.flush()
+                while not (line := peer.stdout.readline()).startswith("{"):
+                    if not line:
+                        raise RuntimeError("the LiteLLM peer exited")
+                got = json.loads(line)
+                first = None if got["ttft_ms"] is None else t0 + got["ttft_ms"] / 1e3
+                row = _row(i, t0, first, got["text"], got["served"], got["error"], fault)
+                rows.append(row)
+                log(f"  [litellm] {i + 1}/{len(w['items'])} {_said(row)}")
+        finally:
+            peer.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                peer.wait(timeout=10)
+            peer.kill()
+            peer_log.close()
+    return rows[WARMUPS:]
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def summarise(rows: list[dict[str, Any]], w: dict[str, Any]) -> dict[str, Any]:
+    items = w["items"][WARMUPS:]
+    served = Counter(r["served"] or "none" for r in rows)
+    right = sum(bool(r["text"]) and w["lab"].score(items[k], r["text"]) for k, r in enumerate(rows))
+    ttfts = [r["ttft_ms"] if r["ttft_ms"] is not None else r["total_ms"] for r in rows]
+    return {
+        "n": len(rows),
+        "served": dict(served),
+        "cloud_answers": served["a"] + served["b"],
+        "p50_ttft_ms": pct(ttfts, 50),
+        "p99_ttft_ms": pct(ttfts, 99),
+        "right": right / len(rows),
+        "errors": sum(r["error"] is not None for r in rows),
+    }
+
+
+def render(res: dict[str, Any]) -> str:
+    head = "| variant | a | b | local | none | cloud answers | P50 TTFT | P99 TTFT | right |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    for name, s in res["summary"].items():
+        sv = s["served"]
+        lines.append(
+            f"| {name} | {sv.get('a', 0)} | {sv.get('b', 0)} | {sv.get('local', 0)} | "
+            f"{sv.get('none', 0)} | {s['cloud_answers']}/{s['n']} | {s['p50_ttft_ms']:.0f} ms | "
+            f"{s['p99_ttft_ms']:.0f} ms | {s['right']:.0%} |"
+        )
+    summ = res["summary"]
+    if {"hybridllm", "litellm"} <= set(summ):
+        ratio = summ["hybridllm"]["p99_ttft_ms"] / summ["litellm"]["p99_ttft_ms"]
+        lines.append(f"\nP99 TTFT hybridllm / LiteLLM: {ratio:.2f}x (target <= 0.7x)")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    import anyio
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks._report import cpu_model
+
+    w = workload(args.n, args.seed)
+    faults = Counter(f[0] for f in w["faults"][WARMUPS:])
+    log(f"{args.n} prompts; cloud a: {faults['500']} HTTP 500s, the rest heavy-tailed delays")
+    res: dict[str, Any] = {"n": args.n, "seed": args.seed, "cpu": cpu_model(), "runs": {}}
+    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    with two_clouds() as (a, b):
+        if "hybridllm" in wanted:
+            res["runs"]["hybridllm"] = anyio.run(run_hybrid, w, a, b)
+        if "litellm" in wanted:
+            res["runs"]["litellm"] = run_litellm(args, w, a, b)
+    res["summary"] = {name: summarise(rows, w) for name, rows in res["runs"].items()}
+    return res
+
+
+def cli() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--litellm-python", default="/tmp/litellm-venv/bin/python")
+    ap.add_argument("--variants", default="hybridllm,litellm")
+    ap.add_argument("--json", help="write every row here")
+    args = ap.parse_args()
+    res = main(args)
+    print(f"CPU: {res['cpu']}; n = {res['n']}, seed {res['seed']}")
+    print(render(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    cli()
