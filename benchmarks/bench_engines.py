@@ -5,8 +5,9 @@ against LiteLLM's Router with fallbacks a -> b -> local, on the same delays and 
         [--litellm-python /tmp/litellm-venv/bin/python] [--variants hybridllm,litellm]
         [--json PATH]
 
-Clouds: one stand-in server (`hybridllm serve-model`, Qwen2.5-Coder-0.5B, one thread) reached as
-two clouds, "a" and "b", each through its own `FaultProxy`. Cloud a is heavy-tailed and failing:
+Clouds: two stand-in servers (`hybridllm serve-model`, Qwen2.5-Coder-0.5B, one thread each),
+"a" and "b", each through its own `FaultProxy`, both on CPU 1 (as clouds off the device; the
+benchmark, its device engine and LiteLLM's side run on CPU 0). Cloud a is heavy-tailed and failing:
 request i's first byte is held a delay drawn once per run from `heavy_tail` (lognormal, median
 150 ms, p99 3 s, 3% stalls of 10 s, seeded), and 10% of the requests (seeded) are answered
 with HTTP 500 instead. Cloud b is healthy (no fault). The device: SmolLM2-135M, one thread
@@ -15,10 +16,15 @@ the last resort, a smaller and worse model.
 
 hybridllm: `HybridClient(engines={"local", "a", "b"})`, policy `prefer = "a"`, `fallback_order
 = ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), first-token
-deadline 600 ms, no retries. LiteLLM (`benchmarks/_litellm_engines_peer.py`, run with
-`--litellm-python`; it never imports hybridllm): deployments a, b, local, `fallbacks` a ->
-[b, local], `num_retries = 0`, the clouds' `stream_timeout` 600 ms (the deadline), the local
-one long. Both get 6 warm-up requests first (same delays drawn apart, not counted).
+deadline `--deadline-ms` (2 s by default: the stand-in's own TTFT on these prompts is 1.2-1.5 s
+on 2 cores, so a 600 ms deadline would leave every answer to the device), no retries.
+LiteLLM (`benchmarks/_litellm_engines_peer.py`, run with `--litellm-python`; it never imports
+hybridllm): deployments a, b, local, `fallbacks` a -> [b, local], `num_retries = 0`, the
+clouds' `stream_timeout` = the deadline, the local one long. Both get 6 warm-up requests first
+(their own delays, not counted).
+
+`--cloud-model smollm2-135m-instruct`: the clouds on the device's own model, fast enough for a
+600 ms deadline (the quality column then tells answered from not, not a model gap).
 
 Prompts: `--n` short-answer prompts (multiple choice, yes/no, number, short phrase) from the
 TEST split of data/router/labels.jsonl (`bench_cascade_mix.workload`), graded by the labeller's
@@ -49,7 +55,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY, ALIAS = "sk-bench", "cloud"
 CLOUD, DEVICE = "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
-DEADLINE_MS, FAIL_SHARE, WARMUPS = 600.0, 0.10, 6
+CLOUD_CPU, DEVICE_CPU = 1, 0  # the two clouds' core; this process's and its children's
+DEADLINE_MS, FAIL_SHARE, WARMUPS = 2000.0, 0.10, 6  # --deadline-ms
 
 
 def log(msg: str) -> None:
@@ -87,16 +94,22 @@ def set_fault(proxy: Any, fault: tuple[str, float]) -> None:
 
 
 @contextlib.contextmanager
-def two_clouds() -> Iterator[tuple[Any, Any]]:
-    """The stand-in server behind two recording proxies: cloud a, cloud b."""
+def two_clouds(cloud_model: str = CLOUD) -> Iterator[tuple[Any, Any]]:
+    """Two stand-in servers (one thread each), each behind a recording proxy: cloud a, cloud b
+    (two processes: a request on one does not slow the other, as with two providers)."""
     from hybridllm.local.resolve import resolve_model
     from hybridllm.testing import FaultProxy, HybridServer
 
-    model = resolve_model(CLOUD, pull=True)
+    class Pinned(HybridServer):  # the clouds on CLOUD_CPU: off the device, as real ones are
+        def command(self, port: int) -> list[str]:
+            return ["taskset", "-c", str(CLOUD_CPU), *super().command(port)]
+
+    model = resolve_model(cloud_model, pull=True)
     with (
-        HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as server,
-        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as a,
-        FaultProxy(upstream=("127.0.0.1", server.port), record=True) as b,
+        Pinned(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as sa,
+        Pinned(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as sb,
+        FaultProxy(upstream=("127.0.0.1", sa.port), record=True) as a,
+        FaultProxy(upstream=("127.0.0.1", sb.port), record=True) as b,
     ):
         yield a, b
 
@@ -104,7 +117,9 @@ def two_clouds() -> Iterator[tuple[Any, Any]]:
 # ---- hybridllm -----------------------------------------------------------------------------------
 
 
-async def run_hybrid(w: dict[str, Any], a: Any, b: Any) -> list[dict[str, Any]]:
+async def run_hybrid(
+    w: dict[str, Any], a: Any, b: Any, deadline_ms: float
+) -> list[dict[str, Any]]:
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.errors import HybridError
     from hybridllm.local.resolve import resolve_model
@@ -114,7 +129,7 @@ async def run_hybrid(w: dict[str, Any], a: Any, b: Any) -> list[dict[str, Any]]:
         routing={
             "prefer": "a",
             "fallback_order": ["a", "b", "local"],
-            "ttft_deadline_ms": DEADLINE_MS,
+            "ttft_deadline_ms": deadline_ms,
             "retries": 0,
         },
         sampling={"temperature": 0.0},
@@ -185,7 +200,7 @@ def run_litellm(args: argparse.Namespace, w: dict[str, Any], a: Any, b: Any) -> 
         peer_log = tempfile.TemporaryFile(mode="w+")
         cmd = [args.litellm_python, str(ROOT / "benchmarks" / "_litellm_engines_peer.py")]
         cmd += ["--a", a.url + "/v1", "--b", b.url + "/v1", "--local", local.base_url]
-        cmd += ["--key", API_KEY, "--model", ALIAS, "--timeout-s", str(DEADLINE_MS / 1000)]
+        cmd += ["--key", API_KEY, "--model", ALIAS, "--timeout-s", str(args.deadline_ms / 1000)]
         peer = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer_log, text=True,
             env=env, cwd="/",
@@ -262,14 +277,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from benchmarks._report import cpu_model
 
+    os.sched_setaffinity(0, {DEVICE_CPU})  # the device (and LiteLLM's side) on the other core
     w = workload(args.n, args.seed)
     faults = Counter(f[0] for f in w["faults"][WARMUPS:])
     log(f"{args.n} prompts; cloud a: {faults['500']} HTTP 500s, the rest heavy-tailed delays")
     res: dict[str, Any] = {"n": args.n, "seed": args.seed, "cpu": cpu_model(), "runs": {}}
+    res["deadline_ms"], res["cloud_model"] = args.deadline_ms, args.cloud_model
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-    with two_clouds() as (a, b):
+    with two_clouds(args.cloud_model) as (a, b):
         if "hybridllm" in wanted:
-            res["runs"]["hybridllm"] = anyio.run(run_hybrid, w, a, b)
+            res["runs"]["hybridllm"] = anyio.run(run_hybrid, w, a, b, args.deadline_ms)
         if "litellm" in wanted:
             res["runs"]["litellm"] = run_litellm(args, w, a, b)
     res["summary"] = {name: summarise(rows, w) for name, rows in res["runs"].items()}
@@ -280,12 +297,15 @@ def cli() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--n", type=int, default=60)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--deadline-ms", type=float, default=DEADLINE_MS)
+    ap.add_argument("--cloud-model", default=CLOUD, help=f"the clouds' model (default {CLOUD})")
     ap.add_argument("--litellm-python", default="/tmp/litellm-venv/bin/python")
     ap.add_argument("--variants", default="hybridllm,litellm")
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args()
     res = main(args)
-    print(f"CPU: {res['cpu']}; n = {res['n']}, seed {res['seed']}")
+    head = f"CPU: {res['cpu']}; n = {res['n']}, seed {res['seed']}"
+    print(f"{head}, deadline {args.deadline_ms:.0f} ms, clouds: {args.cloud_model}")
     print(render(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))

@@ -463,7 +463,9 @@ class HybridClient:
         out = []
         for name in ticket.clouds:
             passed: Literal["circuit_open", "unavailable"] | None = None
-            if not self.breakers[name].would_allow():
+            if name == ticket.cloud:
+                pass  # it serves the cloud side (routing says why, if it cannot now)
+            elif not self.breakers[name].would_allow():
                 passed = "circuit_open"
             elif self.engines[name].info().unavailable is not None:
                 passed = "unavailable"
@@ -600,9 +602,25 @@ class HybridClient:
         if ticket.forced is not None or "cloud" not in decision.engines:
             others = []
         backups = tuple(self._guards[n].bind(context) for n in others)
+        predicted = tuple(self._predicted_ttft_s(n, ticket) for n in others)
         return choose_plan(
-            decision, sides, ticket.request, ticket.policy, fallback_ttft_s, self.routing, backups
+            decision,
+            sides,
+            ticket.request,
+            ticket.policy,
+            fallback_ttft_s,
+            self.routing,
+            backups,
+            predicted,
         )
+
+    def _predicted_ttft_s(self, name: EngineName, ticket: _Ticket) -> float | None:
+        """The engine's expected time to a first token for this request (None: unmeasured)."""
+        latency, route = self.routing.latency, ticket.route
+        if route is None or not latency.knows(name):
+            return None
+        facts = route.facts
+        return latency.predict(name, facts.prompt_tokens, facts.max_tokens).ttft_s
 
     async def _drive(self, run: RequestRun, ticket: _Ticket) -> None:
         try:

@@ -18,6 +18,7 @@ prefill and a few decode steps; no answer is generated).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -32,7 +33,13 @@ from hybridllm.guard.privacy import kinds as kinds_of
 from hybridllm.guard.privacy_ner import NER_KINDS, default_scanner
 from hybridllm.guard.privacy_rules import DETECTORS
 from hybridllm.policy import Policy, resolve_policy
-from hybridllm.routing.decision import Decision, LiveState, RequestFacts, RoutePreview
+from hybridllm.routing.decision import (
+    CloudConsidered,
+    Decision,
+    LiveState,
+    RequestFacts,
+    RoutePreview,
+)
 from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Scorer
 from hybridllm.runtime.gather import Gatherer
 from hybridllm.runtime.health import CircuitBreaker
@@ -257,7 +264,11 @@ def explain(
         tools=_answer_spec(answer),
     )
     policy = with_threshold(policy, router_threshold)
-    return routing.decide(request, policy, offline, breakers)
+    route = routing.decide(request, policy, offline, breakers)
+    if "cloud" not in engines:
+        return route
+    clouds = (CloudConsidered("cloud", True),)  # the one cloud serves its side, as in the client
+    return route._replace(state=dataclasses.replace(route.state, clouds=clouds))
 
 
 def _answer_spec(answer: str) -> ToolSpec | None:

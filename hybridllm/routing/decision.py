@@ -167,8 +167,9 @@ class RequestFacts:
 @dataclass(frozen=True, slots=True)
 class CloudConsidered:
     """A cloud the policy allows, as the client weighed it for one request: the one serving the
-    cloud side (`chosen`), else the next ones a failure turns to, or why it was passed over
-    (its circuit open, or it is unavailable: no usable key, a queue at its bound)."""
+    cloud side (`chosen`: where every cloud is out, the first; the decision's reasons say why it
+    cannot serve), else the next ones a failure turns to, or why it was passed over (its
+    circuit open, or it is unavailable: no usable key, a queue at its bound)."""
 
     engine: EngineName
     chosen: bool

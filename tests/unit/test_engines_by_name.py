@@ -216,14 +216,16 @@ async def test_a_late_cloud_is_rescued_by_the_next_cloud_that_can_be_ready_in_ti
     """The first cloud says nothing by the deadline; the next cloud, predicted to answer in
     50 ms, starts with the device's rescue and answers before the rescue is released."""
     policy = QUALITY.with_(routing={"ttft_deadline_ms": 300})
-    engines = trio([2.0, "late"], [0.05, "fast"], [0.05, "device"])
+    engines = trio([2.0, "late"], [0.04, "fast"], [0.05, "device"])
     engines["fast"].predicted_ttft_s = 0.05
     engines["local"].predicted_ttft_s = 0.1
     async with HybridClient(engines=engines, policy=policy, router=None) as client:
         events, trace = await events_of(client)
     assert text_by_engine(events) == [("fast", "fast")]
     fb = [(f.from_engine, f.to_engine, f.cause) for f in events if isinstance(f, Fallback)]
-    assert fb == [("smart", "fast", "deadline"), ("smart", "local", "deadline")]
+    assert set(fb) == {("smart", "fast", "deadline"), ("smart", "local", "deadline")}
+    started = trace.segments_ms["fallback_started"]  # type: ignore[attr-defined]
+    assert started <= 300 - 50  # the next cloud by its predicted TTFT ahead of the deadline
     assert trace.ttft_ms < 300  # type: ignore[attr-defined]
 
 

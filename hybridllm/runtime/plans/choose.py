@@ -34,12 +34,15 @@ def choose_plan(
     fallback_ttft_s: float | None,
     routing: Gatherer,
     backups: tuple[Engine, ...] = (),
+    backup_ttft_s: tuple[float | None, ...] = (),
 ) -> Plan:
     """The plan for this request: the registered plan `decision.plan` names, built from the
     request's `PlanContext` (`engines`: the ones it may use, the cloud already bound to the
     request's guard context). A registered plan whose capabilities the primary lacks runs as
     the decision's own single or hedge plan would."""
-    ctx = PlanContext(decision, engines, request, policy, fallback_ttft_s, routing, backups)
+    ctx = PlanContext(
+        decision, engines, request, policy, fallback_ttft_s, routing, backups, backup_ttft_s
+    )
     spec = plan_spec(decision.plan)
     if spec is None or not spec.fits(ctx):
         spec = _builtin_hedge if decision.fallback is not None or backups else _builtin_single
@@ -58,16 +61,17 @@ def _single(ctx: PlanContext) -> Plan:
 def _race(ctx: PlanContext) -> Plan:
     """The race; with no fallback of the decision's own, the first backup cloud is it (started
     on the primary's failure, or at the deadline)."""
-    decision, backups = ctx.decision, ctx.backups
+    decision, backups, predicted = ctx.decision, ctx.backups, ctx.backup_ttft_s
     if decision.fallback is not None:
         fallback = ctx.engines[decision.fallback]
     else:
-        fallback, backups = backups[0], backups[1:]
+        fallback, backups, predicted = backups[0], backups[1:], predicted[1:]
     return partial(
         race,
         primary=ctx.primary,
         fallback=fallback,
         backups=backups,
+        backup_ttft_s=predicted,
         request=_with_call_bounds(decision, ctx.request, ctx.policy),
         deadline_s=decision.deadline_s,
         reason=decision.reason,

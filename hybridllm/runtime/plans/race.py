@@ -89,11 +89,17 @@ class _TimerFired:
 
 
 @dataclasses.dataclass(frozen=True)
+class _BackupDue:
+    """The next cloud must start now to answer by the deadline (its predicted time to a first
+    token before it)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class _Released:
     """The rescue's hold is over (`release_s` passed without a primary token)."""
 
 
-_RaceItem = ContenderItem | _TimerFired | _Released
+_RaceItem = ContenderItem | _TimerFired | _Released | _BackupDue
 
 # the part a fallback plays, for money, by why it started (any other cause: "fallback")
 _FALLBACK_ROLES: dict[FallbackCause, SpendRole] = {"hedge": "hedge", "parallel": "parallel"}
@@ -142,6 +148,7 @@ async def race(
     failover: bool = True,
     release_s: float | None = None,
     backups: Sequence[Engine] = (),
+    backup_ttft_s: Sequence[float | None] = (),
 ) -> None:
     """Run the race. `fallback_now`: start the fallback at once too, in parallel (the routing
     decision predicts the primary misses the deadline; `parallel_reason` says so in words).
@@ -150,7 +157,8 @@ async def race(
     fails mid-stream may continue on the other engine (the decision says no where an engine
     cannot continue an answer). `release_s`: the fallback is a rescue, its tokens held until
     this long after the call or the primary's failure (None: the first token wins). `backups`:
-    the other clouds, in order (see the module)."""
+    the other clouds, in order (see the module); `backup_ttft_s`: their predicted times to a
+    first token (None: unknown), by which the next one starts ahead of the deadline."""
     if fallback_now:
         why = reason  # the fallback starts now: no deadline to wait for
     elif deadline_s is None:
@@ -170,6 +178,7 @@ async def race(
             failover=failover,
             release_s=release_s,
             backups=backups,
+            backup_ttft_s=backup_ttft_s,
         )
         parallel = (fallback_now, parallel_reason)
         await r.serve(hedge_s=hedge_s, parallel=parallel, fallback_ttft_s=fallback_ttft_s)
@@ -192,12 +201,15 @@ class _Race:
         failover: bool = True,
         release_s: float | None = None,
         backups: Sequence[Engine] = (),
+        backup_ttft_s: Sequence[float | None] = (),
     ) -> None:
         self.run = run
         self.failover = failover
         self.primary = primary
         self.fallback = fallback
         self.backups = tuple(backups)
+        self.backup_ttft_s = tuple(backup_ttft_s)
+        self.backup_timer = anyio.CancelScope()
         ahead = [fallback, *backups] if primary.info().on_device else [*backups, fallback]
         self.chain: tuple[Engine, ...] = (primary, *ahead)  # the order engines are tried in
         self.gave_up: list[Engine] = []  # the engines that failed while serving the answer
@@ -242,6 +254,8 @@ class _Race:
             if now:
                 self.start_fallback(why, "parallel")
             self.tg.start_soon(self._timer_task, hedge_s, fallback_ttft_s)
+            if self.backups and self.deadline_s is not None:
+                self.tg.start_soon(self._backup_timer_task)
             async with self.recv:
                 while not self.over:
                     await self._next()
@@ -249,6 +263,7 @@ class _Race:
             for c in self.contenders.values():
                 c.scope.cancel()
             self.timer.cancel()
+            self.backup_timer.cancel()
             self.send.close()  # what a stopping contender still posts is dropped (`_post`)
 
     async def _next(self) -> None:
@@ -265,6 +280,8 @@ class _Race:
             self._on_timer(item)
         elif isinstance(item, _Released):
             self.release()
+        elif isinstance(item, _BackupDue):
+            self._on_backup_due()
         else:
             self._dispatch(*item)
 
@@ -360,22 +377,38 @@ class _Race:
         if self.winner is not None:
             return  # posted just before the crown cancelled the timer
         self.deadline_fired = fired.cause != "hedge"
-        if self.deadline_fired and not self.primary.info().on_device:
-            self._start_ready_cloud(fired.why, fired.cause)
+        if self.deadline_fired and self._next_backup_ttft() == (None,):
+            self._start_next_backup(fired.why, fired.cause)  # no prediction: start it now
         self.start_fallback(fired.why, fired.cause)
 
-    def _start_ready_cloud(self, why: str, cause: FallbackCause) -> None:
-        """A cloud late for the deadline: the next cloud of the chain that has not started and
-        can be ready by the deadline (its predicted time to a first token fits what is left of
-        it, or it cannot say) starts too, competing, before the device's rescue could serve."""
-        left = math.inf if self.deadline_at is None else self.deadline_at - clock.now()
+    def _next_backup_ttft(self) -> tuple[float | None] | tuple[()]:
+        """The predicted time to a first token of the next backup cloud not started (one-tuple;
+        None: unknown); () where none is left or the primary is the device's engine."""
+        if self.primary.info().on_device:
+            return ()
+        for engine, predicted in itertools.zip_longest(self.backups, self.backup_ttft_s):
+            if engine is not None and not self._started(engine):
+                if predicted is None:
+                    predicted = engine.predict_ttft_s(self.request)
+                return (predicted,)
+        return ()
+
+    def _start_next_backup(self, why: str, cause: FallbackCause) -> None:
         for engine in self.backups:
-            if self._started(engine):
-                continue
-            predicted = engine.predict_ttft_s(self.request)
-            if predicted is None or predicted <= max(left, 0.0):
+            if not self._started(engine):
                 self._start_engine(engine, why, cause, self.primary)
+                return
+
+    def _on_backup_due(self) -> None:
+        """A cloud late for the deadline: the next cloud, which can still answer by it, starts
+        (competing: the first token wins) before the device's rescue could serve."""
+        if self.winner is not None or self.deadline_s is None:
             return
+        why = (
+            f"no token from {self.primary.name} yet: the next cloud starts to answer by the "
+            f"{self.deadline_s * 1e3:.0f} ms deadline"
+        )
+        self._start_next_backup(why, "deadline")
 
     # ---- the moves --------------------------------------------------------------------------
 
@@ -471,6 +504,7 @@ class _Race:
         """`cid` delivered first: cancel the others and the timer, replay its marks."""
         self.winner = cid
         self.timer.cancel()
+        self.backup_timer.cancel()
         self._report_late_primary(cid)
         for other, c in self.contenders.items():
             if other != cid:
@@ -608,6 +642,20 @@ class _Race:
     def _hold_ms(self) -> float:
         assert self.release_at is not None
         return (self.release_at - self.run.trace.t_start) * 1e3
+
+    async def _backup_timer_task(self) -> None:
+        """Post `_BackupDue` when the next cloud must start to answer by the deadline (its
+        predicted time to a first token before it); one predicted past the deadline does not
+        start for it (only on a failure), one without a prediction starts with the device's
+        rescue (`_on_timer`)."""
+        ahead = self._next_backup_ttft()
+        assert self.deadline_s is not None
+        if not ahead or ahead[0] is None or ahead[0] > self.deadline_s:
+            return
+        with self.backup_timer:
+            at = self.run.trace.t_start + self.deadline_s - ahead[0]
+            await anyio.sleep(max(0.0, at - clock.now()))
+            self._post(_BackupDue())
 
     async def _release_timer(self) -> None:
         """Post `_Released` when the rescue's hold is over (never, for a hold without end)."""

@@ -53,6 +53,7 @@ class PlanContext:
     # the policy's other clouds that can serve now, in its order (bound to the request's
     # context): where the serving cloud fails, the next one goes on before the device
     backups: tuple[Engine, ...] = ()
+    backup_ttft_s: tuple[float | None, ...] = ()  # their predicted times to a first token
 
     @property
     def primary(self) -> Engine:
