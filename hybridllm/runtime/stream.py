@@ -363,7 +363,8 @@ class RequestRun:
         try:
             raw = engine.stream(request)
             if request.assistant_prefix:  # a continuation: its seam judged before delivery
-                own = self._authors <= {engine.name}  # it goes on from its own text only
+                # it goes on from text it alone wrote (a held text not yet delivered: not known)
+                own = bool(self._authors) and self._authors <= {engine.name}
                 raw = seamed(raw, request.assistant_prefix, engine.name, self.rec.seam, own=own)
             on_device = engine.info().on_device
             async with aclosing(checked(raw, request, engine.name, on_device=on_device)) as chunks:
