@@ -262,7 +262,8 @@ async def test_app_cancel_during_the_race_stops_both_engines(
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
             # past the deadline the local engine starts its (long) prefill; the cloud is stalled
-            await wait_until(lambda: local.busy, 10.0)
+            # (its connection may open a moment after the local engine is busy: wait for both)
+            await wait_until(lambda: local.busy and bool(proxy.connections), 10.0)
             (rec,) = proxy.connections
             cloud_open = rec.closed_at is None
             t_cancel = time.monotonic()
