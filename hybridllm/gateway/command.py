@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from hybridllm.routing.log import DecisionLogLike
     from hybridllm.runtime.health import EngineState
 
-__all__ = ["KEY_ENV", "Settings", "add_arguments", "check", "run"]
+__all__ = ["KEY_ENV", "CloudSpec", "Settings", "add_arguments", "check", "named_clouds", "run"]
 
 KEY_ENV = "HYBRIDLLM_GATEWAY_KEY"
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -159,7 +159,7 @@ def check(args: argparse.Namespace) -> Settings:
         validate.integer("--n-threads", args.n_threads, minimum=1)
     limits = _limits(args)
     key = _api_key(args.api_key, args.host)
-    clouds = _clouds(args)
+    clouds = named_clouds(args)
     single_model = [m for m in args.cloud_model if "=" not in m]
     cloud_model = single_model[-1] if single_model else None
     cloud_url = None if clouds else args.cloud_url or os.environ.get("OPENAI_BASE_URL") or None
@@ -214,7 +214,7 @@ def _pairs(option: str, values: list[str]) -> dict[str, str]:
     return out
 
 
-def _clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
+def named_clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
     """The named clouds (`--cloud NAME=URL`), each with its model and key."""
     urls = _pairs("--cloud", args.cloud)
     models = _pairs("--cloud-model", [m for m in args.cloud_model if "=" in m])

@@ -189,7 +189,7 @@ def test_named_clouds_each_take_their_model_and_key(monkeypatch: pytest.MonkeyPa
     import argparse
 
     from hybridllm.engines.openai_engine import OpenAIEngine
-    from hybridllm.gateway.command import _clouds, add_arguments
+    from hybridllm.gateway.command import add_arguments, named_clouds
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -198,7 +198,7 @@ def test_named_clouds_each_take_their_model_and_key(monkeypatch: pytest.MonkeyPa
         ["--cloud", "fast=http://127.0.0.1:9/v1", "--cloud", "smart-one=https://x.test/v1"]
         + ["--cloud-model", "fast=m-small", "--cloud-key", "fast=sk-flag"]
     )
-    clouds = _clouds(args)
+    clouds = named_clouds(args)
     assert [(c.name, c.url, c.model, c.key) for c in clouds] == [
         ("fast", "http://127.0.0.1:9/v1", "m-small", "sk-flag"),
         ("smart-one", "https://x.test/v1", None, "sk-env"),
