@@ -460,17 +460,12 @@ class HybridClient:
 
     def _considered(self, ticket: _Ticket) -> tuple[CloudConsidered, ...]:
         """Each cloud the request's policy allows, in order: chosen, or why it was passed over."""
-        out = []
-        for name in ticket.clouds:
-            passed: Literal["circuit_open", "unavailable"] | None = None
-            if name == ticket.cloud:
-                pass  # it serves the cloud side (routing says why, if it cannot now)
-            elif not self.breakers[name].would_allow():
-                passed = "circuit_open"
-            elif self.engines[name].info().unavailable is not None:
-                passed = "unavailable"
-            out.append(CloudConsidered(name, name == ticket.cloud, passed))
-        return tuple(out)
+        return self._roster.considered(
+            ticket.clouds,
+            ticket.cloud,
+            lambda name: not self.breakers[name].would_allow(),
+            lambda name: self.engines[name].info().unavailable is not None,
+        )
 
     def _usable(self, name: EngineName) -> bool:
         """Could this engine take a request now (its circuit lets one through, it is not
@@ -545,6 +540,7 @@ class HybridClient:
     def _route(self, ticket: _Ticket, facts: RequestFacts, *, preview: bool) -> RoutePreview:
         """The decision from the facts and the live state; a request no engine may serve
         raises its refusal (a `RefusedError`)."""
+        self._to_tier(ticket, facts)
         sides = self._sides(ticket)
         route = self.routing.decide(
             ticket.request,
@@ -570,6 +566,15 @@ class HybridClient:
                 route.state.context,
             )
         return route
+
+    def _to_tier(self, ticket: _Ticket, facts: RequestFacts) -> None:
+        """Under `[routing] tiers`: the clouds in the order the request's tier tries them (its
+        own cloud first, then the harder tiers'), and the first that can serve now serves."""
+        tiers, tier = ticket.policy.routing.tiers, facts.router_tier
+        if tiers is None or tier is None or tier == "local":
+            return
+        ticket.clouds = self._roster.tiered(ticket.clouds, tiers, tier)
+        ticket.cloud = self._roster.pick_cloud(ticket.clouds, self._usable)
 
     def _effective(self, policy: str | Path | Policy | None, args: RequestArgs) -> Policy:
         """The policy as this client applies it to one request: the call's `plan=` (added to

@@ -9,7 +9,8 @@ the second half of this module. Every field is optional; one name per knob:
     name, description, priority, plans, plan              top level: what it is, which plans run
     [sampling]    temperature, top_p, stop, max_tokens
     [routing]     prefer, allow_cloud, fallback_order, ttft_deadline_ms, tpot_target_ms,
-                  stall_ms, retries, router_threshold | target_cloud_share | quality_floor
+                  stall_ms, retries, router_threshold | target_cloud_share | quality_floor,
+                  tiers with tier_bounds | tier_shares
     [hedge]       after_ms, device_weight, cloud_price_ms, parallel_cloud, parallel_cloud_share
     [handoff]     after_tokens, warm_cloud
     [cascade]     hold_tokens, hold_ms, hedge, judge
@@ -222,6 +223,9 @@ _ROUTING_FIELDS = (
     "prefer",
     "allow_cloud",
     "fallback_order",
+    "tiers",
+    "tier_bounds",
+    "tier_shares",
     "retries",
     "objective",
     *_ROUTING_NUMBERS,
@@ -254,9 +258,24 @@ class RoutingTable(_Table):
     router_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     target_cloud_share: float | None = Field(default=None, ge=0.0, le=1.0)
     quality_floor: float | None = Field(default=None, ge=0.0, le=1.0)
+    # tiers by difficulty: the engines from the easiest requests' to the hardest's (the
+    # router's score, P(the local answer is wrong), picks the step), with one bound per step:
+    # `tier_bounds` (scores: step i+1 from bound i on, increasing) or `tier_shares` (the share of
+    # requests that reach step i+1 or above, decreasing; read on the router's calibration)
+    tiers: tuple[EngineChoice, ...] | None = None
+    tier_bounds: tuple[float, ...] | None = None
+    tier_shares: tuple[float, ...] | None = None
 
     _numbers = field_validator(*_ROUTING_NUMBERS, mode="before")(_number)
     _counts = field_validator("retries", mode="before")(_count)
+
+    @field_validator("tier_bounds", "tier_shares", mode="before")
+    @classmethod
+    def _steps(cls, v: object) -> object:
+        if isinstance(v, list | tuple):
+            for x in v:
+                _number(x)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -279,7 +298,45 @@ class RoutingTable(_Table):
                 raise ValueError("fallback_order allows only the cloud but allow_cloud is false")
         if self.prefer == "cloud" and not self.allow_cloud:
             raise ValueError("prefer is 'cloud' but allow_cloud is false")
+        self._check_tiers(given)
         return self
+
+    def _check_tiers(self, thresholds: list[str]) -> None:
+        """Tiers: distinct engines (two or more, "auto" not one), the device's first where
+        listed, one bound per step (bounds increasing, shares decreasing, both in (0, 1]),
+        under `prefer = "auto"`, without a fixed order or another threshold."""
+        tiers, bounds, shares = self.tiers, self.tier_bounds, self.tier_shares
+        if tiers is None:
+            if bounds is not None or shares is not None:
+                raise ValueError("tier_bounds / tier_shares need tiers")
+            return
+        if len(tiers) < 2 or len(set(tiers)) != len(tiers) or "auto" in tiers:
+            raise ValueError("tiers: two or more distinct engines ('local', 'cloud' or names)")
+        if "local" in tiers[1:]:
+            raise ValueError("tiers: 'local' (the device) can only be the first, easiest tier")
+        if self.prefer != "auto" or self.fallback_order is not None or thresholds:
+            raise ValueError(
+                "tiers pick the engine by the router's score: give them with prefer = 'auto', "
+                "no fallback_order and no router_threshold / target_cloud_share / quality_floor"
+            )
+        if not self.allow_cloud:
+            raise ValueError("tiers name clouds but allow_cloud is false")
+        if (bounds is None) == (shares is None):
+            raise ValueError("tiers: give exactly one of tier_bounds or tier_shares")
+        steps = bounds if bounds is not None else shares
+        assert steps is not None
+        if len(steps) != len(tiers) - 1:
+            raise ValueError(
+                f"tiers: {len(tiers)} tiers need {len(tiers) - 1} bounds, one per step "
+                f"(got {len(steps)})"
+            )
+        pairs = list(zip(steps, steps[1:], strict=False))
+        if not all(0.0 < x <= 1.0 for x in steps):
+            raise ValueError("tier_bounds / tier_shares: numbers in (0, 1]")
+        if bounds is not None and not all(a < b for a, b in pairs):
+            raise ValueError("tier_bounds: router scores, increasing")
+        if shares is not None and not all(a > b for a, b in pairs):
+            raise ValueError("tier_shares: shares in (0, 1], decreasing")
 
 
 class HedgeTable(_Table):

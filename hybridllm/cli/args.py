@@ -47,3 +47,11 @@ def prompt(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must hold some non-blank text")
     return text
+
+
+def engine_name(text: str) -> str:
+    """An engine's name as a policy names it (a letter, then letters, digits, _ . -)."""
+    try:
+        return validate.engine_name("value", text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(f"must be {exc.rule}, not {text!r}") from None

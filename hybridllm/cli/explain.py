@@ -2,7 +2,9 @@
 
 The decision comes from the client's own gather (`hybridllm.runtime.gather.Gatherer`) and the
 pure `decide()`, with the live state stated on the command line: offline engines that send
-nothing, the local queue (`--queue-s`), the cloud circuit (`--cloud-circuit`), the budget
+nothing, the clouds by name (`--cloud NAME`, repeated; a policy may name them), the local
+queue (`--queue-s`), the cloud circuits (`--cloud-circuit`: every cloud's; `--open-circuit
+NAME`: one engine's), the budget
 (`--budget-exhausted`), privacy findings (`--found`, added to what the client's own scan finds).
 So the printed decision is the one `HybridClient.decide()` makes for the same prompt, policy and
 state, including the router: its score for the prompt (or `--router-score`) against the
@@ -44,6 +46,7 @@ from hybridllm.routing.inputs import BudgetVerdict, Prediction, PrivacyScan, Sco
 from hybridllm.runtime.gather import Gatherer
 from hybridllm.runtime.health import CircuitBreaker
 from hybridllm.runtime.latency import LatencyModel
+from hybridllm.runtime.roster import Roster
 from hybridllm.tools import ToolSpec, tool_spec
 
 if TYPE_CHECKING:
@@ -226,6 +229,7 @@ def explain(
     latency: LatencyModel | None = None,
     queue_s: float = 0.0,
     cloud_circuit_open: bool = False,
+    open_circuits: Collection[EngineName] = (),
     router: Scorer | None = None,
     router_score: float | None = None,
     router_threshold: float | None = None,
@@ -236,6 +240,9 @@ def explain(
 ) -> RoutePreview:
     """Decide for `prompt` as a `HybridClient` with these engines, router and state would.
 
+    `engines`: by name, "local" the device's, every other one a cloud (the policy may name
+    them: `prefer`, `fallback_order`, `tiers`; a name the list lacks is a `PolicyError`).
+    `cloud_circuit_open`: every cloud's circuit is open; `open_circuits`: these engines'.
     `router_score` states the score in place of `router`'s; `router_threshold` replaces the
     policy's reading of the score. `privacy_kinds`: findings added to the client's own scan
     (None: no scanner, as a client without one). Engines the latency model does not know yet
@@ -243,6 +250,10 @@ def explain(
     call a tool) or "json" (a JSON response format): a whole answer, as `tools=` or
     `response_format=` make it."""
     _check(queue_s, router_score, router_threshold, privacy_kinds, max_tokens)
+    offline = {e: offline_engine(e, queue_s if e == "local" else 0.0) for e in engines}
+    roster = Roster.of(offline, device="local" if "local" in offline else None)
+    policy = with_threshold(policy, router_threshold)
+    bound = roster.bind(policy)  # a name the engines lack: PolicyError
     latency = latency or LatencyModel()
     for name in engines:
         if not latency.knows(name):
@@ -254,20 +265,30 @@ def explain(
         budget=None if budget_fits else _Exhausted(),
         privacy=None if privacy_kinds is None else _scan_with(privacy_kinds),
     )
-    offline = {e: offline_engine(e, queue_s if e == "local" else 0.0) for e in engines}
-    breakers = {e: CircuitBreaker() for e in engines}
-    if cloud_circuit_open and "cloud" in breakers:
-        breakers["cloud"].opened_at = time.monotonic()
+    breakers = {e: CircuitBreaker(name=e) for e in engines}
+    for name in roster.clouds if cloud_circuit_open else open_circuits:
+        if name in breakers:
+            breakers[name].opened_at = time.monotonic()
     request = GenerationRequest(
         messages=({"role": "user", "content": prompt},),
-        max_tokens=policy.sampling.max_tokens if max_tokens is None else max_tokens,
+        max_tokens=bound.sampling.max_tokens if max_tokens is None else max_tokens,
         tools=_answer_spec(answer),
     )
-    policy = with_threshold(policy, router_threshold)
-    route = routing.decide(request, policy, offline, breakers)
-    if "cloud" not in engines:
-        return route
-    clouds = (CloudConsidered("cloud", True),)  # the one cloud serves its side, as in the client
+    order = roster.cloud_order(policy)
+
+    def usable(name: EngineName) -> bool:
+        return breakers[name].would_allow()
+
+    first = roster.by_side(offline, order[0] if order else None)
+    facts = routing.facts(request, bound, None, first)
+    tiers = bound.routing.tiers
+    if tiers is not None and facts.router_tier not in (None, "local"):
+        order = roster.tiered(order, tiers, facts.router_tier or "")
+    cloud = roster.pick_cloud(order, usable)
+    sides = roster.by_side(offline, cloud)
+    by_side = {side: breakers[e.name] for side, e in sides.items()}
+    route = routing.decide(request, bound, sides, by_side, facts=facts)
+    clouds = roster.considered(order, cloud, lambda n: not usable(n), lambda _: False)
     return route._replace(state=dataclasses.replace(route.state, clouds=clouds))
 
 
@@ -309,6 +330,11 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
             f"router    score {facts.router_score:.3f}, threshold {facts.router_threshold:.3f} "
             f"({_threshold_source(policy)})"
         )
+    if facts.router_tier is not None and facts.tier_span is not None:
+        low, high = facts.tier_span
+        lines.append(f"tier      {facts.router_tier} (scores {low:.3f} to {high:.3f})")
+    if state.clouds:
+        lines.append("clouds    " + ", ".join(_considered(c) for c in state.clouds))
     if decision.primary is None:
         lines.append("decision  REFUSED")
     else:
@@ -330,6 +356,15 @@ def render(decision: Decision, facts: RequestFacts, state: LiveState, policy: Po
     for name, p in sorted(state.latency.items()):
         lines.append("  " + _prediction(name, p))
     return "\n".join(lines)
+
+
+def _considered(cloud: CloudConsidered) -> str:
+    """One cloud as weighed: serving the cloud side, passed over (why), or next in line."""
+    if cloud.chosen:
+        return f"{cloud.engine} (serves the cloud side)"
+    if cloud.passed_over is not None:
+        return f"{cloud.engine} (passed over: {cloud.passed_over.replace('_', ' ')})"
+    return f"{cloud.engine} (next on failure)"
 
 
 def _finite(x: float) -> float | str:
@@ -378,6 +413,11 @@ def as_json(decision: Decision, facts: RequestFacts, state: LiveState) -> str:
             "max_tokens": facts.max_tokens,
             "router_score": facts.router_score,
             "router_threshold": facts.router_threshold,
+            "router_tier": facts.router_tier,
+            "clouds": [
+                {"engine": c.engine, "chosen": c.chosen, "passed_over": c.passed_over}
+                for c in state.clouds
+            ],
             "privacy_kinds": None if facts.privacy_kinds is None else sorted(facts.privacy_kinds),
             "atomic": facts.atomic,
             "predicted": {
@@ -400,7 +440,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if not args.no_local:
         engines.append("local")
     if not args.no_cloud:
-        engines.append("cloud")
+        engines += args.cloud or ["cloud"]
     router = None if args.no_router else ArtifactRouter(args.router)
     decision, facts, state = explain(
         args.prompt,
@@ -409,6 +449,7 @@ def run_explain(args: argparse.Namespace) -> int:
         latency=latency,
         queue_s=args.queue_s,
         cloud_circuit_open=args.cloud_circuit == "open",
+        open_circuits=args.open_circuit or (),
         router=router,
         router_score=args.router_score,
         router_threshold=args.threshold,

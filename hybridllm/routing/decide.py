@@ -355,6 +355,12 @@ def _wanted(
         text = f"policy {policy.name!r} prefers auto, no router score -> local first"
         reasons.append(Reason("no_router_score", text))
         return "local", False, "latency"
+    if facts.router_tier is not None and facts.tier_span is not None:
+        tier, (low, high) = facts.router_tier, facts.tier_span
+        text = f"router score {score:.2f} in [{low:.2f}, {high:.2f}) -> tier {tier}"
+        reasons.append(Reason("router_tier", text))
+        by_router = tier != "local"
+        return ("cloud" if by_router else "local"), by_router, "quality" if by_router else "cost"
     want: EngineName = "cloud" if score >= cut else "local"
     rel = ">=" if score >= cut else "<"
     reasons.append(

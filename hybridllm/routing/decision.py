@@ -60,6 +60,7 @@ ReasonCode = Literal[
     "policy_prefers",
     "no_router_score",
     "router_score",
+    "router_tier",
     # 2. which engines may serve: a policy that never leaves the device; privacy (names alone
     # known as public, no scanner, a finding the policy allows, blocks or keeps local); the
     # budget (refused, or local); the cloud circuit (forced anyway, slow but a quality decision,
@@ -162,6 +163,10 @@ class RequestFacts:
     # the answer may be a tool call ("tools") or must be JSON ("json"): it is delivered whole,
     # so no plan that splits it or verifies it piece by piece runs; None: plain text
     atomic: Atomic | None = None
+    # under `[routing] tiers`: the tier the score falls in (its engine: "local" for the device,
+    # else a cloud's name or "cloud") and the step's bounds [low, high); None: no tiers
+    router_tier: EngineName | None = None
+    tier_span: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

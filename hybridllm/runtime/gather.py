@@ -25,6 +25,7 @@ into ledger caps. Routing sees only the protocols; this room imports both sides.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -193,10 +194,13 @@ class Gatherer:
         """The request's facts: its prompt tokens, the router's score and threshold, the kinds
         of personal data found. The costly part of admission: `HybridClient` runs this on a
         worker thread for a long prompt or with the NER layer."""
-        score = cut = None
+        score = cut = tier = span = None
         if self.router is not None and forced is None and _uses_router(policy):
             score = self.router.score(request.messages)
-            cut = policy.routing.router_threshold
+            if policy.routing.tiers is not None:
+                tier, span, cut = _tier(self.router, policy, score)
+            else:
+                cut = policy.routing.router_threshold
             if cut is None:
                 cut = self.router.threshold(
                     cloud_share=policy.routing.target_cloud_share,
@@ -216,6 +220,8 @@ class Gatherer:
             max_tokens=request.max_tokens,
             router_score=score,
             router_threshold=cut,
+            router_tier=tier,
+            tier_span=span,
             privacy_kinds=kinds,
             forced=forced,
             atomic=_atomic(request),
@@ -403,10 +409,33 @@ def _wait(info: EngineInfo, request: GenerationRequest) -> float:
     return info.expected_wait_s if by_class is None else by_class[request.priority]
 
 
+def tier_cuts(router: Scorer, policy: Policy) -> tuple[float, ...]:
+    """The router scores where a policy's tiers step up: its `tier_bounds`, or its
+    `tier_shares` read on the router's calibration (the score above which that share lies)."""
+    r = policy.routing
+    if r.tier_bounds is not None:
+        return r.tier_bounds
+    return tuple(router.threshold(cloud_share=share) for share in r.tier_shares or ())
+
+
+def _tier(
+    router: Scorer, policy: Policy, score: float
+) -> tuple[EngineName, tuple[float, float], float]:
+    """The tier `score` falls in (its engine), that step's bounds [low, high), and the score
+    from which a request leaves the device (0: every tier is a cloud)."""
+    tiers = policy.routing.tiers or ()
+    cuts = tier_cuts(router, policy)
+    step = sum(1 for c in cuts if score >= c)
+    edges = (0.0, *cuts, math.inf)
+    leaves = cuts[0] if tiers[0] == "local" else 0.0
+    return tiers[step], (edges[step], edges[step + 1]), leaves
+
+
 def _uses_router(policy: Policy) -> bool:
     """The router decides only where the policy leaves the choice open ("auto", no fixed order,
     the cloud allowed) and says how to read the score (a threshold, a cloud share or a floor)."""
     stated = (
+        policy.routing.tiers,
         policy.routing.router_threshold,
         policy.routing.target_cloud_share,
         policy.routing.quality_floor,

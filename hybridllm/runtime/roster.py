@@ -28,6 +28,7 @@ from hybridllm.engines.base import Engine
 from hybridllm.errors import ConfigError, InvalidArgumentError, PolicyError
 from hybridllm.events import EngineName
 from hybridllm.policy import Policy
+from hybridllm.routing.decision import CloudConsidered
 
 __all__ = ["SIDES", "Roster", "Side"]
 
@@ -106,7 +107,9 @@ class Roster:
         it (the side words "local" and "cloud" and "auto" are always understood)."""
         r = policy.routing
         named = [("routing.prefer", r.prefer)] + [
-            (f"routing.fallback_order[{i}]", n) for i, n in enumerate(r.fallback_order or ())
+            (f"routing.{key}[{i}]", n)
+            for key, names in (("fallback_order", r.fallback_order), ("tiers", r.tiers))
+            for i, n in enumerate(names or ())
         ]
         for field, name in named:
             if name not in (*SIDES, "auto") and name not in self.engines:
@@ -116,16 +119,26 @@ class Roster:
                     f"hold (it holds: {held})",
                     field=field,
                 )
+        for i, name in enumerate(r.tiers or ()):
+            if i and name != "cloud" and self.side(name) == "local":
+                raise PolicyError(
+                    f"policy {policy.name!r}: tiers name the device's engine {name!r} after a "
+                    "cloud; the device can only be the first, easiest tier",
+                    field=f"routing.tiers[{i}]",
+                )
 
     def bind(self, policy: Policy) -> Policy:
         """`policy` with its engine names as the sides `decide()` reads (the same policy where
         it names none)."""
         self.check(policy)
         r = policy.routing
-        if all(n in (*SIDES, "auto") for n in (r.prefer, *(r.fallback_order or ()))):
+        words = (r.prefer, *(r.fallback_order or ()), *(r.tiers or ()))
+        if all(n in (*SIDES, "auto") for n in words):
             return policy
         prefer = r.prefer if r.prefer in (*SIDES, "auto") else self.side(r.prefer)
         routing: dict[str, object] = {"prefer": prefer}
+        if r.tiers is not None:  # the device's engine by its side; the clouds by name
+            routing["tiers"] = tuple("local" if self.side(n) == "local" else n for n in r.tiers)
         if r.fallback_order is not None:
             sides = [n if n in SIDES else self.side(n) for n in r.fallback_order]
             routing["fallback_order"] = tuple(dict.fromkeys(sides))
@@ -157,7 +170,33 @@ class Roster:
         return tuple(dict.fromkeys(out))
 
     def cloud_order(self, policy: Policy) -> tuple[EngineName, ...]:
-        return tuple(n for n in self.names(policy) if n in self.clouds)
+        """The clouds the policy allows, in the order they are tried (under tiers: the tiers'
+        clouds from the easiest step up, then the others)."""
+        order = tuple(n for n in self.names(policy) if n in self.clouds)
+        tiers = policy.routing.tiers
+        if tiers is None:
+            return order
+        first = next(n for n in tiers if n == "cloud" or n in self.clouds)
+        return self.tiered(order, tiers, first)
+
+    def tiered(
+        self, order: tuple[EngineName, ...], tiers: tuple[EngineName, ...], tier: EngineName
+    ) -> tuple[EngineName, ...]:
+        """`order` (the clouds allowed) as a request of `tier` tries them: that tier's cloud
+        first, then the tiers above it (harder requests' engines), then the ones below it
+        (nearest first), then the clouds no tier names ("cloud": every cloud not named)."""
+        if tier == "local" or tier not in tiers:
+            return order
+        at = tiers.index(tier)
+        ranked = (*tiers[at:], *reversed(tiers[:at]))
+        named = set(tiers)
+        out: list[EngineName] = []
+        for word in ranked:
+            if word == "cloud":
+                out += [c for c in order if c not in named]
+            elif word in order:
+                out.append(word)
+        return tuple(dict.fromkeys((*out, *order)))
 
     def pick_cloud(
         self, order: tuple[EngineName, ...], usable: Callable[[EngineName], bool]
@@ -168,3 +207,23 @@ class Roster:
             if usable(name):
                 return name
         return order[0] if order else None
+
+    def considered(
+        self,
+        order: tuple[EngineName, ...],
+        chosen: EngineName | None,
+        circuit_open: Callable[[EngineName], bool],
+        unavailable: Callable[[EngineName], bool],
+    ) -> tuple[CloudConsidered, ...]:
+        """Each cloud in `order` as weighed for one request: `chosen` (it serves the cloud side;
+        routing says why, if it cannot now), else passed over for its open circuit or for being
+        unavailable, else the next ones a failure turns to."""
+        out = []
+        for name in order:
+            passed: Literal["circuit_open", "unavailable"] | None = None
+            if name != chosen and circuit_open(name):
+                passed = "circuit_open"
+            elif name != chosen and unavailable(name):
+                passed = "unavailable"
+            out.append(CloudConsidered(name, name == chosen, passed))
+        return tuple(out)

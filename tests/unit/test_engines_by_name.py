@@ -255,3 +255,118 @@ async def test_decide_says_which_clouds_were_weighed_and_why() -> None:
         ("smart", False, "circuit_open"),
         ("fast", True, None),
     ]
+
+
+# ---- tiers by difficulty ---------------------------------------------------------------------
+
+
+class ScoreRouter:
+    """A router double: the score is the number written in the prompt ("0.55" -> 0.55); a cloud
+    share reads as the score above which that share lies on a uniform calibration (1 - share)."""
+
+    def score(self, messages: object) -> float:
+        return float(messages[-1]["content"])  # type: ignore[index]
+
+    def threshold(
+        self, cloud_share: float | None = None, quality_floor: float | None = None
+    ) -> float:
+        assert cloud_share is not None and quality_floor is None
+        return 1.0 - cloud_share
+
+
+TIERED = Policy(
+    name="tiered",
+    routing={"tiers": ["local", "fast", "smart"], "tier_bounds": [0.3, 0.7], "retries": 0},
+)
+
+
+@pytest.mark.parametrize(
+    ("score", "engine"), [("0.1", "local"), ("0.3", "fast"), ("0.69", "fast"), ("0.7", "smart")]
+)
+async def test_tiers_send_each_request_to_its_steps_engine(score: str, engine: str) -> None:
+    engines = trio([0.1, "smart"], [0.1, "fast"])
+    async with HybridClient(engines=engines, policy=TIERED, router=ScoreRouter()) as client:
+        done = await client.complete(score)
+        preview = client.decide(score)
+    assert done.trace.engine == engine and done.text == {"local": "device"}.get(engine, engine)
+    assert "router_tier" in done.trace.reason_codes
+    decision = done.trace.decision
+    assert decision is not None and decision.by_router == (engine != "local")
+    chosen = [c.engine for c in preview.state.clouds if c.chosen]
+    assert chosen == [engine if engine != "local" else "fast"]  # the easiest cloud by default
+
+
+async def test_tier_shares_read_on_the_routers_calibration() -> None:
+    policy = Policy(
+        name="shares",
+        routing={"tiers": ["local", "fast", "smart"], "tier_shares": [0.5, 0.2]},
+    )
+    engines = trio([0.1, "smart"], [0.1, "fast"])
+    async with HybridClient(engines=engines, policy=policy, router=ScoreRouter()) as client:
+        got = [(await client.complete(s)).trace.engine for s in ("0.49", "0.5", "0.79", "0.8")]
+    assert got == ["local", "fast", "fast", "smart"]  # cuts at 1-0.5 and 1-0.2
+
+
+async def test_a_failing_tier_cloud_fails_over_to_the_harder_tier_before_the_device() -> None:
+    engines = trio([0.2, "smart"], [0.05, SERVER_ERROR])
+    async with HybridClient(engines=engines, policy=TIERED, router=ScoreRouter()) as client:
+        done = await client.complete("0.5")
+    assert done.text == "smart" and done.trace.engine == "smart"
+    assert engines["fast"].requests and not engines["local"].requests
+
+
+async def test_the_hardest_tier_down_falls_to_the_nearest_easier_cloud() -> None:
+    engines = trio([0.05, SERVER_ERROR], [0.1, "fast"])
+    async with HybridClient(engines=engines, policy=TIERED, router=ScoreRouter()) as client:
+        done = await client.complete("0.9")
+    assert done.text == "fast" and not engines["local"].requests
+
+
+async def test_tiers_without_a_router_serve_locally_first() -> None:
+    engines = trio([0.1, "smart"], [0.1, "fast"])
+    async with HybridClient(engines=engines, policy=TIERED, router=None) as client:
+        done = await client.complete("0.9")
+    assert done.trace.engine == "local" and "no_router_score" in done.trace.reason_codes
+
+
+async def test_tiers_of_clouds_only_never_serve_on_the_device_first() -> None:
+    policy = Policy(name="c", routing={"tiers": ["fast", "smart"], "tier_bounds": [0.6]})
+    engines = trio([0.1, "smart"], [0.1, "fast"])
+    async with HybridClient(engines=engines, policy=policy, router=ScoreRouter()) as client:
+        got = [(await client.complete(s)).trace.engine for s in ("0.0", "0.59", "0.6")]
+    assert got == ["fast", "fast", "smart"]
+
+
+@pytest.mark.parametrize(
+    ("routing", "field"),
+    [
+        ({"tiers": ["local", "fast"]}, "routing"),  # no bound
+        ({"tiers": ["local", "fast"], "tier_bounds": [0.3, 0.6]}, "routing"),  # one too many
+        ({"tiers": ["local", "fast", "smart"], "tier_bounds": [0.6, 0.3]}, "routing"),
+        ({"tiers": ["local", "fast", "smart"], "tier_shares": [0.2, 0.5]}, "routing"),
+        ({"tiers": ["fast", "local"], "tier_bounds": [0.5]}, "routing"),  # device after a cloud
+        ({"tiers": ["local", "fast"], "tier_bounds": [0.5], "router_threshold": 0.4}, "routing"),
+        ({"tiers": ["local", "fast"], "tier_bounds": [0.5], "prefer": "fast"}, "routing"),
+        ({"tiers": ["local", "fast"], "tier_bounds": [1.5]}, "routing"),
+        ({"tier_bounds": [0.5]}, "routing"),
+    ],
+)
+def test_bad_tiers_are_policy_errors(routing: dict[str, object], field: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        Policy(name="bad", routing=routing)
+    assert info.value.field is not None and info.value.field.startswith(field)
+
+
+async def test_tiers_naming_an_engine_the_client_lacks_or_the_device_late() -> None:
+    lacking = Policy(name="x", routing={"tiers": ["local", "huge"], "tier_bounds": [0.5]})
+    with pytest.raises(PolicyError) as info:
+        HybridClient(engines=trio([0.1, "s"], [0.1, "f"]), policy=lacking, router=None)
+    assert info.value.field == "routing.tiers[1]"
+    engines = {
+        "phone": ScriptedEngine("phone", tokens=["p"], on_device=True),
+        "fast": ScriptedEngine("fast", tokens=["f"]),
+    }
+    late = Policy(name="y", routing={"tiers": ["fast", "phone"], "tier_bounds": [0.5]})
+    with pytest.raises(PolicyError) as info:
+        HybridClient(engines=engines, policy=late, router=None)
+    assert info.value.field == "routing.tiers[1]"

@@ -11,6 +11,7 @@ import pytest
 
 from hybridllm.cli.explain import explain, offline_engine
 from hybridllm.cli.main import main
+from hybridllm.errors import PolicyError
 from hybridllm.policy import Policy, resolve_policy
 from hybridllm.routing.router import Router
 from hybridllm.runtime.latency import LatencyModel
@@ -238,3 +239,37 @@ def test_a_whole_answer_shows_and_runs_no_handoff(
     assert tools["atomic"] == "tools" and tools["plan"] == "single"
     assert code == 0 and "answer    must be JSON: delivered whole" in text
     assert "plan=handoff, but the answer is JSON, delivered whole -> no handoff" in text
+
+
+def test_named_clouds_and_tiers_show_which_cloud_serves_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "tiered.toml"
+    policy.write_text(
+        'name = "tiered"\n[routing]\ntiers = ["local", "fast", "smart"]\ntier_bounds = [0.3, 0.7]\n'
+    )
+    base = ("Say hi.", "--policy", str(policy), "--cloud", "fast", "--cloud", "smart", "--json")
+    code, out = run(capsys, *base, "--router-score", "0.5")
+    got = json.loads(out)
+    assert code == 0 and got["router_tier"] == "fast" and got["primary"] == "cloud"
+    assert "router_tier" in got["reason_codes"]
+    assert [(c["engine"], c["chosen"]) for c in got["clouds"]] == [("fast", True), ("smart", False)]
+    code, out = run(capsys, *base, "--router-score", "0.5", "--open-circuit", "fast")
+    got = json.loads(out)
+    assert [(c["engine"], c["chosen"], c["passed_over"]) for c in got["clouds"]] == [
+        ("fast", False, "circuit_open"),
+        ("smart", True, None),
+    ]
+    code, out = run(capsys, *base[:-1], "--router-score", "0.9")
+    assert code == 0 and "tier      smart" in out and "smart (serves the cloud side)" in out
+
+
+def test_a_policy_naming_a_cloud_explain_was_not_given_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pol = Policy(name="p", routing={"prefer": "smart"})
+    with pytest.raises(PolicyError):
+        explain("x", pol, engines=("local", "fast"))
+    preview = explain("x", pol, engines=("local", "fast", "smart"))
+    assert preview.decision.primary == "cloud"
+    assert [c.engine for c in preview.state.clouds if c.chosen] == ["smart"]
