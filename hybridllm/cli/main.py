@@ -188,14 +188,9 @@ def _register_explain(subparsers: Subparsers) -> None:
     p.add_argument("--max-tokens", type=int, metavar="N", help="output tokens (policy default)")
     p.add_argument("--queue-s", type=float, default=0.0, metavar="S", help="local queue wait")
     p.add_argument("--cloud-circuit", choices=["closed", "open"], default="closed")
-    p.add_argument(
-        "--cloud", action="append", type=engine_name, metavar="NAME",
-        help="a cloud by name, repeated for several (default: one named 'cloud')",
-    )  # fmt: skip
-    p.add_argument(
-        "--open-circuit", action="append", type=engine_name, metavar="NAME",
-        help="this engine's circuit is open (repeatable)",
-    )  # fmt: skip
+    named = {"action": "append", "type": engine_name, "metavar": "NAME"}
+    p.add_argument("--cloud", help="a cloud by name, repeatable (default: 'cloud')", **named)
+    p.add_argument("--open-circuit", help="this engine's circuit is open (repeatable)", **named)
     p.add_argument("--router-score", type=float, metavar="P", help="P(local answer wrong)")
     p.add_argument("--threshold", type=float, metavar="T", help="router threshold to use")
     p.add_argument("--router", type=Path, metavar="DIR", help="router artifact (default: shipped)")
