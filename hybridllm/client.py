@@ -412,6 +412,7 @@ class HybridClient:
             self._judge, ticket.request, ticket.policy, ticket.forced, facts
         )
         route = ticket.route = self._route(ticket, facts, preview=False)
+        self._plan_cloud(ticket, route.decision)
         ticket.cloud_start = self.routing.note_decision(ticket.policy.name, route.decision)
         decision, state, pol, trace = route.decision, route.state, ticket.policy, run.trace
         log.debug("request %s: %r, %r", trace.request_id, decision, route.facts)
@@ -566,6 +567,16 @@ class HybridClient:
                 route.state.context,
             )
         return route
+
+    def _plan_cloud(self, ticket: _Ticket, decision: Decision) -> None:
+        """The cloud a plan's table names (the handoff's continuer, the cascade's escalation,
+        the speculative verifier) takes the request's cloud part where the policy allows it
+        and it can serve now; the request's other clouds stay its next ones."""
+        name = ticket.policy.plan_cloud(decision.plan)
+        if name is None or name not in ticket.clouds or not self._usable(name):
+            return
+        ticket.clouds = (name, *(c for c in ticket.clouds if c != name))
+        ticket.cloud = name
 
     def _to_tier(self, ticket: _Ticket, facts: RequestFacts) -> None:
         """Under `[routing] tiers`: the clouds in the order the request's tier tries them (its

@@ -12,9 +12,9 @@ the second half of this module. Every field is optional; one name per knob:
                   stall_ms, retries, router_threshold | target_cloud_share | quality_floor,
                   tiers with tier_bounds | tier_shares
     [hedge]       after_ms, device_weight, cloud_price_ms, parallel_cloud, parallel_cloud_share
-    [handoff]     after_tokens, warm_cloud
-    [cascade]     hold_tokens, hold_ms, hedge, judge
-    [speculative] show_drafts, max_prompt_overhead, k, ahead
+    [handoff]     after_tokens, warm_cloud, continuer
+    [cascade]     hold_tokens, hold_ms, hedge, judge, escalation
+    [speculative] show_drafts, max_prompt_overhead, k, ahead, verifier
     [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
     [privacy]     mode = "off" | "keep-local" | "block", ner
     [tools]       min_call_confidence, min_tool_fit
@@ -405,6 +405,8 @@ class HandoffTable(_Table):
 
     after_tokens: int = Field(default=4, ge=1)
     warm_cloud: bool = Field(default=False, strict=True)
+    # the cloud that continues, by name (None: the cloud serving the request's cloud side)
+    continuer: EngineChoice | None = None
 
     _counts = field_validator("after_tokens", mode="before")(_count)
 
@@ -420,6 +422,9 @@ class CascadeTable(_Table):
     hold_ms: float = Field(default=1500.0, gt=0)
     hedge: bool = Field(default=False, strict=True)
     judge: Literal["prefix", "answer"] = "prefix"
+    # the cloud a judged-out local answer escalates to, by name (None: the cloud serving the
+    # request's cloud side)
+    escalation: EngineChoice | None = None
 
     _counts = field_validator("hold_tokens", mode="before")(_count)
     _numbers = field_validator("hold_ms", mode="before")(_number)
@@ -436,6 +441,9 @@ class SpeculativeTable(_Table):
     max_prompt_overhead: float | None = Field(default=None, gt=0)
     k: int | None = Field(default=None, ge=1, le=16)
     ahead: bool = Field(default=True, strict=True)
+    # the cloud that verifies the device's drafts, by name (None: the cloud serving the
+    # request's cloud side)
+    verifier: EngineChoice | None = None
 
     _counts = field_validator("k", mode="before")(_count)
     _numbers = field_validator("max_prompt_overhead", mode="before")(_number)
@@ -662,6 +670,16 @@ class Policy(BaseModel):
         r = self.routing
         order = r.fallback_order
         return r.allow_cloud and (order is None or any(n != "local" for n in order))
+
+    def plan_cloud(self, plan: str) -> EngineChoice | None:
+        """The cloud a plan's table names for its cloud part (the handoff's continuer, the
+        cascade's escalation, the speculative verifier); None: the request's cloud."""
+        named = {
+            "handoff": self.handoff.continuer,
+            "cascade": self.cascade.escalation,
+            "speculative": self.speculative.verifier,
+        }
+        return named.get(plan)
 
     @property
     def order(self) -> tuple[EngineChoice, ...]:

@@ -119,6 +119,7 @@ class Roster:
                     f"hold (it holds: {held})",
                     field=field,
                 )
+        self._check_plan_clouds(policy)
         for i, name in enumerate(r.tiers or ()):
             if i and name != "cloud" and self.side(name) == "local":
                 raise PolicyError(
@@ -126,6 +127,19 @@ class Roster:
                     "cloud; the device can only be the first, easiest tier",
                     field=f"routing.tiers[{i}]",
                 )
+
+    def _check_plan_clouds(self, policy: Policy) -> None:
+        """A plan's table naming its cloud (`Policy.plan_cloud`) names one of this client's."""
+        tables = (("handoff", "continuer"), ("cascade", "escalation"), ("speculative", "verifier"))
+        for plan, key in tables:
+            named = policy.plan_cloud(plan)
+            if named is None or named == "cloud" or named in self.clouds:
+                continue
+            raise PolicyError(
+                f"policy {policy.name!r}: [{plan}] {key} = {named!r} must be one of this "
+                f"client's clouds ({', '.join(self.clouds) or 'none'})",
+                field=f"{plan}.{key}",
+            )
 
     def bind(self, policy: Policy) -> Policy:
         """`policy` with its engine names as the sides `decide()` reads (the same policy where

@@ -370,3 +370,90 @@ async def test_tiers_naming_an_engine_the_client_lacks_or_the_device_late() -> N
     with pytest.raises(PolicyError) as info:
         HybridClient(engines=engines, policy=late, router=None)
     assert info.value.field == "routing.tiers[1]"
+
+
+# ---- plans that pair two engines name their cloud --------------------------------------------
+
+
+def three(local: ScriptedEngine) -> dict[str, ScriptedEngine]:
+    return {
+        "local": local,
+        "fast": ScriptedEngine("fast", script=[0.02, "F", 0.01, "F"]),
+        "smart": ScriptedEngine("smart", script=[0.02, "S", 0.01, "S"]),
+    }
+
+
+async def test_the_handoffs_continuer_is_the_cloud_its_table_names() -> None:
+    engines = three(ScriptedEngine("local", tokens=["a", "b", "c", "d"], ttft_s=0.01, tpot_s=0.01))
+    policy = Policy(
+        name="h",
+        routing={"prefer": "local", "retries": 0},
+        handoff={"after_tokens": 2, "continuer": "smart"},
+    )
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        events, trace = await events_of(client, plan="handoff")
+    assert text_by_engine(events) == [
+        ("local", "a"),
+        ("local", "b"),
+        ("smart", "S"),
+        ("smart", "S"),
+    ]
+    assert engines["smart"].requests[0].assistant_prefix == "ab"
+    assert not engines["fast"].requests
+
+
+async def test_a_continuer_whose_circuit_is_open_leaves_the_handoff_to_the_first_cloud() -> None:
+    engines = three(ScriptedEngine("local", tokens=["a", "b", "c", "d"], ttft_s=0.01, tpot_s=0.01))
+    policy = Policy(
+        name="h",
+        routing={"prefer": "local", "retries": 0},
+        handoff={"after_tokens": 2, "continuer": "smart"},
+    )
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        client.breakers["smart"].opened_at = 0.0
+        events, _ = await events_of(client, plan="handoff")
+    assert [who for who, _ in text_by_engine(events)][-1] == "fast"
+    assert not engines["smart"].requests
+
+
+async def test_the_cascades_escalation_is_the_cloud_its_table_names() -> None:
+    from tests.unit.test_cascade_scripted import FakeRouter, SignalScriptedEngine
+
+    local = SignalScriptedEngine(hold_s=0.05, tokens=["l1", "l2"], tpot_s=0.01)
+    engines = three(local)
+    policy = Policy(
+        name="c",
+        plans=("single", "hedge", "cascade"),
+        routing={"router_threshold": 0.5, "retries": 0},
+        cascade={"escalation": "smart"},
+    )
+    router = FakeRouter(0.6, combined=0.9)  # stage 2: the cloud answers
+    async with HybridClient(engines=engines, policy=policy, router=router) as client:  # type: ignore[arg-type]
+        events, trace = await events_of(client, plan="cascade")
+    assert trace.plan == "cascade"  # type: ignore[attr-defined]
+    assert {who for who, _ in text_by_engine(events)} == {"smart"}
+    assert not engines["fast"].requests
+
+
+async def test_the_speculative_verifier_is_the_cloud_its_table_names() -> None:
+    engines = three(ScriptedEngine("local", tokens=["a"], ttft_s=0.01))
+    policy = Policy(
+        name="s", routing={"prefer": "cloud", "retries": 0}, speculative={"verifier": "smart"}
+    )
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        events, trace = await events_of(client, plan="speculative")
+    # scripted engines cannot draft or verify: the plan streams its verifier plainly
+    assert trace.plan == "speculative"  # type: ignore[attr-defined]
+    assert {who for who, _ in text_by_engine(events)} == {"smart"} and not engines["fast"].requests
+
+
+@pytest.mark.parametrize(
+    ("table", "name"),
+    [("handoff", "continuer"), ("cascade", "escalation"), ("speculative", "verifier")],
+)
+@pytest.mark.parametrize("named", ["huge", "local"])
+def test_a_plans_cloud_must_be_one_of_the_clients_clouds(table: str, name: str, named: str) -> None:
+    policy = Policy(name="p", **{table: {name: named}})  # type: ignore[arg-type]
+    with pytest.raises(PolicyError) as info:
+        HybridClient(engines=trio([0.1, "s"], [0.1, "f"]), policy=policy, router=None)
+    assert info.value.field == f"{table}.{name}"
