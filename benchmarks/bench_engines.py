@@ -155,8 +155,22 @@ async def run_hybrid(
             except HybridError as exc:
                 error = f"{type(exc).__name__}: {exc}"
             rows.append(_row(i, t0, first, "".join(parts), s.trace.engine, error, fault))
+            rows[-1]["attempts"] = _attempts(s.trace)
             log(f"  [hybridllm] {i + 1}/{len(w['items'])} {_said(rows[-1])}")
     return rows[WARMUPS:]
+
+
+def _attempts(trace: Any) -> list[str]:
+    """Each engine stream the request started: engine, role, start / first / end (ms from the
+    call) and how it ended, for reading a slow request back."""
+
+    def ms(t: float | None) -> str:
+        return "-" if t is None else f"{(t - trace.t_start) * 1e3:.0f}"
+
+    return [
+        f"{a.engine}/{a.role} {ms(a.t_start)}/{ms(a.t_first)}/{ms(a.t_end)} {a.outcome}"
+        for a in trace.attempts
+    ]
 
 
 def _row(
@@ -183,7 +197,8 @@ def _row(
 def _said(r: dict[str, Any]) -> str:
     fault = "500" if r["fault"] == "500" else f"delay {r['delay_ms']:.0f} ms"
     ttft = "-" if r["ttft_ms"] is None else f"{r['ttft_ms']:.0f} ms"
-    return f"{r['served']} ttft {ttft} (a: {fault}){', ' + r['error'] if r['error'] else ''}"
+    said = f"{r['served']} ttft {ttft} (a: {fault}){', ' + r['error'] if r['error'] else ''}"
+    return said + (f" [{'; '.join(r['attempts'])}]" if r.get("attempts") else "")
 
 
 # ---- LiteLLM -------------------------------------------------------------------------------------

@@ -468,6 +468,22 @@ class HybridClient:
             lambda name: self.engines[name].info().unavailable is not None,
         )
 
+    def _pick_cloud(self, ticket: _Ticket, *, quality: bool = False) -> EngineName | None:
+        """The cloud that serves the request's cloud side: the first in its order that can
+        serve now. Where the cloud is wanted for its answer (the policy puts a cloud first for
+        quality, or the router's tier asks for it), a cloud whose circuit opened for deadline
+        misses alone (slow, not broken) still can: routing keeps it with the next cloud and the
+        device as its rescues, as with one cloud, rather than giving its requests to another
+        cloud it did not choose."""
+        r = ticket.policy.routing
+        quality = quality or ticket.policy.order[0] == "cloud" and r.objective != "latency"
+
+        def usable(name: EngineName) -> bool:
+            slow = quality and self.breakers[name].slow
+            return self._usable(name) or slow and self.engines[name].info().unavailable is None
+
+        return self._roster.pick_cloud(ticket.clouds, usable)
+
     def _usable(self, name: EngineName) -> bool:
         """Could this engine take a request now (its circuit lets one through, it is not
         unavailable)? Read only: a half-open circuit keeps its probe."""
@@ -519,7 +535,7 @@ class HybridClient:
         if forced is not None:
             forced, clouds = self._forced(forced, clouds)
         ticket = _Ticket(request, pol, forced, args.get("plan"), streamed, clouds)
-        ticket.cloud = self._roster.pick_cloud(clouds, self._usable)
+        ticket.cloud = self._pick_cloud(ticket)
         check_constraints(request, self._sides(ticket), forced)
         return ticket
 
@@ -585,7 +601,7 @@ class HybridClient:
         if tiers is None or tier is None or tier == "local":
             return
         ticket.clouds = self._roster.tiered(ticket.clouds, tiers, tier)
-        ticket.cloud = self._roster.pick_cloud(ticket.clouds, self._usable)
+        ticket.cloud = self._pick_cloud(ticket, quality=True)  # the router asks for its quality
 
     def _effective(self, policy: str | Path | Policy | None, args: RequestArgs) -> Policy:
         """The policy as this client applies it to one request: the call's `plan=` (added to

@@ -10,6 +10,7 @@ from hybridllm import Fallback, HybridClient, Policy, Route, Token
 from hybridllm.errors import (
     CloudConnectionError,
     ConfigError,
+    DeadlineMissError,
     InvalidArgumentError,
     PolicyError,
     PrivacyBlockedError,
@@ -457,3 +458,37 @@ def test_a_plans_cloud_must_be_one_of_the_clients_clouds(table: str, name: str, 
     with pytest.raises(PolicyError) as info:
         HybridClient(engines=trio([0.1, "s"], [0.1, "f"]), policy=policy, router=None)
     assert info.value.field == f"{table}.{name}"
+
+
+async def test_a_cloud_slow_for_its_deadline_still_serves_a_quality_decision() -> None:
+    """Opened for deadline misses alone, the preferred cloud keeps a quality request (its
+    rescues cover the deadline); a latency-first request goes to the next cloud."""
+    engines = trio([0.05, "smart"], [0.05, "fast"])
+    latency_first = Policy(
+        name="l",
+        routing={
+            "prefer": "smart",
+            "fallback_order": ["smart", "fast", "local"],
+            "objective": "latency",
+            "retries": 0,
+        },
+    )
+    async with HybridClient(engines=engines, policy=QUALITY, router=None) as client:
+        for _ in range(5):
+            client.breakers["smart"].record(DeadlineMissError("no token", engine="smart"))
+        assert client.breakers["smart"].slow and not client.breakers["smart"].would_allow()
+        latency = await client.complete("q", policy=latency_first)
+        quality = await client.complete("q")  # its answer closes the circuit
+        assert client.breakers["smart"].would_allow()
+    assert quality.trace.engine == "smart"
+    assert "cloud_circuit_slow_quality" in quality.trace.reason_codes
+    assert latency.trace.engine == "fast"
+
+
+async def test_a_cloud_whose_circuit_opened_for_failures_is_passed_over_even_for_quality() -> None:
+    engines = trio([0.05, "smart"], [0.05, "fast"])
+    async with HybridClient(engines=engines, policy=QUALITY, router=None) as client:
+        for _ in range(2):
+            client.breakers["smart"].record(SERVER_ERROR)
+        done = await client.complete("q")
+    assert done.trace.engine == "fast" and not engines["smart"].requests
