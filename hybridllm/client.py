@@ -36,6 +36,7 @@ from hybridllm import errors, logs
 from hybridllm.engines import validate
 from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import Warms
+from hybridllm.engines.tokens import prompt_token_bound
 from hybridllm.events import EngineName, Event, Token, ToolCall
 from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
@@ -170,7 +171,14 @@ def _guards(
     caps: Sequence[Cap],
     judge: PrivacyJudge | None,
 ) -> dict[EngineName, GuardedEngine]:
-    """Each cloud behind its own guard (the privacy scan, its own prices), all on one ledger."""
+    """Each cloud behind its own guard (the privacy scan, its own prices), all on one ledger
+    (the client's caps: global, per policy, or per cloud by name)."""
+    for cap in caps:
+        if isinstance(cap, Cap) and cap.engine is not None and cap.engine not in roster.clouds:
+            clouds = ", ".join(roster.clouds) or "none"
+            raise errors.InvalidArgumentError(
+                "budget_caps", cap, f"caps on this client's clouds by name ({clouds})"
+            )
     if not roster.clouds:
         return {}
     if ledger is None and (prices is not None or caps):
@@ -558,6 +566,7 @@ class HybridClient:
         """The decision from the facts and the live state; a request no engine may serve
         raises its refusal (a `RefusedError`)."""
         self._to_tier(ticket, facts)
+        self._within_budget(ticket)
         sides = self._sides(ticket)
         route = self.routing.decide(
             ticket.request,
@@ -593,6 +602,24 @@ class HybridClient:
             return
         ticket.clouds = (name, *(c for c in ticket.clouds if c != name))
         ticket.cloud = name
+
+    def _within_budget(self, ticket: _Ticket) -> None:
+        """A cloud whose caps (its own, or the policy's priced by its model) cannot cover this
+        request hands it to the next usable cloud in its order that can (routing then sees a
+        cloud that fits); where none can, the cloud stays and routing says why."""
+        if ticket.cloud is None or ticket.forced is not None or not ticket.policy.cloud_allowed:
+            return
+        bound = prompt_token_bound(ticket.request.messages, ticket.request.tools)
+
+        def fits(name: EngineName) -> bool:
+            return self._guards[name].fits(ticket.policy.name, bound, ticket.request.max_tokens)[0]
+
+        if fits(ticket.cloud):
+            return
+        for name in ticket.clouds:
+            if name != ticket.cloud and self._usable(name) and fits(name):
+                ticket.cloud = name
+                return
 
     def _to_tier(self, ticket: _Ticket, facts: RequestFacts) -> None:
         """Under `[routing] tiers`: the clouds in the order the request's tier tries them (its

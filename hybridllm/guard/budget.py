@@ -73,25 +73,51 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Cap:
     """At most `limit_usd` per request, per UTC day or per UTC month, for the requests of one
-    scope (a policy name) or, with `scope=None`, for all requests together."""
+    scope (a policy name), for the requests one cloud serves (`engine`, its name in the client:
+    `Cap(None, "day", 5.0, engine="smart")`), or, with neither, for all requests together."""
 
     scope: str | None
     period: Period
     limit_usd: float
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.period not in ("request", "day", "month"):
             raise ConfigError(f"cap period must be request, day or month, not {self.period!r}")
         if not self.limit_usd >= 0:
             raise ConfigError(f"cap limit must be a non-negative amount, not {self.limit_usd!r}")
+        if self.scope is not None and self.engine is not None:
+            raise ConfigError("a cap is per policy (scope) or per engine, not both")
 
-    def applies(self, scope: str) -> bool:
+    def applies(self, scope: str, engine: str | None = None) -> bool:
+        """Does the cap hold a request of policy `scope` served by `engine`?"""
+        if self.engine is not None:
+            return self.engine == engine
         return self.scope is None or self.scope == scope
+
+    @property
+    def key(self) -> str:
+        """Its running totals' key in a ledger: "*" (all), "p:<policy>", "e:<engine>"."""
+        return totals_key(self.scope, self.engine)
 
     def describe(self) -> str:
         who = "global" if self.scope is None else f"policy {self.scope!r}"
+        who = who if self.engine is None else f"engine {self.engine!r}"
         per = {"request": "per-request", "day": "daily", "month": "monthly"}[self.period]
         return f"{who} {per}"
+
+
+def totals_key(scope: str | None, engine: str | None = None) -> str:
+    """The key of a ledger's running totals: every request's ("*"), a policy's ("p:<scope>") or
+    one engine's ("e:<engine>")."""
+    if engine is not None:
+        return f"e:{engine}"
+    return "*" if scope is None else f"p:{scope}"
+
+
+def entry_keys(scope: str, engine: str | None) -> tuple[str, ...]:
+    """The totals an entry of policy `scope` on `engine` counts in."""
+    return ("*", f"p:{scope}", *(() if not engine else (f"e:{engine}",)))
 
 
 @dataclass(frozen=True)
@@ -113,6 +139,7 @@ class Reservation:
     day: str  # UTC, "2026-11-30"
     month: str  # UTC, "2026-11"
     expires_at: float  # time.time()
+    engine: str | None = None  # the cloud it was held for, by name (None: not said)
 
 
 @dataclass(frozen=True)
@@ -147,9 +174,11 @@ class Ledger(Protocol):
         scope: str = "default",
         caps: Iterable[Cap] = (),
         ttl_s: float | None = None,
+        engine: str | None = None,
     ) -> Reservation:
-        """Hold the worst-case cost against every cap of `scope`, or raise
-        `BudgetExceededError` naming the first cap it does not fit (nothing held then)."""
+        """Hold the worst-case cost against every cap of `scope` and `engine` (the cloud, by
+        name), or raise `BudgetExceededError` naming the first cap it does not fit (nothing
+        held then)."""
         ...
 
     def check(
@@ -160,6 +189,7 @@ class Ledger(Protocol):
         max_tokens: int,
         scope: str = "default",
         caps: Iterable[Cap] = (),
+        engine: str | None = None,
     ) -> BudgetExceededError | None:
         """What `reserve()` would refuse now, holding nothing."""
         ...
@@ -173,13 +203,22 @@ class Ledger(Protocol):
         ...
 
     def spend(
-        self, period: Literal["day", "month"], scope: str | None = None, at: float | None = None
+        self,
+        period: Literal["day", "month"],
+        scope: str | None = None,
+        at: float | None = None,
+        *,
+        engine: str | None = None,
     ) -> Spend:
-        """Spend and open reservations of the UTC day or month holding `at` (default now)."""
+        """Spend and open reservations of the UTC day or month holding `at` (default now): of
+        every request, of policy `scope`, or of the cloud `engine`."""
         ...
 
-    def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
-        """USD left under the tightest day/month cap of `scope` (None: no such cap)."""
+    def remaining(
+        self, caps: Sequence[Cap], scope: str = "default", engine: str | None = None
+    ) -> float | None:
+        """USD left under the tightest day/month cap of `scope` and `engine` (None: no such
+        cap)."""
         ...
 
     def expire(self) -> int:
@@ -195,22 +234,24 @@ class Ledger(Protocol):
         ...
 
 
-def ordered_caps(caps: Iterable[Cap], scope: str) -> list[Cap]:
-    """The caps that apply to `scope`, per-request caps first: the order every ledger checks
-    them in, so the first refusal names the same cap whichever ledger refuses."""
-    applicable = [c for c in caps if c.applies(scope)]
+def ordered_caps(caps: Iterable[Cap], scope: str, engine: str | None = None) -> list[Cap]:
+    """The caps that apply to `scope` on `engine`, per-request caps first: the order every
+    ledger checks them in, so the first refusal names the same cap whichever ledger refuses."""
+    applicable = [c for c in caps if c.applies(scope, engine)]
     applicable.sort(key=lambda c: c.period != "request")
     return applicable
 
 
-def remaining_under(ledger: Ledger, caps: Sequence[Cap], scope: str) -> float | None:
+def remaining_under(
+    ledger: Ledger, caps: Sequence[Cap], scope: str, engine: str | None = None
+) -> float | None:
     """`Ledger.remaining` from `ledger.spend`: the room under the tightest day/month cap that
     applies (0 for a cap an overrun closed), None when no such cap applies."""
     left: float | None = None
     for cap in caps:
-        if cap.period == "request" or not cap.applies(scope):
+        if cap.period == "request" or not cap.applies(scope, engine):
             continue
-        s = ledger.spend(cap.period, cap.scope)
+        s = ledger.spend(cap.period, cap.scope, engine=cap.engine)
         room = 0.0 if s.overrun_usd else cap.limit_usd - s.settled_usd - s.reserved_usd
         room = max(0.0, room)  # a cap closed by an overrun has nothing left
         left = room if left is None else min(left, room)
@@ -256,12 +297,17 @@ _MIGRATIONS: Steps = (
     ALTER TABLE entries ADD COLUMN overrun_nano INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE totals ADD COLUMN overrun_nano INTEGER NOT NULL DEFAULT 0
     """,
+    # 3: the cloud an entry was held for, by its name in the client ('': not said); its totals
+    # are kept under "e:<engine>" beside the global and the policy's
+    """
+    ALTER TABLE entries ADD COLUMN engine TEXT NOT NULL DEFAULT ''
+    """,
 )
 # `totals` keeps, per UTC day ("2026-11-30") and month ("2026-11") and per scope ("p:<policy>",
-# "*" for all), the spend (settled and expired entries at their cost) and the amount held by
-# open reservations, and what settled above its reservation (overruns), updated in the same
-# transaction as `entries`: a reservation reads two rows per cap however many requests the day
-# had.
+# "e:<engine>", "*" for all), the spend (settled and expired entries at their cost) and the
+# amount held by open reservations, and what settled above its reservation (overruns),
+# updated in the same transaction as `entries`: a reservation reads two rows per cap however
+# many requests the day had.
 _BUMP = """
     INSERT INTO totals (period, scope, spent_nano, held_nano, overrun_nano) VALUES (?, ?, ?, ?, ?)
     ON CONFLICT (period, scope) DO UPDATE SET
@@ -327,32 +373,44 @@ class SQLiteLedger:
         scope: str = "default",
         caps: Iterable[Cap] = (),
         ttl_s: float | None = None,
+        engine: str | None = None,
     ) -> Reservation:
-        """Hold the worst-case cost against every cap that applies to `scope`, or raise
-        `BudgetExceededError` naming the first cap it does not fit (nothing is held then)."""
+        """Hold the worst-case cost against every cap that applies to `scope` and `engine`, or
+        raise `BudgetExceededError` naming the first cap it does not fit (nothing is held
+        then)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
         rid: int | None = None
         with self._tx() as db:  # what expired meanwhile stays expired, refused or not
             now = self._clock()
             day, month = utc_day_month(now)
             self._expire(db, now)
-            refusal = self._shortfall(db, caps, scope, amount, day, month)
+            refusal = self._shortfall(db, ordered_caps(caps, scope, engine), amount, day, month)
             expires = now + (self.ttl_s if ttl_s is None else ttl_s)
             if refusal is None:
                 cur = db.execute(
-                    "INSERT INTO entries (scope, model, state, reserved_nano, prompt_tokens, "
-                    "created_at, expires_at, day, month) "
-                    "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
-                    (scope, model, amount, prompt_tokens, now, expires, day, month),
+                    "INSERT INTO entries (scope, engine, model, state, reserved_nano, "
+                    "prompt_tokens, created_at, expires_at, day, month) "
+                    "VALUES (?, ?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                    (scope, engine or "", model, amount, prompt_tokens, now, expires, day, month),
                 )
                 rid = cur.lastrowid
-                _bump(db, scope, day, month, spent=0, held=amount)
+                _bump(db, entry_keys(scope, engine), day, month, spent=0, held=amount)
         if refusal is not None:
             log.info("%s", refusal)  # the cap and the amounts, never the request
             raise refusal
         assert rid is not None
         return Reservation(
-            rid, scope, model, price, prompt_tokens, max_tokens, amount / NANO, day, month, expires
+            rid,
+            scope,
+            model,
+            price,
+            prompt_tokens,
+            max_tokens,
+            amount / NANO,
+            day,
+            month,
+            expires,
+            engine,
         )
 
     def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
@@ -388,6 +446,7 @@ class SQLiteLedger:
         max_tokens: int,
         scope: str = "default",
         caps: Iterable[Cap] = (),
+        engine: str | None = None,
     ) -> BudgetExceededError | None:
         """What `reserve()` would refuse now, holding nothing: the error naming the first cap
         the worst-case cost does not fit, or None when it fits every cap. (Routing asks this
@@ -397,23 +456,23 @@ class SQLiteLedger:
             now = self._clock()
             day, month = utc_day_month(now)
             self._expire(db, now)
-            return self._shortfall(db, caps, scope, amount, day, month)
+            return self._shortfall(db, ordered_caps(caps, scope, engine), amount, day, month)
 
     def _shortfall(
         self,
         db: sqlite3.Connection,
-        caps: Iterable[Cap],
-        scope: str,
+        caps: list[Cap],
         amount: int,
         day: str,
         month: str,
     ) -> BudgetExceededError | None:
-        """THE cap check (`reserve` and `check`): per-request caps first, then each day and
-        month cap against its spend and open reservations, in nano-dollars; a cap closed by an
-        overrun in its period (see the module) refuses whatever the amount."""
-        for cap in ordered_caps(caps, scope):
+        """THE cap check (`reserve` and `check`), over the caps that apply (`ordered_caps`):
+        per-request caps first, then each day and month cap against its spend and open
+        reservations, in nano-dollars; a cap closed by an overrun in its period (see the
+        module) refuses whatever the amount."""
+        for cap in caps:
             key = month if cap.period == "month" else day
-            spent, held, overrun = self._sums(db, key, cap.scope)
+            spent, held, overrun = self._sums(db, key, cap.key)
             if cap.period == "request":
                 spent = held = 0
             if overrun:
@@ -434,21 +493,30 @@ class SQLiteLedger:
     # ---- queries ----------------------------------------------------------------------------
 
     def spend(
-        self, period: Literal["day", "month"], scope: str | None = None, at: float | None = None
+        self,
+        period: Literal["day", "month"],
+        scope: str | None = None,
+        at: float | None = None,
+        *,
+        engine: str | None = None,
     ) -> Spend:
-        """Spend and open reservations of the UTC day or month holding `at` (default now)."""
+        """Spend and open reservations of the UTC day or month holding `at` (default now): of
+        every request, of policy `scope`, or of the cloud `engine`."""
         with self._tx() as db:
             now = self._clock()
             self._expire(db, now)
             day, month = utc_day_month(now if at is None else at)
-            spent, held, overrun = self._sums(db, day if period == "day" else month, scope)
+            key = day if period == "day" else month
+            spent, held, overrun = self._sums(db, key, totals_key(scope, engine))
         return Spend(spent / NANO, held / NANO, overrun / NANO)
 
-    def remaining(self, caps: Sequence[Cap], scope: str = "default") -> float | None:
+    def remaining(
+        self, caps: Sequence[Cap], scope: str = "default", engine: str | None = None
+    ) -> float | None:
         """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
         an overrun closed). What a router reads as "budget left"; a per-request cap is a limit
         per request, not a stock."""
-        return remaining_under(self, caps, scope)
+        return remaining_under(self, caps, scope, engine)
 
     def expire(self) -> int:
         """Expire reservations past their time to live now; how many."""
@@ -465,32 +533,33 @@ class SQLiteLedger:
     @staticmethod
     def _expire(db: sqlite3.Connection, now: float) -> int:
         stale = db.execute(
-            "SELECT id, scope, day, month, reserved_nano FROM entries "
+            "SELECT id, scope, engine, day, month, reserved_nano FROM entries "
             "WHERE state = 'reserved' AND expires_at <= ?",
             (now,),
         ).fetchall()
-        for rid, scope, day, month, amount in stale:
+        for rid, scope, engine, day, month, amount in stale:
             db.execute(
                 "UPDATE entries SET state = 'expired', cost_nano = reserved_nano, closed_at = ? "
                 "WHERE id = ?",
                 (now, rid),
             )
-            _bump(db, scope, day, month, spent=amount, held=-amount)
+            _bump(db, entry_keys(scope, engine), day, month, spent=amount, held=-amount)
         return len(stale)
 
     @staticmethod
-    def _sums(db: sqlite3.Connection, key: str, scope: str | None) -> tuple[int, int, int]:
-        """Spent, held and overrun nano-dollars of one UTC day or month (`key`) and scope."""
+    def _sums(db: sqlite3.Connection, period: str, key: str) -> tuple[int, int, int]:
+        """Spent, held and overrun nano-dollars of one UTC day or month (`period`) under one
+        totals key (`totals_key`)."""
         row = db.execute(
             "SELECT spent_nano, held_nano, overrun_nano FROM totals WHERE period = ? AND scope = ?",
-            (key, "*" if scope is None else f"p:{scope}"),
+            (period, key),
         ).fetchone()
         return (0, 0, 0) if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
 
 def _bump(
     db: sqlite3.Connection,
-    scope: str,
+    keys: tuple[str, ...],
     day: str,
     month: str,
     *,
@@ -499,7 +568,7 @@ def _bump(
     overrun: int = 0,
 ) -> None:
     for period in (day, month):
-        for key in ("*", f"p:{scope}"):
+        for key in keys:
             db.execute(_BUMP, (period, key, spent, held, overrun))
 
 
@@ -508,16 +577,16 @@ def _close(db: sqlite3.Connection, rid: int, cost: int) -> bool:
     reservation is an overrun too); False if it was already closed (settled or released) or is
     unknown."""
     row = db.execute(
-        "SELECT state, scope, day, month, reserved_nano FROM entries WHERE id = ?", (rid,)
+        "SELECT state, scope, engine, day, month, reserved_nano FROM entries WHERE id = ?", (rid,)
     ).fetchone()
     if row is None or row[0] not in ("reserved", "expired"):
         return False
-    state, scope, day, month, amount = row
-    over = max(0, cost - amount)
+    state, scope, engine, day, month, amount = row
+    keys, over = entry_keys(scope, engine), max(0, cost - amount)
     if state == "reserved":
-        _bump(db, scope, day, month, spent=cost, held=-amount, overrun=over)
+        _bump(db, keys, day, month, spent=cost, held=-amount, overrun=over)
     else:  # expired: it was counted as spent at its worst case
-        _bump(db, scope, day, month, spent=cost - amount, held=0, overrun=over)
+        _bump(db, keys, day, month, spent=cost - amount, held=0, overrun=over)
     db.execute("UPDATE entries SET cost_nano = ?, overrun_nano = ? WHERE id = ?", (cost, over, rid))
     return True
 

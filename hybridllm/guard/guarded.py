@@ -351,7 +351,7 @@ class GuardedEngine:
         """USD left under the tightest day/month cap for `scope` (None: no cap or no ledger)."""
         if self.ledger is None:
             return None
-        return self.ledger.remaining(self.caps_for(scope), scope)
+        return self.ledger.remaining(self.caps_for(scope), scope, self.name)
 
     def set_scoped_caps(self, scope: str, caps: Sequence[Cap]) -> None:
         """The caps of one scope (a policy's own `[budget]`), set by the client as it meets the
@@ -398,6 +398,7 @@ class GuardedEngine:
             max_tokens=max_tokens,
             scope=scope,
             caps=self.caps_for(scope),
+            engine=self.name,
         )
 
     async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:
@@ -417,6 +418,7 @@ class GuardedEngine:
                 max_tokens=max_tokens,
                 scope=scope,
                 caps=self.caps_for(scope),
+                engine=self.name,
             )
 
         return await anyio.to_thread.run_sync(reserve)

@@ -102,10 +102,21 @@ def make_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Make
 
 
 def reserve(
-    ledger: Ledger, caps: list[Cap], prompt: int = 1000, out: int = 500, scope: str = "chat"
+    ledger: Ledger,
+    caps: list[Cap],
+    prompt: int = 1000,
+    out: int = 500,
+    scope: str = "chat",
+    engine: str | None = None,
 ) -> Reservation:
     return ledger.reserve(
-        model="m", price=PRICE, prompt_tokens=prompt, max_tokens=out, scope=scope, caps=caps
+        model="m",
+        price=PRICE,
+        prompt_tokens=prompt,
+        max_tokens=out,
+        scope=scope,
+        caps=caps,
+        engine=engine,
     )
 
 
@@ -171,6 +182,33 @@ def test_caps_per_period_and_scope_name_the_cap(make_ledger: MakeLedger) -> None
         reserve(ledger, caps, prompt=3000)
     assert ledger.remaining(caps, "chat") == pytest.approx(0.001)
     assert ledger.remaining(caps, "batch") == pytest.approx(0.001)
+
+
+def test_caps_per_engine_hold_that_clouds_requests_and_the_ledger_keeps_its_spend(
+    make_ledger: MakeLedger,
+) -> None:
+    ledger = make_ledger()
+    caps = [Cap(None, "day", 0.005), Cap(None, "day", 0.003, engine="smart")]
+    r = reserve(ledger, caps, engine="smart")  # smart: 0.002 held
+    with pytest.raises(BudgetExceededError) as info:
+        reserve(ledger, caps, engine="smart")  # smart would hold 0.004 > 0.003
+    assert info.value.cap == "engine 'smart' daily" and info.value.limit_usd == 0.003
+    assert ledger.check(price=PRICE, prompt_tokens=1000, max_tokens=500, caps=caps, engine="smart")
+    reserve(ledger, caps, engine="fast")  # another cloud: only the global cap holds it
+    with pytest.raises(BudgetExceededError, match="global daily"):
+        reserve(ledger, caps, engine="fast")  # global would hold 0.006 > 0.005
+    ledger.settle(r, TokenUsage(800, 100))
+    assert ledger.spend("day", engine="smart") == Spend(0.001, 0.0)
+    assert ledger.spend("day", engine="fast") == Spend(0.0, 0.002)
+    assert ledger.spend("day") == Spend(0.001, 0.002)
+    assert ledger.remaining(caps, "chat", "smart") == pytest.approx(0.002)
+    assert ledger.remaining(caps, "chat", "fast") == pytest.approx(0.002)  # the global's room
+    assert [e["engine"] for e in ledger.entries()] == ["smart", "fast"]
+
+
+def test_a_cap_is_per_policy_or_per_engine_not_both() -> None:
+    with pytest.raises(ConfigError):
+        Cap("chat", "day", 1.0, engine="smart")
 
 
 def test_utc_day_and_month_roll_over(make_ledger: MakeLedger) -> None:
@@ -301,12 +339,13 @@ def test_threads_sharing_one_ledger_never_overspend(make_ledger: MakeLedger) -> 
             st.sampled_from(["reserve", "settle", "release", "wait"]),
             st.integers(0, 20),
             st.sampled_from(["chat", "batch"]),
+            st.sampled_from([None, "fast", "smart"]),
         ),
         max_size=40,
     )
 )
 def test_running_totals_always_match_the_entries(
-    make_ledger: MakeLedger, ops: list[tuple[str, int, str]]
+    make_ledger: MakeLedger, ops: list[tuple[str, int, str, str | None]]
 ) -> None:
     """Any sequence of reserve / settle / release / clock moves (expiry, day and month roll):
     the running totals a reservation reads (`spend`) equal sums recomputed from the entries.
@@ -315,10 +354,11 @@ def test_running_totals_always_match_the_entries(
     clock = Clock("2026-01-31T23:00:00")
     ledger = make_ledger(clock=clock, ttl_s=1800)
     open_: list[Reservation] = []
-    for op, n, scope in ops:
+    caps = [Cap(None, "day", 0.01), Cap(None, "day", 0.006, engine="smart")]
+    for op, n, scope, engine in ops:
         if op == "reserve":
             try:
-                open_.append(reserve(ledger, [Cap(None, "day", 0.01)], prompt=100 * n, scope=scope))
+                open_.append(reserve(ledger, caps, prompt=100 * n, scope=scope, engine=engine))
             except BudgetExceededError:
                 pass
         elif op == "settle" and open_:
@@ -331,14 +371,21 @@ def test_running_totals_always_match_the_entries(
     ledger.expire()
     entries = ledger.entries()
     for period in ("day", "month"):
-        for scope in (None, "chat"):
+        for scope, engine in ((None, None), ("chat", None), (None, "smart"), (None, "fast")):
             for key in {str(e[period]) for e in entries}:
-                mine = [e for e in entries if e[period] == key and scope in (None, e["scope"])]
+                mine = [
+                    e
+                    for e in entries
+                    if e[period] == key
+                    and scope in (None, e["scope"])
+                    and engine in (None, e["engine"])
+                ]
                 spent = sum(int(e["cost_nano"]) for e in mine if e["state"] in SPENT)
                 held = sum(int(e["reserved_nano"]) for e in mine if e["state"] == "reserved")
                 over = sum(int(e["overrun_nano"]) for e in mine)
-                total = ledger.spend(period, scope, at=_inside(key))
-                assert total == Spend(spent / NANO, held / NANO, over / NANO), (period, scope, key)
+                total = ledger.spend(period, scope, at=_inside(key), engine=engine)
+                want = Spend(spent / NANO, held / NANO, over / NANO)
+                assert total == want, (period, scope, engine, key)
 
 
 SPENT = ("settled", "expired")

@@ -17,7 +17,7 @@ from hybridllm.errors import (
     ServerError,
 )
 from hybridllm.events import Event
-from hybridllm.guard.budget import ModelPrice, Prices
+from hybridllm.guard.budget import Cap, ModelPrice, Prices
 from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.testing import ScriptedEngine
 
@@ -211,6 +211,38 @@ async def test_each_cloud_is_priced_by_its_own_model_on_one_ledger() -> None:
     entries = guards[0].ledger.entries()  # type: ignore[attr-defined]
     cost = {e["model"]: e["cost_nano"] for e in entries if e["state"] == "settled"}
     assert set(cost) == {"cheap", "dear"} and cost["dear"] == pytest.approx(100 * cost["cheap"])
+
+
+async def test_a_cap_per_cloud_sends_its_requests_to_the_next_cloud_once_spent() -> None:
+    """`Cap(engine="smart")` holds smart's requests only: once spent, a quality request goes to
+    the next cloud (not the device); the global cap holds both; the ledger keeps each cloud's
+    spend."""
+    engines = trio([0.05, "smart"], [0.05, "fast"])
+    for name in ("smart", "fast"):
+        engines[name].model, engines[name].token_count = name, 10
+    price = ModelPrice(input_per_million=100.0, output_per_million=100.0)
+    prices = Prices(models={"smart": price, "fast": price})
+    caps = [Cap(None, "day", 0.01, engine="smart"), Cap(None, "day", 1.0)]
+    async with HybridClient(
+        engines=engines, policy=QUALITY, prices=prices, budget_caps=caps, router=None
+    ) as client:
+        served = [(await client.complete("q", max_tokens=20)).trace.engine for _ in range(3)]
+        ledger = client.engines["smart"].ledger  # type: ignore[attr-defined]
+        preview = client.decide("q", max_tokens=20)
+    assert served[0] == "smart" and served[-1] == "fast"  # smart's cap spent on the way
+    assert [c.engine for c in preview.state.clouds if c.chosen] == ["fast"]
+    smart, fast = ledger.spend("day", engine="smart"), ledger.spend("day", engine="fast")
+    assert smart.settled_usd > 0 and fast.settled_usd > 0
+    assert ledger.spend("day").settled_usd == pytest.approx(smart.settled_usd + fast.settled_usd)
+
+
+def test_a_cap_on_a_cloud_the_client_lacks_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError):
+        HybridClient(
+            engines=trio([0.1, "s"], [0.1, "f"]),
+            budget_caps=[Cap(None, "day", 1.0, engine="huge")],
+            router=None,
+        )
 
 
 async def test_a_late_cloud_is_rescued_by_the_next_cloud_that_can_be_ready_in_time() -> None:
