@@ -117,9 +117,7 @@ def two_clouds(cloud_model: str = CLOUD) -> Iterator[tuple[Any, Any]]:
 # ---- hybridllm -----------------------------------------------------------------------------------
 
 
-async def run_hybrid(
-    w: dict[str, Any], a: Any, b: Any, deadline_ms: float
-) -> list[dict[str, Any]]:
+async def run_hybrid(w: dict[str, Any], a: Any, b: Any, deadline_ms: float) -> list[dict[str, Any]]:
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.errors import HybridError
     from hybridllm.local.resolve import resolve_model
