@@ -13,7 +13,8 @@ serves the local model only, and says so at start.
 
 More than one cloud: `--cloud NAME=URL`, repeated, names each (in the order the default policy
 tries them), with `--cloud-model NAME=MODEL` and its key from `--cloud-key NAME=KEY` or
-`$HYBRIDLLM_KEY_<NAME>` (the name upper-cased, "-" and "." as "_"; else `$OPENAI_API_KEY`).
+`$HYBRIDLLM_KEY_<NAME>` (the name upper-cased, "-" and "." as "_"; else `$OPENAI_API_KEY`); or
+one file, `--clouds FILE.toml`, of `[clouds.NAME]` tables (`url`, `model`, `key` or `key_env`).
 Policies name them (`prefer = "NAME"`, `fallback_order`); the start banner and `/healthz` list
 each.
 """
@@ -34,7 +35,7 @@ from hybridllm.gateway.limits import GatewayLimits, is_loopback
 from hybridllm.server.command import LOG_LEVELS, check_listen
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from hybridllm.client import HybridClient
     from hybridllm.engines.base import Engine
@@ -73,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="a named cloud endpoint, in the order tried (repeatable; instead of --cloud-url)",
+    )
+    p.add_argument(
+        "--clouds",
+        metavar="TOML",
+        help="the named clouds from one file: [clouds.NAME] url, model, key or key_env",
     )
     p.add_argument(
         "--cloud-key",
@@ -215,7 +221,15 @@ def _pairs(option: str, values: list[str]) -> dict[str, str]:
 
 
 def named_clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
-    """The named clouds (`--cloud NAME=URL`), each with its model and key."""
+    """The named clouds (`--cloud NAME=URL`, or the `--clouds` file), each with its model and
+    key."""
+    if getattr(args, "clouds", None):
+        given = [o for o, v in (("--cloud", args.cloud), ("--cloud-url", args.cloud_url)) if v]
+        if given or args.cloud_key or any("=" in m for m in args.cloud_model):
+            raise errors.InvalidArgumentError(
+                "--clouds", args.clouds, "the only source of named clouds (no --cloud options)"
+            )
+        return clouds_file(args.clouds)
     urls = _pairs("--cloud", args.cloud)
     models = _pairs("--cloud-model", [m for m in args.cloud_model if "=" in m])
     keys = _pairs("--cloud-key", args.cloud_key)
@@ -231,6 +245,49 @@ def named_clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
         CloudSpec(name, _url("--cloud", url), models.get(name), keys.get(name) or _key_env(name))
         for name, url in urls.items()
     )
+
+
+_CLOUD_KEYS = frozenset({"url", "model", "key", "key_env"})
+
+
+def clouds_file(path: str) -> tuple[CloudSpec, ...]:
+    """`--clouds FILE`: `[clouds.NAME]` tables, in the order tried, each with `url` (required),
+    `model`, and `key` or `key_env` (the variable holding it; default `$HYBRIDLLM_KEY_<NAME>`,
+    else `$OPENAI_API_KEY`). A missing file, bad TOML, an unknown key or a bad value is an
+    `InvalidArgumentError` naming the option and what is wrong."""
+    import tomllib
+
+    def bad(rule: str) -> errors.InvalidArgumentError:
+        return errors.InvalidArgumentError("--clouds", path, rule)
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise bad(f"a readable TOML file ({type(exc).__name__}: {exc})") from None
+    tables = data.get("clouds")
+    if set(data) != {"clouds"} or not isinstance(tables, dict) or not tables:
+        raise bad("a TOML file of [clouds.NAME] tables (and nothing else)")
+    return tuple(_cloud_table(name, table, bad) for name, table in tables.items())
+
+
+def _cloud_table(
+    name: str, table: object, bad: Callable[[str], errors.InvalidArgumentError]
+) -> CloudSpec:
+    """One `[clouds.NAME]` table as a `CloudSpec`."""
+    validate.engine_name("--clouds", name)
+    if name == "local" or not isinstance(table, dict):
+        raise bad(f"[clouds.{name}]: a table, under a name other than 'local'")
+    unknown = sorted(set(table) - _CLOUD_KEYS)
+    if unknown or not all(isinstance(v, str) and v.strip() for v in table.values()):
+        raise bad(f"[clouds.{name}]: url, model, key, key_env as non-blank strings ({unknown})")
+    if "url" not in table or {"key", "key_env"} <= set(table):
+        raise bad(f"[clouds.{name}]: a url, and at most one of key and key_env")
+    key = table.get("key") or os.environ.get(table.get("key_env", "")) or None
+    if "key_env" in table and key is None:
+        raise bad(f"[clouds.{name}]: key_env = {table['key_env']!r} is not set")
+    url = _url("--clouds", table["url"])
+    return CloudSpec(name, url, table.get("model"), key or _key_env(name))
 
 
 def _key_env(name: str) -> str | None:

@@ -15,6 +15,7 @@ import pytest
 
 from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
 from hybridllm.errors import PrivacyBlockedError
+from hybridllm.guard.budget import Cap, ModelPrice, Prices
 from hybridllm.testing import FaultProxy, Faults, HybridServer
 from tests.integration.servers import ALIAS, API_KEY
 
@@ -113,3 +114,28 @@ async def test_private_data_reaches_neither_cloud(
             await client.complete("Write to jane.doe@example.com.", engine="second")
     assert done.trace.engine == "local" and done.text
     assert not proxy.requests() and not second.requests()
+
+
+async def test_a_cap_on_the_first_cloud_moves_its_requests_to_the_second_and_stats_name_both(
+    proxy: FaultProxy, second: FaultProxy, model_path: Path
+) -> None:
+    """Both clouds priced (the same served model, two names); a day cap on "primary" that one
+    request spends: the next goes to "second", not the device. The ledger keeps each cloud's
+    spend (the server's reported usage), and `stats()` counts each by its name."""
+    price = ModelPrice(input_per_million=100.0, output_per_million=100.0)
+    caps = [Cap(None, "day", 0.011, engine="primary"), Cap(None, "day", 1.0)]
+    async with client_of(
+        proxy, second, model_path, prices=Prices(models={ALIAS: price}), budget_caps=caps
+    ) as client:
+        first = await client.complete("Say hi.", max_tokens=8)
+        then = await client.complete("Say hello.", max_tokens=8)
+        ledger = client.engines["primary"].ledger  # type: ignore[attr-defined]
+        report = client.stats()
+    assert first.trace.engine == "primary" and then.trace.engine == "second"
+    assert first.text and then.text
+    spent = {name: ledger.spend("day", engine=name).settled_usd for name in ("primary", "second")}
+    assert all(v > 0 for v in spent.values())
+    assert ledger.spend("day").settled_usd == pytest.approx(sum(spent.values()))
+    assert report.engines["primary"].counts.requests == 1
+    assert report.engines["second"].counts.requests == 1
+    assert len(proxy.requests()) == 1 and len(second.requests()) == 1

@@ -10,6 +10,7 @@ import pytest
 
 from hybridllm import HybridClient, errors
 from hybridllm.cli.main import main
+from hybridllm.errors import InvalidArgumentError
 from hybridllm.gateway.limits import GatewayLimits, is_loopback
 from hybridllm.gateway.wire import chat_call
 from hybridllm.guard.budget import SQLiteLedger
@@ -181,6 +182,59 @@ def test_serve_checks_every_argument_before_anything_loads(
 
 def _never(*_: object) -> None:
     raise AssertionError("the client was built before the arguments were checked")
+
+
+def _serve_args(argv: list[str]) -> object:
+    import argparse
+
+    from hybridllm.gateway.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_named_clouds_from_one_toml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hybridllm.gateway.command import named_clouds
+
+    monkeypatch.setenv("SMART_KEY", "sk-smart")
+    monkeypatch.setenv("HYBRIDLLM_KEY_FAST", "sk-fast")
+    path = tmp_path / "clouds.toml"
+    path.write_text(
+        '[clouds.fast]\nurl = "http://127.0.0.1:9/v1"\nmodel = "m-small"\n'
+        '[clouds.smart]\nurl = "https://x.test/v1"\nkey_env = "SMART_KEY"\n'
+    )
+    clouds = named_clouds(_serve_args(["--clouds", str(path)]))  # type: ignore[arg-type]
+    assert [(c.name, c.url, c.model, c.key) for c in clouds] == [
+        ("fast", "http://127.0.0.1:9/v1", "m-small", "sk-fast"),
+        ("smart", "https://x.test/v1", None, "sk-smart"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",  # no clouds
+        "[clouds.fast]\nmodel = 'm'\n",  # no url
+        "[clouds.fast]\nurl = 'ftp://x'\n",  # not http(s)
+        "[clouds.fast]\nurl = 'http://x/v1'\nretries = '3'\n",  # unknown key
+        "[clouds.local]\nurl = 'http://x/v1'\n",  # the device's name
+        "[clouds.fast]\nurl = 'http://x/v1'\nkey_env = 'NOT_SET_ANYWHERE'\n",
+        "[clouds.fast]\nurl = 'http://x/v1'\nkey = 'a'\nkey_env = 'B'\n",
+        "[clouds.fast\n",  # bad TOML
+    ],
+)
+def test_a_bad_clouds_file_names_the_option(tmp_path: Path, text: str) -> None:
+    from hybridllm.gateway.command import named_clouds
+
+    path = tmp_path / "clouds.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError) as info:
+        named_clouds(_serve_args(["--clouds", str(path)]))  # type: ignore[arg-type]
+    assert info.value.argument == "--clouds"
+    with pytest.raises(InvalidArgumentError) as info:  # one source of named clouds
+        named_clouds(_serve_args(["--clouds", str(path), "--cloud", "x=http://h/v1"]))  # type: ignore[arg-type]
+    assert info.value.argument == "--clouds"
 
 
 def test_named_clouds_each_take_their_model_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
