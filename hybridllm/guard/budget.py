@@ -399,19 +399,8 @@ class SQLiteLedger:
             log.info("%s", refusal)  # the cap and the amounts, never the request
             raise refusal
         assert rid is not None
-        return Reservation(
-            rid,
-            scope,
-            model,
-            price,
-            prompt_tokens,
-            max_tokens,
-            amount / NANO,
-            day,
-            month,
-            expires,
-            engine,
-        )
+        held = (prompt_tokens, max_tokens, amount / NANO, day, month, expires)
+        return Reservation(rid, scope, model, price, *held, engine=engine)
 
     def settle(self, reservation: Reservation, usage: TokenUsage) -> float:
         """Record the real cost (USD) from the usage; the reservation's hold ends. Settling a

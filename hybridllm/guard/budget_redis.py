@@ -247,19 +247,8 @@ class RedisLedger:
         if refusal is not None:
             log.info("%s", refusal)  # the cap and the amounts, never the request
             raise refusal
-        return Reservation(
-            rid,
-            scope,
-            model,
-            price,
-            prompt_tokens,
-            max_tokens,
-            amount / NANO,
-            day,
-            month,
-            expires,
-            engine,
-        )
+        held = (prompt_tokens, max_tokens, amount / NANO, day, month, expires)
+        return Reservation(rid, scope, model, price, *held, engine=engine)
 
     def check(
         self,

@@ -416,13 +416,16 @@ def three(local: ScriptedEngine) -> dict[str, ScriptedEngine]:
     }
 
 
+CONTINUED_BY_SMART = Policy(
+    name="h",
+    routing={"prefer": "local", "retries": 0},
+    handoff={"after_tokens": 2, "continuer": "smart"},
+)
+
+
 async def test_the_handoffs_continuer_is_the_cloud_its_table_names() -> None:
     engines = three(ScriptedEngine("local", tokens=["a", "b", "c", "d"], ttft_s=0.01, tpot_s=0.01))
-    policy = Policy(
-        name="h",
-        routing={"prefer": "local", "retries": 0},
-        handoff={"after_tokens": 2, "continuer": "smart"},
-    )
+    policy = CONTINUED_BY_SMART
     async with HybridClient(engines=engines, policy=policy, router=None) as client:
         events, trace = await events_of(client, plan="handoff")
     assert text_by_engine(events) == [
@@ -437,11 +440,7 @@ async def test_the_handoffs_continuer_is_the_cloud_its_table_names() -> None:
 
 async def test_a_continuer_whose_circuit_is_open_leaves_the_handoff_to_the_first_cloud() -> None:
     engines = three(ScriptedEngine("local", tokens=["a", "b", "c", "d"], ttft_s=0.01, tpot_s=0.01))
-    policy = Policy(
-        name="h",
-        routing={"prefer": "local", "retries": 0},
-        handoff={"after_tokens": 2, "continuer": "smart"},
-    )
+    policy = CONTINUED_BY_SMART
     async with HybridClient(engines=engines, policy=policy, router=None) as client:
         client.breakers["smart"].opened_at = 0.0
         events, _ = await events_of(client, plan="handoff")
