@@ -61,6 +61,9 @@ class CircuitBreaker:
     failures: int = 0  # hard failures in a row
     opened_at: float | None = None
     _recent: deque[bool] = field(default_factory=deque, repr=False)  # True: a deadline miss
+    # the last `window` outcomes of every kind, True: a hard failure (successes and misses
+    # False): hard failures in a row open the circuit where they are half the recent outcomes
+    _hard: deque[bool] = field(default_factory=deque, repr=False)
     _probe_at: float | None = field(default=None, repr=False)
     _open_for_s: float = field(default=30.0, repr=False)
     _slow: bool = field(default=False, repr=False)  # opened by deadline misses
@@ -81,6 +84,15 @@ class CircuitBreaker:
     @property
     def recent_miss_rate(self) -> float:
         return sum(self._recent) / len(self._recent) if self._recent else 0.0
+
+    def _broken(self) -> bool:
+        """Hard failures say the endpoint is down: `threshold` in a row where they are at least
+        half the recent outcomes (an endpoint failing one request in ten that fails two in a
+        row by chance keeps serving), or twice `threshold` in a row whatever came before."""
+        if self.failures >= 2 * self.threshold:
+            return True
+        share = sum(self._hard) / len(self._hard)
+        return self.failures >= self.threshold and share >= self.miss_rate
 
     def allow(self) -> bool:
         """May a request use the engine now? (A half-open circuit lets one probe through: this
@@ -115,6 +127,9 @@ class CircuitBreaker:
             self._recent.append(miss)
             while len(self._recent) > self.window:
                 self._recent.popleft()
+        self._hard.append(exc is not None and not miss)
+        while len(self._hard) > self.window:
+            self._hard.popleft()
         probing = self._probe_at is not None
         if exc is None:
             if self.opened_at is not None:
@@ -129,7 +144,7 @@ class CircuitBreaker:
             trip = misses >= self.threshold and judged and misses >= self.miss_rate * seen
         else:
             self.failures += 1
-            trip = self.failures >= self.threshold
+            trip = self._broken()
         if probing or trip:
             self.opened_at = clock.now()
             self._probe_at = None
@@ -138,6 +153,7 @@ class CircuitBreaker:
             why = "deadline misses" if miss else f"{type(exc).__name__} ({self.failures} in a row)"
             log.warning("%s circuit open for %.0f s: %s", self.name, self._open_for_s, why)
             self._recent.clear()  # after the reset, judge the engine afresh
+            self._hard.clear()
 
 
 @dataclass(frozen=True, slots=True)

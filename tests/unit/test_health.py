@@ -138,6 +138,29 @@ def test_hard_failures_keep_opening_the_circuit_after_two() -> None:
     assert b.state == "open" and not b.slow  # broken, not slow: no quality decision goes
 
 
+def test_a_cloud_failing_one_request_in_ten_is_not_opened_by_two_in_a_row() -> None:
+    """Two hard failures in a row open the circuit where failures are half the recent outcomes;
+    an endpoint failing 10% of requests that fails twice in a row by chance keeps serving (a
+    second cloud or the device answers those two); one that goes down after serving well opens
+    at twice the threshold."""
+    from hybridllm.errors import ServerError
+
+    fail = ServerError("500", status_code=500)
+    flaky = CircuitBreaker(threshold=2, window=10)
+    for i in range(100):
+        flaky.record(fail if i % 10 in (4, 5) else None)  # two in a row every ten
+    assert flaky.state == "closed"
+
+    down = CircuitBreaker(threshold=2, window=10)
+    for _ in range(8):
+        down.record(None)
+    for _ in range(3):
+        down.record(fail)
+    assert down.state == "closed"  # 3 of 10: not yet said
+    down.record(fail)
+    assert down.state == "open" and not down.slow  # 4 in a row: down whatever came before
+
+
 async def test_two_early_misses_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> None:
     from hybridllm.errors import DeadlineMissError
 
