@@ -45,6 +45,7 @@ from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.guard.privacy_ner import ner_wanted, say_ner_missing
 from hybridllm.policy import PlanName, Policy, PolicyCache
+from hybridllm.routing.decide import PROBE_AFTER
 from hybridllm.routing.decision import CloudConsidered, Decision, RequestFacts, RoutePreview
 from hybridllm.routing.hedging import backup_ttft_s
 from hybridllm.routing.inputs import Scorer
@@ -661,7 +662,8 @@ class HybridClient:
         if ticket.forced is not None or "cloud" not in decision.engines:
             others = []
         backups = tuple(self._guards[n].bind(context) for n in others)
-        predicted = tuple(self._predicted_ttft_s(n, ticket) for n in others)
+        ahead = (decision.deadline_s, fallback_ttft_s)
+        predicted = tuple(self._backup_ttft_s(n, ticket, *ahead) for n in others)
         return choose_plan(
             decision,
             sides,
@@ -672,6 +674,22 @@ class HybridClient:
             backups,
             predicted,
         )
+
+    def _backup_ttft_s(
+        self, name: EngineName, ticket: _Ticket, deadline_s: float | None, lead_s: float | None
+    ) -> float | None:
+        """A next cloud's predicted time to a first token, as the race reads it: one predicted
+        past the deadline is started for a late cloud only on a failure, so it would never be
+        measured again; once it has gone `PROBE_AFTER` requests without a first token, it is
+        probed: started with the device's rescue (`lead_s` before the deadline), as routing
+        probes a primary."""
+        predicted = self._predicted_ttft_s(name, ticket)
+        if predicted is None or deadline_s is None or predicted <= deadline_s:
+            return predicted
+        if self.routing.latency.unmeasured.get(name, 0) < PROBE_AFTER:
+            return predicted
+        self.routing.latency.probed(name)
+        return deadline_s if lead_s is None else min(deadline_s, lead_s)
 
     def _predicted_ttft_s(self, name: EngineName, ticket: _Ticket) -> float | None:
         """The engine's expected time to a first token for this request (None: unmeasured)."""

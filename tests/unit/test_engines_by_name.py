@@ -262,6 +262,28 @@ async def test_a_late_cloud_is_rescued_by_the_next_cloud_that_can_be_ready_in_ti
     assert trace.ttft_ms < 300  # type: ignore[attr-defined]
 
 
+async def test_a_next_cloud_predicted_too_slow_is_probed_after_a_while() -> None:
+    """A next cloud whose prediction says it cannot answer by the deadline is not started for a
+    late cloud, so it would never be measured again; after `PROBE_AFTER` requests without a
+    first token it starts beside the device's rescue once, and here answers first."""
+    from hybridllm.routing.decide import PROBE_AFTER
+
+    policy = QUALITY.with_(routing={"ttft_deadline_ms": 300})
+    engines = trio([2.0, "late"], [0.04, "fast"], [0.05, "device"])
+    engines["local"].predicted_ttft_s = 0.1
+    async with HybridClient(engines=engines, policy=policy, router=None) as client:
+        latency = client.routing.latency
+        latency.seed("fast", overhead_s=1.0)  # predicted past the 300 ms deadline
+        kept, _ = await events_of(client)
+        assert 0 < latency.unmeasured["fast"] < PROBE_AFTER
+        latency.unmeasured["fast"] = PROBE_AFTER
+        probed, _ = await events_of(client)
+        assert latency.unmeasured["fast"] == 0  # measured: its count starts again
+    assert text_by_engine(kept) == [("local", "device")]
+    assert text_by_engine(probed) == [("fast", "fast")]
+    assert len(engines["fast"].requests) == 1
+
+
 async def test_a_next_cloud_that_cannot_be_ready_in_time_leaves_it_to_the_device() -> None:
     policy = QUALITY.with_(routing={"ttft_deadline_ms": 300})
     engines = trio([2.0, "late"], [1.0, "fast"], [0.05, "device"])
