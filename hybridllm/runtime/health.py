@@ -88,11 +88,17 @@ class CircuitBreaker:
     def _broken(self) -> bool:
         """Hard failures say the endpoint is down: `threshold` in a row where they are at least
         half the recent outcomes (an endpoint failing one request in ten that fails two in a
-        row by chance keeps serving), or twice `threshold` in a row whatever came before."""
-        if self.failures >= 2 * self.threshold:
+        row by chance keeps serving), or twice `threshold` in a row whatever came before. Both
+        are counted since the circuit last opened: its outcomes are judged afresh."""
+        in_a_row = 0  # since the last other outcome, or since the circuit last opened
+        for hard in reversed(self._hard):
+            if not hard:
+                break
+            in_a_row += 1
+        if in_a_row >= 2 * self.threshold:
             return True
         share = sum(self._hard) / len(self._hard)
-        return self.failures >= self.threshold and share >= self.miss_rate
+        return in_a_row >= self.threshold and share >= self.miss_rate
 
     def allow(self) -> bool:
         """May a request use the engine now? (A half-open circuit lets one probe through: this

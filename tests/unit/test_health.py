@@ -161,6 +161,23 @@ def test_a_cloud_failing_one_request_in_ten_is_not_opened_by_two_in_a_row() -> N
     assert down.state == "open" and not down.slow  # 4 in a row: down whatever came before
 
 
+def test_one_failure_after_a_circuit_opened_for_lateness_does_not_make_it_broken() -> None:
+    """Outcomes are judged afresh once a circuit opens: a cloud opened for deadline misses that
+    still takes a quality request which fails once stays "slow" (its quality decisions keep it),
+    not shut out for 30 s as broken by a failure counted before it opened."""
+    from hybridllm.errors import DeadlineMissError, ServerError
+
+    miss, fail = DeadlineMissError("late", engine="a"), ServerError("500", status_code=500)
+    cb = CircuitBreaker(threshold=2, window=10)
+    for outcome in (fail, None, miss, miss, fail, miss, miss, miss):
+        cb.record(outcome)
+    assert cb.state == "open" and cb.slow
+    cb.record(fail)  # one more, after it opened
+    assert cb.slow
+    cb.record(fail)
+    assert cb.state == "open" and not cb.slow  # two in a row since it opened: broken
+
+
 async def test_two_early_misses_do_not_trip_and_a_miss_opened_circuit_probes_sooner() -> None:
     from hybridllm.errors import DeadlineMissError
 
