@@ -15,8 +15,9 @@ with HTTP 500 instead. Cloud b is healthy (no fault). The device: SmolLM2-135M, 
 the last resort, a smaller and worse model.
 
 hybridllm: `HybridClient(engines={"local", "a", "b"})`, policy `prefer = "a"`, `fallback_order
-= ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), first-token
-deadline `--deadline-ms` (2 s by default: the stand-in's own TTFT on these prompts is 1.2-1.5 s
+= ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), privacy off
+(LiteLLM scans nothing; keep-local would keep the prompts naming a person on the device),
+first-token deadline `--deadline-ms` (2 s by default: the stand-in's own TTFT on these prompts is 1.2-1.5 s
 on 2 cores, so a 600 ms deadline would leave every answer to the device), no retries.
 LiteLLM (`benchmarks/_litellm_engines_peer.py`, run with `--litellm-python`; it never imports
 hybridllm): deployments a, b, local, `fallbacks` a -> [b, local], `num_retries = 0`, the
@@ -133,6 +134,9 @@ async def run_hybrid(w: dict[str, Any], a: Any, b: Any, deadline_ms: float) -> l
             "retries": 0,
         },
         sampling={"temperature": 0.0},
+        # LiteLLM scans nothing: with the default keep-local, the 5 of 40 prompts naming a person
+        # ("Barney is a cat", "Moby Dick") stay on the device, which is privacy, not routing
+        privacy={"mode": "off"},
     )
     engines = {
         "local": LlamaCppEngine(resolve_model(DEVICE, pull=True), n_threads=1, n_ctx=2048),
