@@ -17,8 +17,9 @@ the last resort, a smaller and worse model.
 hybridllm: `HybridClient(engines={"local", "a", "b"})`, policy `prefer = "a"`, `fallback_order
 = ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), privacy off
 (LiteLLM scans nothing; keep-local would keep the prompts naming a person on the device),
-first-token deadline `--deadline-ms` (2 s by default: the stand-in's own TTFT on these prompts is 1.2-1.5 s
-on 2 cores, so a 600 ms deadline would leave every answer to the device), no retries.
+first-token deadline `--deadline-ms` (2 s by default: the stand-in's own TTFT on these prompts
+is 1.2-1.5 s on 2 cores, so a 600 ms deadline would leave every answer to the device), no
+retries.
 LiteLLM (`benchmarks/_litellm_engines_peer.py`, run with `--litellm-python`; it never imports
 hybridllm): deployments a, b, local, `fallbacks` a -> [b, local], `num_retries = 0`, the
 clouds' `stream_timeout` = the deadline, the local one long. Both get 6 warm-up requests first
