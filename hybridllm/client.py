@@ -608,8 +608,9 @@ class HybridClient:
         """A cloud whose caps (its own, or the policy's priced by its model) cannot cover this
         request hands it to the next usable cloud in its order that can (routing then sees a
         cloud that fits); where none can, the cloud stays and routing says why."""
-        if ticket.cloud is None or ticket.forced is not None or not ticket.policy.cloud_allowed:
-            return
+        if len(ticket.clouds) < 2 or ticket.forced is not None or not ticket.policy.cloud_allowed:
+            return  # no other cloud to hand it to: routing's own budget check says the rest
+        assert ticket.cloud is not None
         bound = prompt_token_bound(ticket.request.messages, ticket.request.tools)
 
         def fits(name: EngineName) -> bool:
