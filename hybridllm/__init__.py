@@ -39,6 +39,7 @@ _NAMES = {
     "OpenAIOptions": "hybridllm.engines.options",
     "LlamaCppEngine": "hybridllm.engines.llamacpp",
     "OpenAIEngine": "hybridllm.engines.openai_engine",
+    "ChatTemplate": "hybridllm.engines.template",
     "GuardedEngine": "hybridllm.guard.guarded",
     "RouterScore": "hybridllm.routing.score",
     "RoutePreview": "hybridllm.routing.decision",
@@ -128,6 +129,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
     from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
+    from hybridllm.engines.template import ChatTemplate as ChatTemplate
     from hybridllm.engines.options import (
         LlamaOptions as LlamaOptions,
         OpenAIOptions as OpenAIOptions,

@@ -10,13 +10,19 @@ continue_final_message  the delivered text is the final assistant message, left 
 trailing_assistant      the delivered text as a trailing assistant message, nothing else
                         (with `"prefix": true` on it where the host documents that flag:
                         DeepSeek, Mistral); hosts that continue a final assistant turn
+raw_completion          the chat prompt written here from the model's chat template
+                        (`OpenAIEngine(chat_template=...)`: `engines.template`), the
+                        assistant's turn opened with the delivered text, sent as raw text to
+                        `/v1/completions`; llama-cpp-python's server, vLLM, most hosts of
+                        open models
 instruction             the delivered text as an assistant turn, then a user turn asking to
                         go on (any endpoint; a small model follows it badly: the last resort)
 ```
 
 `OpenAIEngine(continuation="auto")` (the default) probes once, on the first continuation it
 sends (or `probe_continuation()`): a tiny count ("1, 2, 3, 4, 5," and the model must go on with
-"6") in each dialect in that order, keeping the first that continues it; an endpoint that
+"6") in each dialect in that order (`raw_completion` only where the engine has the model's chat
+template), keeping the first that continues it; an endpoint that
 refuses a dialect's fields (a 4xx) moves to the next; `instruction` is what is left. The probe
 costs one or two requests of a few tokens, sent through the engine's own client (fixed text:
 nothing of the user's leaves with it). The dialect a continuation was sent in is in its
@@ -39,12 +45,15 @@ __all__ = [
     "probe",
 ]
 
-Dialect = Literal["continue_final_message", "trailing_assistant", "instruction"]
-Continuation = Literal["auto", "continue_final_message", "trailing_assistant", "instruction"]
+Dialect = Literal["continue_final_message", "trailing_assistant", "raw_completion", "instruction"]
+Continuation = Literal[
+    "auto", "continue_final_message", "trailing_assistant", "raw_completion", "instruction"
+]
 CONTINUATIONS: tuple[Continuation, ...] = (
     "auto",
     "continue_final_message",
     "trailing_assistant",
+    "raw_completion",
     "instruction",
 )
 PROBED: tuple[Dialect, ...] = ("continue_final_message", "trailing_assistant")
@@ -56,14 +65,16 @@ PROBE_START = "1, 2, 3, 4, 5,"
 PROBE_NEXT = "6"
 
 Send = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[str | None]]
+SendRaw = Callable[[list[dict[str, Any]], str], Awaitable[str | None]]
 
 
 def continued_messages(
     messages: Sequence[Mapping[str, Any]], prefix: str, dialect: Dialect, host: str
 ) -> list[dict[str, Any]] | None:
     """The chat messages of a continuation of `prefix` in `dialect` (None for "instruction":
-    `engines.base.chat_messages` writes that one)."""
-    if dialect == "instruction":
+    `engines.base.chat_messages` writes that one; and for "raw_completion", which is a prompt,
+    not messages: `engines.template.ChatTemplate.prompt`)."""
+    if dialect in ("instruction", "raw_completion"):
         return None
     final: dict[str, Any] = {"role": "assistant", "content": prefix}
     if dialect == "trailing_assistant" and host in PREFIX_FLAG_HOSTS:
@@ -81,17 +92,23 @@ def continues(text: str) -> bool:
     return text.lstrip().startswith(PROBE_NEXT)
 
 
-async def probe(send: Send, host: str) -> Dialect | None:
-    """The first dialect of `PROBED` in which the endpoint continues the probe's count, else
-    "instruction". `send(messages, extra_body)` returns the answer's text, or None where the
-    endpoint refused the request (a 4xx: the dialect's fields unknown there); an endpoint that
-    cannot be reached raises, and the probe says None (not decided: probed again next time)."""
+async def probe(send: Send, host: str, raw: SendRaw | None = None) -> Dialect | None:
+    """The first dialect of `PROBED` in which the endpoint continues the probe's count, then
+    "raw_completion" where `raw` is given (the engine has the model's chat template), else
+    "instruction". `send(messages, extra_body)` and `raw(messages, prefix)` return the answer's
+    text, or None where the endpoint refused the request (a 4xx: the dialect's fields or the
+    path unknown there); an endpoint that cannot be reached raises, and the probe says None
+    (not decided: probed again next time)."""
     ask = [{"role": "user", "content": PROBE_ASK}]
-    for dialect in PROBED:
-        messages = continued_messages(ask, PROBE_START, dialect, host)
-        assert messages is not None
+    order: tuple[Dialect, ...] = (*PROBED, "raw_completion")
+    for dialect in order:
         try:
-            text = await send(messages, dialect_fields(dialect))
+            if dialect == "raw_completion":
+                text = None if raw is None else await raw(ask, PROBE_START)
+            else:
+                messages = continued_messages(ask, PROBE_START, dialect, host)
+                assert messages is not None
+                text = await send(messages, dialect_fields(dialect))
         except Exception:  # unreachable, 5xx, timeout: nothing learnt about the dialect
             return None
         if text is not None and continues(text):

@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
@@ -63,6 +64,7 @@ from hybridllm.engines.continuation import (
 )
 from hybridllm.engines.limit import ConcurrencyLimit
 from hybridllm.engines.options import OpenAIOptions
+from hybridllm.engines.template import ChatTemplate
 from hybridllm.engines.tokens import estimate_text_tokens
 from hybridllm.events import (
     PRIORITIES,
@@ -134,7 +136,16 @@ class OpenAIEngine:
     may restart the answer. "continue_final_message" (vLLM's extra chat parameters, and
     `hybridllm serve-model`): the delivered text is the final assistant message, left open, and the
     model continues the text itself; its prompt is the original prompt plus the delivered text,
-    so a server's prefix cache covers all but the new tokens.
+    so a server's prefix cache covers all but the new tokens. "trailing_assistant": the delivered
+    text as a trailing assistant message (hosts that continue it). "raw_completion" (needs
+    `chat_template`): the prompt written here from the model's chat template with the delivered
+    text in the opened assistant turn, sent to `/v1/completions` (llama-cpp-python's server,
+    vLLM); a continuation with tools or a JSON schema goes as the instruction instead. "auto"
+    (the default) probes once (`engines.continuation`).
+
+    `chat_template`: the served model's chat template (`engines.template.ChatTemplate`, or its
+    Jinja text), for the "raw_completion" dialect; `ChatTemplate.of_gguf(...)` reads one from a
+    GGUF model.
 
     `max_context`: the endpoint's context in tokens, where known (None: what `check()` reads
     from the endpoint's model list, vLLM's `max_model_len` and the like, else not known;
@@ -164,6 +175,7 @@ class OpenAIEngine:
         continuation: Continuation = "auto",
         max_context: int | None = None,
         token_limit_param: TokenLimitParam = "auto",
+        chat_template: ChatTemplate | str | None = None,
     ) -> None:
         self.limit = ConcurrencyLimit(name, max_concurrency, queue_timeout_s)
         self.max_context = (
@@ -180,6 +192,7 @@ class OpenAIEngine:
                 "continuation", continuation, " or ".join(map(repr, CONTINUATIONS))
             )
         self.continuation: Continuation = continuation
+        self.chat_template = _template(chat_template, continuation)
         # the dialect continuations are sent in (`engines.continuation`): fixed, or probed once
         self._dialect: Dialect | None = None if continuation == "auto" else continuation
         self._probing = anyio.Lock()
@@ -354,7 +367,8 @@ class OpenAIEngine:
 
     async def probe_continuation(self) -> Dialect | None:
         """Probe the endpoint's continuation dialect now (None: it could not be reached)."""
-        found = await probe(self._probe_send, self._host)
+        raw = self._probe_raw if self.chat_template is not None else None
+        found = await probe(self._probe_send, self._host, raw)
         if found is not None:
             log.info("%s: continuations in the %s dialect", self.base_url or self._host, found)
         return found
@@ -385,6 +399,38 @@ class OpenAIEngine:
             raise
         return "".join(pieces)
 
+    async def _probe_raw(self, messages: list[dict[str, Any]], prefix: str) -> str | None:
+        """One probe request in the raw-completion dialect: its text, or None where the
+        endpoint refused it (a 4xx: no `/v1/completions`)."""
+        assert self.chat_template is not None
+        client = await self._ready_client()
+        try:
+            with anyio.fail_after(PROBE_TIMEOUT_S):
+                answer = await client.completions.create(
+                    model=self.model,
+                    prompt=self.chat_template.prompt(messages, prefix),
+                    max_tokens=6,
+                    temperature=0.0,
+                )
+        except openai.APIStatusError as exc:
+            if 400 <= exc.status_code < 500 and exc.status_code != 429:
+                return None
+            raise
+        return "".join(c.text or "" for c in answer.choices[:1])
+
+    def _raw_prompt(self, request: GenerationRequest, dialect: Dialect | None) -> str | None:
+        """The raw prompt of a continuation sent in the raw-completion dialect (None: not one;
+        one with tools or a schema, or whose messages the template refuses, goes as the
+        instruction)."""
+        if dialect != "raw_completion" or not request.assistant_prefix or request.tools is not None:
+            return None
+        assert self.chat_template is not None
+        try:
+            return self.chat_template.prompt(request.messages, request.assistant_prefix)
+        except errors.InvalidArgumentError as exc:
+            log.info("%s: the chat template refused a continuation (%s)", self.model, exc.value)
+            return None
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -394,6 +440,9 @@ class OpenAIEngine:
         client, key = await self._ready_client(), self.api_key
         limit = self.token_limit(request)
         dialect = await self.continuation_dialect() if request.assistant_prefix else None
+        prompt = self._raw_prompt(request, dialect)
+        if dialect == "raw_completion" and prompt is None:
+            dialect = "instruction"
         kwargs = self._fields(request, limit, dialect)
         seen = _Seen(CallAssembler(self.base_url or "the endpoint"))
         limited = self.limit.max_concurrency is not None
@@ -408,12 +457,17 @@ class OpenAIEngine:
         try:
             yield RequestSent(clock.now(), limit=limit, continuation=dialect)
             try:
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=self.model,
-                    messages=self._messages(request, dialect),  # type: ignore[arg-type]
-                    stream=True,
-                    **kwargs,
-                )
+                if prompt is None:
+                    raw = await client.chat.completions.with_raw_response.create(
+                        model=self.model,
+                        messages=self._messages(request, dialect),  # type: ignore[arg-type]
+                        stream=True,
+                        **kwargs,
+                    )
+                else:
+                    raw = await client.completions.with_raw_response.create(
+                        model=self.model, prompt=prompt, stream=True, **_raw_fields(kwargs)
+                    )
                 yield Mark("first_byte", clock.now())
                 stream = cast("openai.AsyncStream[Any]", raw.parse())
                 events = stream.__aiter__()
@@ -423,6 +477,7 @@ class OpenAIEngine:
                             f"no event from the cloud endpoint for {self._read_timeout_s:g} s",
                             received_content=seen.received,
                         )
+                    chunk = chunk if prompt is None else _chat_shaped(chunk)
                     for delta in _deltas(chunk, seen):
                         yield delta
             except errors.HybridError:
@@ -643,6 +698,42 @@ def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called]:
                 raise TypeError(f"finish_reason is {type(choice.finish_reason).__name__}")
             seen.finish = choice.finish_reason
             yield from seen.called(seen.calls.finish(seen.finish))
+
+
+def _raw_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The chat request's fields as `/v1/completions` takes them: the token bound as
+    `max_tokens`, no chat-only fields (Predicted Outputs, the prompt cache key)."""
+    kept = {k: v for k, v in fields.items() if k not in ("prediction", "prompt_cache_key")}
+    if "max_completion_tokens" in kept:
+        kept["max_tokens"] = kept.pop("max_completion_tokens")
+    return kept
+
+
+def _chat_shaped(chunk: Any) -> Any:
+    """A `/v1/completions` stream chunk in the chat chunk's shape (`choices[].delta.content`),
+    its usage kept, so one reader (`_deltas`) checks both."""
+    choices = [
+        SimpleNamespace(
+            delta=SimpleNamespace(content=getattr(c, "text", None), tool_calls=None),
+            finish_reason=getattr(c, "finish_reason", None),
+        )
+        for c in (chunk.choices or ())
+    ]
+    return SimpleNamespace(choices=choices, usage=getattr(chunk, "usage", None))
+
+
+def _template(given: ChatTemplate | str | None, continuation: Continuation) -> ChatTemplate | None:
+    """The engine's chat template (a str is its Jinja text); "raw_completion" needs one."""
+    template = ChatTemplate(given) if isinstance(given, str) else given
+    if template is not None and not isinstance(template, ChatTemplate):
+        raise errors.InvalidArgumentError(
+            "chat_template", given, "a ChatTemplate, a chat template's Jinja text, or None"
+        )
+    if continuation == "raw_completion" and template is None:
+        raise errors.InvalidArgumentError(
+            "chat_template", None, 'the model\'s chat template where continuation="raw_completion"'
+        )
+    return template
 
 
 def _finished(request: GenerationRequest, seen: _Seen) -> Finish:

@@ -92,7 +92,8 @@ class Trace:
     # the output-token bound the serving engine's request carried (the engine said it: the cloud)
     token_limit: TokenLimit | None = None
     # the dialect a cloud continuation of the delivered text was asked in ("continue_final_
-    # message", "trailing_assistant", "instruction": `engines.continuation`); None: none sent
+    # message", "trailing_assistant", "raw_completion", "instruction": `engines.continuation`);
+    # None: none sent
     continuation: str | None = None
     # every other engine started, in order, with why (`Fallback` events: one record each; a
     # parallel start is the one whose cause is "parallel")

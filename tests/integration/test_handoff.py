@@ -14,9 +14,10 @@ import pytest
 from hybridllm import Handoff, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
 from hybridllm.engines.base import CONTINUE_INSTRUCTION
 from hybridllm.engines.openai_engine import Continuation
+from hybridllm.engines.template import ChatTemplate
 from hybridllm.events import Event
 from hybridllm.runtime.trace import Trace
-from hybridllm.testing import FaultProxy, Faults
+from hybridllm.testing import FaultProxy, Faults, LlamaServer
 from tests.integration.servers import ALIAS, API_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -82,6 +83,7 @@ async def test_handoff_moves_the_answer_to_the_cloud_at_the_seam(
         assert messages[-1] == {"role": "user", "content": CONTINUE_INSTRUCTION}
     assert trace.engine == "cloud" and trace.finish_reason in ("stop", "length")
     assert trace.started == ("local", "cloud") and trace.error is None
+    assert trace.continuation == continuation  # the cloud's marks reach the trace at the switch
 
 
 async def test_a_warm_cloud_reads_the_prompt_first_then_continues_the_delivered_text(
@@ -117,3 +119,31 @@ async def test_cloud_failure_during_the_handoff_local_continues(
     assert text and set(who) == {"local"} and len(who) > POLICY.handoff.after_tokens
     assert not any(isinstance(e, Handoff) for e in events)
     assert trace.engine == "local" and trace.error is None and trace.finish_reason is not None
+
+
+async def test_llama_cpp_servers_continue_the_delivered_text_as_raw_completions(
+    model_path: Path, llama_cpp_server: LlamaServer
+) -> None:
+    """llama-cpp-python's server closes a trailing assistant turn and starts a new answer; given
+    the model's chat template, the engine's probe finds its `/v1/completions` (issue 43), and
+    the handoff's continuation is the template's prompt with the delivered text in the opened
+    assistant turn."""
+    up = ("127.0.0.1", llama_cpp_server.port)
+    with FaultProxy(upstream=up, faults=Faults()) as proxy:
+        proxy.record = True
+        local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
+        template = ChatTemplate.of_gguf(model_path)
+        cloud = OpenAIEngine(
+            base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS, chat_template=template
+        )
+        async with HybridClient(local=local, cloud=cloud, policy=POLICY, router=None) as client:
+            async with client.stream(PROMPT, plan="handoff") as s:
+                events = [e async for e in s.events()]
+        sent = [json.loads(body) for head, body in proxy.requests() if b"/completions" in head]
+    trace = s.trace
+    local_text = "".join(e.text for e in events if isinstance(e, Token) and e.engine == "local")
+    assert trace.continuation == "raw_completion" and trace.handoff is not None
+    assert trace.handoff.outcome == "switched" and trace.engine == "cloud"
+    raw = [b for b in sent if b.get("stream") and "prompt" in b]
+    assert len(raw) == 1 and "messages" not in raw[0]
+    assert raw[0]["prompt"] == template.prompt([{"role": "user", "content": PROMPT}], local_text)

@@ -33,8 +33,9 @@ class Endpoint:
     def __init__(self, chunks: list[dict[str, Any]] | None = None) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.chunks: list[dict[str, Any]] = list(OK if chunks is None else chunks)
-        # answers by request: the chunks for a body, or a status to refuse it with (None: chunks)
-        self.answer: Callable[[dict[str, Any]], list[dict[str, Any]] | int] | None = None
+        # answers by request: the chunks for a body, a whole JSON answer (a dict: for a request
+        # that does not stream), or a status to refuse it with (None: `chunks`)
+        self.answer: Callable[[dict[str, Any]], Any] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,10 +47,21 @@ class Endpoint:
                 if isinstance(chunks, int):  # refused, in OpenAI's error shape
                     self.refuse(chunks)
                     return
+                if isinstance(chunks, dict):
+                    self.whole(chunks)
+                    return
                 body = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
                 body += b"data: [DONE]\n\n"
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def whole(self, answer: dict[str, Any]) -> None:
+                body = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

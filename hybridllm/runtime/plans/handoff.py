@@ -164,6 +164,7 @@ class _Handoff:
         self.warm_scope = anyio.CancelScope()
         self.warm = False  # the cloud answered the warm-up (`warm_task`)
         self.failed_back = False
+        self.held_marks: list[Mark] = []  # the cloud's marks before its first token
 
     # ---- the coordinator ---------------------------------------------------------------------
 
@@ -234,9 +235,12 @@ class _Handoff:
                 if self.local_tokens >= self.after_tokens or self.warm:
                     self.ask_cloud()
         elif cid == self.cloud_id and self.phase == "hold":
-            if is_content(chunk):
-                self.switch()
-                self.run.deliver(self.cloud.name, chunk)
+            if isinstance(chunk, Mark):  # its marks (the request sent, its dialect) wait for it
+                self.held_marks.append(chunk)
+            if not is_content(chunk):
+                return
+            self.switch()
+            self.run.deliver(self.cloud.name, chunk)
 
     def _on_finish(self, cid: int, finish: Finish) -> None:
         if cid == self.serving and self.phase != "hold":
@@ -307,6 +311,8 @@ class _Handoff:
         assert self.cloud_id is not None and self.record is not None
         self.timer.cancel()
         self.phase, self.serving = "cloud", self.cloud_id
+        for mark in self.held_marks:  # the serving engine's marks, in the trace before its text
+            self.run.deliver(self.cloud.name, mark)
         rec = self.record
         why = f"cloud continues after {rec.local_tokens} local tokens ({rec.local_chars} chars)"
         self.run.handed_off(rec, self.local.name, self.cloud.name, why)
