@@ -129,11 +129,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     )
     from hybridllm.engines.llamacpp import LlamaCppEngine as LlamaCppEngine
     from hybridllm.engines.openai_engine import OpenAIEngine as OpenAIEngine
-    from hybridllm.engines.template import ChatTemplate as ChatTemplate
     from hybridllm.engines.options import (
         LlamaOptions as LlamaOptions,
         OpenAIOptions as OpenAIOptions,
     )
+    from hybridllm.engines.template import ChatTemplate as ChatTemplate
     from hybridllm.errors import (
         ClientStateError as ClientStateError,
         ConfigError as ConfigError,

@@ -63,6 +63,7 @@ from hybridllm.runtime.gather import (
     CloudStart,
     Gatherer,
     GuardBudget,
+    ner_ready,
     policy_caps,
     privacy_kinds,
     refusal_error,
@@ -280,7 +281,9 @@ class HybridClient:
         self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
-        self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds)
+        self.routing = Gatherer(
+            latency or LatencyModel(), scorer, gate, privacy_kinds, ner_ready=ner_ready
+        )
         self.routing.latency.device = roster.device or "local"
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
@@ -456,12 +459,13 @@ class HybridClient:
             return await anyio.to_thread.run_sync(self._gather, ticket)
         return self._gather(ticket)
 
-    def _gather(self, ticket: _Ticket) -> RequestFacts:
+    def _gather(self, ticket: _Ticket, preview: bool = False) -> RequestFacts:
         """The request cut to fit (`[sampling] overflow = "trim"`, `ticket.dropped`), then its
-        facts."""
+        facts (`preview`: for `decide()`, which keeps no deadline)."""
         sides = self._sides(ticket)
         ticket.request, ticket.dropped = self.routing.trimmed(ticket.request, ticket.policy, sides)
-        return self.routing.facts(ticket.request, ticket.policy, ticket.forced, sides)
+        pol, forced = ticket.policy, ticket.forced
+        return self.routing.facts(ticket.request, pol, forced, sides, preview=preview)
 
     def _sides(self, ticket: _Ticket) -> dict[EngineName, Engine]:
         """The engines as routing sees this request: the device's as "local", the cloud that
@@ -530,7 +534,7 @@ class HybridClient:
         `BudgetExceededError`, or the class itself)."""
         full: StreamArgs = {**args, "policy": policy}
         ticket = self._ticket(messages, full, streamed=True)
-        return self._route(ticket, self._gather(ticket), preview=True)
+        return self._route(ticket, self._gather(ticket, preview=True), preview=True)
 
     def _ticket(self, messages: Messages, args: StreamArgs, *, streamed: bool) -> _Ticket:
         """The cheap, synchronous half of admission, at the call: the checked arguments, the

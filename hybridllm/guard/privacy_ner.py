@@ -146,6 +146,11 @@ class NerLayer:
     def available(self) -> bool:
         return not self.missing
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the pipelines are in memory (a scan starts at once)."""
+        return self._analyzer is not None
+
     def status(self) -> NerStatus:
         return NerStatus(self.available, dict(self.models), self.missing, self.load_s)
 
@@ -358,6 +363,12 @@ class PrivacyScanner:
     def deep(self) -> bool:
         """Whether `scan` runs the NER layer."""
         return self._layer is not None and self._layer.available
+
+    @property
+    def ready(self) -> bool:
+        """Whether a deep scan would start at once: no NER layer to run, or its pipelines
+        loaded (not still loading: the preload takes seconds)."""
+        return not self.deep or (self._layer is not None and self._layer.loaded)
 
     def status(self) -> NerStatus:
         if self._layer is None:

@@ -396,6 +396,9 @@ def _restrict(
     if facts.public_names and not kinds:
         text = f"privacy: {_names(facts.public_names)} known to the local model -> public"
         reasons.append(Reason("privacy_public_names", text))
+    if facts.names_unread and "cloud" in allowed:
+        text = "privacy: names not read yet (NER loading) -> read at the cloud seam"
+        reasons.append(Reason("privacy_names_at_seam", text))
     if kinds is None and policy.privacy.mode != "off":
         text = "privacy: no detector to scan the prompt -> local only"
         removed = drop("no_scanner", Reason("privacy_no_scanner", text))

@@ -71,6 +71,7 @@ ReasonCode = Literal[
     # engine asked for is missing
     "policy_no_cloud",
     "privacy_public_names",
+    "privacy_names_at_seam",
     "privacy_no_scanner",
     "privacy_allowed",
     "privacy_blocked",
@@ -154,6 +155,9 @@ class RequestFacts:
     privacy_kinds: frozenset[str] | None = frozenset()
     # names alone that the privacy judge knew as public figures', dropped from privacy_kinds
     public_names: int = 0
+    # names were not looked for (the NER layer still loading): the guard reads them at the
+    # cloud seam, so routing does not spend the deadline waiting (`privacy_names_at_seam`)
+    names_unread: bool = False
     forced: EngineName | None = None  # the caller named the engine
     # the plan the caller asked for (a call's `plan=`); None: the policy's `plan`, if any
     plan: PlanName | None = None

@@ -28,7 +28,7 @@ import functools
 import math
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -103,6 +103,8 @@ class Gatherer:
     router: Scorer | None = None
     budget: BudgetGate | None = None
     privacy: PrivacyScan | None = None
+    # whether `privacy` would read names at once (False while the NER pipelines load)
+    ner_ready: Callable[[], bool] = field(default=lambda: True)
     # the recent local prompts: what the local engine's KV cache and its saved states likely
     # hold (newest last; a bounded guess at the engine's store, see `note_local`)
     local_prompts: deque[str] = field(default_factory=lambda: deque(maxlen=LOCAL_PROMPTS))
@@ -190,10 +192,13 @@ class Gatherer:
         policy: Policy,
         forced: EngineName | None,
         engines: Mapping[EngineName, Engine] | None = None,
+        *,
+        preview: bool = False,
     ) -> RequestFacts:
         """The request's facts: its prompt tokens, the router's score and threshold, the kinds
         of personal data found. The costly part of admission: `HybridClient` runs this on a
-        worker thread for a long prompt or with the NER layer."""
+        worker thread for a long prompt or with the NER layer. `preview` (nothing is sent, no
+        deadline runs): names are read even while the NER pipelines load."""
         score = cut = tier = span = None
         if self.router is not None and forced is None and _uses_router(policy):
             score = self.router.score(request.messages)
@@ -207,12 +212,12 @@ class Gatherer:
                     quality_floor=policy.routing.quality_floor,
                 )
         kinds: frozenset[str] | None = frozenset()
+        unread = False
         if policy.privacy.mode != "off":
             if self.privacy is None:
                 kinds = None
             else:
-                bound = _cloud_bound(policy, forced, engines) and not _local_first(policy)
-                deep = ner_wanted(policy.privacy) and (policy.privacy.mode == "block" or bound)
+                deep, unread = self._deep(policy, forced, engines, preview)
                 extra = tuple(tool_texts(request.tools))  # the tool definitions it sends
                 kinds = frozenset(self.privacy(request.messages, deep=deep, extra=extra))
         return RequestFacts(
@@ -223,9 +228,28 @@ class Gatherer:
             router_tier=tier,
             tier_span=span,
             privacy_kinds=kinds,
+            names_unread=unread,
             forced=forced,
             atomic=_atomic(request),
         )
+
+    def _deep(
+        self,
+        policy: Policy,
+        forced: EngineName | None,
+        engines: Mapping[EngineName, Engine] | None,
+        preview: bool,
+    ) -> tuple[bool, bool]:
+        """Whether routing's privacy scan reads names (the NER layer), and whether it left them
+        unread. A request that stays local, or a local-first policy, pays for the patterns
+        alone. So does a keep-local request while the NER pipelines still load (seconds, at a
+        client's start): routing does not spend the request's deadline waiting, and the guard's
+        scan reads the names at the cloud seam, off the loop, beside the local engine's work."""
+        bound = _cloud_bound(policy, forced, engines) and not _local_first(policy)
+        deep = ner_wanted(policy.privacy) and (policy.privacy.mode == "block" or bound)
+        if deep and policy.privacy.mode == "keep-local" and not preview and not self.ner_ready():
+            return False, True
+        return deep, False
 
     def state(
         self,
@@ -346,7 +370,7 @@ class Gatherer:
         caller asks; `streamed` False: the answer is taken whole (`complete()`). `facts`: the
         request's facts when gathered already (off the event loop)."""
         if facts is None:
-            facts = self.facts(request, policy, forced, engines)
+            facts = self.facts(request, policy, forced, engines, preview=preview)
         facts = replace(facts, plan=plan, streamed=streamed)
         state = self.state(facts, request, policy, engines, breakers, preview)
         decision = decide(facts, policy, state)
@@ -460,6 +484,11 @@ def policy_caps(policy: Policy) -> tuple[Cap, ...]:
         ("month", b.per_month_usd),
     )
     return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
+
+
+def ner_ready() -> bool:
+    """Whether the process's privacy scanner reads names at once (`PrivacyScanner.ready`)."""
+    return default_scanner().ready
 
 
 def privacy_kinds(

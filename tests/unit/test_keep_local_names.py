@@ -1,4 +1,4 @@
-""""keep-local" keeps names local (issue 42, item 7): with `[privacy] ner` unset (the default)
+""" "keep-local" keeps names local (issue 42, item 7): with `[privacy] ner` unset (the default)
 the NER layer runs wherever the mode looks at all and the privacy extra is installed, so a
 person's name with their street address stays on the device; `ner = false` is the explicit way
 out (the patterns alone); where the extra is missing, a client says so once at start (WARNING).
@@ -7,6 +7,7 @@ Scripted engines (routing only); the privacy scan is the real one (Presidio and 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,35 @@ async def test_a_local_first_policy_reads_names_at_the_cloud_seam_not_before_the
         ("local", LocalEngineError),
         ("cloud", PrivacyBlockedError),
     ]
+
+
+@needs(HAS_NER, "the privacy extra (hybridllm[privacy]) is not installed")
+@pytest.mark.usefixtures("warm_ner")
+async def test_while_the_ner_pipelines_load_routing_leaves_names_to_the_cloud_seam() -> None:
+    """Issue 45: a cloud-first request made while the NER pipelines still load (seconds after a
+    client opens) does not wait for them in admission, where its first-token deadline already
+    runs: routing reads the patterns alone and says so (`privacy_names_at_seam`), and the
+    guard's scan reads the names before anything is sent, so the cloud gets nothing and the
+    local engine answers. A preview (`decide()`, no deadline) still reads them."""
+    local, cloud = ScriptedEngine("local", tokens=["l"]), ScriptedEngine("cloud", tokens=["c"])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=CLOUD_FIRST) as client:
+        client.routing.ner_ready = lambda: False  # as while the preload runs
+        asked: list[bool] = []
+        scan = client.routing.privacy
+        assert scan is not None
+
+        def spy(messages: Any, *, deep: bool = True, extra: Any = ()) -> Any:
+            asked.append(deep)
+            return scan(messages, deep=deep, extra=extra)
+
+        client.routing.privacy = spy
+        preview = client.decide(PRIVATE)
+        async with client.stream(PRIVATE) as s:
+            text = "".join([t async for t in s])
+    assert preview.decision.primary == "local" and "privacy_local" in preview.decision.codes
+    assert asked == [True, False]  # the preview read names; the request did not wait for them
+    decision = s.trace.decision
+    assert decision is not None and decision.primary == "cloud"
+    assert "privacy_names_at_seam" in decision.codes
+    assert cloud.requests == [] and text == "l" and s.trace.engine == "local"
+    assert ("cloud", PrivacyBlockedError) in [(a.engine, a.error_type) for a in s.trace.attempts]
