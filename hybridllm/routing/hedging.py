@@ -90,8 +90,12 @@ def lead_s(predicted_s: float, deadline_s: float, *, rescue: bool = False) -> fl
 
 def backup_ttft_s(prediction: Prediction, *, rescue: bool) -> float:
     """The backup's time to a first token that its lead is measured by: the expected one for a
-    competitor, the p95 for a rescue (ready at the deadline on 95 requests of 100)."""
-    return prediction.ttft_p95_s if rescue else prediction.ttft_s
+    competitor; for a rescue, the p95, or more where backups started late ran slower than
+    predicted (`Prediction.rescue_ttft_s`): a rescue parks at its first token, so starting it
+    early costs device work, never latency."""
+    if not rescue:
+        return prediction.ttft_s
+    return max(prediction.ttft_p95_s, prediction.rescue_ttft_s or 0.0)
 
 
 def quantile(xs: Sequence[float], q: float) -> float:

@@ -75,3 +75,7 @@ class Prediction:
     # the TTFT distribution behind the figures, seconds, sorted: this request's expected TTFT
     # plus each residual the model has seen (empty: no history); the automatic hedge reads it
     ttft_samples: tuple[float, ...] = ()
+    # the TTFT a rescue's lead is measured by (None: the p95): the expected TTFT times the worst
+    # recent ratio of a backup's own TTFT to its prediction, conservative while they are few
+    # (`runtime.latency.EngineLatency.backup_factor`)
+    rescue_ttft_s: float | None = None

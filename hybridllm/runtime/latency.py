@@ -48,6 +48,11 @@ class Prior:
     tail: float = 1.5  # p95 / expected, until the residuals say otherwise
 
 
+# a backup's own TTFT against its prediction: the factor a rescue's lead assumes until
+# BACKUP_SEEN backups were measured (then the worst of the last BACKUP_WINDOW), times
+# BACKUP_MARGIN for the next one's noise, at most BACKUP_MAX
+BACKUP_PRIOR, BACKUP_SEEN, BACKUP_WINDOW, BACKUP_MAX, BACKUP_MARGIN = 1.5, 3, 10, 3.0, 1.15
+
 # Rough figures from DESIGN.md (Qwen2.5-Coder-0.5B on 2 CPU cores) and a typical hosted API.
 LOCAL_PRIOR = Prior(overhead_s=0.05, prefill_tps=117.0, tpot_s=0.051, tail=1.3)
 CLOUD_PRIOR = Prior(overhead_s=0.35, prefill_tps=3000.0, tpot_s=0.02, tail=3.0)
@@ -82,6 +87,8 @@ class EngineLatency:
         self._resid_p95 = 0.0
         self._resid: tuple[float, ...] = ()
         self._spread = 0.0  # robust scale of the residuals (1.4826 * MAD)
+        # started as a backup (a rescue, a failover): its own TTFT / the TTFT predicted for it
+        self.backups: deque[float] = deque(maxlen=BACKUP_WINDOW)
 
     # ---- learning -------------------------------------------------------------------------
 
@@ -166,6 +173,24 @@ class EngineLatency:
             self.regime_changes += 1
             self._refit()
 
+    def observe_backup(self, own_ttft_s: float, predicted_s: float) -> None:
+        """A backup (started after another engine) took `own_ttft_s` from its start to its first
+        token, where `predicted_s` was expected. A backup starts while a request is in flight
+        (cold, another prompt, the other engine's client at work): its turns can run slower
+        than the ones the fit learnt from."""
+        if own_ttft_s > 0 and predicted_s > 0:
+            self.backups.append(own_ttft_s / predicted_s)
+
+    @property
+    def backup_factor(self) -> float:
+        """How much longer than predicted a backup may take: the worst of the recent ratios
+        with a margin, at least `BACKUP_PRIOR` until `BACKUP_SEEN` were measured, within
+        [1, BACKUP_MAX]."""
+        worst = max(self.backups, default=1.0) * BACKUP_MARGIN
+        if len(self.backups) < BACKUP_SEEN:
+            worst = max(worst, BACKUP_PRIOR)
+        return min(max(worst, 1.0), BACKUP_MAX)
+
     # ---- predicting -----------------------------------------------------------------------
 
     @property
@@ -203,6 +228,7 @@ class EngineLatency:
             samples=len(self.obs),
             drift_s=drift,
             ttft_samples=samples,
+            rescue_ttft_s=queue_s + service * self.backup_factor,
         )
 
     def components(self) -> dict[str, float | None]:
@@ -320,6 +346,9 @@ class LatencyModel:
         self.engine(served).observe(
             fresh, ttft - start - (queue or 0.0), tpot_s=tpot, queue_s=queue, rtt_s=rtt
         )
+        predicted = trace.predicted_ttft_ms.get(served)
+        if start > 0 and predicted:  # a backup: its own TTFT against what was expected of it
+            self.engine(served).observe_backup(ttft - start, predicted / 1e3)
         for loser, off in offset.items():
             if loser == served or trace.switches:
                 continue

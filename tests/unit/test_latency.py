@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hybridllm.runtime.latency import CLOUD_PRIOR, LatencyModel, Prior
+from hybridllm.runtime.latency import BACKUP_MARGIN, CLOUD_PRIOR, LatencyModel, Prior
 from hybridllm.runtime.recorder import Recorder
 from hybridllm.runtime.trace import Trace
 
@@ -183,3 +183,46 @@ def test_a_handoff_teaches_the_local_ttft_and_the_clouds_continuation() -> None:
     assert local.tpot()[0] == pytest.approx(0.06)
     assert cloud.obs[-1].service_s == pytest.approx(0.30)  # asked to first token
     assert cloud.tpot()[0] == pytest.approx(0.01)
+
+
+def test_a_rescue_starts_early_enough_while_backups_are_few_then_as_they_ran() -> None:
+    """Issue 45 item 3: a rescue's lead is measured by more than the p95 learnt on the engine's
+    own turns: a backup starts while another request is in flight and ran up to 1.7x its
+    prediction on a 2-core machine. Until 3 backups were measured the lead assumes 1.5x the
+    expected TTFT; then the worst recent ratio, with a margin."""
+    from hybridllm.routing.decision import Decision
+    from hybridllm.routing.hedging import backup_ttft_s
+    from hybridllm.runtime.latency import BACKUP_PRIOR
+
+    model = LatencyModel({"local": Prior(0.1, 100.0, 0.03, tail=1.3), "cloud": CLOUD_PRIOR})
+    before = model.predict("local", 20, 8)
+    assert before.rescue_ttft_s == pytest.approx(before.ttft_s * BACKUP_PRIOR)
+    assert backup_ttft_s(before, rescue=True) == pytest.approx(before.ttft_s * BACKUP_PRIOR)
+    assert backup_ttft_s(before, rescue=False) == before.ttft_s  # a competitor: as expected
+    for own_ms in (600, 800, 700):  # rescues predicted at 400 ms: 1.5x, 2x, 1.75x
+        tr = _trace(
+            "local", "cloud", "local", fallback_started=300, rescue_first_token=300 + own_ms
+        )
+        tr.decided(Decision("single", "cloud", "local", 1.2, None, ()), {"local": 400.0})
+        tr.token(101.2)  # released at the deadline, after its own first token
+        tr.done("stop", 101.3)
+        model.observe_trace(tr.freeze(), 20)
+    est = model.engine("local")
+    assert list(est.backups) == pytest.approx([1.5, 2.0, 1.75])
+    assert est.backup_factor == pytest.approx(2.0 * BACKUP_MARGIN)
+    after = model.predict("local", 20, 8)
+    assert after.rescue_ttft_s == pytest.approx(after.ttft_s * 2.0 * BACKUP_MARGIN)
+    assert backup_ttft_s(after, rescue=True) >= after.ttft_p95_s
+
+
+def test_a_backup_that_ran_as_predicted_keeps_the_p95_and_the_factor_is_bounded() -> None:
+    model = LatencyModel()
+    est = model.engine("local")
+    for _ in range(5):
+        est.observe_backup(0.5, 0.5)
+    assert est.backup_factor == pytest.approx(BACKUP_MARGIN)
+    est.observe_backup(10.0, 0.5)  # a stall: 20x
+    assert est.backup_factor == 3.0
+    est.observe_backup(0.0, 0.5)  # nothing measured
+    est.observe_backup(0.5, 0.0)
+    assert len(est.backups) == 6
