@@ -281,9 +281,7 @@ class HybridClient:
         self._early_feedback: dict[str, bool] = {}
         self._router_spec = router
         scorer = None if router == "default" else router
-        self.routing = Gatherer(
-            latency or LatencyModel(), scorer, gate, privacy_kinds, ner_ready=ner_ready
-        )
+        self.routing = Gatherer(latency or LatencyModel(), scorer, gate, privacy_kinds, ner_ready)
         self.routing.latency.device = roster.device or "local"
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
 from hybridllm.engines.capabilities import ScoresText
 from hybridllm.guard.privacy_known import FRAME, NameRecogniser
+from hybridllm.guard.privacy_ner import default_scanner
 from hybridllm.guard.privacy_public import is_public_figure
 from hybridllm.testing import FaultProxy
 from tests.integration.servers import ALIAS, API_KEY
@@ -53,6 +55,9 @@ async def test_a_public_figure_off_the_list_goes_to_the_cloud_and_a_private_name
 ) -> None:
     assert not is_public_figure(OFF_LIST)  # else the list, not the judge, would clear it
     proxy.record = True
+    # the NER pipelines loaded first: while they load, routing leaves names to the guard at
+    # the cloud seam, which knows no public figures (tests/unit/test_keep_local_names.py)
+    await anyio.to_thread.run_sync(default_scanner().warm)
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
     cloud = OpenAIEngine(base_url=proxy.url + "/v1", api_key=API_KEY, model=ALIAS)
     cloud_first = Policy(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
@@ -82,6 +83,10 @@ async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
 ) -> None:
     proxy.record = True
     assert default_scanner().deep  # the real NER layer, not the patterns alone
+    # loaded first: while it loads, routing leaves names to the guard at the cloud seam (the
+    # cloud started, refused there, nothing sent: tests/unit/test_keep_local_names.py); this
+    # test is about routing's own reading
+    await anyio.to_thread.run_sync(default_scanner().warm)
     local = LlamaCppEngine(model_path, n_ctx=1024, n_threads=1)
     cloud_first = Policy(
         name="cloud-first",
@@ -93,7 +98,6 @@ async def test_personal_data_in_words_stays_local_benign_prompts_go_out(
         local=local, cloud=cloud(proxy), policy=cloud_first, privacy="keep-local"
     ) as c:
         private = [await c.complete(messages) for messages, _, _ in PRIVATE]
-        assert default_scanner().status().load_s is not None  # loaded in the background
         benign = [await c.complete(prompt) for prompt in BENIGN]
         # a forced cloud request with personal data is refused with the documented type
         with pytest.raises(PrivacyBlockedError) as refused:

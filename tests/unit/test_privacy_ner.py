@@ -218,6 +218,7 @@ async def test_a_local_request_never_runs_the_ner_layer_scripted(
     monkeypatch.setattr(NerLayer, "find", counting)
     monkeypatch.setattr(NerLayer, "available", property(lambda self: True))
     monkeypatch.setattr(NerLayer, "load", lambda self: None)
+    monkeypatch.setattr(NerLayer, "loaded", property(lambda self: True))  # not still loading
     monkeypatch.setattr(privacy_ner, "_default", PrivacyScanner(ner="auto"))
     local = ScriptedEngine("local", tokens=["local"])
     cloud = ScriptedEngine("cloud", tokens=["cloud"])
