@@ -131,6 +131,9 @@ class CloudSpec:
     url: str
     model: str | None
     key: str | None
+    # a GGUF (path or manifest name) of the served model, whose chat template the engine
+    # writes raw-completion continuations with (`engines.template`); None: none
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -247,13 +250,15 @@ def named_clouds(args: argparse.Namespace) -> tuple[CloudSpec, ...]:
     )
 
 
-_CLOUD_KEYS = frozenset({"url", "model", "key", "key_env"})
+_CLOUD_KEYS = frozenset({"url", "model", "key", "key_env", "chat_template"})
 
 
 def clouds_file(path: str) -> tuple[CloudSpec, ...]:
     """`--clouds FILE`: `[clouds.NAME]` tables, in the order tried, each with `url` (required),
     `model`, and `key` or `key_env` (the variable holding it; default `$HYBRIDLLM_KEY_<NAME>`,
-    else `$OPENAI_API_KEY`). A missing file, bad TOML, an unknown key or a bad value is an
+    else `$OPENAI_API_KEY`), and `chat_template`: a GGUF of the served model (a path or a
+    manifest name), whose chat template continues answers as raw completions (llama-cpp-python's
+    server knows no other way). A missing file, bad TOML, an unknown key or a bad value is an
     `InvalidArgumentError` naming the option and what is wrong."""
     import tomllib
 
@@ -280,14 +285,18 @@ def _cloud_table(
         raise bad(f"[clouds.{name}]: a table, under a name other than 'local'")
     unknown = sorted(set(table) - _CLOUD_KEYS)
     if unknown or not all(isinstance(v, str) and v.strip() for v in table.values()):
-        raise bad(f"[clouds.{name}]: url, model, key, key_env as non-blank strings ({unknown})")
+        raise bad(
+            f"[clouds.{name}]: url, model, key, key_env, chat_template as non-blank strings"
+            f" ({unknown})"
+        )
     if "url" not in table or {"key", "key_env"} <= set(table):
         raise bad(f"[clouds.{name}]: a url, and at most one of key and key_env")
     key = table.get("key") or os.environ.get(table.get("key_env", "")) or None
     if "key_env" in table and key is None:
         raise bad(f"[clouds.{name}]: key_env = {table['key_env']!r} is not set")
     url = _url("--clouds", table["url"])
-    return CloudSpec(name, url, table.get("model"), key or _key_env(name))
+    model, template = table.get("model"), table.get("chat_template")
+    return CloudSpec(name, url, model, key or _key_env(name), template)
 
 
 def _key_env(name: str) -> str | None:
@@ -373,14 +382,20 @@ def build_client(settings: Settings) -> HybridClient:
     from hybridllm.client import HybridClient
     from hybridllm.engines.llamacpp import LlamaCppEngine
     from hybridllm.engines.openai_engine import OpenAIEngine
+    from hybridllm.engines.template import ChatTemplate
 
     local = LlamaCppEngine(settings.local, n_threads=settings.n_threads)
     engines: dict[str, Engine] = {"local": local}
     if settings.cloud:
         engines["cloud"] = OpenAIEngine(base_url=settings.cloud_url, model=settings.cloud_model)
     for spec in settings.clouds:
+        template = None if spec.chat_template is None else ChatTemplate.of_gguf(spec.chat_template)
         engines[spec.name] = OpenAIEngine(
-            base_url=spec.url, api_key=spec.key, model=spec.model, name=spec.name
+            base_url=spec.url,
+            api_key=spec.key,
+            model=spec.model,
+            name=spec.name,
+            chat_template=template,
         )
     return HybridClient(
         engines=engines,

@@ -202,12 +202,13 @@ def test_named_clouds_from_one_toml_file(tmp_path: Path, monkeypatch: pytest.Mon
     path = tmp_path / "clouds.toml"
     path.write_text(
         '[clouds.fast]\nurl = "http://127.0.0.1:9/v1"\nmodel = "m-small"\n'
+        'chat_template = "smollm2-135m-instruct"\n'
         '[clouds.smart]\nurl = "https://x.test/v1"\nkey_env = "SMART_KEY"\n'
     )
     clouds = named_clouds(_serve_args(["--clouds", str(path)]))  # type: ignore[arg-type]
-    assert [(c.name, c.url, c.model, c.key) for c in clouds] == [
-        ("fast", "http://127.0.0.1:9/v1", "m-small", "sk-fast"),
-        ("smart", "https://x.test/v1", None, "sk-smart"),
+    assert [(c.name, c.url, c.model, c.key, c.chat_template) for c in clouds] == [
+        ("fast", "http://127.0.0.1:9/v1", "m-small", "sk-fast", "smollm2-135m-instruct"),
+        ("smart", "https://x.test/v1", None, "sk-smart", None),
     ]
 
 
@@ -218,6 +219,7 @@ def test_named_clouds_from_one_toml_file(tmp_path: Path, monkeypatch: pytest.Mon
         "[clouds.fast]\nmodel = 'm'\n",  # no url
         "[clouds.fast]\nurl = 'ftp://x'\n",  # not http(s)
         "[clouds.fast]\nurl = 'http://x/v1'\nretries = '3'\n",  # unknown key
+        "[clouds.fast]\nurl = 'http://x/v1'\nchat_template = 3\n",  # not a GGUF's name
         "[clouds.local]\nurl = 'http://x/v1'\n",  # the device's name
         "[clouds.fast]\nurl = 'http://x/v1'\nkey_env = 'NOT_SET_ANYWHERE'\n",
         "[clouds.fast]\nurl = 'http://x/v1'\nkey = 'a'\nkey_env = 'B'\n",
