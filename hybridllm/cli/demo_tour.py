@@ -294,7 +294,10 @@ async def act_handoff(stage: Stage) -> list[TourRow]:
     _say(stage, "\n[handoff] the local engine starts, the cloud continues from its exact text")
     prompt = "Write three sentences about why lighthouses were painted in stripes."
     _say(stage, f"  > {prompt}")
-    p = await play(stage, "handoff", prompt, policy="chat", plan="handoff", temperature=0.0)
+    # the seam is the point: no first-token deadline (on a slow device the chat preset's 500 ms
+    # passes before the first local token, and the cloud is asked for the whole answer)
+    seam = Policy.preset("chat").with_(routing={"ttft_deadline_ms": None})
+    p = await play(stage, "handoff", prompt, policy=seam, plan="handoff", temperature=0.0)
     h = p.trace.handoff
     _figures(stage, p.trace)
     p.row.note = "no handoff" if h is None else f"{h.local_tokens} local tokens, then {h.outcome}"
