@@ -145,15 +145,9 @@ def text_chunk(text: str, finish: str | None = None) -> dict[str, Any]:
 
 
 def completion(text: str) -> dict[str, Any]:
-    """A whole (unstreamed) `text_completion`, as the probe asks for one."""
-    choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-    return {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "created": 0,
-        "model": "m",
-        "choices": [choice],
-    }
+    """A whole (unstreamed) `text_completion`, as the probe asks for one: the same shape as
+    a streamed chunk, with its finish reason."""
+    return text_chunk(text, "stop")
 
 
 def llama_cpp_server(body: dict[str, Any]) -> list[dict[str, Any]] | dict[str, Any]:
