@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -305,8 +305,10 @@ class LatencyModel:
         self, name: EngineName, prompt_tokens: float, max_tokens: int, *, queue_s: float = 0.0
     ) -> Prediction:
         """`prompt_tokens`: the tokens to prefill (for the local engine, those not already in
-        its KV cache)."""
-        return self.engine(name).predict(name, prompt_tokens, max_tokens, queue_s)
+        its KV cache). A rescue's longer lead (`Prediction.rescue_ttft_s`) is the device's
+        only: an early local start costs device work, an early cloud start a paid request."""
+        p = self.engine(name).predict(name, prompt_tokens, max_tokens, queue_s)
+        return p if name == self.device else replace(p, rescue_ttft_s=None)
 
     def observe_trace(self, trace: Trace, prompt_tokens: float) -> None:
         """Learn from one finished request: the serving engine's first-token time (and decode

@@ -226,3 +226,14 @@ def test_a_backup_that_ran_as_predicted_keeps_the_p95_and_the_factor_is_bounded(
     est.observe_backup(0.0, 0.5)  # nothing measured
     est.observe_backup(0.5, 0.0)
     assert len(est.backups) == 6
+
+
+def test_a_cloud_backup_keeps_the_p95_lead() -> None:
+    """A rescue starts early only on the device: an early cloud start is a paid request."""
+    from hybridllm.routing.hedging import backup_ttft_s
+
+    model = LatencyModel()
+    cloud = model.predict("cloud", 20, 8)
+    assert cloud.rescue_ttft_s is None
+    assert backup_ttft_s(cloud, rescue=True) == cloud.ttft_p95_s
+    assert model.predict("local", 20, 8).rescue_ttft_s is not None
