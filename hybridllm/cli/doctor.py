@@ -176,6 +176,7 @@ class Doctor:
         if not key:  # reachable, but the SDK sends no placeholder key: nothing would be sent
             facts.append("OpenAIEngine sends nothing without an API key: requests stay local")
             return Finding("cloud endpoint", "fail", tuple(facts), no_key)
+        facts.append(_continuation(url, key, model))
         return Finding("cloud endpoint", "ok", tuple(facts))
 
     def privacy(self) -> Finding:
@@ -210,6 +211,27 @@ def report(findings: Iterable[Finding], out: TextIO) -> int:
             out.write(f"       -> {f.fix}\n")
         worst = max(worst, {"ok": 0, "warn": 0, "fail": 1}[f.status])
     return worst
+
+
+def _continuation(url: str, key: str, model: str | None) -> str:
+    """How the endpoint continues a started answer: the dialect `OpenAIEngine`'s probe finds
+    (a few tokens of a fixed count; `engines.continuation`)."""
+    import anyio
+
+    from hybridllm.engines.openai_engine import OpenAIEngine
+
+    engine = OpenAIEngine(base_url=url, api_key=key, model=model, timeout=CLOUD_TIMEOUT_S)
+
+    async def probe() -> str | None:
+        try:
+            return await engine.probe_continuation()
+        finally:
+            await engine.aclose()
+
+    found = anyio.run(probe)
+    if found is None:
+        return "continuations: not probed (the endpoint did not answer the probe)"
+    return f"continuations: the {found} dialect (a handoff or failover goes on in it)"
 
 
 def _read(path: str) -> str:

@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 class Models(BaseHTTPRequestHandler):
-    """`GET /v1/models` listing the model "smol", or answering `status` (a 401, a 403)."""
+    """`GET /v1/models` listing the model "smol", or answering `status` (a 401, a 403); and a
+    chat completion that continues the continuation probe's count in vLLM's dialect."""
 
     status = 200
     entry: dict[str, object] = {}  # more fields of the model's entry (vLLM's max_model_len)
@@ -26,6 +27,33 @@ class Models(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        """A chat completion, streamed, as a vLLM endpoint answers the continuation probe: the
+        count goes on ("6, 7") under `continue_final_message`, else starts again."""
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        text = " 6, 7" if body.get("continue_final_message") else "1, 2, 3"
+        events = [{"content": text}, {}]
+        out = b"".join(
+            b"data: "
+            + json.dumps(
+                {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "smol",
+                    "choices": [{"index": 0, "delta": d, "finish_reason": None if d else "stop"}],
+                }
+            ).encode()
+            + b"\n\n"
+            for d in events
+        )
+        out += b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
 
     def log_message(self, *args: object) -> None:
         pass

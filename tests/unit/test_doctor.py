@@ -78,6 +78,8 @@ def test_the_cloud_endpoint_reachable_refused_and_unset(
     url, handler = endpoint
     ok = Doctor(base_url=url, api_key="k").cloud()
     assert ok.status == "ok" and any("models: smol" in f for f in ok.facts)
+    # the continuation dialect its probe found (issue 43): the endpoint answers like vLLM
+    assert any("the continue_final_message dialect" in f for f in ok.facts)
     handler.status = 401
     refused = Doctor(base_url=url, api_key="wrong").cloud()
     assert refused.status == "fail" and "OPENAI_API_KEY" in refused.fix
