@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from tests.unit.sse_endpoint import chunk
+
 
 class Models(BaseHTTPRequestHandler):
     """`GET /v1/models` listing the model "smol", or answering `status` (a 401, a 403); and a
@@ -33,21 +35,8 @@ class Models(BaseHTTPRequestHandler):
         count goes on ("6, 7") under `continue_final_message`, else starts again."""
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         text = " 6, 7" if body.get("continue_final_message") else "1, 2, 3"
-        events = [{"content": text}, {}]
-        out = b"".join(
-            b"data: "
-            + json.dumps(
-                {
-                    "id": "c",
-                    "object": "chat.completion.chunk",
-                    "created": 0,
-                    "model": "smol",
-                    "choices": [{"index": 0, "delta": d, "finish_reason": None if d else "stop"}],
-                }
-            ).encode()
-            + b"\n\n"
-            for d in events
-        )
+        events = [chunk({"content": text}), chunk({}, "stop")]
+        out = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
         out += b"data: [DONE]\n\n"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
