@@ -22,9 +22,19 @@ HybridError
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   ├── ModelCorruptError       the file exists but does not load / fails its checksum
+│   │                           (`reason`: "bad_magic", "malformed", "truncated", "checksum",
+│   │                           "load_failed")
+│   ├── ModelUnsupportedError   a whole, well-formed GGUF this llama.cpp build cannot run
+│   │                           (`architecture`)
+│   ├── ModelTooLargeError      the model at the asked context does not fit the free memory
+│   │                           (`need_bytes`, `available_bytes`, `weights_bytes`, `kv_bytes`)
 │   ├── RouterArtifactError     a router artifact is missing, tampered with or mismatched
 │   └── TuneError               `hybridllm tune` could not measure the model
 ├── PullError                   `models pull` could not fetch or assemble a model
+│   └── HubError                a model named on the Hugging Face hub could not be had
+│                               (`ref`, `reason`: "repo_not_found", "file_not_found",
+│                               "ambiguous", "gated", "offline_missing", "checksum",
+│                               "not_gguf", "network")
 ├── ClientStateError            the client or a stream was used outside its lifetime
 ├── AnswerTimeoutError          `complete(timeout=)` passed before the answer ended (also a
 │                               `TimeoutError`): `timeout_s`, the `text`, `tool_calls` and
@@ -154,8 +164,50 @@ class ModelNotFoundError(ModelError):
     """The model file does not exist (or a manifest name has not been pulled)."""
 
 
+# why a model file cannot be used although it exists (`ModelCorruptError.reason`)
+CorruptProblem = Literal["bad_magic", "malformed", "truncated", "checksum", "load_failed"]
+
+
 class ModelCorruptError(ModelError):
-    """The model file exists but llama.cpp cannot load it, or its checksum is wrong."""
+    """The model file exists but llama.cpp cannot load it, or its checksum is wrong.
+    `reason`: the code of why (`CorruptProblem`); "load_failed" where nothing finer is known."""
+
+    def __init__(
+        self, message: str, *, path: Path | str, reason: CorruptProblem = "load_failed"
+    ) -> None:
+        self.reason = reason
+        super().__init__(message, path=path)
+
+
+class ModelUnsupportedError(ModelError):
+    """A whole, well-formed GGUF that this build of llama.cpp cannot run (most often an
+    architecture newer than the build): `architecture` names the file's
+    (`general.architecture`)."""
+
+    def __init__(self, message: str, *, path: Path | str, architecture: str) -> None:
+        self.architecture = architecture
+        super().__init__(message, path=path)
+
+
+class ModelTooLargeError(ModelError):
+    """The model at the asked context needs more memory than the device has free: refused
+    before loading (an out-of-memory kill otherwise). The figures are estimates from the
+    GGUF's own metadata, in bytes; `n_ctx` is the context asked for."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str,
+        need_bytes: int,
+        available_bytes: int,
+        weights_bytes: int,
+        kv_bytes: int,
+        n_ctx: int,
+    ) -> None:
+        self.need_bytes, self.available_bytes = need_bytes, available_bytes
+        self.weights_bytes, self.kv_bytes, self.n_ctx = weights_bytes, kv_bytes, n_ctx
+        super().__init__(message, path=path)
 
 
 # why a router artifact cannot be used (`RouterArtifactError.reason`, a code to branch on)
@@ -197,6 +249,28 @@ class TuneError(ModelError):
 
 class PullError(HybridError):
     """Fetching or assembling a model failed; no partial file was left behind."""
+
+
+# why a model named on the Hugging Face hub could not be had (`HubError.reason`)
+HubProblem = Literal[
+    "repo_not_found",  # no such repository (or private, and the token does not reach it)
+    "file_not_found",  # the repository has no such file, or no GGUF of the asked quantization
+    "ambiguous",  # several GGUF files match the asked quantization: name the file
+    "gated",  # a gated repository, and no token (or one without access)
+    "offline_missing",  # offline (HF_HUB_OFFLINE=1) and the file is not in the cache
+    "checksum",  # the downloaded bytes are not the hub's sha256 (the file was removed)
+    "not_gguf",  # the file is not a GGUF model
+    "network",  # the hub could not be reached or broke off (a partial file resumes later)
+]
+
+
+class HubError(PullError):
+    """A model named on the Hugging Face hub (`hf://...`) could not be had. `ref`: what was
+    asked; `reason`: the code of why (`HubProblem`); the message says what to do."""
+
+    def __init__(self, message: str, *, ref: str, reason: HubProblem) -> None:
+        self.ref, self.reason = ref, reason
+        super().__init__(f"{ref}: {message}")
 
 
 class ClientStateError(HybridError):

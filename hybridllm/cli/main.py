@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,31 +38,52 @@ def _format_size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
+def _pypi_source(packages: tuple[str, ...]) -> str:
+    more = f" +{len(packages) - 1}" if len(packages) > 1 else ""
+    return f"pypi {packages[0]}{more}"
+
+
 def cmd_models_list(args: argparse.Namespace) -> int:
     from hybridllm.cli.progress import render_table
-    from hybridllm.local import models, variants
+    from hybridllm.local import hub, models, variants
 
     rows: list[tuple[str, ...]] = []
     for m in models.list_manifests():
         present = models.is_present(m, verify=args.verify)
         rows.append(
             (m.name, m.role, _format_size(m.size_bytes), "yes" if present else "no",
-             str(models.cached_path(m)))
+             _pypi_source(m.source.packages), str(models.cached_path(m)))
         )  # fmt: skip
         for quant in variants.QUANTS:  # variants made here are listed, unmade ones are not
             if variants.is_made(m, quant):
                 path = variants.variant_path(m, quant)
                 size = _format_size(path.stat().st_size)
-                rows.append((f"{m.name}:{quant}", m.role, size, "made here", str(path)))
-    print(render_table(("NAME", "ROLE", "SIZE", "PRESENT", "PATH"), rows, numeric_from=99))
+                rows.append(
+                    (
+                        f"{m.name}:{quant}",
+                        m.role,
+                        size,
+                        "yes",
+                        f"made here from {m.name}",
+                        str(path),
+                    )
+                )
+    for c in hub.list_cached():  # every GGUF in the hub cache (hf://, `models pull`)
+        source = "hub " + (os.environ.get("HF_ENDPOINT") or "huggingface.co")
+        rows.append((c.ref, "local", _format_size(c.size), "yes", source, str(c.path)))
+    head = ("NAME", "ROLE", "SIZE", "PRESENT", "SOURCE", "PATH")
+    print(render_table(head, rows, numeric_from=99))
     return 0
 
 
 def cmd_models_pull(args: argparse.Namespace) -> int:
     from hybridllm.cli.progress import ProgressBar
-    from hybridllm.local import models, resolve, variants
+    from hybridllm.local import hub, models, resolve, variants
 
     for name in args.names:
+        if hub.is_hub_ref(name):
+            _pull_from_hub(name, quiet=args.quiet)
+            continue
         base, quant = variants.split(name)  # "name:quant": requantized here from its base
         manifest = models.get_manifest(base)
         if quant is None:
@@ -83,6 +105,39 @@ def cmd_models_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pull_from_hub(ref: str, *, quiet: bool) -> None:
+    """A model on the Hugging Face hub into its cache: resumed where a pull broke off,
+    checked against the hub's sha256; its path printed."""
+    from hybridllm.cli.progress import ProgressBar
+    from hybridllm.local import hub
+
+    bar = ProgressBar(ref) if not quiet else None
+    try:
+        path = hub.fetch(ref, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(path)
+
+
+def cmd_models_fit(args: argparse.Namespace) -> int:
+    """What the model needs at `--n-ctx` against the free memory (exit 1: it does not fit)."""
+    from hybridllm.local import fit, models, resolve
+
+    path = resolve.resolve_model(args.name)
+    n_ctx = args.n_ctx or models.default_n_ctx(args.name)
+    est = fit.estimate(path, n_ctx)
+    gib = 1 << 30
+    print(
+        f"{args.name} at n_ctx {n_ctx}: weights {est.weights_bytes / gib:.2f} GiB, "
+        f"KV cache {est.kv_bytes / gib:.2f} GiB, buffers {est.compute_bytes / gib:.2f} GiB, "
+        f"need {est.need_bytes / gib:.2f} GiB"
+    )
+    free = "unknown" if est.available_bytes is None else f"{est.available_bytes / gib:.2f} GiB"
+    print(f"free: {free}; {'fits' if est.fits else 'does NOT fit'}")
+    return 0 if est.fits else 1
+
+
 def cmd_models_path(args: argparse.Namespace) -> int:
     from hybridllm.local import resolve
 
@@ -101,12 +156,20 @@ def _register_models(subparsers: Subparsers) -> None:
     p = sub.add_parser(
         "pull",
         help="fetch and assemble models into the cache; NAME:QUANT (q4_0, iq4_nl, q8_0) "
-        "requantizes the pulled NAME here",
+        "requantizes the pulled NAME here; hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO:QUANT "
+        "downloads from the Hugging Face hub",
     )
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--force", action="store_true", help="pull again even if present")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_models_pull)
+
+    p = sub.add_parser(
+        "fit", help="estimate a model's memory at a context size against the free memory"
+    )
+    p.add_argument("name", metavar="NAME", help="a manifest name, a GGUF path or hf://...")
+    p.add_argument("--n-ctx", type=positive_int, default=None, metavar="N", help="context size")
+    p.set_defaults(func=cmd_models_fit)
 
     p = sub.add_parser("path", help="print the cached file of a pulled model")
     p.add_argument("name", metavar="NAME")

@@ -61,11 +61,19 @@ from hybridllm.events import (
     Mark,
     Resumed,
 )
+from hybridllm.local import hub
 from hybridllm.local.fingerprint import file_stamp, llama_build
-from hybridllm.local.models import cache_dir, default_n_ctx
+from hybridllm.local.fit import check_fit
+from hybridllm.local.models import (
+    Progress,
+    cache_dir,
+    cached_path,
+    default_n_ctx,
+    list_manifests,
+)
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings
-from hybridllm.local.tune import Tuning, load_tuning
+from hybridllm.local.tune import Tuning, load_tuning, save_tuning, tune_model
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -85,9 +93,21 @@ _COUNT_CACHE = 64  # prompts whose token count is remembered (routing asks once 
 
 
 class LlamaCppEngine:
-    """A local model: a manifest name (see `hybridllm models list`) or a path to a GGUF file.
+    """A local model: a manifest name (see `hybridllm models list`), a path to a GGUF file, or a
+    GGUF on the Hugging Face hub: "hf://OWNER/REPO/FILE.gguf", or "hf://OWNER/REPO:Q4_K_M" (the
+    file chosen by its quantization; `hybridllm.local.hub`, the `hub` extra).
 
-    `pull=True` fetches a manifest's model into the cache when it is missing.
+    `pull=True` fetches a manifest's model into the cache when it is missing; a hub model is
+    downloaded (or resumed) when the engine opens, never later, and checked against the hub's
+    sha256; `progress(phase, done_bytes, total_bytes)` hears the bytes arrive.
+
+    Before loading, the model's need at `n_ctx` (weights, KV cache, buffers: from the GGUF's
+    metadata) is checked against the free memory: `ModelTooLargeError` with the figures, where
+    it does not fit (`fit_check=False`: not checked). A file llama.cpp refuses is a
+    `ModelCorruptError` with its `reason` ("truncated", "malformed", ...), or, whole and well
+    formed, a `ModelUnsupportedError` naming its architecture. A hub model without stored
+    tuning is tuned when first opened (`tune_first`; None: hub models only), and a warning says
+    where the router's stage-2 heads were trained on another model (`model_id`).
 
     Speed settings, later ones winning: `DEFAULT_SETTINGS`, then the model's stored tuning
     (`hybridllm tune`; `use_tuning=False` ignores it), then `settings`, then the single
@@ -118,7 +138,8 @@ class LlamaCppEngine:
     Checked when made (`InvalidArgumentError`): `model` a non-blank name or a path; `n_ctx`,
     `n_threads`, `n_batch` ints >= 1 (or None); `flash_attn` a bool (or None); `use_tuning`,
     `warm_up`, `pull` bools; `settings` a `LlamaSettings`; `llama_kwargs` a dict;
-    `kv_cache_bytes`, `kv_disk_bytes` ints >= 0; `kv_disk_dir` a path or None.
+    `kv_cache_bytes`, `kv_disk_bytes` ints >= 0; `kv_disk_dir` a path or None; an "hf://"
+    name one of its two forms; `progress` a callable or None; `fit_check` a bool.
     """
 
     def __init__(
@@ -141,6 +162,9 @@ class LlamaCppEngine:
         kv_cache_bytes: int = DEFAULT_KV_BYTES,
         kv_disk_bytes: int = DEFAULT_DISK_BYTES,
         kv_disk_dir: str | Path | None = None,
+        progress: Progress | None = None,
+        fit_check: bool = True,
+        tune_first: bool | None = None,
     ) -> None:
         _check_args(model, n_ctx, n_threads, n_batch, flash_attn, settings, llama_kwargs, name)
         validate.integer("kv_cache_bytes", kv_cache_bytes, minimum=0)
@@ -149,8 +173,16 @@ class LlamaCppEngine:
             raise errors.InvalidArgumentError("kv_disk_dir", kv_disk_dir, "a path or None")
         self.kv_cache_bytes, self.kv_disk_bytes = kv_cache_bytes, kv_disk_bytes
         self.kv_disk_dir = Path(kv_disk_dir) if kv_disk_dir is not None else None
-        for arg, value in (("use_tuning", use_tuning), ("warm_up", warm_up), ("pull", pull)):
+        flags = (("use_tuning", use_tuning), ("warm_up", warm_up), ("pull", pull))
+        for arg, value in (*flags, ("fit_check", fit_check)):
             validate.flag(arg, value)
+        if progress is not None and not callable(progress):
+            raise errors.InvalidArgumentError("progress", progress, "a callable or None")
+        self._progress, self._fit_check = progress, fit_check
+        if tune_first is not None:
+            validate.flag("tune_first", tune_first)
+        # a hub model is tuned when first opened (`hybridllm tune --quick`), unless asked not to
+        self._tune_first = hub.is_hub_ref(model) if tune_first is None else tune_first
         self.name: EngineName = name
         self.model = str(model)
         self._n_ctx = n_ctx
@@ -184,6 +216,9 @@ class LlamaCppEngine:
         self._counts: OrderedDict[tuple[tuple[str, str], ...], list[int]] = OrderedDict()
         self.busy = False
         self.stopped_at: float | None = None
+        # which model this is, once opened: its manifest name ("name:quant" for a variant),
+        # else its file's name (what the router's stage 2 was trained on is compared with it)
+        self.model_id: str | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -192,7 +227,7 @@ class LlamaCppEngine:
         engine has no endpoint and no key (`timeout_s` does not bound a load)."""
         try:
             await self.start()
-        except errors.ModelError as exc:
+        except (errors.ModelError, errors.PullError) as exc:
             return EngineCheck(True, None, False, f"{self.model}: {exc}", type(exc))
         return EngineCheck(True, None, True, f"{self.model}: loaded, n_ctx {self.n_ctx}")
 
@@ -205,12 +240,23 @@ class LlamaCppEngine:
             if self._session is not None:
                 return
             path = await anyio.to_thread.run_sync(self._resolve)
-            tuning = None
-            if self._use_tuning and self._settings is None:
-                tuning = await anyio.to_thread.run_sync(load_tuning, path)
+            self.model_id = model_id(self.model, path)
+            tuning = await self._tuning(path) if self._use_tuning and not self._settings else None
             settings = self._settings or (tuning.settings if tuning else DEFAULT_SETTINGS)
             settings = settings.replace(**self._overrides).resolved()
             n_ctx = self._n_ctx or default_n_ctx(self.model)
+            if self._fit_check:  # ModelTooLargeError with the figures, not an OOM kill
+                kwargs = {**settings.llama_kwargs(), **self._llama_kwargs}
+                await anyio.to_thread.run_sync(
+                    partial(
+                        check_fit,
+                        path,
+                        n_ctx,
+                        n_batch=kwargs.get("n_batch") or 512,
+                        type_k=kwargs.get("type_k") or 1,
+                        type_v=kwargs.get("type_v") or 1,
+                    )
+                )
             session = await run_on_llama_thread(
                 lambda: LlamaSession(
                     path, n_ctx=n_ctx, settings=settings, extra=self._llama_kwargs
@@ -234,6 +280,25 @@ class LlamaCppEngine:
                 await run_on_llama_thread(session.preload, on_cancel=_noop)
             self._session = session
 
+    async def _tuning(self, path: Path) -> Tuning | None:
+        """The stored tuning of this model, CPU and build; where there is none and
+        `tune_first`, measured now (a quick `hybridllm tune`, a few seconds to a minute) and
+        stored, so later opens start tuned."""
+        tuning = await anyio.to_thread.run_sync(load_tuning, path)
+        if tuning is not None or not self._tune_first:
+            return tuning
+        log.info("tuning %s on this device (first open; `hybridllm tune` stores it)", path.name)
+        try:
+            tuning = await run_on_llama_thread(
+                partial(tune_model, path, quick=True, progress=self._progress), on_cancel=_noop
+            )
+        except errors.TuneError as exc:  # the default settings serve
+            log.warning("tuning %s failed (%s): default settings", path.name, exc)
+            return None
+        with contextlib.suppress(OSError):  # a read-only cache: tuned, not stored
+            await anyio.to_thread.run_sync(save_tuning, path, tuning)
+        return tuning
+
     def _disk_states(self, path: Path, n_ctx: int) -> DiskStates:
         """The disk store of system prompts' states for this model, build and settings."""
         assert self.settings is not None
@@ -243,7 +308,9 @@ class LlamaCppEngine:
         return DiskStates(directory, identity, self.kv_disk_bytes)
 
     def _resolve(self) -> Path:
-        return resolve_model(self.model, pull=self._pull)
+        """The GGUF file: a hub model ("hf://") is downloaded when the engine opens."""
+        pull = self._pull or hub.is_hub_ref(self.model)
+        return resolve_model(self.model, pull=pull, progress=self._progress)
 
     async def aclose(self) -> None:
         async with self._start_lock:
@@ -650,6 +717,18 @@ def _noop() -> None:
     pass
 
 
+def model_id(model: str, path: Path) -> str:
+    """The manifest name of `model` (also where it is a path to a manifest's cached file),
+    else the GGUF file's name."""
+    if not hub.is_hub_ref(model) and "/" not in model and not model.endswith(".gguf"):
+        return model
+    with contextlib.suppress(OSError, errors.ConfigError):
+        for manifest in list_manifests():
+            if cached_path(manifest).resolve() == path.resolve():
+                return manifest.name
+    return path.name
+
+
 def _check_args(
     model: object,
     n_ctx: object,
@@ -662,6 +741,8 @@ def _check_args(
 ) -> None:
     if not isinstance(model, Path):
         validate.text("model", model)
+        if hub.is_hub_ref(model):
+            hub.parse(str(model))  # InvalidArgumentError now, not when the engine opens
     for arg, value in (("n_ctx", n_ctx), ("n_threads", n_threads), ("n_batch", n_batch)):
         if value is not None:
             validate.integer(arg, value, minimum=1)

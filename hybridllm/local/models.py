@@ -204,17 +204,19 @@ def _stamp(path: Path) -> str:
     return f"size={st.st_size} mtime_ns={st.st_mtime_ns} ino={st.st_ino}"
 
 
-def marker_ok(path: Path, sha256: str) -> bool:
-    """Whether the marker says `path` was verified as `sha256` and has not changed since."""
+def marker_ok(path: Path, sha256: str, *, marker: Path | None = None) -> bool:
+    """Whether the marker (by default `<file>.sha256` beside it) says `path` was verified as
+    `sha256` and has not changed since."""
     try:
-        return marker_path(path).read_text(encoding="utf-8") == f"{sha256} {_stamp(path)}\n"
+        text = (marker or marker_path(path)).read_text(encoding="utf-8")
+        return text == f"{sha256} {_stamp(path)}\n"
     except OSError:
         return False
 
 
-def write_marker(path: Path, sha256: str) -> None:
+def write_marker(path: Path, sha256: str, *, marker: Path | None = None) -> None:
     """Mark `path` as verified: its sha256 with its size, mtime and inode."""
-    marker_path(path).write_text(f"{sha256} {_stamp(path)}\n", encoding="utf-8")
+    (marker or marker_path(path)).write_text(f"{sha256} {_stamp(path)}\n", encoding="utf-8")
 
 
 def is_present(manifest: Manifest, *, verify: bool = False) -> bool:

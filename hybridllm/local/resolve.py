@@ -1,4 +1,5 @@
-"""Which GGUF file a model name means: a path, a manifest name, or a variant ("name:quant").
+"""Which GGUF file a model name means: a path, a manifest name, a variant ("name:quant"), or a
+model on the Hugging Face hub ("hf://OWNER/REPO/FILE.gguf", "hf://OWNER/REPO:QUANT").
 
 It sits above `models` and `variants`, which know nothing of each other's callers.
 """
@@ -9,7 +10,7 @@ import os
 from pathlib import Path
 
 from hybridllm.errors import ModelNotFoundError
-from hybridllm.local import models, variants
+from hybridllm.local import hub, models, variants
 
 
 def _looks_like_path(model: str) -> bool:
@@ -22,8 +23,20 @@ def resolve_model(
     """A GGUF path for `model`: an existing file path, or a manifest name (pulled if asked).
 
     "name:quant" is a variant requantized on this machine (see `hybridllm.local.variants`); `pull`
-    makes it when it is missing.
+    makes it when it is missing. An "hf://" name is downloaded from the hub when `pull` (else
+    its cached file, or `ModelNotFoundError`).
     """
+    if hub.is_hub_ref(model):
+        assert isinstance(model, str)
+        if pull:
+            return hub.fetch(model, progress=progress)
+        cached = hub.cached(model)
+        if cached is None:
+            raise ModelNotFoundError(
+                f"{model} is not in the hub cache; run `hybridllm models pull {model}`",
+                path=hub.hub_cache_dir(),
+            )
+        return cached
     if isinstance(model, str) and ":" in model and not _looks_like_path(model):
         return variants.resolve(model, make_missing=pull, progress=progress)
     if isinstance(model, Path) or _looks_like_path(model):

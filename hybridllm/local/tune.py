@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridllm.errors import ModelNotFoundError, TuneError
-from hybridllm.local import loader
+from hybridllm.local import hub, loader, models
 from hybridllm.local.fingerprint import cpu_fingerprint, file_stamp, llama_build, sha256_file
 from hybridllm.local.settings import DEFAULT_SETTINGS, LlamaSettings, cpu_threads
 
@@ -131,13 +131,18 @@ class Tuning:
 
 
 def tuning_path(model_path: Path | str) -> Path:
+    """Beside the model; for a model in the hub's cache (a snapshot's link to a blob), in
+    hybridllm's cache under the blob's name (huggingface_hub's cache holds its own files only)."""
     path = Path(model_path)
+    if hub.in_hub_cache(path):
+        return models.cache_dir() / "tuning" / (path.resolve().name + ".tune.json")
     return path.with_name(path.name + ".tune.json")
 
 
 def save_tuning(model_path: Path | str, tuning: Tuning) -> Path:
     """Write the tuning beside the model (atomically); return its path."""
     dest = tuning_path(model_path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     tmp.write_text(tuning.to_json(), encoding="utf-8")
     os.replace(tmp, dest)

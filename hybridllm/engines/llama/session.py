@@ -42,7 +42,7 @@ from hybridllm.engines.llama.toolcalls import (
     template_messages,
     tool_plan,
 )
-from hybridllm.local import loader
+from hybridllm.local import gguf, loader
 from hybridllm.local.settings import LlamaSettings
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,9 @@ class LlamaSession:
         with open(path, "rb") as fh:
             magic = fh.read(4)
         if magic != b"GGUF":
-            raise errors.ModelCorruptError("not a GGUF file (bad magic)", path=path)
+            raise errors.ModelCorruptError(
+                "not a GGUF file (bad magic)", path=path, reason="bad_magic"
+            )
         llama_cpp = loader.llama_cpp()  # heavy import: only when a model is really loaded
         self._lc = llama_cpp
         try:
@@ -120,9 +122,7 @@ class LlamaSession:
                 **{**settings.llama_kwargs(), **extra},
             )
         except (ValueError, RuntimeError) as exc:
-            raise errors.ModelCorruptError(
-                f"llama.cpp cannot load the model ({exc})", path=path
-            ) from exc
+            raise _load_error(path, exc) from exc
         # llama-cpp-python 0.3.36 maps ggml's log levels wrongly, so with verbose=False it still
         # prints warnings (e.g. after every abort); its constructor resets the level, so set it here
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
@@ -778,3 +778,21 @@ def _biased(bias: dict[int, float]) -> Any:
         return scores
 
     return [add]
+
+
+def _load_error(path: Path, exc: Exception) -> errors.ModelError:
+    """Why llama.cpp refused the file: what its header says is broken (truncated, malformed),
+    else, for a whole file whose model did not load, an architecture this build cannot run."""
+    if "load model" not in str(exc):  # the model loaded; its context did not
+        return errors.ModelCorruptError(f"llama.cpp cannot load the model ({exc})", path=path)
+    broken = gguf.diagnose(path)
+    if broken is not None:
+        return broken
+    arch = gguf.read_header(path).architecture
+    return errors.ModelUnsupportedError(
+        f"this llama.cpp build ({loader.llama_cpp().__version__}) cannot run the model (its "
+        f"architecture {arch!r} may be newer than the build): upgrade llama-cpp-python, or "
+        "choose a GGUF of a supported architecture",
+        path=path,
+        architecture=arch,
+    )
