@@ -70,7 +70,7 @@ from hybridllm.runtime.gather import (
 )
 from hybridllm.runtime.health import CircuitBreaker, EngineState, check_engines
 from hybridllm.runtime.latency import LatencyModel
-from hybridllm.runtime.plans.cascade import score_messages
+from hybridllm.runtime.plans.cascade import score_messages, warn_foreign_stage2
 from hybridllm.runtime.plans.choose import Plan, choose_plan
 from hybridllm.runtime.public_names import clear_public_names
 from hybridllm.runtime.retry import RetryPolicy
@@ -336,6 +336,7 @@ class HybridClient:
                     await engine.aclose()
             raise errors.first_error(group) from None
         self.routing.seed_from(self.engines)
+        warn_foreign_stage2(self.routing.router, self.engines.values())
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack

@@ -39,6 +39,10 @@ from hybridllm.routing.stage2 import Stage2
 LOGIT_BOUND = 12.0  # head log-odds are clipped to +-12
 
 
+# artifacts from before the manifest named it: their signals were labelled on this model
+STAGE2_MODEL_BEFORE = "qwen2.5-coder-0.5b-instruct"
+
+
 class Router:
     """Scores prompts: the probability that the local answer would be wrong and the cloud is
     needed."""
@@ -70,6 +74,8 @@ class Router:
         self.path = path
         # stage 2 (the local model's signals), by kind: "combined" and "signals" (stage2.py)
         self.stage2: dict[str, Stage2] = {}
+        # the local model whose signals stage 2 was trained on (a manifest name or a file name)
+        self.stage2_model: str | None = None
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Router:
@@ -89,6 +95,9 @@ class Router:
         # the scores it was trained to give, given here (any scikit-learn that unpickles it)
         artifact.check_golden(parts.manifest, router.score, directory / artifact.MANIFEST_FILE)
         router.stage2 = stage2.load(directory, parts.manifest)
+        if router.stage2:
+            data = (parts.manifest.get("stage2") or {}).get("data") or {}
+            router.stage2_model = str(data.get("model") or STAGE2_MODEL_BEFORE)
         return router
 
     # --- scoring -------------------------------------------------------------------------

@@ -402,6 +402,13 @@ def _manifest(
     }
 
 
+def _signals_model(signals: Path) -> str | None:
+    """The local model the signals were read on (the rows' "model"; one per file)."""
+    with signals.open(encoding="utf-8") as fh:
+        first = fh.readline()
+    return str(json.loads(first).get("model")) if first.strip() else None
+
+
 def _train_stage2(
     signals: Path, rows: Rows, fitted: Fitted, label: Label, seed: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -410,6 +417,7 @@ def _train_stage2(
     from hybridllm.training.stage2 import train_stage2
 
     info = {"file": signals.name, "sha256": file_sha256(signals), "log_rows": len(rows.log_signals)}
+    info["model"] = _signals_model(signals)  # a client warns when its local model is another
     whole_path = signals.with_name(WHOLE_FILE)  # the whole answers' figures, when labelled
     labelled = whole_path.is_file()
     whole = {**(load_signals(whole_path) if labelled else {}), **rows.log_whole}

@@ -39,7 +39,9 @@ The decision, held time and signals are in `trace.cascade` (and the decision log
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from collections.abc import Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
 
     from hybridllm.engines.llama.signals import LocalSignals
     from hybridllm.routing.score import RouterScore
+
+log = logging.getLogger("hybridllm.routing")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,6 +449,27 @@ def _cut(router: Any, policy: Policy, kind: str | None) -> float:
         return float(source.threshold(quality_floor=policy.routing.quality_floor))
     share = 0.3 if policy.routing.target_cloud_share is None else policy.routing.target_cloud_share
     return float(source.threshold(cloud_share=share))
+
+
+def warn_foreign_stage2(router: Any, engines: Iterable[object]) -> bool:
+    """Say (a WARNING, once per client) where the local model is not the one stage 2's heads
+    were trained on: routing reads the router's text stage (stage 1) only, but a cascade's
+    judge and `router_score()` would read this model's signals through another model's heads.
+    True when said."""
+    trained = getattr(router, "stage2_model", None)
+    if not getattr(router, "stage2", None) or trained is None:
+        return False
+    for engine in engines:
+        model = getattr(engine, "model_id", None)
+        if model is not None and model != trained:
+            log.warning(
+                "the local model %s is not %s, the model the router's stage-2 heads were "
+                "trained on: routing uses the router's text stage; a cascade's judge reads %s's "
+                "signals through %s's heads (retrain them: `hybridllm router train --signals`)",
+                model, trained, model, trained,
+            )  # fmt: skip
+            return True
+    return False
 
 
 async def score_messages(
