@@ -1,11 +1,16 @@
 """GGUF models named on the Hugging Face hub: `hf://OWNER/REPO/FILE.gguf`, `hf://OWNER/REPO:QUANT`.
 
-Downloads go through `huggingface_hub` (the `hub` extra) into its cache, with what it brings:
-resume of an interrupted download (its `.incomplete` file), `HF_TOKEN` for gated repositories,
-`HF_ENDPOINT` for a mirror, `HF_HUB_OFFLINE=1` for the cache alone, `HF_HUB_CACHE` / `HF_HOME`
-for the cache's place (all read when called, not when imported). Each file is checked against
-the hub's LFS sha256 (the listing's `lfs.oid`; offline, the cache's blob name, which is that
-sha256); a verified file gets a marker in hybridllm's cache, so later opens do not hash it again.
+Downloads go into `huggingface_hub`'s cache (the `hub` extra), with what it brings: `HF_TOKEN`
+for gated repositories, `HF_ENDPOINT` for a mirror, `HF_HUB_OFFLINE=1` for the cache alone,
+`HF_HUB_CACHE` / `HF_HOME` for the cache's place (all read when called, not when imported).
+huggingface_hub 2.x deletes a partial download when it fails, so an LFS file served over plain
+HTTP is fetched here into its blob through a `.partial` file that the next pull resumes with a
+`Range` request (`_fetch_blob`), and huggingface_hub links it into the snapshot; a file the hub
+serves through Xet is fetched by huggingface_hub itself (Xet's own chunk store).
+
+Each file is checked against the hub's LFS sha256 (the listing's `lfs.oid`; offline, the cache's
+blob name, which is that sha256); a verified file gets a marker in hybridllm's cache, so later
+opens do not hash it again.
 
 `:QUANT` picks the repository's GGUF whose name carries the quantization (`Q4_K_M`, `IQ4_XS`,
 ...), case-insensitively; a model split in shards (`-00001-of-00003.gguf`) is fetched whole and
@@ -16,6 +21,8 @@ opens or `hybridllm models pull` runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import re
 from collections.abc import Iterator
@@ -36,6 +43,7 @@ _REF_RE = re.compile(
 )
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
 RULE = "hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO:QUANT (e.g. hf://Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M)"
 
 
@@ -216,7 +224,12 @@ def _with_shards(first: HubFile, files: list[HubFile]) -> list[HubFile]:
 
 
 def _download(ref: HubRef, file: HubFile, progress: models.Progress | None) -> Path:
+    """The file into the hub cache: an LFS file served over plain HTTP is fetched into its blob
+    by `_fetch_blob` (resumable across runs); huggingface_hub then links it into the snapshot,
+    or, for a file it fetches through Xet, downloads it itself."""
     hub = _hub()
+    if file.sha256 is not None and not _through_xet(ref, file):
+        _fetch_blob(ref, file, _repo_dir(ref.repo) / "blobs" / file.sha256, progress)
     path = Path(
         hub.hf_hub_download(
             ref.repo,
@@ -230,6 +243,103 @@ def _download(ref: HubRef, file: HubFile, progress: models.Progress | None) -> P
     )
     _verify(ref, path, file.sha256)
     return path
+
+
+def _url(ref: HubRef, file: HubFile) -> str:
+    return str(_hub().hf_hub_url(ref.repo, file.path, revision=ref.revision, endpoint=_endpoint()))
+
+
+def _through_xet(ref: HubRef, file: HubFile) -> bool:
+    """Whether huggingface_hub would fetch the file through Xet (its own chunk store), which it
+    does where the hub says the file is in Xet storage and `hf_xet` is installed."""
+    hub = _hub()
+    disabled = os.environ.get("HF_HUB_DISABLE_XET", "").strip().lower() in ("1", "true", "yes")
+    if disabled or importlib.util.find_spec("hf_xet") is None:
+        return False
+    meta = hub.get_hf_file_metadata(_url(ref, file), token=_token(), endpoint=_endpoint())
+    return meta.xet_file_data is not None
+
+
+def _fetch_blob(
+    ref: HubRef, file: HubFile, blob: Path, progress: models.Progress | None, attempts: int = 4
+) -> None:
+    """The LFS file into `blob` (huggingface_hub's cache layout: `blobs/<sha256>`), through
+    `<blob>.partial`, which a later pull resumes with a `Range` request where this one broke
+    off (huggingface_hub 2.x deletes its own partial file on any failure). A dropped
+    connection is resumed at once, `attempts` times while bytes keep coming. The bytes are
+    checked against the sha256 before the blob is named."""
+    if blob.is_file():
+        return
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    partial = blob.with_name(blob.name + ".partial")
+    locks = hub_cache_dir() / ".locks" / blob.parent.parent.name  # where huggingface_hub's are
+    locks.mkdir(parents=True, exist_ok=True)
+    with models.file_lock(locks / f"{blob.name}.partial.lock"):
+        if blob.is_file():  # another process finished it meanwhile
+            return
+        for attempt in range(attempts):
+            before = partial.stat().st_size if partial.exists() else 0
+            try:
+                _get_range(ref, file, partial, progress)
+                break
+            except Exception as exc:
+                now = partial.stat().st_size if partial.exists() else 0
+                if attempt == attempts - 1 or now == before or not _transport_error(exc):
+                    raise
+        if sha256_file(partial) != file.sha256:
+            partial.unlink(missing_ok=True)
+            raise HubError(
+                f"the downloaded bytes are not the hub's sha256 {file.sha256}: removed; pull "
+                "again (a mirror or proxy may be serving other bytes)",
+                ref=ref.text,
+                reason="checksum",
+            )
+        os.replace(partial, blob)
+        with contextlib.suppress(OSError):  # hashed once: `_verify` trusts the marker
+            models.write_marker(blob, file.sha256, marker=_marker(file.sha256))
+
+
+def _get_range(ref: HubRef, file: HubFile, partial: Path, progress: models.Progress | None) -> None:
+    """One GET of what `partial` lacks (all of it where it is empty), appended as it comes."""
+    import httpx2
+
+    hf_utils: Any = importlib.import_module("huggingface_hub.utils")
+    done = partial.stat().st_size if partial.exists() else 0
+    if done > file.size:
+        partial.unlink()
+        done = 0
+    headers = hf_utils.build_hf_headers(token=_token())
+    headers["Accept-Encoding"] = "identity"
+    if done:
+        headers["Range"] = f"bytes={done}-"
+    timeout = httpx2.Timeout(30.0, connect=10.0)
+    url = _url(ref, file)
+    with httpx2.stream(
+        "GET", url, headers=headers, follow_redirects=True, timeout=timeout
+    ) as response:
+        if response.status_code >= 400:
+            response.read()
+            hf_utils.hf_raise_for_status(response)
+        if done and response.status_code != 206:  # the server sent it all again
+            done = 0
+        with partial.open("ab" if done else "wb") as fh:
+            if progress is not None:
+                progress("download", done, file.size)
+            for chunk in response.iter_bytes(_CHUNK):
+                fh.write(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress("download", done, file.size)
+    if done != file.size:
+        raise HubError(
+            f"the hub sent {done} of {file.size} bytes; pull again: it resumes",
+            ref=ref.text,
+            reason="network",
+        )
+
+
+def _transport_error(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("httpx2", "httpx", "httpcore")
 
 
 def _verify(ref: HubRef, path: Path, sha256: str | None) -> None:
@@ -361,7 +471,7 @@ def _mapped(ref: HubRef) -> Iterator[None]:
             reason="network",
         ) from exc
     except Exception as exc:  # httpx2's transport errors are not OSErrors
-        if type(exc).__module__.split(".")[0] in ("httpx2", "httpx", "httpcore"):
+        if _transport_error(exc):
             raise HubError(
                 f"the hub could not be reached ({exc}); run the pull again",
                 ref=ref.text,

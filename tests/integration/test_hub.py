@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
+import huggingface_hub.constants
 import pytest
 
 from hybridllm import HybridClient
@@ -55,14 +55,27 @@ def hub_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_path: Path
     monkeypatch.setenv("HYBRIDLLM_CACHE_DIR", str(tmp_path / "hybridllm-cache"))
     with hub_server(repos) as (url, state):
         monkeypatch.setenv("HF_ENDPOINT", url)
-        # what huggingface_hub read at its import: its own best-effort calls (the registry of
-        # agent harnesses it fetches once a day) come here too, never to the real hub
-        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", url)
+        # what huggingface_hub read at its import, as if HF_ENDPOINT had been set then: its
+        # own best-effort calls (the registry of agent harnesses it fetches once a day) come
+        # here too, never to the real hub
+        constants = huggingface_hub.constants
+        monkeypatch.setattr(constants, "ENDPOINT", url)
+        template = url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
         yield state, model_path
 
 
 def _downloads(state: HubState) -> int:
     return sum(1 for method, path, _ in state.log if method == "GET" and "/resolve/" in path)
+
+
+def _ranges(state: HubState) -> list[int]:
+    """Where each download that asked for a range started."""
+    return [
+        int(r.removeprefix("bytes=").rstrip("-"))
+        for method, path, r in state.log
+        if method == "GET" and "/resolve/" in path and r
+    ]
 
 
 def _sha(path: Path) -> str:
@@ -98,27 +111,29 @@ def test_a_pull_cut_midway_resumes_where_it_broke_off(hub_env: tuple[HubState, P
     events: list[tuple[str, int, int]] = []
     path = hub.fetch(QUANT_REF, progress=lambda *e: events.append(e))
     assert _sha(path) == _sha(original)
-    # huggingface_hub asked for the rest only (from its last whole chunk), and the bar neither
-    # restarted nor overshot
-    ranges = [r for m, p, r in state.log if m == "GET" and p.endswith(FILE) and r]
-    assert len(ranges) == 1 and 0 < int(ranges[0].removeprefix("bytes=").rstrip("-")) <= size // 3
+    # the same pull asked for the rest only, and the bar neither restarted nor overshot
+    (start,) = _ranges(state)
+    assert 0 < start <= size // 3  # what had been written when the connection dropped
     assert events[-1] == ("download", size, size) and max(e[1] for e in events) == size
-    assert not list(Path(hub.hub_cache_dir()).rglob("*.incomplete"))
+    assert not list(Path(hub.hub_cache_dir()).rglob("*.partial"))
 
 
-def test_a_pull_the_hub_breaks_off_is_a_network_error_and_leaves_no_file(
-    hub_env: tuple[HubState, Path],
-) -> None:
+def test_a_pull_that_breaks_off_resumes_at_the_next_pull(hub_env: tuple[HubState, Path]) -> None:
     state, original = hub_env
-    state.cut_at, state.down_after_cut = original.stat().st_size // 3, True  # and stays down
+    size = original.stat().st_size
+    state.cut_at, state.down_after_cut = size // 3, True  # and the hub stays down
     with pytest.raises(HubError) as err:
         hub.fetch(QUANT_REF)
     assert err.value.reason == "network" and err.value.ref == QUANT_REF
-    assert not [
-        p for p in Path(hub.hub_cache_dir()).rglob("*") if p.is_file() and "blobs" in p.parts
-    ]
+    (partial,) = Path(hub.hub_cache_dir()).rglob("*.partial")  # kept for the next pull
+    kept = partial.stat().st_size
+    assert 0 < kept <= size // 3
+    assert not hub.list_cached() and hub.cached(QUANT_REF) is None
     state.down = False
-    assert _sha(hub.fetch(QUANT_REF)) == _sha(original)  # the next pull gets it whole
+    events: list[tuple[str, int, int]] = []
+    path = hub.fetch(QUANT_REF, progress=lambda *e: events.append(e))  # a later run
+    assert _sha(path) == _sha(original) and not partial.exists()
+    assert _ranges(state)[-1] == kept and events[0] == ("download", kept, size)
 
 
 def test_a_corrupt_download_is_refused_and_removed(hub_env: tuple[HubState, Path]) -> None:
