@@ -97,7 +97,7 @@ def test_pull_reports_progress_checks_the_sha_and_is_listed(
     assert hub.fetch(FILE_REF) == path
     assert sum(1 for m, p, _ in state.log if m == "GET" and "/resolve/" in p) == gets
     assert resolve_model(FILE_REF) == path  # cached: `models path` needs no network
-    assert cli.main(["models", "pull", "-q", FILE_REF]) == 0
+    assert cli.main(["models", "pull", FILE_REF]) == 0  # with its progress bar (on stderr)
     assert capsys.readouterr().out.strip() == str(path)
     assert cli.main(["models", "list"]) == 0
     listed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(FILE_REF)]
@@ -215,6 +215,9 @@ async def test_llama_cpp_refusals_are_typed_with_their_figures(
     e = err.value
     assert e.n_ctx == 8_000_000 and e.need_bytes > e.available_bytes > 0
     assert e.kv_bytes > 100 * (1 << 30) and e.weights_bytes < 200 * (1 << 20)
+    # the same estimate from the command line: exit 1 where it does not fit, 0 where it does
+    assert cli.main(["models", "fit", str(model_path), "--n-ctx", "8000000"]) == 1
+    assert cli.main(["models", "fit", str(model_path), "--n-ctx", "2048"]) == 0
 
     cut = tmp_path / "cut.gguf"
     raw = model_path.read_bytes()  # noqa: ASYNC240 (a test's setup)
