@@ -61,9 +61,8 @@ from hybridllm.events import (
     Mark,
     Resumed,
 )
-from hybridllm.local import hub
+from hybridllm.local import fit, hub
 from hybridllm.local.fingerprint import file_stamp, llama_build
-from hybridllm.local.fit import check_fit
 from hybridllm.local.models import (
     Progress,
     cache_dir,
@@ -249,7 +248,7 @@ class LlamaCppEngine:
                 kwargs = {**settings.llama_kwargs(), **self._llama_kwargs}
                 await anyio.to_thread.run_sync(
                     partial(
-                        check_fit,
+                        fit.check_fit,
                         path,
                         n_ctx,
                         n_batch=kwargs.get("n_batch") or 512,
@@ -308,9 +307,12 @@ class LlamaCppEngine:
         return DiskStates(directory, identity, self.kv_disk_bytes)
 
     def _resolve(self) -> Path:
-        """The GGUF file: a hub model ("hf://") is downloaded when the engine opens."""
-        pull = self._pull or hub.is_hub_ref(self.model)
-        return resolve_model(self.model, pull=pull, progress=self._progress)
+        """The GGUF file: a hub model ("hf://") is downloaded when the engine opens (not when
+        its weights alone pass the free memory: `ModelTooLargeError` first)."""
+        if hub.is_hub_ref(self.model):
+            room = fit.available_memory() if self._fit_check else None
+            return hub.fetch(self.model, progress=self._progress, max_bytes=room)
+        return resolve_model(self.model, pull=self._pull, progress=self._progress)
 
     async def aclose(self) -> None:
         async with self._start_lock:

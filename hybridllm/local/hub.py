@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridllm.errors import HubError, InvalidArgumentError, MissingExtraError, ModelCorruptError
+from hybridllm.errors import (
+    HubError,
+    InvalidArgumentError,
+    MissingExtraError,
+    ModelCorruptError,
+    ModelTooLargeError,
+)
 from hybridllm.local import models
 from hybridllm.local.fingerprint import sha256_file
 from hybridllm.local.gguf import read_header
@@ -129,16 +135,38 @@ def _hub() -> Any:
 # --- fetching ------------------------------------------------------------------------------
 
 
-def fetch(text: str, *, progress: models.Progress | None = None) -> Path:
+def fetch(
+    text: str, *, progress: models.Progress | None = None, max_bytes: int | None = None
+) -> Path:
     """The local path of the model `text` names, downloaded (or resumed) if it is not cached,
-    and checked against the hub's sha256. `HubError` with its reason where it cannot be had."""
+    and checked against the hub's sha256. `HubError` with its reason where it cannot be had;
+    `ModelTooLargeError`, before any download, where its files alone pass `max_bytes` (the
+    free memory: the weights could never load)."""
     ref = parse(text)
     with _mapped(ref):
         if offline():
             return _from_cache(ref)
         files = _choose(ref, _listing(ref))
+        _weights_fit(ref, files, max_bytes)
         paths = [_download(ref, f, progress) for f in files]
     return paths[0]
+
+
+def _weights_fit(ref: HubRef, files: list[HubFile], max_bytes: int | None) -> None:
+    size = sum(f.size for f in files)
+    if max_bytes is None or size <= max_bytes or cached(ref.text) is not None:
+        return
+    gib = 1 << 30
+    raise ModelTooLargeError(
+        f"{ref.text}: its weights alone are {size / gib:.2f} GiB and {max_bytes / gib:.2f} GiB "
+        "is free: not downloaded; choose a smaller quantization or model",
+        path=_repo_dir(ref.repo),
+        need_bytes=size,
+        available_bytes=max_bytes,
+        weights_bytes=size,
+        kv_bytes=0,
+        n_ctx=0,
+    )
 
 
 def cached(text: str) -> Path | None:

@@ -24,7 +24,7 @@ from hybridllm.errors import (
     ModelTooLargeError,
     ModelUnsupportedError,
 )
-from hybridllm.local import hub, models
+from hybridllm.local import fit, hub, models
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.tune import tuning_path
 from tests.integration.hub_server import HubState, Repo, hub_server
@@ -204,6 +204,18 @@ async def test_an_engine_opens_a_hub_model_tunes_it_once_and_answers(
         assert stored.stat().st_mtime_ns == written and _downloads(hub_env[0]) == gets
     finally:
         await again.aclose()
+
+
+async def test_a_hub_model_too_big_for_the_device_is_refused_before_any_download(
+    hub_env: tuple[HubState, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, original = hub_env
+    monkeypatch.setattr(fit, "available_memory", lambda: 50 << 20)  # a 50 MB device
+    with pytest.raises(ModelTooLargeError) as err:
+        await LlamaCppEngine(QUANT_REF, use_tuning=False).start()
+    e = err.value
+    assert (e.weights_bytes, e.available_bytes) == (original.stat().st_size, 50 << 20)
+    assert _downloads(state) == 0 and not hub.list_cached()
 
 
 async def test_llama_cpp_refusals_are_typed_with_their_figures(
