@@ -27,6 +27,8 @@ _NAMES = {
     "Stream": "hybridllm.runtime.stream",
     "Policy": "hybridllm.policy",
     "Cap": "hybridllm.guard.budget",
+    "Quota": "hybridllm.guard.budget",
+    "Tenant": "hybridllm.policy",
     "Ledger": "hybridllm.guard.budget",
     "SQLiteLedger": "hybridllm.guard.budget",
     "RedisLedger": "hybridllm.guard.budget_redis",
@@ -163,6 +165,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
     from hybridllm.guard.budget import (
         Cap as Cap,
         Ledger as Ledger,
+        Quota as Quota,
         SQLiteLedger as SQLiteLedger,
     )
     from hybridllm.guard.budget_redis import RedisLedger as RedisLedger
@@ -173,7 +176,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs
         Prices as Prices,
     )
     from hybridllm.logs import log_content as log_content
-    from hybridllm.policy import Policy as Policy
+    from hybridllm.policy import Policy as Policy, Tenant as Tenant
     from hybridllm.routing.decision import RoutePreview as RoutePreview
     from hybridllm.routing.score import RouterScore as RouterScore
     from hybridllm.runtime.admission import StreamArgs as StreamArgs

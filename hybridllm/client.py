@@ -38,13 +38,13 @@ from hybridllm.engines.base import Engine, GenerationRequest, Message
 from hybridllm.engines.capabilities import Warms
 from hybridllm.engines.tokens import prompt_token_bound
 from hybridllm.events import EngineName, Event, Token, ToolCall
-from hybridllm.guard.budget import Cap, Ledger, Prices, SQLiteLedger
+from hybridllm.guard.budget import Cap, Ledger, Prices, Quota, SQLiteLedger, user_quota
 from hybridllm.guard.guarded import PRIVACY_MODES, GuardedEngine, PrivacyMode, RequestContext
 from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy_judge import PrivacyJudge
 from hybridllm.guard.privacy_known import NameRecogniser
 from hybridllm.guard.privacy_ner import ner_wanted, say_ner_missing
-from hybridllm.policy import PlanName, Policy, PolicyCache
+from hybridllm.policy import PlanName, Policy, PolicyCache, Tenant
 from hybridllm.routing.decide import PROBE_AFTER
 from hybridllm.routing.decision import CloudConsidered, Decision, RequestFacts, RoutePreview
 from hybridllm.routing.hedging import backup_ttft_s
@@ -445,6 +445,8 @@ class HybridClient:
             on_settle=run.rec.settled,
             ner=ner_wanted(pol.privacy),
             due=due,
+            user=ticket.request.user,
+            tenant=ticket.request.tenant,
         )
         await self._plan(decision, ticket, context, lead)(run)
 
@@ -617,7 +619,9 @@ class HybridClient:
         bound = prompt_token_bound(ticket.request.messages, ticket.request.tools)
 
         def fits(name: EngineName) -> bool:
-            return self._guards[name].fits(ticket.policy.name, bound, ticket.request.max_tokens)[0]
+            guard, request = self._guards[name], ticket.request
+            max_tokens, user, tenant = request.max_tokens, request.user, request.tenant
+            return guard.fits(ticket.policy.name, bound, max_tokens, user, tenant)[0]
 
         if fits(ticket.cloud):
             return
@@ -647,7 +651,7 @@ class HybridClient:
             pol = pol.with_(speculative={"show_drafts": validate.flag("show_drafts", show_drafts)})
         pol = pol.under_client(self.privacy)
         for guard in self._guards.values():  # a cap it cannot cost is a PolicyError
-            guard.set_scoped_caps(pol.name, policy_caps(pol))
+            guard.set_scoped_caps(pol.name, policy_caps(pol), pol.limits.per_user_rpm)
         return pol
 
     def _plan(
@@ -809,6 +813,26 @@ class HybridClient:
         if isinstance(local, Warms):
             freed = await local.forget(conversation)
             log.debug("forgot a conversation: %d bytes of KV state freed", freed)
+
+    def quota(
+        self,
+        user: str,
+        policy: str | Path | Policy | None = None,
+        *,
+        tenant: Tenant | None = None,
+    ) -> Quota:
+        """What the end user `user` (of `tenant`, where the app has tenants) has spent and has
+        left this UTC day and month under the policy's per-user caps (`[budget]
+        per_user_day_usd`, `per_user_month_usd`; None: the client's policy), over every cloud's
+        ledger: for the app to show, like a quota state. Without a ledger, nothing was spent."""
+        validate.user(user)
+        pol = self.policy if policy is None else self.policies.get(policy)
+        name = None if tenant is None else tenant.name
+        return user_quota(self.ledgers(), policy_caps(pol), user, name)
+
+    def ledgers(self) -> list[Ledger]:
+        """Each distinct ledger the client's clouds book in (none without a budget)."""
+        return list({id(g.ledger): g.ledger for g in self._guards.values() if g.ledger}.values())
 
     def stats(self) -> StatsReport:
         """Rolling P50/P95/P99 of TTFT, TPOT, ITL and the delivery hop, per engine, per policy

@@ -17,8 +17,10 @@ HybridError
 │   ├── PrivacyBlockedError     it holds personal or secret data and the privacy mode keeps
 │   │                           it local (privacy "block", or engine="cloud" under "keep-local")
 │   └── BudgetExceededError     its worst-case cost does not fit a budget cap
-│       └── LedgerUnavailableError  the shared ledger (a Redis server) cannot be reached, so
-│                               no cap can be checked: refused, as over budget (fails closed)
+│       ├── LedgerUnavailableError  the shared ledger (a Redis server) cannot be reached, so
+│       │                       no cap can be checked: refused, as over budget (fails closed)
+│       └── RateLimitedError    the end user's cloud requests this minute reached the
+│                               policy's `[limits] per_user_rpm` (`limit_rpm`, `retry_after_s`)
 ├── ModelError                  a model file cannot be used
 │   ├── ModelNotFoundError      the file (or the manifest's cached file) does not exist
 │   ├── ModelCorruptError       the file exists but does not load / fails its checksum
@@ -376,8 +378,12 @@ class BudgetExceededError(RefusedError):
         needed_usd: float,
         engine: str = "cloud",
         reasons: tuple[str, ...] = (),
+        per_user: bool = False,
+        tenant: str | None = None,
     ) -> None:
         self.cap = cap
+        self.per_user = per_user  # the cap was the end user's (`Cap.per_user`), not the app's
+        self.tenant = tenant  # the cap was this tenant's (a gateway key's name: `Cap.tenant`)
         self.limit_usd = limit_usd
         self.spent_usd = spent_usd
         self.reserved_usd = reserved_usd
@@ -401,6 +407,8 @@ class BudgetExceededError(RefusedError):
             needed_usd=self.needed_usd,
             engine=self.engine or "cloud",
             reasons=reasons,
+            per_user=self.per_user,
+            tenant=self.tenant,
         )
 
 
@@ -421,6 +429,7 @@ class LedgerUnavailableError(BudgetExceededError):
         self.ledger = ledger
         self.cause = cause
         self.cap = f"ledger {ledger}"
+        self.per_user, self.tenant = False, None
         self.limit_usd = self.spent_usd = self.reserved_usd = 0.0
         self.needed_usd = needed_usd
         RefusedError.__init__(
@@ -435,6 +444,38 @@ class LedgerUnavailableError(BudgetExceededError):
         """The same refusal, as routing raises it: with the decision's `reasons`."""
         return LedgerUnavailableError(
             self.ledger, self.cause, needed_usd=self.needed_usd, reasons=reasons
+        )
+
+
+class RateLimitedError(BudgetExceededError):
+    """An end user sent more cloud requests this minute than the policy lets one user send
+    (`[limits] per_user_rpm`): refused, like a cap (the request goes local or fails, as
+    `[budget] on_exceeded` says). `limit_rpm`: the limit; `retry_after_s`: when the user's
+    minute ends."""
+
+    def __init__(
+        self,
+        limit_rpm: int,
+        retry_after_s: float,
+        *,
+        engine: str = "cloud",
+        reasons: tuple[str, ...] = (),
+    ) -> None:
+        self.limit_rpm, self.retry_after_s = limit_rpm, retry_after_s
+        self.cap = f"per-user {limit_rpm} cloud requests a minute"
+        self.per_user, self.tenant = True, None
+        self.limit_usd = self.spent_usd = self.reserved_usd = self.needed_usd = 0.0
+        RefusedError.__init__(
+            self,
+            f"rate: this user sent {limit_rpm} cloud requests this minute, the policy's limit; "
+            f"nothing was sent to the {engine} engine (its minute ends in {retry_after_s:.1f} s)",
+            engine=engine,
+            reasons=reasons,
+        )
+
+    def with_reasons(self, reasons: tuple[str, ...]) -> RateLimitedError:
+        return RateLimitedError(
+            self.limit_rpm, self.retry_after_s, engine=self.engine or "cloud", reasons=reasons
         )
 
 

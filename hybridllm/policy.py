@@ -15,7 +15,9 @@ the second half of this module. Every field is optional; one name per knob:
     [handoff]     after_tokens, warm_cloud, continuer
     [cascade]     hold_tokens, hold_ms, hedge, judge, escalation
     [speculative] show_drafts, max_prompt_overhead, k, ahead, verifier
-    [budget]      per_request_usd, per_day_usd, per_month_usd, on_exceeded
+    [budget]      per_request_usd, per_day_usd, per_month_usd, per_user_day_usd,
+                  per_user_month_usd, on_exceeded
+    [limits]      per_user_rpm
     [privacy]     mode = "off" | "keep-local" | "block", ner
     [tools]       min_call_confidence, min_tool_fit
 
@@ -44,6 +46,7 @@ import os
 import re
 import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -58,7 +61,7 @@ from pydantic import (
     model_validator,
 )
 
-from hybridllm.errors import PolicyError
+from hybridllm.errors import InvalidArgumentError, PolicyError
 from hybridllm.events import Priority
 
 # the hard ceiling of max_tokens, in a policy and per call: the largest context an engine may claim
@@ -450,17 +453,62 @@ class SpeculativeTable(_Table):
 
 
 class BudgetTable(_Table):
-    """`[budget]`: spending caps in US dollars (None: no cap). `on_exceeded`: what happens to a
-    request the budget cannot cover: "local" serves it on the device, "fail" refuses it."""
+    """`[budget]`: spending caps in US dollars (None: no cap). `per_user_day_usd`,
+    `per_user_month_usd`: each end user's spend (the request's `user`, over every policy) under
+    its own cap, checked on this policy's requests; a request without a user is not held by
+    them. `on_exceeded`: what happens to a request the budget cannot cover: "local" serves it
+    on the device, "fail" refuses it."""
 
     per_request_usd: float | None = Field(default=None, ge=0)
     per_day_usd: float | None = Field(default=None, ge=0)
     per_month_usd: float | None = Field(default=None, ge=0)
+    per_user_day_usd: float | None = Field(default=None, ge=0)
+    per_user_month_usd: float | None = Field(default=None, ge=0)
     on_exceeded: Literal["local", "fail"] = "local"
 
-    _numbers = field_validator("per_request_usd", "per_day_usd", "per_month_usd", mode="before")(
-        _number
-    )
+    _numbers = field_validator(
+        "per_request_usd",
+        "per_day_usd",
+        "per_month_usd",
+        "per_user_day_usd",
+        "per_user_month_usd",
+        mode="before",
+    )(_number)
+
+
+class LimitsTable(_Table):
+    """`[limits]`: `per_user_rpm`, the cloud requests one end user (the request's `user`) may
+    send a minute under this policy (None: no limit); past it the request goes local or fails
+    as `[budget] on_exceeded` says (`errors.RateLimitedError`). Counted in the budget's ledger,
+    so processes and gateways sharing it share the count."""
+
+    per_user_rpm: int | None = Field(default=None, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Who a request is billed as beside the app: a tenant (a gateway key, `hybridllm keys`),
+    by `name`, with its own caps over all its requests (`day_usd`, `month_usd` in US dollars;
+    None: no cap). Its end users are its own: a `user` id under two tenants is two users.
+    Passed as `stream(..., tenant=Tenant("team-a", day_usd=5.0))`."""
+
+    name: str
+    day_usd: float | None = None
+    month_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _TENANT_NAME.fullmatch(self.name):
+            raise InvalidArgumentError(
+                "tenant", self.name, "a name of 1 to 64 letters, digits, '.', '_' or '-'"
+            )
+        for field in ("day_usd", "month_usd"):
+            usd = getattr(self, field)
+            ok = usd is None or (not isinstance(usd, bool) and isinstance(usd, int | float))
+            if not ok or (usd is not None and not usd >= 0):
+                raise InvalidArgumentError(field, usd, "a non-negative amount in USD, or None")
+
+
+_TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 PrivacyMode = Literal["off", "keep-local", "block"]
@@ -513,6 +561,7 @@ TABLES: dict[str, type[_Table]] = {
     "budget": BudgetTable,
     "privacy": PrivacyTable,
     "tools": ToolsTable,
+    "limits": LimitsTable,
 }
 
 # the old flat fields and their place in the tables: (table, name)
@@ -584,6 +633,7 @@ class Policy(BaseModel):
     budget: BudgetTable = BudgetTable()
     privacy: PrivacyTable = PrivacyTable()
     tools: ToolsTable = ToolsTable()
+    limits: LimitsTable = LimitsTable()
     # the tables of registered plans (`register_plan_name(table=)`), by plan name: written as
     # top-level tables (`[shout]`, `Policy(shout={...})`), read with `plan_table(name)`
     plan_tables: dict[str, BaseModel] = {}

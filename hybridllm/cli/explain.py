@@ -34,7 +34,7 @@ from hybridllm.events import Chunk, EngineName
 from hybridllm.guard.privacy import kinds as kinds_of
 from hybridllm.guard.privacy_ner import NER_KINDS, default_scanner
 from hybridllm.guard.privacy_rules import DETECTORS
-from hybridllm.policy import Policy, resolve_policy
+from hybridllm.policy import Policy, Tenant, resolve_policy
 from hybridllm.routing.decision import (
     CloudConsidered,
     Decision,
@@ -167,7 +167,13 @@ class ArtifactRouter:
 
 class _Exhausted:
     def check(
-        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+        self,
+        policy: Policy,
+        prompt_tokens: int,
+        max_tokens: int,
+        engine: EngineName = "cloud",
+        user: str | None = None,
+        tenant: Tenant | None = None,
     ) -> BudgetVerdict:
         return BudgetVerdict(False, "stated exhausted on the command line")
 

@@ -612,6 +612,12 @@ def _register_policy(subparsers: Subparsers) -> None:
     p.set_defaults(func=cmd_policy_migrate)
 
 
+def _register_keys(subparsers: Subparsers) -> None:
+    from hybridllm.cli import keys
+
+    keys.register(subparsers)
+
+
 _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_models,
     _register_demo,
@@ -620,6 +626,7 @@ _REGISTRARS: list[Callable[[Subparsers], None]] = [
     _register_tune,
     _register_doctor,
     _register_serve,
+    _register_keys,
     _register_policy,
     _register_bench,
     _register_stats,

@@ -18,6 +18,7 @@ from hybridllm.engines.options import EngineOptions
 from hybridllm.engines.tokens import estimate_prompt_tokens, prompt_token_bound
 from hybridllm.errors import ConfigError, InvalidArgumentError
 from hybridllm.events import PRIORITIES, Chunk, EngineName, Priority
+from hybridllm.policy import Tenant
 from hybridllm.tools import ToolSpec
 
 __all__ = [
@@ -79,6 +80,11 @@ class GenerationRequest:
     tools: ToolSpec | None = None
     # the app's key for the conversation (`validate.conversation`; None: found by content)
     conversation: str | None = None
+    # the app's end user (`validate.user`): the budget's per-user caps hold it; never sent to
+    # an engine, and kept hashed in a ledger (None: no user)
+    user: str | None = None
+    # who the request is billed as beside the app (a gateway key: its caps; None: no tenant)
+    tenant: Tenant | None = None
 
     def __post_init__(self) -> None:
         validate.one_of("priority", self.priority, PRIORITIES)
@@ -90,6 +96,10 @@ class GenerationRequest:
         validate.text("assistant_prefix", self.assistant_prefix, blank_ok=True)
         if self.conversation is not None:
             validate.conversation(self.conversation)
+        if self.user is not None:
+            validate.user(self.user)
+        if self.tenant is not None and not isinstance(self.tenant, Tenant):
+            raise InvalidArgumentError("tenant", self.tenant, "a hybridllm.policy.Tenant")
         options = self.options
         if isinstance(options, EngineOptions) or not isinstance(options, Iterable):
             raise InvalidArgumentError(

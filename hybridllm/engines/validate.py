@@ -135,6 +135,18 @@ def conversation(value: object) -> str:
     return value
 
 
+USER_CHARS = 256
+
+
+def user(value: object) -> str:
+    """An end user's id (`stream(user=)`): a non-blank string of at most `USER_CHARS`."""
+    if not isinstance(value, str) or not value.strip() or len(value) > USER_CHARS:
+        raise InvalidArgumentError(
+            "user", value, f"a non-blank string of at most {USER_CHARS} characters"
+        )
+    return value
+
+
 def one_of(argument: str, value: object, choices: Sequence[T]) -> T:
     for choice in choices:
         if type(value) is type(choice) and value == choice:

@@ -1,11 +1,13 @@
 """The gateway's ASGI app: the hybrid client over OpenAI's HTTP API (Starlette).
 
-`create_app(client, limits, api_key=...)` gives an ASGI app whose lifespan opens and closes the
-client (uvicorn runs it: `gateway.command`). Its door (`Door`, outermost but for CORS) checks
-every HTTP request before a route sees it: the API key (``Authorization: Bearer KEY``, compared
-in constant time; all but ``GET /``, the playground page, which holds no secret and asks for the
-key itself), the body's declared size (413), and for chat completions the concurrency limit (429
-with Retry-After). It writes one access-log line per request (method, path, status,
+`create_app(client, limits, api_key=..., keys=...)` gives an ASGI app whose lifespan opens and
+closes the client (uvicorn runs it: `gateway.command`). Its door (`Door`, outermost but for
+CORS) checks every HTTP request before a route sees it: the caller (``Authorization: Bearer
+KEY``: the admin key or one of the ledger's virtual keys, `gateway.tenants`; all but ``GET /``,
+the playground page, which holds no secret and asks for the key itself), the body's declared
+size (413), and for chat completions the concurrency limit and the key's requests per minute
+(429 with Retry-After). A virtual key's request is billed as its tenant (its caps hold it) and
+may use only its policies (403). It writes one access-log line per request (method, path, status,
 milliseconds, policy, engine: never prompt or answer text) to the ``hybridllm.gateway.access``
 logger.
 """
@@ -15,11 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
@@ -31,8 +33,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hybridllm import errors
 from hybridllm.client import HybridClient
 from hybridllm.events import EngineName
-from hybridllm.gateway import playground, relay, wire
+from hybridllm.gateway import playground, relay, tenants, wire
 from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.gateway.tenants import Caller, Keyring
+from hybridllm.guard.keys import KeyStore
+from hybridllm.guard.rates import RateCounter
 from hybridllm.policy import known_policies
 from hybridllm.runtime.health import UNCHECKED, EngineState
 from hybridllm.server.app import until_disconnect
@@ -49,9 +54,8 @@ class Door:
     """Auth, the body's declared size and the concurrency limit, before any route; the access
     log after (see the module). `active`: chat requests being served now."""
 
-    def __init__(self, app: ASGIApp, limits: GatewayLimits, api_key: str | None) -> None:
-        self.app, self.limits = app, limits
-        self._key = None if api_key is None else f"Bearer {api_key}".encode()
+    def __init__(self, app: ASGIApp, limits: GatewayLimits, keyring: Keyring) -> None:
+        self.app, self.limits, self.keyring = app, limits, keyring
         self.active = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,12 +86,23 @@ class Door:
 
     async def _enter(self, scope: Scope, receive: Receive, send: Send) -> None:
         page = scope["path"] == playground.PAGE_PATH and scope["method"] in ("GET", "HEAD")
-        refusal = None if page else self._refusal(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        caller = (
+            tenants.OPEN if page else await self.keyring.caller(headers.get("authorization", ""))
+        )
+        refusal = caller if isinstance(caller, ApiError) else self._refusal(headers)
         if refusal is not None:
             await _answer(refusal, scope, receive, send)
             return
+        assert isinstance(caller, Caller)
+        scope.setdefault("state", {})["caller"] = caller
         if scope["path"] != CHAT_PATH:
             await self.app(scope, receive, send)
+            return
+        limited = await self.keyring.admit(caller)
+        if limited is not None:
+            error, wait = limited
+            await _answer(error, scope, receive, send, {"retry-after": str(wait)})
             return
         if self.active >= self.limits.max_concurrency:
             busy = ApiError(
@@ -107,12 +122,8 @@ class Door:
             self.active -= 1
 
     def _refusal(self, headers: Headers) -> ApiError | None:
-        """A request refused at the door: a missing or wrong key (401), a body declared larger
-        than the limit (413)."""
-        if self._key is not None:
-            given = headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, self._key):
-                return ApiError(401, "invalid or missing API key", code="invalid_api_key")
+        """A request refused at the door once its caller is known: a body declared larger than
+        the limit (413)."""
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             return _too_large(self.limits)
@@ -125,6 +136,11 @@ def _too_large(limits: GatewayLimits) -> ApiError:
         f"the request body is larger than this gateway's {limits.max_body_bytes} bytes",
         code="request_too_large",
     )
+
+
+def _caller(request: Request) -> Caller:
+    caller = request.scope.get("state", {}).get("caller")
+    return caller if isinstance(caller, Caller) else tenants.OPEN
 
 
 async def _answer(
@@ -158,8 +174,14 @@ async def _json(request: Request, limit: int) -> dict[str, Any]:
 class _Routes:
     """The endpoints over one client."""
 
-    def __init__(self, client: HybridClient, limits: GatewayLimits, page: playground.Page) -> None:
-        self.client, self.limits, self.page = client, limits, page
+    def __init__(
+        self,
+        client: HybridClient,
+        limits: GatewayLimits,
+        page: playground.Page,
+        keys: KeyStore | None = None,
+    ) -> None:
+        self.client, self.limits, self.page, self.keys = client, limits, page, keys
 
     async def home(self, request: Request) -> Response:
         """The playground page (`gateway.playground`), with its security headers."""
@@ -174,6 +196,11 @@ class _Routes:
             limits=self.limits,
         )
         request.state.policy = call.policy
+        key = _caller(request).key
+        if key is not None:
+            if not key.allows(call.policy):
+                raise tenants.refused_policy(key, call.policy)
+            call.args["tenant"] = key.tenant
         try:
             stream = self.client.stream(call.messages, **call.args)
         except errors.HybridError as exc:
@@ -190,8 +217,20 @@ class _Routes:
         done = await until_disconnect(request, relay.whole(stream, events, first, call))
         return JSONResponse(done.body, headers=done.headers)
 
+    async def usage(self, request: Request) -> Response:
+        """Spend and room this UTC day and month: the caller's key's, or every key's for the
+        admin (`gateway.tenants.usage`)."""
+        caller, ledgers = _caller(request), self.client.ledgers()
+        try:
+            body = await anyio.to_thread.run_sync(tenants.usage, caller, ledgers, self.keys)
+        except errors.LedgerUnavailableError as exc:
+            raise ApiError(503, str(exc), code="ledger_unavailable", type="server_error") from exc
+        return JSONResponse(body)
+
     async def models(self, request: Request) -> Response:
+        key = _caller(request).key
         names = known_policies(dirs=self.client.policies.dirs)
+        names = names if key is None else [n for n in names if key.allows(n)]
         data = [
             {
                 "id": f"{wire.MODEL_PREFIX}{n}",
@@ -243,12 +282,16 @@ def create_app(
     *,
     api_key: str | None = None,
     on_check: Callable[[Mapping[EngineName, EngineState]], None] | None = None,
+    keys: KeyStore | None = None,
+    rates: RateCounter | None = None,
 ) -> ASGIApp:
     """The gateway over `client`, which its lifespan opens and checks (`HybridClient.check()`:
     each engine's state, told to `on_check`, logged, and read by /healthz) and closes (see the
-    module)."""
+    module). `keys`: the virtual keys (kept in the ledger), `rates`: where their requests per
+    minute are counted."""
     limits = limits or GatewayLimits()
-    routes = _Routes(client, limits, playground.page(key_required=api_key is not None))
+    keyring = Keyring(api_key, keys, rates)
+    routes = _Routes(client, limits, playground.page(key_required=keyring.keyed), keys)
 
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -268,13 +311,14 @@ def create_app(
                 Route(playground.PAGE_PATH, routes.home, methods=["GET"]),
                 Route(CHAT_PATH, routes.chat, methods=["POST"]),
                 Route("/v1/models", routes.models, methods=["GET"]),
+                Route("/v1/usage", routes.usage, methods=["GET"]),
                 Route("/healthz", routes.health, methods=["GET"]),
             ],
             exception_handlers={ApiError: on_error},
             lifespan=lifespan,
         ),
         limits,
-        api_key,
+        keyring,
     )
     if limits.cors_origins:
         app = CORSMiddleware(

@@ -2,11 +2,14 @@
 
 Every argument is checked before a model loads or uvicorn starts (`check`): a bad one is one
 `ConfigError` naming it (the command prints one line and exits with 2). `--port` 0 to 65535
-and free on `--host`, `--host` resolvable, `--local` a manifest name that is pulled or a GGUF
-file, `--cloud-url` an http(s) URL, `--ledger` a path or a URL `ledger_from_url` takes,
+and free on `--host`, `--host` resolvable, `--local` a manifest name that is pulled, a GGUF
+file or an `hf://` model in the hub cache, `--cloud-url` an http(s) URL, `--ledger` a path
+or a URL `ledger_from_url` takes,
 `--decision-log` a path or a URL `decision_log_from_url` takes (opened, a Redis one reached,
 now), `--prices` a prices TOML, the limits >= 1, each `--cors-origin` an origin, `--api-key`
-non-blank and REQUIRED when `--host` is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too). The
+non-blank and REQUIRED when `--host` is not loopback (from `$HYBRIDLLM_GATEWAY_KEY` too), unless
+the ledger holds virtual keys (`hybridllm keys create`: then only they, and `--api-key` as the
+admin key, are accepted, on loopback too; `hybridllm.gateway.tenants`). The
 cloud comes from `$OPENAI_BASE_URL`, `$OPENAI_API_KEY` and `$OPENAI_MODEL`, as the demo reads
 them; `--cloud-url` and `--cloud-model` override them. With neither a URL nor a key the gateway
 serves the local model only, and says so at start.
@@ -58,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--local",
         metavar="MODEL",
         default=DEFAULT_LOCAL_MODEL,
-        help=f"the local model: a manifest name or a GGUF path (default: {DEFAULT_LOCAL_MODEL})",
+        help="the local model: a manifest name, a GGUF path, or a hub model pulled with "
+        f"`hybridllm models pull hf://...` (default: {DEFAULT_LOCAL_MODEL})",
     )
     p.add_argument("--cloud-url", metavar="URL", help="the cloud endpoint ($OPENAI_BASE_URL)")
     p.add_argument(
@@ -167,7 +171,8 @@ def check(args: argparse.Namespace) -> Settings:
     if args.n_threads is not None:
         validate.integer("--n-threads", args.n_threads, minimum=1)
     limits = _limits(args)
-    key = _api_key(args.api_key, args.host)
+    ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
+    key = _api_key(args.api_key, args.host, keyed=ledger is not None and _holds_keys(ledger))
     clouds = named_clouds(args)
     single_model = [m for m in args.cloud_model if "=" not in m]
     cloud_model = single_model[-1] if single_model else None
@@ -177,7 +182,6 @@ def check(args: argparse.Namespace) -> Settings:
     if cloud_model is not None:
         validate.text("--cloud-model", cloud_model)
     cloud = not clouds and (cloud_url is not None or bool(os.environ.get("OPENAI_API_KEY")))
-    ledger = None if args.ledger is None else ledger_from_url(args.ledger, argument="--ledger")
     prices = None if args.prices is None else _prices(args.prices)
     dlog = args.decision_log
     dlog = None if dlog is None else decision_log_from_url(dlog, argument="--decision-log")
@@ -331,12 +335,19 @@ def _limits(args: argparse.Namespace) -> GatewayLimits:
         raise errors.InvalidArgumentError("--cors-origin", exc.value, exc.rule) from None
 
 
-def _api_key(given: str | None, host: str) -> str | None:
-    """The key (the option, else the environment); required where `host` is not loopback."""
+def _holds_keys(ledger: Ledger) -> bool:
+    from hybridllm.guard.keys import key_store
+
+    return key_store(ledger).holds_keys()
+
+
+def _api_key(given: str | None, host: str, *, keyed: bool = False) -> str | None:
+    """The admin key (the option, else the environment); required where `host` is not loopback
+    and the ledger holds no virtual keys (`keyed`: then they guard the door)."""
     key = given if given is not None else os.environ.get(KEY_ENV)
     if key is not None and not key.strip():
         raise errors.InvalidArgumentError("--api-key", "", "a non-blank key")  # never echoed
-    if key is None and not is_loopback(host):
+    if key is None and not keyed and not is_loopback(host):
         raise errors.ConfigError(
             f"--api-key: a key is required to listen on {host} (not loopback): pass --api-key "
             f"or set ${KEY_ENV}"
@@ -350,12 +361,23 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from hybridllm.gateway.app import create_app
+    from hybridllm.guard.keys import key_store
+    from hybridllm.guard.rates import rate_counter
 
     client = build_client(settings)
     print(describe(settings, client), file=sys.stderr, flush=True)
     _show_access_log(settings.log_level)
+    ledger = settings.ledger
+    app = create_app(
+        client,
+        settings.limits,
+        api_key=settings.api_key,
+        on_check=say_checked,
+        keys=None if ledger is None else key_store(ledger),
+        rates=None if ledger is None else rate_counter(ledger),
+    )
     config = uvicorn.Config(
-        create_app(client, settings.limits, api_key=settings.api_key, on_check=say_checked),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -434,6 +456,10 @@ def describe(settings: Settings, client: HybridClient) -> str:
         )
     for name, engine in clouds:
         lines.append(f"  {name}: {engine.info().model} at {urls.get(name, '?')}")
+    keyed = settings.ledger is not None and _holds_keys(settings.ledger)
     auth = "a key is required" if settings.api_key else "no key (loopback only)"
+    if keyed:
+        admin = " or the admin key" if settings.api_key else ""
+        auth = f"the ledger's keys (hybridllm keys list){admin}"
     lines.append(f"  auth: {auth}; at most {settings.limits.max_concurrency} requests at once")
     return "\n".join(lines)

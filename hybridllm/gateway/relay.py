@@ -19,6 +19,7 @@ __all__ = ["Whole", "api_error", "sse", "whole"]
 # each refusal's HTTP answer (status, code, type), the first class that matches wins
 _ANSWERS: tuple[tuple[type[errors.HybridError], int, str, str], ...] = (
     (errors.PrivacyBlockedError, 403, "privacy_blocked", "permission_error"),
+    (errors.RateLimitedError, 429, "rate_limit_exceeded", "rate_limit_error"),
     (errors.BudgetExceededError, 402, "budget_exceeded", "insufficient_quota"),
     (errors.RefusedError, 403, "refused", "permission_error"),
     (errors.QueueFullError, 503, "engine_busy", "server_error"),

@@ -35,7 +35,7 @@ PASSED = frozenset(
         "tools",
         "tool_choice",
         "response_format",
-        "user",  # OpenAI's end-user id: accepted, not stored, not logged
+        "user",  # OpenAI's end-user id: the client's `user=` (per-user caps; hashed, not logged)
         "prompt_cache_key",  # the client's `conversation=`
     }
 )
@@ -95,6 +95,9 @@ def chat_call(
     key = data.get("prompt_cache_key")
     if key is not None:
         args["conversation"] = _conversation(key)
+    user = data.get("user")
+    if user is not None:
+        args["user"] = _user(user)
     usage = body.stream_options is not None and body.stream_options.include_usage
     messages = [m.message() for m in body.messages]  # a non-text content part: a 400
     return ChatCall(
@@ -181,6 +184,13 @@ def _conversation(key: object) -> str:
     if not isinstance(key, str):
         raise ApiError(400, "prompt_cache_key must be a string", param="prompt_cache_key")
     return key
+
+
+def _user(user: object) -> str:
+    """OpenAI's `user` as the client's `user=` (its rule checked there: 400 on `user`)."""
+    if not isinstance(user, str):
+        raise ApiError(400, "user must be a string", param="user")
+    return user
 
 
 def policy_name(model: str, policies: Collection[str]) -> str:

@@ -15,7 +15,9 @@ together, and none of them coordinates anything itself.
 Keys, all under one hash tag (`{<prefix>}`, default `{hybridllm:ledger}`, so a Redis Cluster
 keeps them in one slot): `:seq` (the last entry id), `:e:<id>` (an entry: a hash of
 `SQLiteLedger`'s columns), `:open` (open reservations by expiry time) and `:t:<day or
-month>:<"*", "p:<scope>" or "e:<engine>">` (running totals: spent, held, overrun). Times come
+month>:<"*", "p:<scope>", "e:<engine>", "u:<user tag>" or "k:<tenant>">` (running totals:
+spent, held, overrun); the gateway's keys and the rate limits' counts beside them
+(`hybridllm.guard.keys`, `hybridllm.guard.rates`). Times come
 from the caller's clock (`clock`, default `time.time`), as in `SQLiteLedger`: gateways sharing a
 ledger should keep their clocks in sync (NTP), since the UTC day and the expiry are read from
 them.
@@ -43,6 +45,7 @@ from hybridllm.guard.budget import (
     remaining_under,
     totals_key,
     usd_nano,
+    user_tag,
     utc_day_month,
 )
 from hybridllm.guard.prices import NANO
@@ -60,9 +63,11 @@ DEFAULT_PREFIX = "hybridllm:ledger"
 _PRELUDE = """
 local P = KEYS[1]
 local function int(x) return string.format('%d', x) end
-local function bump(scope, engine, day, month, spent, held, over)
+local function bump(scope, engine, user, tenant, day, month, spent, held, over)
   local whos = {'*', 'p:' .. scope}
-  if engine and engine ~= '' then whos[3] = 'e:' .. engine end
+  if engine and engine ~= '' then whos[#whos + 1] = 'e:' .. engine end
+  if user and user ~= '' then whos[#whos + 1] = 'u:' .. user end
+  if tenant and tenant ~= '' then whos[#whos + 1] = 'k:' .. tenant end
   for _, period in ipairs({day, month}) do
     for _, who in ipairs(whos) do
       local k = P .. ':t:' .. period .. ':' .. who
@@ -76,10 +81,11 @@ local function expire_stale(now)
   local ids = redis.call('ZRANGEBYSCORE', P .. ':open', '-inf', now)
   for _, id in ipairs(ids) do
     local k = P .. ':e:' .. id
-    local e = redis.call('HMGET', k, 'scope', 'day', 'month', 'reserved_nano', 'engine')
+    local e = redis.call('HMGET', k, 'scope', 'day', 'month', 'reserved_nano', 'engine', 'user',
+      'tenant')
     local amount = tonumber(e[4])
     redis.call('HSET', k, 'state', 'expired', 'cost_nano', e[4], 'closed_at', now)
-    bump(e[1], e[5], e[2], e[3], amount, -amount, 0)
+    bump(e[1], e[5], e[6], e[7], e[2], e[3], amount, -amount, 0)
     redis.call('ZREM', P .. ':open', id)
   end
   return #ids
@@ -91,17 +97,17 @@ end
 """
 
 # reserve (ARGV[2] == '1') or only check: ARGV = now, record, amount, scope, model,
-# prompt_tokens, expires_at, day, month, the number of caps, engine ('' for none), then per cap
-# (in the order of `ordered_caps`): its day or month, its totals' key (`Cap.key`), '1' for a
-# per-request cap, its limit (nano). Answers {0, id} (recorded; id 0 when only checking) or
-# {i, spent, held, overrun}: the i-th cap refuses.
+# prompt_tokens, expires_at, day, month, the number of caps, engine ('' for none), the user's tag
+# ('' for none), the tenant ('' for none), then per cap (in the order of `ordered_caps`): its day
+# or month, its totals' key (`Cap.key_for`), '1' for a per-request cap, its limit (nano). Answers
+# {0, id} (recorded; id 0 when only checking) or {i, spent, held, overrun}: the i-th cap refuses.
 _RESERVE = (
     _PRELUDE
     + """
 local now, amount = ARGV[1], tonumber(ARGV[3])
 expire_stale(now)
 for i = 1, tonumber(ARGV[10]) do
-  local at = 8 + 4 * i
+  local at = 10 + 4 * i
   local spent, held, over = sums(ARGV[at], ARGV[at + 1])
   if ARGV[at + 2] == '1' then spent, held = 0, 0 end
   if over > 0 or spent + held + amount > tonumber(ARGV[at + 3]) then
@@ -113,9 +119,9 @@ local id = redis.call('INCR', P .. ':seq')
 redis.call('HSET', P .. ':e:' .. id, 'id', id, 'scope', ARGV[4], 'model', ARGV[5],
   'state', 'reserved', 'reserved_nano', ARGV[3], 'cost_nano', 0, 'prompt_tokens', ARGV[6],
   'estimated', 0, 'created_at', now, 'expires_at', ARGV[7], 'day', ARGV[8], 'month', ARGV[9],
-  'overrun_nano', 0, 'engine', ARGV[11])
+  'overrun_nano', 0, 'engine', ARGV[11], 'user', ARGV[12], 'tenant', ARGV[13])
 redis.call('ZADD', P .. ':open', ARGV[7], id)
-bump(ARGV[4], ARGV[11], ARGV[8], ARGV[9], 0, amount, 0)
+bump(ARGV[4], ARGV[11], ARGV[12], ARGV[13], ARGV[8], ARGV[9], 0, amount, 0)
 return {0, id}
 """
 )
@@ -128,16 +134,16 @@ _CLOSE = (
     + """
 local k = P .. ':e:' .. ARGV[1]
 local e = redis.call('HMGET', k, 'state', 'scope', 'day', 'month', 'reserved_nano', 'cost_nano',
-  'engine')
+  'engine', 'user', 'tenant')
 if not e[1] then return {0, 0} end
 if e[1] ~= 'reserved' and e[1] ~= 'expired' then return {0, tonumber(e[6])} end
 local cost, amount = tonumber(ARGV[2]), tonumber(e[5])
 local over = math.max(0, cost - amount)
 if e[1] == 'reserved' then
-  bump(e[2], e[7], e[3], e[4], cost, -amount, over)
+  bump(e[2], e[7], e[8], e[9], e[3], e[4], cost, -amount, over)
   redis.call('ZREM', P .. ':open', ARGV[1])
 else  -- expired: it was counted as spent at its worst case
-  bump(e[2], e[7], e[3], e[4], cost - amount, 0, over)
+  bump(e[2], e[7], e[8], e[9], e[3], e[4], cost - amount, 0, over)
 end
 redis.call('HSET', k, 'state', ARGV[3], 'cost_nano', ARGV[2], 'overrun_nano', int(over),
   'closed_at', ARGV[4])
@@ -171,6 +177,8 @@ _COLUMNS: tuple[tuple[str, Callable[[str], object] | None], ...] = (
     ("month", None),
     ("overrun_nano", int),
     ("engine", None),
+    ("user", None),
+    ("tenant", None),
 )
 
 
@@ -213,6 +221,17 @@ class RedisLedger:
     def close(self) -> None:
         self._redis.close()
 
+    def script(self, source: str) -> Callable[[Sequence[object]], Any]:
+        """A Lua script run under this ledger's prefix (KEYS[1], the hash tag), a server that
+        cannot be reached raising `LedgerUnavailableError` (what the gateway's keys and the
+        rate limits, `hybridllm.guard.keys` and `rates`, keep beside the books use)."""
+        registered = self._redis.register_script(source)
+        return lambda args: self._call(registered, args)
+
+    def now(self) -> float:
+        """The ledger's clock (seconds since the epoch)."""
+        return self._clock()
+
     def __enter__(self) -> RedisLedger:
         return self
 
@@ -232,23 +251,25 @@ class RedisLedger:
         caps: Iterable[Cap] = (),
         ttl_s: float | None = None,
         engine: str | None = None,
+        user: str | None = None,
+        tenant: str | None = None,
     ) -> Reservation:
-        """Hold the worst-case cost against every cap that applies to `scope` and `engine`, or
-        raise `BudgetExceededError` naming the first cap it does not fit (nothing is held
-        then)."""
+        """Hold the worst-case cost against every cap that applies to `scope`, `engine` and
+        `user` (kept hashed), or raise `BudgetExceededError` naming the first cap it does not
+        fit (nothing is held then)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
         now = self._clock()
         day, month = utc_day_month(now)
         expires = now + (self.ttl_s if ttl_s is None else ttl_s)
         entry = (scope, model, prompt_tokens, repr(expires), day, month)
-        rid, refusal = self._cap_script(
-            ordered_caps(caps, scope, engine), amount, now, entry, engine
-        )
+        tag = user_tag(user, tenant)
+        ordered = ordered_caps(caps, scope, engine, tag, tenant)
+        rid, refusal = self._cap_script(ordered, amount, now, entry, (engine, tag, tenant))
         if refusal is not None:
             log.info("%s", refusal)  # the cap and the amounts, never the request
             raise refusal
         held = (prompt_tokens, max_tokens, amount / NANO, day, month, expires)
-        return Reservation(rid, scope, model, price, *held, engine=engine)
+        return Reservation(rid, scope, model, price, *held, engine=engine, user=tag, tenant=tenant)
 
     def check(
         self,
@@ -259,12 +280,16 @@ class RedisLedger:
         scope: str = "default",
         caps: Iterable[Cap] = (),
         engine: str | None = None,
+        user: str | None = None,
+        tenant: str | None = None,
     ) -> BudgetExceededError | None:
         """What `reserve()` would refuse now, holding nothing (None: it fits every cap)."""
         amount = price.cost_nano(prompt_tokens, max_tokens)
-        ordered = ordered_caps(caps, scope, engine)
+        tag = user_tag(user, tenant)
+        ordered = ordered_caps(caps, scope, engine, tag, tenant)
+        who = (engine, tag, tenant)
         try:
-            return self._cap_script(ordered, amount, self._clock(), None, engine)[1]
+            return self._cap_script(ordered, amount, self._clock(), None, who)[1]
         except LedgerUnavailableError as exc:
             return exc
 
@@ -274,18 +299,20 @@ class RedisLedger:
         amount: int,
         now: float,
         entry: tuple[str, str, int, str, str, str] | None,
-        engine: str | None,
+        who: tuple[str | None, str | None, str | None],
     ) -> tuple[int, BudgetExceededError | None]:
         """Run the reserve script over the caps that apply (`ordered_caps`; `entry`: what to
-        record, None: only check): the new entry's id, or the refusal of the first cap it
-        does not fit."""
+        record, None: only check; `who`: the engine, the user's tag and the tenant): the new
+        entry's id, or the refusal of the first cap it does not fit."""
         day, month = utc_day_month(now)
+        engine, user, tenant = who
         args: list[object] = [repr(now), int(entry is not None), amount]
         args += entry if entry is not None else ("", "", 0, "0", day, month)
-        args += (len(ordered), engine or "")
+        args += (len(ordered), engine or "", user or "", tenant or "")
         for cap in ordered:
             period = month if cap.period == "month" else day
-            args += (period, cap.key, int(cap.period == "request"), usd_nano(cap.limit_usd))
+            key = cap.key_for(user)
+            args += (period, key, int(cap.period == "request"), usd_nano(cap.limit_usd))
         answer = self._call(self._reserve, args, needed_usd=amount / NANO)
         if answer[0] == 0:
             return int(answer[1]), None
@@ -330,26 +357,37 @@ class RedisLedger:
         at: float | None = None,
         *,
         engine: str | None = None,
+        user: str | None = None,
+        tenant: str | None = None,
     ) -> Spend:
         """Spend and open reservations of the UTC day or month holding `at` (default now): of
-        every request, of policy `scope`, or of the cloud `engine`."""
+        every request, of policy `scope`, of the cloud `engine`, of the end user `user` (within
+        `tenant`), or of the tenant `tenant` alone."""
         now = self._clock()
         day, month = utc_day_month(now if at is None else at)
-        who = totals_key(scope, engine)
+        who = totals_key(scope, engine, user_tag(user, tenant), tenant)
         key = day if period == "day" else month
         spent, held, over = (int(x) for x in self._call(self._spend, (repr(now), key, who)))
         return Spend(spent / NANO, held / NANO, over / NANO)
 
     def remaining(
-        self, caps: Sequence[Cap], scope: str = "default", engine: str | None = None
+        self,
+        caps: Sequence[Cap],
+        scope: str = "default",
+        engine: str | None = None,
+        user: str | None = None,
+        tenant: str | None = None,
     ) -> float | None:
         """USD left under the tightest day/month cap that applies (None: no such cap; 0 for a cap
         an overrun closed), as `SQLiteLedger.remaining`; 0 under such a cap while the server
         cannot be reached."""
         try:
-            return remaining_under(self, caps, scope, engine)
+            return remaining_under(self, caps, scope, engine, user, tenant)
         except LedgerUnavailableError:
-            stock = any(c.period != "request" and c.applies(scope, engine) for c in caps)
+            tag = user_tag(user, tenant)
+            stock = any(
+                c.period != "request" and c.applies(scope, engine, tag, tenant) for c in caps
+            )
             return 0.0 if stock else None
 
     def expire(self) -> int:

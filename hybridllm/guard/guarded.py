@@ -58,6 +58,7 @@ from collections.abc import (
 )
 from contextlib import aclosing
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -84,6 +85,7 @@ from hybridllm.errors import (
     LedgerUnavailableError,
     PolicyError,
     PrivacyBlockedError,
+    RateLimitedError,
 )
 from hybridllm.events import Called, Chunk, Delta, EngineName, Finish, RequestSent
 from hybridllm.guard.budget import (
@@ -94,11 +96,15 @@ from hybridllm.guard.budget import (
     Reservation,
     SQLiteLedger,
     TokenUsage,
+    tenant_caps,
+    user_tag,
 )
 from hybridllm.guard.ledgers import as_ledger
 from hybridllm.guard.privacy import Finding, kinds, message_texts, strings, tool_texts
 from hybridllm.guard.privacy_judge import PrivacyJudge, borderline, person_names
 from hybridllm.guard.privacy_ner import PrivacyScanner, default_scanner
+from hybridllm.guard.rates import RateCounter, rate_counter
+from hybridllm.policy import Tenant
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,6 +135,10 @@ class RequestContext:
     # when the request's deadline falls (`clock.now()` time; None: none): the privacy judge's
     # budget ends there
     due: float | None = None
+    # the end user (the policy's per-user caps hold it) and the tenant billed (its caps hold
+    # it): the request's `user` and `tenant`
+    user: str | None = None
+    tenant: Tenant | None = None
 
     def __post_init__(self) -> None:
         if self.privacy is not None and self.privacy not in PRIVACY_MODES:
@@ -237,6 +247,9 @@ class GuardedEngine:
         self.caps = tuple(caps)
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
         self.scoped_caps: dict[str, tuple[Cap, ...]] = {}
+        # a scope's `[limits] per_user_rpm`, and where it is counted (the ledger's counter)
+        self.scoped_rpm: dict[str, int] = {}
+        self._rates: tuple[Ledger, RateCounter] | None = None
         self.model = inner.info().model
         self.price: ModelPrice | None = prices.find(self.model)
         if ledger is not None:
@@ -347,16 +360,29 @@ class GuardedEngine:
             log.info("privacy: judge (%s): %s, kept from the %s engine", case, why, self.name)
             raise PrivacyBlockedError(("judge",), engine=self.name)
 
-    def budget_left_usd(self, scope: str = "default") -> float | None:
-        """USD left under the tightest day/month cap for `scope` (None: no cap or no ledger)."""
+    def budget_left_usd(
+        self, scope: str = "default", user: str | None = None, tenant: Tenant | None = None
+    ) -> float | None:
+        """USD left under the tightest day/month cap for `scope` (and the end user `user`'s
+        and the tenant's caps; None: no cap or no ledger)."""
         if self.ledger is None:
             return None
-        return self.ledger.remaining(self.caps_for(scope), scope, self.name)
+        caps, name = self.caps_for(scope, tenant), None if tenant is None else tenant.name
+        return self.ledger.remaining(caps, scope, self.name, user, name)
 
-    def set_scoped_caps(self, scope: str, caps: Sequence[Cap]) -> None:
-        """The caps of one scope (a policy's own `[budget]`), set by the client as it meets the
-        policy. A cap the guard cannot cost (no price for the cloud model) is a `PolicyError`
-        here, at the first request under it, never a cap that silently does not hold."""
+    def set_scoped_caps(
+        self, scope: str, caps: Sequence[Cap], per_user_rpm: int | None = None
+    ) -> None:
+        """The caps of one scope (a policy's own `[budget]`) and its `[limits] per_user_rpm`,
+        set by the client as it meets the policy. A cap the guard cannot cost (no price for the
+        cloud model) is a `PolicyError` here, at the first request under it, never a cap that
+        silently does not hold."""
+        if per_user_rpm is None:
+            self.scoped_rpm.pop(scope, None)
+        else:
+            self.scoped_rpm[scope] = per_user_rpm
+            if self.ledger is None:
+                self.ledger = SQLiteLedger()  # counted in a ledger: this process's own
         if caps and self.price is None:
             raise PolicyError(
                 f"policy {scope!r} caps cloud spend, but the cloud model {self.model!r} has no "
@@ -368,47 +394,99 @@ class GuardedEngine:
             self.ledger = SQLiteLedger()  # caps need a ledger: an in-memory one for this process
         self.scoped_caps[scope] = tuple(caps)
 
-    def caps_for(self, scope: str) -> tuple[Cap, ...]:
-        """The client's caps plus the scope's own."""
-        return self.caps + self.scoped_caps.get(scope, ())
+    def caps_for(self, scope: str, tenant: Tenant | None = None) -> tuple[Cap, ...]:
+        """The client's caps plus the scope's own, plus the tenant's (`tenant_caps`)."""
+        return self.caps + self.scoped_caps.get(scope, ()) + tenant_caps(tenant)
 
-    def fits(self, scope: str, prompt_tokens: int, max_tokens: int) -> tuple[bool, str]:
+    def fits(
+        self,
+        scope: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        user: str | None = None,
+        tenant: Tenant | None = None,
+    ) -> tuple[bool, str]:
         """Would a request of this size (`prompt_tokens`: its `prompt_token_bound`) fit every
-        cap of `scope` now, worst case? With the reason when not. The same check as the
-        reservation's (`Ledger.check`), so the two agree; the reservation stays the authority."""
-        refusal = self.refusal(scope, prompt_tokens, max_tokens)
+        cap of `scope` (and of `user` and `tenant`) now, worst case? With the reason when not.
+        The same check as the reservation's (`Ledger.check`), so the two agree; the reservation
+        stays the authority."""
+        refusal = self.refusal(scope, prompt_tokens, max_tokens, user, tenant)
         if refusal is None:
             return True, ""
         if isinstance(refusal, LedgerUnavailableError):
             return False, f"the ledger {refusal.ledger} cannot be reached ({refusal.cause})"
+        if isinstance(refusal, RateLimitedError):
+            return False, f"{refusal.cap}: reached, for {refusal.retry_after_s:.1f} s more"
         return False, (
             f"{refusal.cap} cap {usd(refusal.limit_usd)}: spent {usd(refusal.spent_usd)}, "
             f"in flight {usd(refusal.reserved_usd)}, this request up to {usd(refusal.needed_usd)}"
         )
 
     def refusal(
-        self, scope: str, prompt_tokens: int, max_tokens: int
+        self,
+        scope: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        user: str | None = None,
+        tenant: Tenant | None = None,
     ) -> BudgetExceededError | None:
         """The error a reservation of this size would raise now (None: it fits, or no ledger)."""
-        if self.ledger is None or self.price is None:
+        if self.ledger is None:
             return None
+        limited = self._rate_refusal(scope, user, tenant, count=False)
+        if limited is not None or self.price is None:
+            return limited
         return self.ledger.check(
             price=self.price,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             scope=scope,
-            caps=self.caps_for(scope),
+            caps=self.caps_for(scope, tenant),
             engine=self.name,
+            user=user,
+            tenant=None if tenant is None else tenant.name,
         )
 
-    async def _reserve(self, request: GenerationRequest, scope: str) -> Reservation | None:
-        prompt, out = request_token_bound(request), request_output_bound(request)
-        return await self._reserve_tokens(prompt, out, scope)
+    def _rate_refusal(
+        self, scope: str, user: str | None, tenant: Tenant | None, *, count: bool
+    ) -> BudgetExceededError | None:
+        """The refusal of the scope's `per_user_rpm` for `user` (None: under it, counted when
+        `count`; or no limit, no user); an unreachable ledger refuses (fails closed)."""
+        rpm, ledger = self.scoped_rpm.get(scope), self.ledger
+        if rpm is None or user is None or ledger is None:
+            return None
+        if self._rates is None or self._rates[0] is not ledger:
+            self._rates = (ledger, rate_counter(ledger))
+        tag = user_tag(user, None if tenant is None else tenant.name)
+        try:
+            wait = self._rates[1].hit(f"u:{tag}", rpm, count=count)
+        except LedgerUnavailableError as exc:
+            return exc
+        return None if wait is None else RateLimitedError(rpm, wait, engine=self.name)
 
-    async def _reserve_tokens(self, prompt: int, max_tokens: int, scope: str) -> Reservation | None:
+    async def _reserve(
+        self, request: GenerationRequest, context: RequestContext
+    ) -> Reservation | None:
+        """The request's reservation, and one count of its user's requests this minute (the
+        reservation released where the count is refused: `RateLimitedError`)."""
+        prompt, out = request_token_bound(request), request_output_bound(request)
+        reservation = await self._reserve_tokens(prompt, out, context)
+        limited = await anyio.to_thread.run_sync(
+            partial(self._rate_refusal, context.scope, request.user, context.tenant, count=True)
+        )
+        if limited is not None:
+            if reservation is not None and self.ledger is not None:
+                await anyio.to_thread.run_sync(self.ledger.release, reservation)
+            log.info("%s", limited)
+            raise limited
+        return reservation
+
+    async def _reserve_tokens(
+        self, prompt: int, max_tokens: int, context: RequestContext
+    ) -> Reservation | None:
         if self.ledger is None or self.price is None:
             return None
-        ledger, price = self.ledger, self.price
+        ledger, price, scope, tenant = self.ledger, self.price, context.scope, context.tenant
 
         def reserve() -> Reservation:
             return ledger.reserve(
@@ -417,8 +495,10 @@ class GuardedEngine:
                 prompt_tokens=prompt,
                 max_tokens=max_tokens,
                 scope=scope,
-                caps=self.caps_for(scope),
+                caps=self.caps_for(scope, tenant),
                 engine=self.name,
+                user=context.user,
+                tenant=None if tenant is None else tenant.name,
             )
 
         return await anyio.to_thread.run_sync(reserve)
@@ -445,7 +525,7 @@ class GuardedEngine:
                 log.info("privacy: %s found, kept from the %s engine", kinds(found), self.name)
                 raise PrivacyBlockedError(kinds(found), engine=self.name)
         with anyio.CancelScope(shield=True):
-            reservation = await self._reserve_tokens(prompt_tokens, max_tokens, context.scope)
+            reservation = await self._reserve_tokens(prompt_tokens, max_tokens, context)
         usage: TokenUsage | None = None
         sent = billed = False
         try:
@@ -504,7 +584,7 @@ class GuardedEngine:
             # shielded: a cancel while the ledger works must not lose a reservation it made
             # (the finally releases it: nothing was sent)
             with anyio.CancelScope(shield=True):
-                reservation = await self._reserve(request, context.scope)
+                reservation = await self._reserve(request, context)
             await anyio.lowlevel.checkpoint_if_cancelled()
             async with aclosing(self.inner.stream(request)) as chunks:
                 async for chunk in chunks:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hybridllm.events import EngineName
 
 if TYPE_CHECKING:
-    from hybridllm.policy import Policy
+    from hybridllm.policy import Policy, Tenant
 
 
 class Scorer(Protocol):
@@ -37,9 +37,16 @@ class BudgetVerdict:
 
 class BudgetGate(Protocol):
     def check(
-        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+        self,
+        policy: Policy,
+        prompt_tokens: int,
+        max_tokens: int,
+        engine: EngineName = "cloud",
+        user: str | None = None,
+        tenant: Tenant | None = None,
     ) -> BudgetVerdict:
-        """Could a cloud request of this size be paid for now on `engine` (worst case)?"""
+        """Could a cloud request of this size be paid for now on `engine` (worst case), for
+        the end user `user` billed to `tenant` (None: no user's or tenant's caps)?"""
         ...
 
 

@@ -14,7 +14,7 @@ from hybridllm.engines import validate
 from hybridllm.engines.base import EngineOptions, GenerationRequest, Message
 from hybridllm.engines.capabilities import ConstrainsOutput
 from hybridllm.events import EngineName, Priority
-from hybridllm.policy import PlanName, Policy
+from hybridllm.policy import PlanName, Policy, Tenant
 from hybridllm.tools import tool_spec
 
 __all__ = [
@@ -43,7 +43,11 @@ class RequestArgs(TypedDict, total=False):
     key for the conversation this request continues (a non-blank string of at most 256
     characters): the local engine keeps one saved KV state per key, replacing the last, and
     the cloud's prompt cache is keyed by its hash (None: the conversation is found by its
-    content). None leaves the policy's setting."""
+    content); `user`: the app's end user (a non-blank string of at most 256 characters, never
+    sent to an engine, hashed where a ledger keeps it): the policy's per-user budget caps hold
+    it (`[budget] per_user_day_usd`, `per_user_month_usd`); `tenant`: who the request is billed
+    as beside the app (`hybridllm.policy.Tenant`: a gateway key, its own caps; its users are
+    its own). None leaves the policy's setting."""
 
     engine: EngineName | None
     max_tokens: int | None
@@ -59,6 +63,8 @@ class RequestArgs(TypedDict, total=False):
     tool_choice: str | Mapping[str, Any] | None
     response_format: Mapping[str, Any] | None
     conversation: str | None
+    user: str | None
+    tenant: Tenant | None
 
 
 class StreamArgs(RequestArgs, total=False):
@@ -107,4 +113,6 @@ def build_request(
         priority=pol.priority if priority is None else priority,  # the queue's class
         tools=tool_spec(args.get("tools"), args.get("tool_choice"), args.get("response_format")),
         conversation=args.get("conversation"),
+        user=args.get("user"),
+        tenant=args.get("tenant"),
     )

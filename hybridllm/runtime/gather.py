@@ -53,7 +53,7 @@ from hybridllm.guard.budget import Cap, Period
 from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds, tool_texts
 from hybridllm.guard.privacy_ner import default_scanner, ner_wanted
-from hybridllm.policy import PlanName, Policy
+from hybridllm.policy import PlanName, Policy, Tenant
 from hybridllm.routing.decide import decide
 from hybridllm.routing.decision import (
     Atomic,
@@ -271,7 +271,9 @@ class Gatherer:
         if cloud_ok and self.budget is not None:
             # what the reservation will hold
             bound = prompt_token_bound(request.messages, request.tools)
-            verdict = self.budget.check(policy, bound, facts.max_tokens, engines["cloud"].name)
+            cloud = engines["cloud"].name
+            payer = (request.user, request.tenant)
+            verdict = self.budget.check(policy, bound, facts.max_tokens, cloud, *payer)
             fits, detail = verdict.fits, verdict.detail
         cloud_ok = cloud_ok and fits and not infos["cloud"].unavailable
         cloud_breaker = breakers.get("cloud")
@@ -483,7 +485,13 @@ def policy_caps(policy: Policy) -> tuple[Cap, ...]:
         ("day", b.per_day_usd),
         ("month", b.per_month_usd),
     )
-    return tuple(Cap(policy.name, period, usd) for period, usd in limits if usd is not None)
+    caps = [Cap(policy.name, period, usd) for period, usd in limits if usd is not None]
+    per_user: tuple[tuple[Period, float | None], ...] = (
+        ("day", b.per_user_day_usd),
+        ("month", b.per_user_month_usd),
+    )
+    caps += [Cap(policy.name, p, usd, per_user=True) for p, usd in per_user if usd is not None]
+    return tuple(caps)
 
 
 def ner_ready() -> bool:
@@ -510,10 +518,16 @@ class GuardBudget:
         self.guards = guards
 
     def check(
-        self, policy: Policy, prompt_tokens: int, max_tokens: int, engine: EngineName = "cloud"
+        self,
+        policy: Policy,
+        prompt_tokens: int,
+        max_tokens: int,
+        engine: EngineName = "cloud",
+        user: str | None = None,
+        tenant: Tenant | None = None,
     ) -> BudgetVerdict:
         guard = self.guards.get(engine) or next(iter(self.guards.values()))
-        fits, detail = guard.fits(policy.name, prompt_tokens, max_tokens)
+        fits, detail = guard.fits(policy.name, prompt_tokens, max_tokens, user, tenant)
         return BudgetVerdict(fits, detail)
 
 
@@ -546,7 +560,8 @@ def refusal_error(
         return errors.PrivacyBlockedError(tuple(sorted(found)), reasons=reasons)
     if decision.refusal == "budget" and guard is not None:
         bound = prompt_token_bound(request.messages, request.tools)
-        refusal = guard.refusal(policy.name, bound, request.max_tokens)
+        payer = (request.user, request.tenant)
+        refusal = guard.refusal(policy.name, bound, request.max_tokens, *payer)
         if refusal is not None:
             return refusal.with_reasons(reasons)
     return errors.RefusedError("request refused", reasons=reasons)

@@ -26,10 +26,13 @@ from hybridllm.guard.budget import (
     Spend,
     SQLiteLedger,
     TokenUsage,
+    tenant_caps,
+    user_tag,
 )
 from hybridllm.guard.budget_redis import RedisLedger
 from hybridllm.guard.ledgers import ledger_from_url
 from hybridllm.guard.prices import NANO
+from hybridllm.policy import Tenant
 
 # $1 per million input tokens, $2 per million output tokens: 1 token in = 1 micro-dollar
 PRICE = ModelPrice(input_per_million=1.0, output_per_million=2.0)
@@ -108,6 +111,8 @@ def reserve(
     out: int = 500,
     scope: str = "chat",
     engine: str | None = None,
+    user: str | None = None,
+    tenant: str | None = None,
 ) -> Reservation:
     return ledger.reserve(
         model="m",
@@ -117,6 +122,8 @@ def reserve(
         scope=scope,
         caps=caps,
         engine=engine,
+        user=user,
+        tenant=tenant,
     )
 
 
@@ -209,6 +216,86 @@ def test_caps_per_engine_hold_that_clouds_requests_and_the_ledger_keeps_its_spen
 def test_a_cap_is_per_policy_or_per_engine_not_both() -> None:
     with pytest.raises(ConfigError):
         Cap("chat", "day", 1.0, engine="smart")
+    with pytest.raises(ConfigError):  # a user's cap is a stock: per day or month
+        Cap(None, "request", 1.0, per_user=True)
+    with pytest.raises(ConfigError):
+        Cap(None, "day", 1.0, engine="smart", per_user=True)
+
+
+def test_per_user_caps_hold_each_user_over_every_policy_and_keep_ids_hashed(
+    make_ledger: MakeLedger,
+) -> None:
+    ledger = make_ledger()
+    caps = [Cap(None, "day", 0.012), Cap("chat", "day", 0.003, per_user=True)]
+    first = reserve(ledger, caps, user="alice@example.com")  # alice: 0.002 held
+    with pytest.raises(BudgetExceededError) as info:
+        reserve(ledger, caps, user="alice@example.com")  # alice would hold 0.004 > 0.003
+    err = info.value
+    assert err.per_user and err.limit_usd == 0.003 and err.reserved_usd == pytest.approx(0.002)
+    assert err.tenant is None
+    reserve(ledger, caps, user="bob")  # another user: books of his own
+    reserve(ledger, caps, scope="batch", user="alice@example.com")  # the chat cap: not here
+    reserve(ledger, caps)  # no user: no user's cap
+    # alice's spend counts over every policy: 0.004 now, past the chat cap's 0.003
+    assert ledger.spend("day", user="alice@example.com") == Spend(0.0, 0.004)
+    assert ledger.remaining(caps, "chat", user="alice@example.com") == 0.0
+    assert ledger.remaining(caps, "chat", user="bob") == pytest.approx(0.001)
+    alice_next = ledger.check(
+        price=PRICE,
+        prompt_tokens=1000,
+        max_tokens=500,
+        scope="chat",
+        caps=caps,
+        user="alice@example.com",
+    )
+    assert alice_next is not None and alice_next.per_user
+    ledger.settle(first, TokenUsage(800, 100))  # 0.001 billed: alice's totals move too
+    assert ledger.spend("day", user="alice@example.com") == Spend(0.001, 0.002)
+    assert ledger.spend("day") == Spend(0.001, 0.006)
+    tags = {str(e["user"]) for e in ledger.entries()}
+    assert len(tags) == 3 and "" in tags  # alice, bob, and no user
+    assert not any("alice" in t or "bob" in t for t in tags)  # hashed where stored
+    assert user_tag("alice@example.com") in tags
+
+
+def test_a_tenants_caps_hold_its_requests_and_its_users_are_its_own(
+    make_ledger: MakeLedger,
+) -> None:
+    ledger = make_ledger()
+    team_a = tenant_caps(Tenant("team-a", day_usd=0.005))
+    caps = [Cap(None, "day", 0.05), Cap(None, "day", 0.003, per_user=True), *team_a]
+    assert team_a == (Cap(None, "day", 0.005, tenant="team-a"),)
+    reserve(ledger, caps, user="u1", tenant="team-a")  # 0.002 for team-a's u1
+    reserve(ledger, caps, user="u1", tenant="team-b")  # team-b's u1: another user
+    with pytest.raises(BudgetExceededError) as info:  # team-a's u1 would hold 0.004 > 0.003
+        reserve(ledger, caps, user="u1", tenant="team-a")
+    assert info.value.per_user and info.value.tenant is None
+    reserve(ledger, caps, user="u2", tenant="team-a")  # team-a: 0.004 held
+    with pytest.raises(BudgetExceededError) as info:  # team-a would hold 0.006 > 0.005
+        reserve(ledger, caps, user="u3", tenant="team-a")
+    assert info.value.tenant == "team-a" and not info.value.per_user
+    assert info.value.limit_usd == 0.005 and info.value.reserved_usd == pytest.approx(0.004)
+    reserve(ledger, caps, user="u3", tenant="team-b")  # team-b has no cap of its own here
+    assert ledger.spend("day", tenant="team-a") == Spend(0.0, 0.004)
+    assert ledger.spend("day", tenant="team-b") == Spend(0.0, 0.004)
+    assert ledger.spend("day", user="u1", tenant="team-a") == Spend(0.0, 0.002)
+    assert ledger.spend("day", user="u1") == Spend(0.0, 0.0)  # no tenant: a third u1
+    assert ledger.remaining(caps, "chat", user="u9", tenant="team-a") == pytest.approx(0.001)
+    assert {e["tenant"] for e in ledger.entries()} == {"team-a", "team-b"}
+
+
+def test_a_tenant_cap_is_over_all_its_requests() -> None:
+    with pytest.raises(ConfigError):
+        Cap("chat", "day", 1.0, tenant="t")
+    with pytest.raises(ConfigError):
+        Cap(None, "day", 1.0, engine="smart", tenant="t")
+    with pytest.raises(ConfigError):
+        Cap(None, "day", 1.0, per_user=True, tenant="t")
+    for name in ("", "a b", "x" * 65, "-lead"):
+        with pytest.raises(InvalidArgumentError):
+            Tenant(name)
+    with pytest.raises(InvalidArgumentError):
+        Tenant("t", day_usd=-1.0)
 
 
 def test_utc_day_and_month_roll_over(make_ledger: MakeLedger) -> None:
@@ -340,12 +427,14 @@ def test_threads_sharing_one_ledger_never_overspend(make_ledger: MakeLedger) -> 
             st.integers(0, 20),
             st.sampled_from(["chat", "batch"]),
             st.sampled_from([None, "fast", "smart"]),
+            st.sampled_from([None, "alice", "bob"]),
+            st.sampled_from([None, "team-a", "team-b"]),
         ),
         max_size=40,
     )
 )
 def test_running_totals_always_match_the_entries(
-    make_ledger: MakeLedger, ops: list[tuple[str, int, str, str | None]]
+    make_ledger: MakeLedger, ops: list[tuple[str, int, str, str | None, str | None, str | None]]
 ) -> None:
     """Any sequence of reserve / settle / release / clock moves (expiry, day and month roll):
     the running totals a reservation reads (`spend`) equal sums recomputed from the entries.
@@ -354,11 +443,18 @@ def test_running_totals_always_match_the_entries(
     clock = Clock("2026-01-31T23:00:00")
     ledger = make_ledger(clock=clock, ttl_s=1800)
     open_: list[Reservation] = []
-    caps = [Cap(None, "day", 0.01), Cap(None, "day", 0.006, engine="smart")]
-    for op, n, scope, engine in ops:
+    caps = [
+        Cap(None, "day", 0.01),
+        Cap(None, "day", 0.006, engine="smart"),
+        Cap(None, "month", 0.004, per_user=True),
+        Cap(None, "day", 0.005, tenant="team-a"),
+    ]
+    for op, n, scope, engine, user, tenant in ops:
         if op == "reserve":
             try:
-                open_.append(reserve(ledger, caps, prompt=100 * n, scope=scope, engine=engine))
+                who = {"engine": engine, "user": user, "tenant": tenant}
+                r = reserve(ledger, caps, prompt=100 * n, scope=scope, **who)
+                open_.append(r)
             except BudgetExceededError:
                 pass
         elif op == "settle" and open_:
@@ -370,8 +466,15 @@ def test_running_totals_always_match_the_entries(
             ledger.expire()
     ledger.expire()
     entries = ledger.entries()
+    whos: list[tuple[str | None, ...]] = [(None, None, None, None), ("chat", None, None, None)]
+    whos += [(None, "smart", None, None), (None, "fast", None, None)]
+    whos += [
+        (None, None, "alice", None),
+        (None, None, "bob", "team-a"),
+        (None, None, None, "team-b"),
+    ]
     for period in ("day", "month"):
-        for scope, engine in ((None, None), ("chat", None), (None, "smart"), (None, "fast")):
+        for scope, engine, user, tenant in whos:
             for key in {str(e[period]) for e in entries}:
                 mine = [
                     e
@@ -379,13 +482,16 @@ def test_running_totals_always_match_the_entries(
                     if e[period] == key
                     and scope in (None, e["scope"])
                     and engine in (None, e["engine"])
+                    and (user is None or e["user"] == user_tag(user, tenant))
+                    and (user is not None or tenant in (None, e["tenant"]))
                 ]
                 spent = sum(int(e["cost_nano"]) for e in mine if e["state"] in SPENT)
                 held = sum(int(e["reserved_nano"]) for e in mine if e["state"] == "reserved")
                 over = sum(int(e["overrun_nano"]) for e in mine)
-                total = ledger.spend(period, scope, at=_inside(key), engine=engine)
+                at = _inside(key)
+                total = ledger.spend(period, scope, at, engine=engine, user=user, tenant=tenant)
                 want = Spend(spent / NANO, held / NANO, over / NANO)
-                assert total == want, (period, scope, engine, key)
+                assert total == want, (period, scope, engine, user, tenant, key)
 
 
 SPENT = ("settled", "expired")

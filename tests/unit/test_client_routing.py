@@ -9,9 +9,16 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from hybridllm import Cap, HybridClient, ModelPrice, Policy, Prices, Route
-from hybridllm.errors import BudgetExceededError, PrivacyBlockedError
+from hybridllm import Cap, HybridClient, ModelPrice, Policy, Prices, Route, Tenant
+from hybridllm.errors import (
+    BudgetExceededError,
+    InvalidArgumentError,
+    PolicyError,
+    PrivacyBlockedError,
+    RateLimitedError,
+)
 from hybridllm.events import EngineName
+from hybridllm.guard.budget import SQLiteLedger, TokenUsage
 from hybridllm.routing.inputs import Prediction
 from hybridllm.runtime.latency import LatencyModel
 from hybridllm.testing import ScriptedEngine
@@ -395,3 +402,64 @@ async def test_decide_takes_what_stream_takes() -> None:
     assert forced.decision.engines == ("cloud",) and forced.facts.max_tokens == 3
     decision, facts, state = forced  # it unpacks as the 3-tuple it was
     assert decision is forced.decision and state is forced.state and facts is forced.facts
+
+
+async def test_per_user_caps_send_one_user_local_and_say_each_users_quota() -> None:
+    """`[budget] per_user_day_usd`: alice, who spent most of her day, goes local (or is
+    refused, under on_exceeded = "fail"); bob and a request without a user go to the cloud;
+    `quota()` says what each has spent and has left."""
+    local, cloud = pair()
+    price = ModelPrice(input_per_million=1, output_per_million=2)
+    ledger = SQLiteLedger()
+    spent = ledger.reserve(
+        model="scripted", price=price, prompt_tokens=100, max_tokens=450, user="alice"
+    )
+    ledger.settle(spent, TokenUsage(100, 450))  # alice: $0.001 spent today
+    pol = Policy(name="b", routing={"prefer": "cloud"}, budget={"per_user_day_usd": 0.0012})
+    prices = Prices(models={"scripted": price})
+    async with HybridClient(
+        local=local, cloud=cloud, policy=pol, prices=prices, ledger=ledger
+    ) as client:
+        alice = await client.complete("q", user="alice", max_tokens=100)  # needs ~$0.0002
+        bob = await client.complete("q", user="bob", max_tokens=100)
+        nobody = await client.complete("q", max_tokens=100)
+        strict = pol.with_(budget={"on_exceeded": "fail"})
+        with pytest.raises(BudgetExceededError) as info:
+            await client.complete("q", user="alice", max_tokens=100, policy=strict)
+        assert info.value.per_user and info.value.limit_usd == 0.0012
+        quota_alice, quota_bob = client.quota("alice"), client.quota("bob")
+        assert client.quota("carol").day.spent_usd == 0.0
+        with pytest.raises(InvalidArgumentError):
+            client.quota("  ")
+        with pytest.raises(InvalidArgumentError):
+            await client.complete("q", user="")
+    assert alice.trace.engine == "local" and "budget_local" in alice.trace.reason_codes
+    assert bob.trace.engine == "cloud" and nobody.trace.engine == "cloud"
+    assert quota_alice.day.spent_usd == pytest.approx(0.001) and quota_alice.day.reserved_usd == 0
+    assert quota_alice.day.limit_usd == 0.0012 and quota_alice.month.limit_usd is None
+    assert quota_alice.day.left_usd == pytest.approx(0.0002) and not quota_alice.exhausted
+    assert 0 < quota_bob.day.spent_usd < 0.0002 and quota_bob.month.left_usd is None
+    assert all(e["user"] != "alice" for e in ledger.entries())  # kept hashed
+
+
+async def test_per_user_rpm_sends_a_user_past_it_local_and_tenants_keep_their_users_apart() -> None:
+    """`[limits] per_user_rpm = 2`: alice's third cloud request this minute goes local (a
+    `RateLimitedError` under on_exceeded = "fail"); bob, and alice of another tenant, are
+    counted apart. No price is needed: the count is kept in a ledger of its own."""
+    local, cloud = pair()
+    pol = Policy(name="r", routing={"prefer": "cloud"}, limits={"per_user_rpm": 2})
+    other = Tenant("team-b")
+    async with HybridClient(local=local, cloud=cloud, policy=pol) as client:
+        alice = [await client.complete("q", user="alice", max_tokens=4) for _ in range(3)]
+        bob = await client.complete("q", user="bob", max_tokens=4)
+        alice_b = await client.complete("q", user="alice", tenant=other, max_tokens=4)
+        nobody = await client.complete("q", max_tokens=4)
+        strict = pol.with_(budget={"on_exceeded": "fail"})
+        with pytest.raises(RateLimitedError) as info:
+            await client.complete("q", user="alice", max_tokens=4, policy=strict)
+    assert [a.trace.engine for a in alice] == ["cloud", "cloud", "local"]
+    assert "budget_local" in alice[2].trace.reason_codes
+    assert bob.trace.engine == alice_b.trace.engine == nobody.trace.engine == "cloud"
+    assert info.value.limit_rpm == 2 and 0 < info.value.retry_after_s <= 60
+    with pytest.raises(PolicyError):
+        Policy(name="bad", limits={"per_user_rpm": 0})

@@ -19,6 +19,7 @@ from hybridllm import HybridClient
 from hybridllm.errors import CloudConnectionError
 from hybridllm.gateway.app import Door, create_app
 from hybridllm.gateway.limits import GatewayLimits
+from hybridllm.gateway.tenants import Keyring
 from hybridllm.guard.budget import Cap, ModelPrice, Prices
 from hybridllm.testing import ScriptedCall, ScriptedEngine
 
@@ -232,7 +233,7 @@ async def test_the_door_answers_429_with_retry_after_past_the_concurrency_limit(
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    door = Door(slow, GatewayLimits(max_concurrency=2), api_key=None)
+    door = Door(slow, GatewayLimits(max_concurrency=2), Keyring(None))
     transport = httpx.ASGITransport(app=door)
     statuses: list[int] = []
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:

@@ -79,6 +79,7 @@ def test_what_the_request_sets_passes_through_and_nothing_else() -> None:
         "tools": tools,
         "tool_choice": "auto",
         "response_format": {"type": "text"},
+        "user": "u-1",  # the end user: the policy's per-user caps hold it
     }
     assert (c.stream, c.include_usage) == (True, True)
     # unset: the policy's own sampling (no temperature 1.0 from the body's defaults)
@@ -93,6 +94,11 @@ def test_what_the_request_sets_passes_through_and_nothing_else() -> None:
 def test_an_unsupported_parameter_is_a_400_naming_it(name: str, value: object) -> None:
     err = refused({"model": "chat", "messages": MSGS, name: value})
     assert (err.status, err.param, err.code) == (400, name, "unsupported_parameter")
+
+
+def test_a_user_that_is_not_a_string_is_a_400_on_user() -> None:
+    err = refused({"model": "chat", "messages": MSGS, "user": 7})
+    assert (err.status, err.param) == (400, "user")
 
 
 def test_prompt_cache_key_is_the_client_s_conversation() -> None:

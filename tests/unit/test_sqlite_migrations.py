@@ -165,8 +165,9 @@ def test_a_ledger_written_before_the_helper_opens_with_its_spend(tmp_path: Path)
         ledger.settle(r, TokenUsage(100, 50))
         assert len(ledger.entries()) == 3
         assert [e["engine"] for e in ledger.entries()] == ["", "", ""]  # old rows: not said
-    # 2: the overrun columns, 3: the engine column, added
-    assert schema_version(sqlite3.connect(path)) == 3
+        assert [e["user"] for e in ledger.entries()] == ["", "", ""]  # nor their users
+    # 2: the overrun columns, 3: the engine column, 4: the user column, added
+    assert schema_version(sqlite3.connect(path)) == 4
 
 
 def test_a_decision_log_written_before_the_helper_is_adopted(tmp_path: Path) -> None:
