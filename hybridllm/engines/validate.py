@@ -124,27 +124,27 @@ def text(argument: str, value: object, *, blank_ok: bool = False) -> str:
 
 
 CONVERSATION_CHARS = 256
+USER_CHARS = 256
+
+
+def short_id(argument: str, value: object, limit: int) -> str:
+    """An app's id for something (a conversation, an end user): a non-blank string of at most
+    `limit` characters."""
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise InvalidArgumentError(
+            argument, value, f"a non-blank string of at most {limit} characters"
+        )
+    return value
 
 
 def conversation(value: object) -> str:
     """An app's conversation key: a non-blank string of at most `CONVERSATION_CHARS`."""
-    if not isinstance(value, str) or not value.strip() or len(value) > CONVERSATION_CHARS:
-        raise InvalidArgumentError(
-            "conversation", value, f"a non-blank string of at most {CONVERSATION_CHARS} characters"
-        )
-    return value
-
-
-USER_CHARS = 256
+    return short_id("conversation", value, CONVERSATION_CHARS)
 
 
 def user(value: object) -> str:
     """An end user's id (`stream(user=)`): a non-blank string of at most `USER_CHARS`."""
-    if not isinstance(value, str) or not value.strip() or len(value) > USER_CHARS:
-        raise InvalidArgumentError(
-            "user", value, f"a non-blank string of at most {USER_CHARS} characters"
-        )
-    return value
+    return short_id("user", value, USER_CHARS)
 
 
 def one_of(argument: str, value: object, choices: Sequence[T]) -> T:
