@@ -437,6 +437,7 @@ class HybridClient:
             cloud_unavailable=dict(decision.unavailable).get("cloud"),  # CloudUnavailable says so
             deadline_ms=pol.routing.ttft_deadline_ms,
             retry=RetryPolicy(pol.routing.retries, due),
+            json_answer=route.facts.atomic == "json",
         )
         privacy: PrivacyMode = "off" if pol.privacy.mode == "off" else "keep-local"
         context = RequestContext(

@@ -18,7 +18,9 @@ Event                 what the app sees through `Stream.events()`
 ├── Paused            the serving engine paused this answer for a more urgent request
 │                     (preemption); it goes on where it stopped, nothing repeated
 ├── Draft             provisional local text of the speculative plan (only with show_drafts)
-├── Retract           the cloud rejected the end of the provisional text (only with show_drafts)
+├── PartialJSON       a JSON answer's object so far, while it streams (provisional)
+├── Retract           provisional text taken back: the end of the drafts the cloud rejected
+│                     (show_drafts), or the partial JSON of an answer that failed its check
 ├── Usage             token counts as reported (or counted) by the engines, summed over
 │                     every attempt, per engine (`EngineUsage`)
 └── Done              the request finished; carries the final trace
@@ -28,7 +30,8 @@ Engine chunks are lower level: `Delta` (text), `Called` (a complete tool call: a
 assembles a call before it hands it on, so a call is never split; the runtime checks it),
 `Mark` (a timestamped phase such as "queued" or "first_byte"; `RequestSent`, the typed mark
 "request_sent", says the request left for a billed endpoint, with the output-token bound it
-carries (`TokenLimit`); `Resumed`, the typed mark "resumed", says a preempted answer goes on),
+carries (`TokenLimit`); `Resumed`, the typed mark "resumed", says a preempted answer goes on;
+`Partial`, the typed mark "partial_json", a held JSON answer parsed so far),
 `Finish` (reason and usage).
 """
 
@@ -198,13 +201,28 @@ class Draft(Event):
 
 @dataclass(frozen=True, slots=True)
 class Retract(Event):
-    """The cloud rejected the last `n_chars` characters of the provisional text (`text`)."""
+    """Provisional text taken back (`text`): the last `n_chars` characters of the speculative
+    plan's drafts the cloud rejected, or the raw text of the `PartialJSON` snapshots of an
+    answer that failed its check (another engine answers instead)."""
 
     text: str
 
     @property
     def n_chars(self) -> int:
         return len(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class PartialJSON(Event):
+    """A JSON answer's object so far, while it streams (`response_format` json_object or
+    json_schema): `value` is parsed from the text that has come (its last string cut where the
+    text is; a value not begun yet left out), a new one each time it grows. Not committed: the
+    answer itself still arrives whole, checked, as one `Token` (and `Done.parsed`). Where that
+    check fails and another engine answers instead, a `Retract` (its `text`: the raw text the
+    snapshots came from) takes them back before the other engine's snapshots."""
+
+    value: Any
+    engine: EngineName
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +253,13 @@ class Usage(Event):
 
 @dataclass(frozen=True, slots=True)
 class Done(Event):
+    """The end of the answer: why it finished, its trace, and for a JSON answer
+    (`response_format` json_object / json_schema, no tool call) the validated object
+    (`parsed`; None otherwise)."""
+
     finish_reason: str
     trace: Trace = field(repr=False)
+    parsed: Any = None
 
 
 # ---- engine chunks ---------------------------------------------------------------------------
@@ -326,6 +349,21 @@ class Resumed(Mark):
         object.__setattr__(self, "prefill_tokens", prefill_tokens)
 
 
+@dataclass(frozen=True, slots=True, init=False)
+class Partial(Mark):
+    """The mark "partial_json": a held JSON answer's text so far (`text`) parsed into `value`
+    (`runtime.checked`); the stream turns it into a `PartialJSON` event."""
+
+    value: Any
+    text: str
+
+    def __init__(self, t: float, *, value: Any, text: str) -> None:
+        object.__setattr__(self, "name", "partial_json")
+        object.__setattr__(self, "t", t)
+        object.__setattr__(self, "value", value)
+        object.__setattr__(self, "text", text)
+
+
 @dataclass(frozen=True, slots=True)
 class Finish:
     reason: str
@@ -340,5 +378,7 @@ Chunk = Delta | Called | Mark | Finish
 
 
 def is_content(chunk: Chunk) -> bool:
-    """Whether `chunk` is part of the answer: text, or a tool call."""
-    return isinstance(chunk, Called) or isinstance(chunk, Delta) and bool(chunk.text)
+    """Whether `chunk` is part of the answer: text, a tool call, or a JSON answer's partial
+    snapshot (the answer has begun, though it is delivered whole: a race is won by it, as by
+    a first token)."""
+    return isinstance(chunk, Called | Partial) or isinstance(chunk, Delta) and bool(chunk.text)

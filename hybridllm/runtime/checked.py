@@ -7,6 +7,9 @@ delivered.
   request lets the answer call, with arguments that parse and match its schema.
 - With a JSON response format, the answer's text is held until the engine finishes, checked
   whole (`check_answer`) and handed on as one piece: a JSON answer is atomic, like a call.
+  While it is held, each time the text so far parses into a new object (a partial parse: the
+  last string cut where the text is) a `Partial` mark carries it on (the app's `PartialJSON`
+  events: provisional, taken back by the stream if the answer then fails its check).
 - A first call whose engine's own confidence is below the spec's `min_call_confidence` (the
   policy's `[tools]` bound, set by the plan only where the cloud can answer instead) is not
   delivered either (`UnsureCallError`), nor one to a tool whose name the request hardly states
@@ -38,9 +41,11 @@ import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
+import pydantic_core
+
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.errors import InvalidOutputError, UnfitCallError, UnsureCallError
-from hybridllm.events import Called, Chunk, Delta, Finish
+from hybridllm.events import Called, Chunk, Delta, Finish, Partial
 from hybridllm.tools import ToolSpec, check_answer, check_call, written_call
 from hybridllm.tools.fit import question_of, tool_fit
 
@@ -67,6 +72,8 @@ async def checked(
                 yield chunk
             return
         hold = spec.response_format is not None or spec.must_call
+        snapshots = spec.response_format is not None and not spec.may_call
+        last: object = _NOTHING  # the last snapshot of a JSON answer handed on
         held: list[Delta] = []  # a JSON answer's text until it is whole; text before a call
         # an answer that may call: its first text is held while it could be call markup
         sniff = spec.may_call and not hold
@@ -86,6 +93,12 @@ async def checked(
                 yield chunk
             elif isinstance(chunk, Delta) and hold:
                 held.append(chunk)
+                if snapshots and chunk.text:
+                    text = "".join(d.text for d in held)
+                    value = snapshot(text)
+                    if value is not None and value != last:
+                        last = value
+                        yield Partial(chunk.t, value=value, text=text)
             elif isinstance(chunk, Delta) and sniff:
                 held.append(chunk)
                 sniff = _markup(held, engine)
@@ -99,6 +112,27 @@ async def checked(
                 yield chunk
             else:
                 yield chunk
+
+
+_NOTHING = object()
+
+
+def snapshot(text: str) -> object | None:
+    """The JSON object (or array) `text` holds so far, parsed partially (its last string cut
+    where the text is, a value not begun left out; a code fence's opening line skipped); None
+    where it does not parse as the start of one."""
+    body = text.lstrip()
+    if body.startswith("```"):
+        _, newline, body = body.partition("\n")
+        if not newline:
+            return None
+    if not body.startswith(("{", "[")):
+        return None
+    try:
+        value = pydantic_core.from_json(body, allow_partial="trailing-strings")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict | list) else None
 
 
 def _tool_result(request: GenerationRequest) -> str | None:

@@ -17,6 +17,7 @@ producer holds no reference to the Stream, so CPython drops it at once).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -47,9 +48,12 @@ from hybridllm.events import (
     Hedge,
     Mark,
     ParallelStart,
+    Partial,
+    PartialJSON,
     Paused,
     RequestSent,
     Resumed,
+    Retract,
     Route,
     Token,
     ToolCall,
@@ -118,6 +122,10 @@ class RequestRun:
         self._delivered: list[str] = []
         self._authors: set[EngineName] = set()  # the engines whose text was delivered
         self.calls: list[ToolCall] = []  # the tool calls delivered
+        # a JSON answer is wanted (`Done.parsed`); the engine and raw text of the partial JSON
+        # snapshots shown and not yet committed (a `Retract` takes them back)
+        self._json_answer = False
+        self._partial: tuple[EngineName, str] | None = None
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
@@ -127,11 +135,14 @@ class RequestRun:
         cloud_unavailable: str | None,
         deadline_ms: float | None,
         retry: RetryPolicy,
+        json_answer: bool = False,
     ) -> None:
-        """What admission decided, set before the plan runs (the arguments of `__init__`)."""
+        """What admission decided, set before the plan runs (the arguments of `__init__`;
+        `json_answer`: the answer must be JSON, its object parsed into `Done.parsed`)."""
         self._cloud_unavailable = cloud_unavailable
         self._deadline_ms = deadline_ms
         self.retry = retry
+        self._json_answer = json_answer
 
     async def run(self, plan: Callable[[RequestRun], Awaitable[None]]) -> None:
         try:
@@ -259,6 +270,13 @@ class RequestRun:
 
     def deliver(self, engine: EngineName, chunk: Delta | Called | Mark) -> None:
         """Hand one chunk of the serving engine to the trace and the app."""
+        if self._partial is not None:
+            self._settle_partial(engine, chunk)
+        if isinstance(chunk, Partial):
+            self.rec.mark(chunk.name, chunk.t)  # the first one: when the answer showed
+            self._partial = (engine, chunk.text)
+            self.emit(PartialJSON(chunk.t, chunk.value, engine))
+            return
         if isinstance(chunk, Resumed):
             pause = Pause(
                 chunk.paused_at,
@@ -302,6 +320,19 @@ class RequestRun:
             self._authors.add(engine)
             self.emit(Token(chunk.t, chunk.text, engine))
 
+    def _settle_partial(self, engine: EngineName, chunk: Delta | Called | Mark) -> None:
+        """Partial JSON snapshots were shown: the answer's text commits them; another engine's
+        chunk, or a new attempt's snapshot that does not extend them, takes them back."""
+        assert self._partial is not None
+        shown_by, shown = self._partial
+        if isinstance(chunk, Delta) and chunk.text and shown_by == engine:
+            self._partial = None  # the whole answer, checked: what the snapshots showed
+        elif shown_by != engine or (
+            isinstance(chunk, Partial) and not chunk.text.startswith(shown)
+        ):
+            self._partial = None
+            self.emit(Retract(clock.now(), shown))
+
     def _check_deadline(self, engine: EngineName, t: float) -> None:
         """The first token (at `t`) came: say so if it missed the first-token deadline."""
         if self._deadline_ms is None:
@@ -333,7 +364,10 @@ class RequestRun:
         now = clock.now()
         usage = Usage(now, engine, prompt_tokens or 0, completion, estimated, by_engine)
         self.emit(usage)
-        self.emit(Done(now, finish.reason, self.rec.freeze()))
+        parsed = None
+        if self._json_answer and not self.calls and self._delivered:
+            parsed = json.loads(self.delivered_text)  # checked whole (`runtime.checked`)
+        self.emit(Done(now, finish.reason, self.rec.freeze(), parsed))
 
     async def relay(
         self, engine: Engine, request: GenerationRequest, handle: Callable[[Chunk], None]

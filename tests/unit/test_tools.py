@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hybridllm import Fallback, HybridClient, Policy, Token, ToolCall
+from hybridllm import Done, Fallback, HybridClient, PartialJSON, Policy, Retract, Token, ToolCall
 from hybridllm.errors import (
     AllEnginesFailedError,
     InvalidArgumentError,
@@ -19,6 +19,7 @@ from hybridllm.errors import (
 )
 from hybridllm.routing.decide import decide
 from hybridllm.routing.decision import LiveState, RequestFacts
+from hybridllm.runtime.checked import snapshot
 from hybridllm.testing import ScriptedCall, ScriptedEngine
 from hybridllm.tools import check_answer, check_call, tool_spec
 
@@ -236,6 +237,66 @@ async def test_an_invalid_json_answer_escalates_before_any_text_is_shown() -> No
         async with client.stream("who?", response_format=PERSON) as s:
             tokens = [e async for e in s.events() if isinstance(e, Token)]
     assert [(t.engine, json.loads(t.text)["age"]) for t in tokens] == [("cloud", 36)]
+
+
+async def test_a_json_answer_streams_partial_snapshots_and_done_carries_the_object() -> None:
+    """Each piece that grows the object is a `PartialJSON` as it comes (the last string cut
+    where the text is); the answer itself is still one checked `Token` at the end, and `Done`
+    carries the object."""
+    script = [0.05, '{"name": ', 0.01, '"Ad', 0.01, 'a", ', 0.01, '"age": 36}']
+    local = ScriptedEngine("local", script=script)
+    async with HybridClient(local=local, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("who?", response_format=PERSON) as s:
+            events = [e async for e in s.events()]
+    partials = [e for e in events if isinstance(e, PartialJSON)]
+    assert [p.value for p in partials] == [
+        {},
+        {"name": "Ad"},
+        {"name": "Ada"},
+        {"name": "Ada", "age": 36},
+    ]
+    assert [round(p.t - s.trace.t_start, 3) for p in partials] == [0.05, 0.06, 0.07, 0.08]
+    assert {p.engine for p in partials} == {"local"}
+    assert s.trace.marks["partial_json"] - s.trace.t_start == pytest.approx(0.05)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert [t.text for t in tokens] == ['{"name": "Ada", "age": 36}']
+    assert events.index(tokens[0]) > events.index(partials[-1])
+    done = events[-1]
+    assert isinstance(done, Done) and done.parsed == {"name": "Ada", "age": 36}
+    assert not any(isinstance(e, Retract) for e in events)
+
+
+async def test_snapshots_of_an_answer_that_fails_its_check_are_retracted_before_the_next() -> None:
+    """The local answer lacks the required "age": its snapshots were shown, so a `Retract`
+    with their text takes them back before the cloud's snapshots and answer."""
+    local = ScriptedEngine("local", script=[0.05, '{"name": ', 0.01, '"Ada"}'])
+    cloud = ScriptedEngine("cloud", script=[0.3, '{"name": "Bo", ', 0.01, '"age": 7}'])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("who?", response_format=PERSON) as s:
+            events = [e for e in [e async for e in s.events()] if isinstance(e, SHOWN)]
+    kinds = [(type(e).__name__, getattr(e, "engine", None)) for e in events]
+    assert kinds == [
+        ("PartialJSON", "local"),
+        ("PartialJSON", "local"),
+        ("Retract", None),
+        ("PartialJSON", "cloud"),
+        ("PartialJSON", "cloud"),
+        ("Token", "cloud"),
+    ]
+    retract = events[2]
+    assert isinstance(retract, Retract) and retract.text == '{"name": "Ada"}'
+    assert [e.value for e in events if isinstance(e, PartialJSON)][-1] == {"name": "Bo", "age": 7}
+
+
+SHOWN = (PartialJSON, Retract, Token)
+
+
+def test_snapshot_reads_the_start_of_an_object_only() -> None:
+    assert snapshot('```json\n{"a": [1, 2') == {"a": [1, 2]}
+    assert snapshot('{"a": "he') == {"a": "he"}
+    assert snapshot("Sure, here it is") is None
+    assert snapshot('"just a string"') is None
+    assert snapshot("```") is None
 
 
 async def test_a_tool_call_counts_as_the_first_token_for_the_deadline() -> None:

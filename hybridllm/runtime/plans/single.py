@@ -17,7 +17,7 @@ import anyio
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest
 from hybridllm.errors import StallError
-from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Resumed
+from hybridllm.events import Chunk, Delta, EngineName, Finish, Mark, Partial, Resumed
 from hybridllm.runtime.stream import RequestRun
 
 
@@ -52,7 +52,7 @@ async def relay_watched(
 
     def watched(chunk: Chunk) -> None:
         nonlocal last
-        if isinstance(chunk, Delta | Resumed) or (
+        if isinstance(chunk, Delta | Resumed | Partial) or (
             isinstance(chunk, Mark) and chunk.name == "seam_held"  # a token held at a seam
         ):
             last = clock.now()

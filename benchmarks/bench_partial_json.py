@@ -1,0 +1,135 @@
+"""The first `PartialJSON` of a JSON answer against the same prompt's plain-text TTFT (issue 45
+item 2): how soon an app can show a JSON answer's object as it streams.
+
+    python benchmarks/bench_partial_json.py [--model NAME] [--rounds N] [--max-tokens N]
+                                            [--json PATH]
+
+Through `HybridClient` with the local engine alone (greedy), interleaved in one run, each
+request with its own first words (so no arm reuses another's prompt from the KV cache):
+- plain: the prompt as text; its TTFT (the first `Token`);
+- json_schema: the same prompt with a `json_schema` response format (the local grammar); the
+  time to its first `PartialJSON`, to its last, and to the whole checked answer (the `Token`).
+Medians and p90 over the rounds, and the first snapshot's lag behind plain TTFT (target: at most
+50 ms). The answer's parsed object is checked against the schema by the client (the run fails
+on an invalid one). No timed assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._report import cpu_model, report  # noqa: E402
+from hybridllm import HybridClient, LlamaCppEngine, PartialJSON, Policy, Token  # noqa: E402
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "employees": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "age": {"type": "integer"},
+                    "role": {"type": "string", "enum": ["baker", "cashier", "manager"]},
+                },
+                "required": ["name", "age", "role"],
+            },
+        }
+    },
+    "required": ["employees"],
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "staff", "schema": SCHEMA}}
+WORDS = ["two", "three", "two", "three"]  # short enough to finish within --max-tokens
+
+
+def prompt(i: int) -> str:
+    n = WORDS[i % len(WORDS)]
+    return f"Round {i}: describe {n} employees of a small bakery as JSON: name, age and role."
+
+
+async def one(
+    client: HybridClient, text: str, json_answer: bool, max_tokens: int
+) -> dict[str, Any]:
+    args: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
+    if json_answer:
+        args["response_format"] = FORMAT
+    partials: list[float] = []
+    first_token: float | None = None
+    async with client.stream(text, **args) as s:
+        async for event in s.events():
+            at = (event.t - s.trace.t_start) * 1e3
+            if isinstance(event, PartialJSON):
+                partials.append(at)
+            elif isinstance(event, Token) and first_token is None:
+                first_token = at
+    return {"partials": partials, "token_ms": first_token, "finish": s.trace.finish_reason}
+
+
+async def run(model: str, rounds: int, max_tokens: int) -> dict[str, Any]:
+    policy = Policy(name="bench", routing={"prefer": "local", "allow_cloud": False})
+    rows: list[dict[str, Any]] = []
+    async with HybridClient(local=LlamaCppEngine(model), policy=policy, router=None) as client:
+        await one(client, prompt(999), False, 8)  # warm-up: the model loaded, not counted
+        await one(client, prompt(998), True, max_tokens)
+        for i in range(rounds):
+            # each arm its own first words, so neither reuses the other's prompt in the cache
+            plain = await one(client, f"Ask {i}A. {prompt(i)}", False, max_tokens)
+            shaped = await one(client, f"Ask {i}B. {prompt(i)}", True, max_tokens)
+            rows.append({"plain": plain, "json": shaped})
+    return {"cpu": cpu_model(), "model": model, "rounds": rows, "max_tokens": max_tokens}
+
+
+def _q(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def render(res: dict[str, Any]) -> str:
+    rows = res["rounds"]
+    plain = [r["plain"]["token_ms"] for r in rows]
+    first = [r["json"]["partials"][0] for r in rows if r["json"]["partials"]]
+    last = [r["json"]["partials"][-1] for r in rows if r["json"]["partials"]]
+    whole = [r["json"]["token_ms"] for r in rows]
+    lag = [r["json"]["partials"][0] - r["plain"]["token_ms"] for r in rows if r["json"]["partials"]]
+    counts = [len(r["json"]["partials"]) for r in rows]
+    lines = [
+        f"CPU: {res['cpu']}; model {res['model']}; {len(rows)} rounds, max_tokens "
+        f"{res['max_tokens']}, greedy, local engine alone, interleaved",
+        "| measure | p50 ms | p90 ms |",
+        "|---|---|---|",
+    ]
+    for name, values in (
+        ("plain text: first Token (TTFT)", plain),
+        ("JSON: first PartialJSON", first),
+        ("JSON: first PartialJSON - plain TTFT (same round)", lag),
+        ("JSON: last PartialJSON", last),
+        ("JSON: the whole answer (its one Token)", whole),
+    ):
+        p50, p90 = _q(values)
+        lines.append(f"| {name} | {p50:.1f} | {p90:.1f} |")
+    lines.append(f"snapshots per answer: median {statistics.median(counts):.0f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = anyio.run(run, args.model, args.rounds, args.max_tokens)
+    report(res, render, args.json)
+
+
+if __name__ == "__main__":
+    main()
