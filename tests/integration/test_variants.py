@@ -103,6 +103,7 @@ def test_cli_pull_makes_the_variant(cache: Path, capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out.strip() == out
     assert cli.main(["models", "list"]) == 0
     listed = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert [VARIANT, "test", "92", "MB", "made", "here", out] in listed
+    row = [VARIANT, "test", "92", "MB", "yes", "made", "here", "from", SMOL, out]
+    assert row in listed  # NAME ROLE SIZE PRESENT SOURCE PATH
     assert cli.main(["models", "pull", f"{SMOL}:q9"]) == 2
     assert "unknown quantization" in capsys.readouterr().err
