@@ -15,6 +15,7 @@ import pytest
 
 from hybridllm.cli.main import main
 from hybridllm.client import HybridClient
+from hybridllm.policy import Policy
 from hybridllm.routing.logs import decision_log_from_url
 from hybridllm.testing import ScriptedEngine
 
@@ -29,7 +30,12 @@ async def _serve(url: str, tag: str, feedback_on: list[str]) -> list[str]:
     local = ScriptedEngine("local", tokens=["lo", "cal"], ttft_s=0.002, tpot_s=0.001)
     cloud = ScriptedEngine("cloud", tokens=["clo", "ud"], ttft_s=0.002, tpot_s=0.001)
     ids = []
-    async with HybridClient(local=local, cloud=cloud, router=None, decision_log=url) as client:
+    # the patterns alone: a cloud request under keep-local would wait for the NER pipelines
+    # to load in each fresh process (about 5 s here), which this test of the log does not need
+    policy = Policy(privacy={"ner": False})
+    async with HybridClient(
+        local=local, cloud=cloud, router=None, decision_log=url, policy=policy
+    ) as client:
         for i in range(EACH):
             engine = "cloud" if i % 2 else "local"
             done = await client.complete(f"{tag} question {i}", engine=engine)
