@@ -5,9 +5,10 @@ unknown schema keyword is logged at WARNING, or refused under `strict: true`; a 
 arguments are not an object is refused whatever the schema's "type"; `response_format` "text"
 and `tool_choice` "none" are sent as given; `n` other than 1 is refused.
 
-The local engine here is a real `LlamaCppEngine` that is never loaded (the check converts the
-schema with llama.cpp's own converter and needs no model); the cloud is a scripted engine (it
-records what it was sent) or, for the wire, a loopback endpoint in OpenAI's streaming shapes."""
+The local engine here is a real `LlamaCppEngine` whose model is never loaded (its start is a
+no-op: the check converts the schema with llama.cpp's own converter and needs no model); the
+cloud is a scripted engine (it records what it was sent) or, for the wire, a loopback endpoint
+in OpenAI's streaming shapes."""
 
 from __future__ import annotations
 
@@ -38,8 +39,16 @@ CLOUD_FIRST = Policy(name="q", routing={"prefer": "cloud", "ttft_deadline_ms": 5
 ASK = [{"role": "user", "content": "Give me a thing."}]
 
 
+class _Unloaded(LlamaCppEngine):
+    """The real engine's schema check (`check_constraints`, llama.cpp's own converter, which
+    needs no model), its model never loaded: these requests never run on it."""
+
+    async def start(self) -> None:
+        return None
+
+
 def local() -> LlamaCppEngine:
-    return LlamaCppEngine("qwen2.5-coder-0.5b-instruct", warm_up=False)  # never loaded here
+    return _Unloaded("qwen2.5-coder-0.5b-instruct", warm_up=False)
 
 
 def tool(parameters: dict[str, Any], *, strict: bool | None = None) -> dict[str, Any]:
