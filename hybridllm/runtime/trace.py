@@ -222,9 +222,7 @@ class Trace:
         for engine in delivered:
             sums.setdefault(engine, [0, 0])
         return [
-            EngineUsage(
-                e, p, max(c, delivered.get(e, 0)), delivered.get(e, 0), estimated.get(e, False)
-            )
+            _engine_usage(e, p, c, delivered.get(e, 0), estimated.get(e, False))
             for e, (p, c) in sums.items()
         ]
 
@@ -420,3 +418,13 @@ def _by_t(item: tuple[str, float]) -> float:
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
+
+
+def _engine_usage(
+    engine: EngineName, prompt: int, completion: int, delivered: int, estimated: bool
+) -> EngineUsage:
+    """One engine's usage: its report where it reported (the delivered count is of text
+    chunks, which may outnumber tokens: a held-back tail flushed at the end), else the count,
+    at least the chunks delivered."""
+    counted = completion if not estimated else max(completion, delivered)
+    return EngineUsage(engine, prompt, counted, delivered, estimated)

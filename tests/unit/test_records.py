@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from hybridllm import HybridClient, Policy
+from hybridllm.engines.base import GenerationRequest
 from hybridllm.errors import (
     CloudConnectionError,
     ContextOverflowError,
@@ -30,7 +31,7 @@ from hybridllm.errors import (
     PolicyError,
     PrivacyBlockedError,
 )
-from hybridllm.events import Done, Event, Fallback, ParallelStart, Token, Usage
+from hybridllm.events import Chunk, Done, Event, Fallback, Finish, ParallelStart, Token, Usage
 from hybridllm.gateway.app import create_app
 from hybridllm.gateway.limits import GatewayLimits
 from hybridllm.policy import load_policy_file, plan_names
@@ -396,3 +397,25 @@ async def test_a_parallel_start_is_a_fallback_record_and_its_event() -> None:
     assert [(e.to_engine, e.cause) for e in starts] == [("cloud", "parallel")]
     assert s.trace.parallel_engine == "cloud" and s.trace.parallel_start == starts[0].reason
     assert [f.cause for f in s.trace.fallbacks] == ["parallel"]
+
+
+class _FlushedTail(ScriptedEngine):
+    """Reports one token fewer than the text chunks it sends: the local engine's case of a
+    held-back tail (a possible stop string) flushed as a chunk of its own at the end."""
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Chunk, None]:
+        async for chunk in super().stream(request):
+            if isinstance(chunk, Finish) and chunk.completion_tokens:
+                chunk = dataclasses.replace(chunk, completion_tokens=chunk.completion_tokens - 1)
+            yield chunk
+
+
+async def test_a_reported_count_is_the_usage_even_where_more_chunks_were_delivered() -> None:
+    """The engine reported 2 tokens for 3 chunks: the usage is its report (what it bills and
+    what `max_tokens` bounds), the delivered count stays the chunks."""
+    local = _FlushedTail("local", tokens=["a", "b", "c"])
+    async with HybridClient(local=local, router=None) as client:
+        done = await client.complete("q", max_tokens=2)
+    (usage,) = done.trace.usage_by_engine()
+    assert (usage.completion_tokens, usage.delivered_tokens, usage.estimated) == (2, 3, False)
+    assert done.trace.completion_tokens == 2 and done.trace.n_tokens == 3
