@@ -4,6 +4,7 @@ come, or one ``chat.completion`` at the end (the shapes are `gateway.shapes`')."
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,6 @@ __all__ = ["Whole", "api_error", "sse", "whole"]
 # each refusal's HTTP answer (status, code, type), the first class that matches wins
 _ANSWERS: tuple[tuple[type[errors.HybridError], int, str, str], ...] = (
     (errors.PrivacyBlockedError, 403, "privacy_blocked", "permission_error"),
-    (errors.RateLimitedError, 429, "rate_limit_exceeded", "rate_limit_error"),
     (errors.BudgetExceededError, 402, "budget_exceeded", "insufficient_quota"),
     (errors.RefusedError, 403, "refused", "permission_error"),
     (errors.QueueFullError, 503, "engine_busy", "server_error"),
@@ -29,10 +29,16 @@ _ANSWERS: tuple[tuple[type[errors.HybridError], int, str, str], ...] = (
 
 def api_error(exc: errors.HybridError) -> ApiError:
     """A hybridllm error as the HTTP error the gateway answers (docs/gateway.md's table):
-    a privacy refusal 403, a budget refusal 402 (``insufficient_quota``), a bad argument 400
-    naming it, a busy local queue 503, an engine failure 502."""
+    a privacy refusal 403, a budget refusal 402 (``insufficient_quota``), a user's rate limit
+    429 with Retry-After, a bad argument 400 naming it, a busy local queue 503, an engine
+    failure 502."""
     if isinstance(exc, errors.ContextOverflowError):
         return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, errors.RateLimitedError):  # when the user's minute ends
+        wait = {"retry-after": str(max(1, math.ceil(exc.retry_after_s)))}
+        return ApiError(
+            429, str(exc), code="rate_limit_exceeded", type="rate_limit_error", headers=wait
+        )
     for kind, status, code, type_ in _ANSWERS:
         if isinstance(exc, kind):
             return ApiError(status, str(exc), code=code, type=type_)

@@ -15,7 +15,8 @@ MAX_TOP = 1024  # prompt_logprobs / logprobs: never more (the server's --max-log
 
 
 class ApiError(Exception):
-    """An error answered as an OpenAI-style JSON body with `status`."""
+    """An error answered as an OpenAI-style JSON body with `status` (and `headers`, such as a
+    429's Retry-After)."""
 
     def __init__(
         self,
@@ -25,8 +26,10 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status, self.message, self.param, self.code, self.type = (
             status,
             message,

@@ -29,6 +29,9 @@ from hybridllm.testing import ScriptedEngine
 pytestmark = [pytest.mark.anyio, pytest.mark.virtual_clock]  # tests/unit/conftest.py
 
 POLICIES = {
+    "gw-rpm": (
+        '[routing]\nprefer = "cloud"\n[limits]\nper_user_rpm = 1\n[budget]\non_exceeded = "fail"\n'
+    ),
     "gw-cloud": '[routing]\nprefer = "cloud"\n',
     "gw-local": '[routing]\nprefer = "local"\nallow_cloud = false\nfallback_order = ["local"]\n',
 }
@@ -204,6 +207,30 @@ async def test_a_key_past_its_rpm_gets_429_with_retry_after(
     assert statuses == [200, 200, 429] and b.status_code == 200 and later.status_code == 200
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(r.headers["retry-after"]) <= 60
+
+
+async def test_a_users_rpm_under_fail_is_a_429_with_retry_after(
+    policy_dir: Path, ledger: Ledger
+) -> None:
+    """`[limits] per_user_rpm = 1` and `on_exceeded = "fail"`: the user's second cloud request
+    this minute is refused with OpenAI's rate-limit shape and when to retry; another user is
+    not held by it."""
+    async for http, cloud in gateway(policy_dir, ledger):
+        first = await http.post(
+            "/v1/chat/completions", json=body("gw-rpm", user="u1"), headers=bearer(ADMIN)
+        )
+        second = await http.post(
+            "/v1/chat/completions", json=body("gw-rpm", user="u1"), headers=bearer(ADMIN)
+        )
+        other = await http.post(
+            "/v1/chat/completions", json=body("gw-rpm", user="u2"), headers=bearer(ADMIN)
+        )
+        sent = len(cloud.requests)
+    assert (first.status_code, second.status_code, other.status_code) == (200, 429, 200)
+    error = second.json()["error"]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "rate_limit_error")
+    assert 1 <= int(second.headers["retry-after"]) <= 60
+    assert sent == 2
 
 
 async def test_a_keys_budget_bills_its_tenant_and_usage_shows_it(
