@@ -16,10 +16,13 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridllm.cli.args import positive_int
 from hybridllm.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from hybridllm.guard.budget import Ledger
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -63,10 +66,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _day_spent(ledger: object, name: str) -> str:
-    from hybridllm.guard.budget import Ledger
-
-    assert isinstance(ledger, Ledger)
+def _day_spent(ledger: Ledger, name: str) -> str:
     return f"{ledger.spend('day', tenant=name).settled_usd:.6f}"
 
 

@@ -101,8 +101,7 @@ class Door:
             return
         limited = await self.keyring.admit(caller)
         if limited is not None:
-            error, wait = limited
-            await _answer(error, scope, receive, send, {"retry-after": str(wait)})
+            await _answer(limited, scope, receive, send)
             return
         if self.active >= self.limits.max_concurrency:
             busy = ApiError(
@@ -111,9 +110,9 @@ class Door:
                 f"taken; retry after {self.limits.retry_after_s} s",
                 code="concurrency_limit",
                 type="rate_limit_error",
+                headers={"retry-after": str(self.limits.retry_after_s)},
             )
-            retry = {"retry-after": str(self.limits.retry_after_s)}
-            await _answer(busy, scope, receive, send, retry)
+            await _answer(busy, scope, receive, send)
             return
         self.active += 1
         try:
@@ -143,14 +142,8 @@ def _caller(request: Request) -> Caller:
     return caller if isinstance(caller, Caller) else tenants.OPEN
 
 
-async def _answer(
-    error: ApiError,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    headers: dict[str, str] | None = None,
-) -> None:
-    response = JSONResponse(error.body(), status_code=error.status, headers=headers)
+async def _answer(error: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
     await response(scope, receive, send)
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio
 
 from hybridllm.errors import LedgerUnavailableError
-from hybridllm.guard.budget import Ledger, Quota, QuotaPeriod, tenant_caps, tenant_quota
+from hybridllm.guard.budget import Ledger, Quota, tenant_caps, tenant_quota
 from hybridllm.guard.keys import KeySpec, KeyStore
 from hybridllm.guard.rates import RateCounter
 from hybridllm.server.schema import ApiError
@@ -28,27 +28,26 @@ __all__ = ["Caller", "Keyring", "usage"]
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """A request's caller: `key` (a virtual key's spec; None for the admin or an open
-    gateway) and whether it holds the admin key."""
+    """A request's caller: `key`, a virtual key's spec (None: the admin key, or anybody on a
+    gateway without keys: every policy, every key's usage)."""
 
     key: KeySpec | None = None
-    admin: bool = False
 
 
 OPEN = Caller()
-ADMIN = Caller(admin=True)
 
 
 def _unauthorized() -> ApiError:
     return ApiError(401, "invalid or missing API key", code="invalid_api_key")
 
 
-def _unavailable(exc: LedgerUnavailableError) -> ApiError:
+def _unavailable(exc: LedgerUnavailableError, headers: dict[str, str] | None = None) -> ApiError:
     return ApiError(
         503,
         f"the ledger that holds this gateway's keys cannot be reached ({exc.cause})",
         code="ledger_unavailable",
         type="server_error",
+        headers=headers,
     )
 
 
@@ -72,7 +71,7 @@ class Keyring:
         ledger is unreachable) that refuses the request."""
         given = authorization.encode()
         if self._admin is not None and secrets.compare_digest(given, self._admin):
-            return ADMIN
+            return OPEN
         if self.keys is None:  # no ledger to look in: no thread hop
             return OPEN if self._admin is None else _unauthorized()
         try:
@@ -91,9 +90,9 @@ class Keyring:
             return _unauthorized()
         return OPEN
 
-    async def admit(self, caller: Caller) -> tuple[ApiError, int] | None:
-        """Count a chat request against its key's `rpm`: None, or the 429 and its Retry-After
-        seconds past it."""
+    async def admit(self, caller: Caller) -> ApiError | None:
+        """Count a chat request against its key's `rpm`: None, or the 429 (with its
+        Retry-After) past it."""
         spec, rates = caller.key, self.rates
         if spec is None or spec.rpm is None or rates is None:
             return None
@@ -101,16 +100,16 @@ class Keyring:
         try:
             wait = await anyio.to_thread.run_sync(lambda: rates.hit(f"k:{spec.name}", rpm))
         except LedgerUnavailableError as exc:
-            return _unavailable(exc), 1
+            return _unavailable(exc, {"retry-after": "1"})
         if wait is None:
             return None
-        busy = ApiError(
+        return ApiError(
             429,
             f"this key may send {rpm} requests a minute; retry after {math.ceil(wait)} s",
             code="rate_limit_exceeded",
             type="rate_limit_error",
+            headers={"retry-after": str(math.ceil(wait))},
         )
-        return busy, math.ceil(wait)
 
 
 def refused_policy(spec: KeySpec, policy: str) -> ApiError:
@@ -124,21 +123,12 @@ def refused_policy(spec: KeySpec, policy: str) -> ApiError:
     )
 
 
-def _period(p: QuotaPeriod) -> dict[str, Any]:
-    return {
-        "spent_usd": p.spent_usd,
-        "reserved_usd": p.reserved_usd,
-        "limit_usd": p.limit_usd,
-        "left_usd": p.left_usd,
-    }
-
-
 def _key_usage(ledgers: list[Ledger], spec: KeySpec) -> dict[str, Any]:
     quota: Quota = tenant_quota(ledgers, tenant_caps(spec.tenant), spec.name)
     return {
         "key": spec.name,
-        "day": _period(quota.day),
-        "month": _period(quota.month),
+        "day": asdict(quota.day),
+        "month": asdict(quota.month),
         "exhausted": quota.exhausted,
         "policies": None if spec.policies is None else list(spec.policies),
         "rpm": spec.rpm,
