@@ -471,8 +471,10 @@ class GuardedEngine:
         reservation released where the count is refused: `RateLimitedError`)."""
         prompt, out = request_token_bound(request), request_output_bound(request)
         reservation = await self._reserve_tokens(prompt, out, context)
+        if context.scope not in self.scoped_rpm or context.user is None:
+            return reservation  # no rate to count: no thread hop on the way to the cloud
         limited = await anyio.to_thread.run_sync(
-            partial(self._rate_refusal, context.scope, request.user, context.tenant, count=True)
+            partial(self._rate_refusal, context.scope, context.user, context.tenant, count=True)
         )
         if limited is not None:
             if reservation is not None and self.ledger is not None:
