@@ -73,7 +73,7 @@ async def checked(
             return
         hold = spec.response_format is not None or spec.must_call
         snapshots = spec.response_format is not None and not spec.may_call
-        last: object = _NOTHING  # the last snapshot of a JSON answer handed on
+        last: object = None  # the last snapshot of a JSON answer handed on
         held: list[Delta] = []  # a JSON answer's text until it is whole; text before a call
         # an answer that may call: its first text is held while it could be call markup
         sniff = spec.may_call and not hold
@@ -112,9 +112,6 @@ async def checked(
                 yield chunk
             else:
                 yield chunk
-
-
-_NOTHING = object()
 
 
 def snapshot(text: str) -> object | None:
