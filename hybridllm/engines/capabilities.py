@@ -8,6 +8,7 @@ class) and mypy sees the methods it then calls.
 
 ```
 ReadsSignals        its own confidence signals on a prompt (LlamaCppEngine)
+NamesItsModel       which model it runs (`model_id`, once open) (LlamaCppEngine)
 ScoresText          log-probabilities of a plain text after a prefix (LlamaCppEngine)
 Drafts              a `Drafter`: drafts tokens after a token context (LlamaCppEngine)
 VerifiesAtEndpoint  posts a verifier's raw request through its own client (OpenAIEngine)
@@ -48,6 +49,7 @@ __all__ = [
     "EngineCheck",
     "Endpoint",
     "LimitsConcurrency",
+    "NamesItsModel",
     "Outgoing",
     "ReadsSignals",
     "ScoresText",
@@ -74,6 +76,14 @@ class ReadsSignals(Protocol):
         *,
         rotations_within_s: float | None = None,
     ) -> LocalSignals: ...
+
+
+@runtime_checkable
+class NamesItsModel(Protocol):
+    """Says which model it runs (`model_id`: its file's name once open, None before): what the
+    router's stage-2 heads are compared with (the local engine)."""
+
+    model_id: str | None
 
 
 @runtime_checkable

@@ -146,7 +146,7 @@ def fetch(
     with _mapped(ref):
         if offline():
             return _from_cache(ref)
-        files = _choose(ref, _listing(ref))
+        files = choose(ref, _listing(ref))
         _weights_fit(ref, files, max_bytes)
         paths = [_download(ref, f, progress) for f in files]
     return paths[0]
@@ -188,7 +188,7 @@ def _listing(ref: HubRef) -> list[HubFile]:
     ]
 
 
-def _choose(ref: HubRef, files: list[HubFile]) -> list[HubFile]:
+def choose(ref: HubRef, files: list[HubFile]) -> list[HubFile]:
     """The files to fetch: the named one (with its sibling shards), or the quantization's."""
     if ref.filename is not None:
         if not ref.filename.lower().endswith(".gguf"):
@@ -424,7 +424,7 @@ def _from_cache(ref: HubRef) -> Path:
     snapshot = repo_dir / "snapshots" / revision
     files = [HubFile(str(p.relative_to(snapshot)), p.stat().st_size, None) for p in _walk(snapshot)]
     try:
-        chosen = _choose(ref, files)
+        chosen = choose(ref, files)
     except HubError as exc:
         raise HubError(
             f"not in the cache {hub_cache_dir()} ({exc}); pull it while online: "

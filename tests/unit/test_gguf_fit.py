@@ -155,7 +155,7 @@ def test_a_quantization_picks_its_file_its_shards_or_says_why_not() -> None:
     files = _files("README.md", "m-Q4_K_M.gguf", "m-Q4_K_S.gguf", "m-q8_0.gguf",
                    "mmproj-m-Q8_0.gguf", "big/m-Q6_K-00002-of-00002.gguf",
                    "big/m-Q6_K-00001-of-00002.gguf")  # fmt: skip
-    pick = lambda text: [f.path for f in hub._choose(hub.parse(text), files)]  # noqa: E731
+    pick = lambda text: [f.path for f in hub.choose(hub.parse(text), files)]  # noqa: E731
     assert pick("hf://o/r:q4_k_m") == ["m-Q4_K_M.gguf"]  # case-insensitive, Q4_K_S not matched
     assert pick("hf://o/r:Q8_0") == ["m-q8_0.gguf"]  # the projector is not a model
     assert pick("hf://o/r:Q6_K") == [
@@ -170,10 +170,10 @@ def test_a_quantization_picks_its_file_its_shards_or_says_why_not() -> None:
     ]
     for text, reason in refused:
         with pytest.raises(HubError) as err:
-            hub._choose(hub.parse(text), files)
+            hub.choose(hub.parse(text), files)
         assert (err.value.reason, err.value.ref) == (reason, text)
     with pytest.raises(HubError) as err:
-        hub._choose(hub.parse("hf://o/r:Q4_K_M"), [*files, *_files("other/x-Q4_K_M.gguf")])
+        hub.choose(hub.parse("hf://o/r:Q4_K_M"), [*files, *_files("other/x-Q4_K_M.gguf")])
     assert err.value.reason == "ambiguous"
 
 

@@ -50,7 +50,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.engines.capabilities import ReadsSignals
+from hybridllm.engines.capabilities import NamesItsModel, ReadsSignals
 from hybridllm.events import Chunk, Delta, Finish
 from hybridllm.policy import Policy
 from hybridllm.runtime.plans.race import race
@@ -460,7 +460,7 @@ def warn_foreign_stage2(router: Any, engines: Iterable[object]) -> bool:
     if not getattr(router, "stage2", None) or trained is None:
         return False
     for engine in engines:
-        model = getattr(engine, "model_id", None)
+        model = engine.model_id if isinstance(engine, NamesItsModel) else None
         if model is not None and model != trained:
             log.warning(
                 "the local model %s is not %s, the model the router's stage-2 heads were "
