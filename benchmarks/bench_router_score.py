@@ -1,122 +1,161 @@
-"""What router stage 2 costs: the local work of `router_score` and of the cascade's hold.
+"""What router stage 2 costs, and what it is worth: the local work of the score and its APGR.
 
-    /tmp/quiet.sh env PYTHONPATH=. .venv/bin/python benchmarks/bench_router_score.py [-n 40]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_router_score.py [-n 230] [--json rows.json]
 
-Prompts: `-n` labelled prompts (data/router/labels.jsonl), round-robin over the sources, seeded,
-each used once (so no prompt finds itself in the KV cache; the chat template's start does, as in
-real use). Local engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), default threads.
+Prompts: `-n` held-out labelled prompts (the test split of `models/router/splits.tsv`, which the
+shipped router never trained or calibrated on), round-robin over the sources, seeded. Local
+engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), default threads. Two passes over
+the same prompts, one per variant, so no prompt finds itself in the KV cache (the chat
+template's start does, as in real use):
 
-1. `client.router_score(prompt)` with `hold` answer tokens (8, the policy default, and 4):
-   `cost_ms` is the local work the score adds when the cloud then serves (prefill + the held
-   tokens; when local serves, that work is its answer's start and is not repeated). The 8-token
-   row runs again without the option rotations of multiple-choice prompts (the same prompts:
-   what the rotations cost), and each row shows its multiple-choice prompts apart.
-2. The cascade deferring every prompt (`router_threshold = 0`) to a cloud stand-in that answers
-   at once (a scripted engine: what is measured is the hold, not a network): `trace.cascade
-   .held_ms`, the time added before the cloud starts, and the TTFT.
-3. The cascade releasing every prompt (`router_threshold = 1`) against plain local serving
-   (`engine="local"`), on the two halves of another set of prompts: TTFT p50/p95.
-No timed assertions.
+- "always": the option rotations of every multiple-choice prompt (what `client.router_score()`
+  reads, and the cascade did before it gated them);
+- "cascade": what the cascade reads under a policy with the default threshold (30% to the
+  cloud) and the default hold: the rotations only where they may move the decision
+  (`stage2.rotations_matter`), and only when they end inside the hold.
+
+Per variant: `cost` (all the local work of the score: the prompt's prefill, the 8 held
+tokens, the rotations), `extra` (the part of it a local answer that follows does not reuse:
+the rotations; the prefill and the held tokens stay in the KV cache for it), `cost where the
+cloud serves` (the score above the threshold: all its work was for the decision), the share of
+prompts whose rotations were read, APGR over the labels (the combined score ranks the prompts;
+local-only and cloud-only quality are the labels'), and at the threshold: quality, the cloud
+share, and the decisions that agree with "always". No timed assertions.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
+import math
 import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-from hybridllm import HybridClient, LlamaCppEngine, Policy
-from hybridllm.engines.llama import signals as llama_signals
-from hybridllm.engines.llama.signals import ROTATIONS
+from hybridllm import LlamaCppEngine, Policy
+from hybridllm.engines.llama.signals import option_letters
 from hybridllm.routing import Router
-from hybridllm.runtime.plans.cascade import score_messages
-from hybridllm.testing import ScriptedEngine
+from hybridllm.routing.stage2 import router_score
+from hybridllm.runtime.plans.cascade import (
+    _cut,
+    _rotations_matter,
+    _rotations_within,
+)
+from hybridllm.training.data import load_examples
+from hybridllm.training.metrics import apgr, routing_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def prompts(n: int, seed: int) -> list[str]:
-    rows = [json.loads(x) for x in (ROOT / "data/router/labels.jsonl").read_text().splitlines()]
-    by: dict[str, list[str]] = defaultdict(list)
-    for r in rows:
-        by[r["source"]].append(r["prompt"])
-    rng = random.Random(seed)
-    for v in by.values():
-        rng.shuffle(v)
-    out: list[str] = []
-    while len(out) < n:
+def held_out(n: int) -> list[Any]:
+    """`n` test-split examples, round-robin over the sources (each source's rows in file order)."""
+    lines = (ROOT / "models/router/splits.tsv").read_text().splitlines()[1:]
+    test = {f"{s}/{i}" for s, i, split in (x.split("\t") for x in lines) if split == "test"}
+    by: dict[str, list[Any]] = defaultdict(list)
+    for e in load_examples(ROOT / "data/router/labels.jsonl"):
+        if e.key in test:
+            by[e.source].append(e)
+    out: list[Any] = []
+    while len(out) < n and any(by.values()):
         for v in by.values():
             if v and len(out) < n:
-                out.append(v.pop())
+                out.append(v.pop(0))
     return out
 
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else math.nan
 
 
 def line(name: str, xs: list[float]) -> str:
-    return (f"{name:<44} p50 {statistics.median(xs):7.0f} ms  p95 {pct(xs, 0.95):7.0f}  "
-            f"p99 {pct(xs, 0.99):7.0f}  (n={len(xs)})")  # fmt: skip
+    return (f"  {name:<34} p50 {statistics.median(xs) if xs else math.nan:7.0f} ms  "
+            f"p95 {pct(xs, 0.95):7.0f}  p99 {pct(xs, 0.99):7.0f}  (n={len(xs)})")  # fmt: skip
 
 
-async def main(n: int) -> None:
+async def measure(
+    local: LlamaCppEngine, router: Router, examples: list[Any], gated: bool, cut: float
+) -> list[dict[str, Any]]:
+    hold_s = Policy(name="b").cascade.hold_ms / 1000.0
+    rows = []
+    for e in examples:
+        msgs = [{"role": "user", "content": e.prompt}]
+        kw: dict[str, Any] = {}
+        if gated:
+            kw = {"rotations_within_s": _rotations_within(hold_s),
+                  "rotate_if": _rotations_matter(router, msgs, cut)}  # fmt: skip
+        t0 = time.perf_counter()
+        sig = await local.signals(msgs, 8, **kw)
+        s = router_score(router, msgs, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
+        heads_ms = (time.perf_counter() - t0) * 1e3 - sig.cost_ms  # queue hop + stage 1 + heads
+        rotated = not math.isnan(s.signals.get("perm_p", math.nan))
+        rows.append({"key": e.key, "mc": s.signals.get("is_choice") == 1.0, "rotated": rotated,
+                     "cost_ms": s.cost_ms, "extra_ms": s.extra_ms, "other_ms": heads_ms,
+                     "value": s.value, "model": s.model, "local_correct": e.local_correct,
+                     "cloud_correct": e.cloud_correct})  # fmt: skip
+    return rows
+
+
+Rows = list[dict[str, Any]]
+
+
+def report(name: str, rows: Rows, cut: float, base: Rows) -> None:
+    cost = [r["cost_ms"] for r in rows]
+    extra = [r["extra_ms"] for r in rows]
+    cloud = [r["cost_ms"] for r in rows if r["value"] > cut]
+    lc = [r["local_correct"] for r in rows]
+    cc = [r["cloud_correct"] for r in rows]
+    a = apgr(routing_curve([r["value"] for r in rows], lc, cc))
+    to_cloud = [r["value"] > cut for r in rows]
+    quality = statistics.mean(r["cloud_correct"] if c else r["local_correct"]
+                              for r, c in zip(rows, to_cloud, strict=True))  # fmt: skip
+    agree = statistics.mean((r["value"] > cut) == (b["value"] > cut)
+                            for r, b in zip(rows, base, strict=True))  # fmt: skip
+    mc = sum(r["mc"] for r in rows)
+    print(f"{name}: rotations read on {sum(r['rotated'] for r in rows)} of {mc} "
+          f"multiple-choice prompts")  # fmt: skip
+    print(line("cost (all local work)", cost))
+    print(line("extra (not reused by the answer)", extra))
+    print(line("cost where the cloud serves", cloud))
+    print(line("stage 1 + heads + queue hop", [r["other_ms"] for r in rows]))
+    print(f"  APGR {a:.3f}; at the threshold {cut:.3f}: quality {quality:.3f}, cloud share "
+          f"{statistics.mean(to_cloud):.1%}, decisions as 'always' {agree:.1%}")  # fmt: skip
+
+
+async def run(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     router = Router.load()
     local = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048)
-    cloud = ScriptedEngine("cloud", tokens=["ok"], ttft_s=0.0)
-    ps = prompts(4 * n, seed=1)
-    async with HybridClient(local=local, cloud=cloud, router=router) as client:
-        await client.router_score("warm-up")
-        print(f"local engine: {local.model}, threads {local.settings and local.settings.n_threads}")
-        for hold, part, rot in ((8, ps[:n], None), (8, ps[:n], 0), (4, ps[n : 2 * n], None)):
-            llama_signals.ROTATIONS = rot if rot is not None else ROTATIONS
-            cost, tokens, choice = [], [], []
-            for p in part:
-                s = await score_messages(router, local, [{"role": "user", "content": p}], hold)
-                cost.append(s.cost_ms)
-                tokens.append(local.count_tokens([{"role": "user", "content": p}]) or 0)
-                if llama_signals.option_letters(p):
-                    choice.append(s.cost_ms)
-            name = f"router_score cost_ms, hold {hold} tokens" + (", no rotations" * (rot == 0))
-            print(line(name, cost) + f"  prompt tokens p50 {statistics.median(tokens):.0f}")
-            print(line("  of which multiple choice", choice))
-        llama_signals.ROTATIONS = ROTATIONS
-        pol = Policy(
-            name="b",
-            plans=("single", "hedge", "cascade"),
-            sampling={"max_tokens": 16, "temperature": 0.0},
-            routing={"router_threshold": 0.0},
-            cascade={"hold_ms": 30000.0},
-        )
-        held, ttft = [], []
-        for p in ps[2 * n : 3 * n]:
-            r = await client.complete(p, policy=pol, plan="cascade")
-            assert r.trace.cascade is not None, r.trace.route_reason
-            assert r.trace.engine == "cloud", r.trace.cascade
-            held.append(r.trace.cascade.held_ms or 0.0)
-            ttft.append(r.trace.ttft_ms or 0.0)
-        print(line("cascade defers: hold before the cloud starts", held))
-        print(line("cascade defers: TTFT (cloud stand-in at 0 ms)", ttft))
-        rel = pol.with_(routing={"router_threshold": 1.0})
-        casc, plain = [], []
-        for i, p in enumerate(ps[3 * n :]):
-            if i % 2:
-                r = await client.complete(p, policy=rel, plan="cascade")
-                casc.append(r.trace.ttft_ms or 0.0)
-            else:
-                r = await client.complete(p, engine="local", max_tokens=16, temperature=0.0)
-                plain.append(r.trace.ttft_ms or 0.0)
-        print(line("cascade releases: TTFT", casc))
-        print(line("plain local (engine='local'): TTFT", plain))
+    cut = _cut(router, Policy(name="b"), "combined")
+    examples = held_out(n)
+    await local.start()
+    try:
+        await local.signals([{"role": "user", "content": "warm-up"}], 8)
+        s = local.settings
+        lq = statistics.mean(e.local_correct for e in examples)
+        cq = statistics.mean(e.cloud_correct for e in examples)
+        mc = sum(1 for e in examples if option_letters(e.prompt))
+        print(f"local engine: {local.model}, threads {s and s.n_threads}; {len(examples)} "
+              f"held-out prompts, {mc} multiple choice; local-only quality {lq:.3f}, "
+              f"cloud-only {cq:.3f}")  # fmt: skip
+        always = await measure(local, router, examples, False, cut)
+        gated = await measure(local, router, examples, True, cut)
+    finally:
+        await local.aclose()
+    return always, gated
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-n", type=int, default=40, help="prompts per measurement (default 40)")
-    anyio.run(main, ap.parse_args().n)
+    ap.add_argument("-n", type=int, default=230, help="held-out prompts (default 230)")
+    ap.add_argument("--json", type=Path, default=None, help="write every row here")
+    args = ap.parse_args()
+    always, gated = anyio.run(run, args.n)
+    cut = _cut(Router.load(), Policy(name="b"), "combined")
+    report("always", always, cut, always)
+    report("cascade", gated, cut, always)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"always": always, "cascade": gated}))

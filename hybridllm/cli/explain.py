@@ -24,7 +24,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -105,6 +105,7 @@ class OfflineLocalEngine(OfflineEngine):
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
+        rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> LocalSignals:
         raise ConfigError("hybridllm explain reads no signals")
 

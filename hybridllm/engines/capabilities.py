@@ -75,6 +75,7 @@ class ReadsSignals(Protocol):
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
+        rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> LocalSignals: ...
 
 

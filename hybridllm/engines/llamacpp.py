@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -432,16 +432,18 @@ class LlamaCppEngine:
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
+        rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up
         to `n_answer` greedy tokens (`engines/llama/signals.py`). A multiple-choice prompt is
-        also read with its options rotated; with `rotations_within_s` the rotations are given
-        up (their figures NaN: stage 2 then scores without them) when they would not end that
-        long after the job starts."""
+        then also read with its options rotated, and the prompt's state put back; with
+        `rotations_within_s` the rotations are not started, or given up (their figures NaN:
+        stage 2 then scores without them), when they would not end that long after the job
+        starts; `rotate_if` sees the figures without them and says whether to read them."""
         from hybridllm.engines.llama.signals import engine_signals
 
-        return await engine_signals(self, messages, n_answer, rotations_within_s)
+        return await engine_signals(self, messages, n_answer, rotations_within_s, rotate_if)
 
     async def text_logprobs(self, prefix: str, text: str) -> tuple[float, ...]:
         """The log-probability of each token of the plain text `text` after `prefix` (no chat

@@ -111,3 +111,34 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
     calls.clear()
     assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] - 1) == []
     assert calls == []  # past already: not one prefill
+
+
+def test_rotations_not_started_when_the_whole_cycle_is_priced_past_their_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the pace of the prompt's own prefill known, the whole cycle's uncached tokens are
+    priced before the first rotation: past `by`, not one is prefilled (none wasted)."""
+    from types import SimpleNamespace
+
+    from hybridllm.engines.llama import signals as llama_signals
+
+    calls: list[int] = []
+    monkeypatch.setattr(llama_signals, "time", SimpleNamespace(perf_counter=lambda: 100.0))
+    monkeypatch.setattr(
+        llama_signals, "_option_probs", lambda *a: calls.append(1) or [0.7, 0.1, 0.1, 0.1]
+    )
+    monkeypatch.setattr(llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
+    monkeypatch.setattr(llama_signals, "_reuse", lambda session, tokens: 0)
+    question = PROMPT.split("\n\n")[0]
+    session = _Session()
+    session.llm = SimpleNamespace(  # the question is in the KV cache: only options are priced
+        _input_ids=[ord(c) for c in question], n_tokens=len(question)
+    )
+    msgs = [{"role": "user", "content": PROMPT}]
+    letters = option_letters(PROMPT)
+    fresh = 3 * (len(PROMPT) - len(question))  # three rotations, each past the question
+    rotate = llama_signals._rotated
+    assert rotate(session, msgs, PROMPT, letters, 4, 100.0 + fresh * 0.001 * 0.9, 0.001) == []
+    assert calls == []
+    assert len(rotate(session, msgs, PROMPT, letters, 4, 100.0 + fresh * 0.001 * 1.1, 0.001)) == 3
+    assert len(calls) == 3

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import string
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +31,12 @@ import numpy.typing as npt
 
 from hybridllm import errors
 from hybridllm.engines.llama import option_rotations as perm
+from hybridllm.engines.llama.kvstore import SavedState, common_prefix
 
 N_ANSWER = 8  # answer tokens whose log-probabilities are kept
 ROTATIONS = 4  # rotations of a multiple-choice prompt's options (a whole cycle up to 5 options)
 QUANTILES = (0.1, 0.25, 0.5)
+PACE_MIN_TOKENS = 8  # a prefill this long or longer tells the pace of the next ones
 # The names, in this order, of the figures `summarise` returns (a stage-2 model's inputs).
 SIGNAL_NAMES = (
     "first_p",
@@ -172,7 +174,10 @@ def measure(
     when given, gets this order's option probabilities ("options"). Leaves the prompt and the
     answer tokens but the last in the KV cache."""
     llm.n_tokens = reuse
+    t0 = time.perf_counter()
     llm.eval(list(tokens[reuse:]))
+    if detail is not None and len(tokens) - reuse >= PACE_MIN_TOKENS:
+        detail["pace_s"] = (time.perf_counter() - t0) / (len(tokens) - reuse)
     tracker = TokenTracker(limit=n_answer)
     logits = last_logits(llm)
     tracker.add_options(logits, letter_ids(llm, letters))
@@ -202,6 +207,9 @@ def session_signals(
     return signals, prompt_tokens, answer
 
 
+RotateIf = Callable[[Mapping[str, float]], bool]
+
+
 def session_measure(
     session: Any,
     messages: Sequence[Any],
@@ -209,23 +217,27 @@ def session_measure(
     rotations: int | None = None,
     detail: dict[str, Any] | None = None,
     rotations_by: float | None = None,
+    rotate_if: RotateIf | None = None,
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
-    """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
-    also read with its options rotated (up to `rotations` times, default `ROTATIONS`,
-    `option_rotations`) first, so that the prompt as asked is what stays in the KV cache. `detail`,
-    when given, gets the option probabilities: "options" (as asked) and "rotated" (each
-    rotation's, by original option), for the labeller. `rotations_by` (a `time.perf_counter()`
-    time): the rotations are given up, all of them (the figures are NaN), when the next one
-    would end after it at the pace of those before."""
+    """`session_signals`, and the answer tokens' log-probabilities. The prompt as asked is
+    read first (its prefill is the answer's: it stays in the KV cache, with the held tokens).
+    A multiple-choice prompt is then read with its options rotated (up to `rotations` times,
+    default `ROTATIONS`, `option_rotations`): the question stays cached, only the options and
+    what follows them are prefilled again, and the answer's KV state is put back after them.
+    `rotate_if`, when given, sees the figures without the rotations and says whether they are
+    worth reading (`perm_*` NaN when not). `detail`, when given, gets the option probabilities
+    ("options" as asked, "rotated" by original option, for the labeller) and "rotations_ms"
+    (the rotations' work, none of which the answer reuses). `rotations_by` (a
+    `time.perf_counter()` time): the rotations are not started, none of them, when they would
+    end after it at the pace of the prompt's own prefill, and given up when the next one would
+    end after it at the pace of those before."""
     rotations = ROTATIONS if rotations is None else rotations
     session._abort.clear()
     text = str(messages[-1].get("content", "")) if messages else ""
     letters = option_letters(text)
     vocab, lc = session._vocab, session._lc
+    seen: dict[str, Any] = {} if detail is None else detail
     try:
-        rotated = _rotated(session, messages, text, letters, rotations, rotations_by)
-        if detail is not None:
-            detail["rotated"] = rotated
         tokens = session.tokenize(session.render(messages))
         signals, answer, logprobs = measure(
             session.llm,
@@ -234,9 +246,18 @@ def session_measure(
             letters=letters,
             n_answer=n_answer,
             is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
-            rotated=rotated,
-            detail=detail,
+            detail=seen,
         )
+        options = seen.get("options") or []
+        wanted = bool(options) and rotations > 0 and (rotate_if is None or rotate_if(signals))
+        t0 = time.perf_counter()
+        by, pace_s = rotations_by, seen.get("pace_s")
+        rotated = (
+            _rotated_kept(session, messages, text, letters, rotations, by, pace_s) if wanted else []
+        )
+        seen["rotations_ms"] = (time.perf_counter() - t0) * 1e3
+        seen["rotated"] = rotated
+        signals.update(perm.summarise(options, rotated))
     except RuntimeError as exc:
         session._after_abort()
         if session._abort.is_set():
@@ -262,6 +283,28 @@ def _option_probs(llm: Any, tokens: Sequence[int], reuse: int, ids: Sequence[int
     return perm.option_distribution(last_logits(llm), ids)
 
 
+def _rotated_kept(
+    session: Any,
+    messages: Sequence[Any],
+    text: str,
+    letters: Sequence[str],
+    n: int,
+    by: float | None,
+    pace_s: float | None,
+) -> list[list[float]]:
+    """`_rotated`, with the KV state the prompt as asked left (its prefill and held tokens,
+    the answer's) copied out before and put back after: the answer that follows reuses it."""
+    llm = session.llm
+    held = np.array(llm._input_ids[: llm.n_tokens], dtype=np.int32)
+    data = session._live_bytes()
+    if data is None:  # no copy of the answer's state: do not overwrite it
+        return []
+    try:
+        return _rotated(session, messages, text, letters, n, by, pace_s)
+    finally:
+        session._restore(SavedState(held, data))
+
+
 def _rotated(
     session: Any,
     messages: Sequence[Any],
@@ -269,19 +312,29 @@ def _rotated(
     letters: Sequence[str],
     n: int,
     by: float | None = None,
+    pace_s: float | None = None,
 ) -> list[list[float]]:
     """The option probabilities of each rotation of a multiple-choice prompt, by original
     option; [] when the whole cycle would not end by `by` (a partial cycle is not what stage 2
-    learnt from: the letter bias cancels only over all of it)."""
+    learnt from: the letter bias cancels only over all of it). Before the first, the whole
+    cycle's uncached tokens are priced at `pace_s` (seconds a token of prefill, when known)."""
     ids = letter_ids(session.llm, letters) if letters and n > 0 else []
+    cycle = perm.rotations(text, letters, n) if ids else []
+    prompts = [
+        (session.tokenize(session.render([*messages[:-1], {**messages[-1], "content": p}])), o)
+        for p, o in cycle
+    ]
+    if by is not None and prompts and pace_s:
+        held = session.llm._input_ids[: session.llm.n_tokens]
+        fresh = sum(len(t) - common_prefix(held, t) for t, _ in prompts)
+        if time.perf_counter() + fresh * pace_s > by:
+            return []
     out: list[list[float]] = []
     t0 = time.perf_counter()
-    for prompt, order in perm.rotations(text, letters, n) if ids else []:
+    for tokens, order in prompts:
         pace = (time.perf_counter() - t0) / len(out) if out else 0.0
         if by is not None and time.perf_counter() + pace > by:
             return []
-        moved = [*messages[:-1], {**messages[-1], "content": prompt}]
-        tokens = session.tokenize(session.render(moved))
         probs = _option_probs(session.llm, tokens, _reuse(session, tokens), ids)
         out.append(perm.back_to_original(probs, order))
     return out
@@ -309,9 +362,10 @@ class Aborted(Exception):
 class LocalSignals:
     """What `LlamaCppEngine.signals()` measured: the figures (`SIGNAL_NAMES`), the prompt's
     tokens, the greedy answer's first tokens as text (`answer`, `ended`: the answer ended
-    there), the local work it took (`cost_ms`: queue wait not counted) and the answer tokens'
-    log-probabilities (`logprobs`, the end-of-generation token's last when it `ended`) and
-    ids (`tokens`, likewise)."""
+    there), the local work it took (`cost_ms`: queue wait not counted; `rotations_ms` of it
+    the option rotations', the only part a local answer that follows does not reuse) and the
+    answer tokens' log-probabilities (`logprobs`, the end-of-generation token's last when it
+    `ended`) and ids (`tokens`, likewise)."""
 
     values: dict[str, float]
     prompt_tokens: int
@@ -320,27 +374,41 @@ class LocalSignals:
     cost_ms: float
     logprobs: tuple[float, ...] = ()
     tokens: tuple[int, ...] = ()
+    rotations_ms: float = 0.0
 
 
 async def engine_signals(
-    engine: Any, messages: Sequence[Any], n_answer: int, rotations_within_s: float | None = None
+    engine: Any,
+    messages: Sequence[Any],
+    n_answer: int,
+    rotations_within_s: float | None = None,
+    rotate_if: RotateIf | None = None,
 ) -> LocalSignals:
     """Run `session_measure` as one queued job of `engine` (a `LlamaCppEngine`);
     `rotations_within_s`: the option rotations must end this long after the job starts, or
-    none is used (`session_measure`'s `rotations_by`)."""
+    none is used (`session_measure`'s `rotations_by`); `rotate_if`: whether they are worth
+    reading, from the figures without them."""
 
     def job(session: Any) -> LocalSignals:  # on the llama thread
         t0 = time.perf_counter()
         by = None if rotations_within_s is None else t0 + rotations_within_s
+        seen: dict[str, Any] = {}
         values, prompt_tokens, answer, logprobs = session_measure(
-            session, messages, n_answer, rotations_by=by
+            session, messages, n_answer, detail=seen, rotations_by=by, rotate_if=rotate_if
         )
         cost_ms = (time.perf_counter() - t0) * 1e3
         ended = bool(answer) and bool(session._lc.llama_vocab_is_eog(session._vocab, answer[-1]))
         text_tokens = answer[:-1] if ended else answer
         text = session.llm.detokenize(text_tokens).decode("utf-8", errors="ignore")
         return LocalSignals(
-            values, prompt_tokens, text, ended, cost_ms, tuple(logprobs), tuple(answer)
+            values,
+            prompt_tokens,
+            text,
+            ended,
+            cost_ms,
+            tuple(logprobs),
+            tuple(answer),
+            seen.get("rotations_ms", 0.0),
         )
 
     estimate_s = engine.estimate_s(0, n_answer)

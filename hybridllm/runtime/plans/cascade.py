@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -113,7 +113,8 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            sig, failed, held_ms = await _hold(local, request, n_answer, budget)
+            unsure = _rotations_matter(router, request.messages, settings.cut)
+            sig, failed, held_ms = await _hold(local, request, n_answer, budget, unsure)
             info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
@@ -178,17 +179,25 @@ async def _to_cloud(
 
 
 async def _hold(
-    local: ReadsSignals, request: GenerationRequest, n_answer: int, budget: float
+    local: ReadsSignals,
+    request: GenerationRequest,
+    n_answer: int,
+    budget: float,
+    rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
 ) -> tuple[LocalSignals | None, Exception | None, float]:
     """The local model's own signals read within the hold (`budget` seconds): the signals (None
-    when the hold ran out first), the engine's error if it failed first, the ms held."""
+    when the hold ran out first), the engine's error if it failed first, the ms held.
+    `rotate_if`: whether a multiple-choice prompt's option rotations are worth reading."""
     t0 = clock.now()
     sig = None
     failed: Exception | None = None
     with anyio.move_on_after(max(budget, 0.0)):
         try:
             sig = await local.signals(
-                request.messages, n_answer, rotations_within_s=_rotations_within(budget)
+                request.messages,
+                n_answer,
+                rotations_within_s=_rotations_within(budget),
+                rotate_if=rotate_if,
             )
         except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
             failed = exc
@@ -209,7 +218,9 @@ def _judge(
 
     whole = settings.judge == "answer"
     head, values = _whole_answer_inputs(sig) if whole else (sig.values, sig.values)
-    score = router_score(router, request.messages, values, sig.cost_ms, whole=whole)
+    score = router_score(
+        router, request.messages, values, sig.cost_ms, whole=whole, extra_ms=sig.rotations_ms
+    )
     release = score.value <= settings.cut
     _describe(info, score, release, len(sig.answer))
     if whole:
@@ -484,13 +495,27 @@ async def score_messages(
     if not isinstance(local, ReadsSignals):
         return router_score(router, messages, None)
     sig = await local.signals(messages, n_answer)
-    return router_score(router, messages, sig.values, sig.cost_ms)
+    return router_score(router, messages, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
+
+
+def _rotations_matter(
+    router: Any, messages: Sequence[Message], cut: float
+) -> Callable[[Mapping[str, float]], bool]:
+    """The cascade reads a multiple-choice prompt's option rotations only where they may move
+    its decision at `cut` (`stage2.rotations_matter`); called on the llama thread."""
+    from hybridllm.routing.stage2 import rotations_matter
+
+    return lambda values: rotations_matter(router, messages, values, cut)
+
+
+ROTATION_SLACK_S = 0.05  # left in the hold after the rotations: the state put back, the heads
 
 
 def _rotations_within(budget: float) -> float | None:
-    """How long the option rotations of a multiple-choice prompt may take inside the hold: half
-    of it, the rest left for the prompt itself and the held tokens (none past the budget)."""
-    return None if math.isinf(budget) else max(budget, 0.0) / 2
+    """By when, from the signals' start, the option rotations of a multiple-choice prompt must
+    end: they come after the prompt itself and the held tokens, so the hold less a little
+    slack for what follows them (none past the budget)."""
+    return None if math.isinf(budget) else max(budget - ROTATION_SLACK_S, 0.0)
 
 
 register("cascade", build_cascade, builtin=True)
