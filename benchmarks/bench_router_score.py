@@ -41,9 +41,9 @@ from hybridllm.engines.llama.signals import option_letters
 from hybridllm.routing import Router
 from hybridllm.routing.stage2 import router_score
 from hybridllm.runtime.plans.cascade import (
-    _cut,
-    _rotations_matter,
-    _rotations_within,
+    policy_cut,
+    rotation_rule,
+    rotations_within,
 )
 from hybridllm.training.data import load_examples
 from hybridllm.training.metrics import apgr, routing_curve
@@ -80,14 +80,15 @@ def line(name: str, xs: list[float]) -> str:
 async def measure(
     local: LlamaCppEngine, router: Router, examples: list[Any], gated: bool, cut: float
 ) -> list[dict[str, Any]]:
-    hold_s = Policy(name="b").cascade.hold_ms / 1000.0
+    table = Policy(name="b").cascade
+    hold_s, rotations_s = table.hold_ms / 1000.0, table.rotations_ms / 1000.0
     rows = []
     for e in examples:
         msgs = [{"role": "user", "content": e.prompt}]
         kw: dict[str, Any] = {}
         if gated:
-            kw = {"rotations_within_s": _rotations_within(hold_s),
-                  "rotate_if": _rotations_matter(router, msgs, cut)}  # fmt: skip
+            kw = {"rotations_within_s": rotations_within(hold_s),
+                  "rotate_if": rotation_rule(router, msgs, cut, rotations_s)}  # fmt: skip
         t0 = time.perf_counter()
         sig = await local.signals(msgs, 8, **kw)
         s = router_score(router, msgs, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
@@ -129,7 +130,7 @@ def report(name: str, rows: Rows, cut: float, base: Rows) -> None:
 async def run(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     router = Router.load()
     local = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048)
-    cut = _cut(router, Policy(name="b"), "combined")
+    cut = policy_cut(router, Policy(name="b"), "combined")
     examples = held_out(n)
     await local.start()
     try:
@@ -154,7 +155,7 @@ if __name__ == "__main__":
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
     always, gated = anyio.run(run, args.n)
-    cut = _cut(Router.load(), Policy(name="b"), "combined")
+    cut = policy_cut(Router.load(), Policy(name="b"), "combined")
     report("always", always, cut, always)
     report("cascade", gated, cut, always)
     if args.json is not None:

@@ -853,10 +853,18 @@ class HybridClient:
                 return
         self.decision_log.feedback(rid, good)
 
-    async def router_score(self, messages: Messages) -> RouterScore:
-        """Stage 1, stage 2 (the local model's own signals) and the combined score."""
+    async def router_score(
+        self, messages: Messages, *, rotations_ms: float | None = None
+    ) -> RouterScore:
+        """Stage 1, stage 2 (the local model's own signals) and the combined score.
+        `rotations_ms`: the most a multiple-choice prompt's option rotations may add, priced
+        before they start (past it they are not read and the prompt is scored without them,
+        `RouterScore.model` "combined_plain"); None: always read."""
         msgs = validate.messages(messages)
-        return await score_messages(self.routing.router, self.local, msgs)
+        if rotations_ms is not None:
+            validate.number("rotations_ms", rotations_ms, minimum=0.0)
+        max_s = None if rotations_ms is None else rotations_ms / 1000.0
+        return await score_messages(self.routing.router, self.local, msgs, rotations_max_s=max_s)
 
     async def complete(
         self,

@@ -423,6 +423,10 @@ class CascadeTable(_Table):
 
     hold_tokens: int = Field(default=8, ge=1, le=64)
     hold_ms: float = Field(default=1500.0, gt=0)
+    # the most a multiple-choice prompt's option rotations may add, priced before they start
+    # at the pace of the prompt's own prefill (0: never read; they run only where they may
+    # move the decision, and inside the hold)
+    rotations_ms: float = Field(default=300.0, ge=0)
     hedge: bool = Field(default=False, strict=True)
     judge: Literal["prefix", "answer"] = "prefix"
     # the cloud a judged-out local answer escalates to, by name (None: the cloud serving the
@@ -430,7 +434,7 @@ class CascadeTable(_Table):
     escalation: EngineChoice | None = None
 
     _counts = field_validator("hold_tokens", mode="before")(_count)
-    _numbers = field_validator("hold_ms", mode="before")(_number)
+    _numbers = field_validator("hold_ms", "rotations_ms", mode="before")(_number)
 
 
 class SpeculativeTable(_Table):

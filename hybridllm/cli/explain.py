@@ -24,11 +24,12 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
+from hybridllm.engines.capabilities import RotateIf
 from hybridllm.errors import ConfigError
 from hybridllm.events import Chunk, EngineName
 from hybridllm.guard.privacy import kinds as kinds_of
@@ -105,7 +106,7 @@ class OfflineLocalEngine(OfflineEngine):
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
-        rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
+        rotate_if: RotateIf | None = None,
     ) -> LocalSignals:
         raise ConfigError("hybridllm explain reads no signals")
 

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,7 +32,7 @@ import anyio.to_thread
 from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
-from hybridllm.engines.capabilities import EngineCheck
+from hybridllm.engines.capabilities import EngineCheck, RotateIf
 from hybridllm.engines.llama.kvdisk import DEFAULT_DISK_BYTES, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
@@ -432,7 +432,7 @@ class LlamaCppEngine:
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
-        rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
+        rotate_if: RotateIf | None = None,
     ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up

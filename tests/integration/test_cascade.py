@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from hybridllm import Fallback, HybridClient, LlamaCppEngine, OpenAIEngine, Policy, Token
-from hybridllm.errors import LocalEngineError
+from hybridllm.errors import InvalidArgumentError, LocalEngineError
 from hybridllm.events import Chunk, Delta
 from hybridllm.routing import DecisionLog, Router
 from hybridllm.testing import FaultProxy, HybridServer, LlamaServer
@@ -75,6 +75,14 @@ async def test_router_score_reads_the_local_model(
         assert session.cached_prefix(tokens) == len(tokens) - 1
         # no time for the rotations (a short cascade hold): none is used, the rest is measured
         hurried = await local.signals(question, rotations_within_s=0.0)
+        # a bound on what they may add: priced past it (any price passes 0 ms), not read
+        plain = await client.router_score(MC, rotations_ms=0.0)
+        with pytest.raises(InvalidArgumentError):
+            await client.router_score(MC, rotations_ms=-1.0)
+    assert mc.extra_ms > 0.0 and mc.model == "combined"  # the rotations: not the answer's work
+    assert score.extra_ms == 0.0  # no options, nothing but the answer's own prefill and tokens
+    assert plain.extra_ms == 0.0 and plain.model == "combined_plain"
+    assert all(math.isnan(plain.signals[k]) for k in ("perm_agree", "perm_p", "perm_margin"))
     assert score.text == pytest.approx(router.score(PROMPT))
     assert score.local is not None and 0.0 < score.local < 1.0
     assert 0.0 < score.value < 1.0 and score.cost_ms > 0

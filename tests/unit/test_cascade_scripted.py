@@ -377,7 +377,7 @@ async def test_a_hedged_cloud_that_fails_after_the_deadline_leaves_it_to_local_s
 
 
 def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
-    from hybridllm.runtime.plans.cascade import _cut, _judged_by
+    from hybridllm.runtime.plans.cascade import _judged_by, policy_cut
 
     class Cal:
         def __init__(self, cut: float) -> None:
@@ -394,8 +394,8 @@ def test_a_judged_whole_answer_takes_the_answer_models_threshold() -> None:
     assert _judged_by(both, "answer") == "combined_answer"
     assert _judged_by(both, "prefix") == _judged_by(prefix_only, "answer") == "combined"
     pol = Policy(name="c", plans=("single", "cascade"), routing={"target_cloud_share": 0.3})
-    assert _cut(both, pol, _judged_by(both, "answer")) == 0.35
-    assert _cut(both, pol, _judged_by(both, "prefix")) == 0.2
+    assert policy_cut(both, pol, _judged_by(both, "answer")) == 0.35
+    assert policy_cut(both, pol, _judged_by(both, "prefix")) == 0.2
 
 
 async def test_a_policys_plan_runs_the_cascade_as_a_calls_plan_does_scripted() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,9 +63,11 @@ def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
 
 
 class _Session:
-    """Enough of a `LlamaSession` for `_rotated`: rendering and tokenizing are identity-like."""
+    """Enough of a `LlamaSession` for `_cycle`: rendering and tokenizing are identity-like; the
+    KV cache holds `cached` (the question, as after the prompt as asked)."""
 
-    llm = object()
+    def __init__(self, cached: str = "") -> None:
+        self.llm = SimpleNamespace(_input_ids=[ord(c) for c in cached], n_tokens=len(cached))
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return messages[-1]["content"]
@@ -73,11 +76,9 @@ class _Session:
         return [ord(c) for c in text]
 
 
-def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rule, on a fake clock that each rotation's prefill moves on by 20 ms: a rotation
-    starts only if it would end by `by`, at the pace of those before it."""
-    from types import SimpleNamespace
-
+@pytest.fixture
+def fake_prefill(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[float]]:
+    """Each rotation's prefill moves a fake clock on by 20 ms; the calls, and the clock."""
     from hybridllm.engines.llama import signals as llama_signals
 
     calls: list[int] = []
@@ -92,53 +93,55 @@ def test_rotations_given_up_whole_when_past_their_time(monkeypatch: pytest.Monke
     monkeypatch.setattr(llama_signals, "_option_probs", probs)
     monkeypatch.setattr(llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
     monkeypatch.setattr(llama_signals, "_reuse", lambda session, tokens: 0)
+    return calls, clock
+
+
+def test_rotations_given_up_whole_when_past_their_time(
+    fake_prefill: tuple[list[int], list[float]],
+) -> None:
+    """The rule where no price is known: a rotation starts only if it would end by `by`, at
+    the pace of those before it."""
+    from hybridllm.engines.llama import signals as llama_signals
+
+    calls, clock = fake_prefill
     msgs = [{"role": "user", "content": PROMPT}]
-    letters = option_letters(PROMPT)
+    cycle = llama_signals._cycle(_Session(), msgs, option_letters(PROMPT), 4, None)
+    assert cycle.price_s is None and len(cycle.prompts) == 3
     rotate = llama_signals._rotated
-    assert len(rotate(_Session(), msgs, PROMPT, letters, 4)) == 3  # no time limit: all three
+    assert len(rotate(_Session(), cycle)) == 3  # no time limit: all three
     assert len(calls) == 3
     # time for one rotation and a half: the second would end late, so it is not started and
     # none is used
     calls.clear()
-    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.03) == []
+    assert rotate(_Session(), cycle, clock[0] + 0.03) == []
     assert len(calls) == 1
     # time for two: the third would end late
     calls.clear()
-    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.05) == []
+    assert rotate(_Session(), cycle, clock[0] + 0.05) == []
     assert len(calls) == 2
     calls.clear()
-    assert len(rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] + 0.065)) == 3  # time for 3
+    assert len(rotate(_Session(), cycle, clock[0] + 0.065)) == 3  # time for 3
     calls.clear()
-    assert rotate(_Session(), msgs, PROMPT, letters, 4, clock[0] - 1) == []
+    assert rotate(_Session(), cycle, clock[0] - 1) == []
     assert calls == []  # past already: not one prefill
 
 
 def test_rotations_not_started_when_the_whole_cycle_is_priced_past_their_time(
-    monkeypatch: pytest.MonkeyPatch,
+    fake_prefill: tuple[list[int], list[float]],
 ) -> None:
-    """With the pace of the prompt's own prefill known, the whole cycle's uncached tokens are
-    priced before the first rotation: past `by`, not one is prefilled (none wasted)."""
-    from types import SimpleNamespace
-
+    """With the pace of the prompt's own prefill known, the whole cycle's uncached tokens (the
+    question is cached) are priced before the first rotation: past `by`, not one is prefilled."""
     from hybridllm.engines.llama import signals as llama_signals
 
-    calls: list[int] = []
-    monkeypatch.setattr(llama_signals, "time", SimpleNamespace(perf_counter=lambda: 100.0))
-    monkeypatch.setattr(
-        llama_signals, "_option_probs", lambda *a: calls.append(1) or [0.7, 0.1, 0.1, 0.1]
-    )
-    monkeypatch.setattr(llama_signals, "letter_ids", lambda llm, letters: [1, 2, 3, 4])
-    monkeypatch.setattr(llama_signals, "_reuse", lambda session, tokens: 0)
+    calls, clock = fake_prefill
     question = PROMPT.split("\n\n")[0]
-    session = _Session()
-    session.llm = SimpleNamespace(  # the question is in the KV cache: only options are priced
-        _input_ids=[ord(c) for c in question], n_tokens=len(question)
-    )
+    session = _Session(cached=question)
     msgs = [{"role": "user", "content": PROMPT}]
-    letters = option_letters(PROMPT)
+    cycle = llama_signals._cycle(session, msgs, option_letters(PROMPT), 4, 0.001)
     fresh = 3 * (len(PROMPT) - len(question))  # three rotations, each past the question
+    assert cycle.price_s == pytest.approx(fresh * 0.001)
     rotate = llama_signals._rotated
-    assert rotate(session, msgs, PROMPT, letters, 4, 100.0 + fresh * 0.001 * 0.9, 0.001) == []
+    assert rotate(session, cycle, clock[0] + cycle.price_s * 0.9) == []
     assert calls == []
-    assert len(rotate(session, msgs, PROMPT, letters, 4, 100.0 + fresh * 0.001 * 1.1, 0.001)) == 3
+    assert len(rotate(session, cycle, clock[0] + cycle.price_s * 1.1 + 0.06)) == 3
     assert len(calls) == 3

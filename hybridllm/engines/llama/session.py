@@ -128,6 +128,9 @@ class LlamaSession:
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
+        # seconds a prompt token took in the last prefill long enough to tell (router stage 2
+        # prices a multiple-choice prompt's option rotations with it: `signals._cycle`)
+        self.pace_s: float | None = None
         self._yield_if: Callable[[], bool] | None = None  # a preemptible prefill's signal
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._cut())
         llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)

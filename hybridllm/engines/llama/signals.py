@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import string
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm import errors
+from hybridllm.engines.capabilities import RotateIf
 from hybridllm.engines.llama import option_rotations as perm
 from hybridllm.engines.llama.kvstore import SavedState, common_prefix
 
@@ -207,9 +208,6 @@ def session_signals(
     return signals, prompt_tokens, answer
 
 
-RotateIf = Callable[[Mapping[str, float]], bool]
-
-
 def session_measure(
     session: Any,
     messages: Sequence[Any],
@@ -249,13 +247,15 @@ def session_measure(
             detail=seen,
         )
         options = seen.get("options") or []
-        wanted = bool(options) and rotations > 0 and (rotate_if is None or rotate_if(signals))
-        t0 = time.perf_counter()
-        by, pace_s = rotations_by, seen.get("pace_s")
-        rotated = (
-            _rotated_kept(session, messages, text, letters, rotations, by, pace_s) if wanted else []
+        if seen.get("pace_s"):
+            session.pace_s = seen["pace_s"]
+        cycle = _cycle(session, messages, letters, rotations, getattr(session, "pace_s", None))
+        wanted = bool(options and cycle.prompts) and (
+            rotate_if is None or rotate_if(signals, cycle.price_s)
         )
-        seen["rotations_ms"] = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        rotated = _rotated_kept(session, cycle, rotations_by) if wanted else []
+        seen["rotations_ms"] = (time.perf_counter() - t0) * 1e3 if wanted else 0.0
         seen["rotated"] = rotated
         signals.update(perm.summarise(options, rotated))
     except RuntimeError as exc:
@@ -283,15 +283,36 @@ def _option_probs(llm: Any, tokens: Sequence[int], reuse: int, ids: Sequence[int
     return perm.option_distribution(last_logits(llm), ids)
 
 
-def _rotated_kept(
-    session: Any,
-    messages: Sequence[Any],
-    text: str,
-    letters: Sequence[str],
-    n: int,
-    by: float | None,
-    pace_s: float | None,
-) -> list[list[float]]:
+@dataclass(frozen=True)
+class Cycle:
+    """A multiple-choice prompt's option rotations, rendered: each one's tokens and option
+    order, the option letters' token ids, and what prefilling them is priced at (`price_s`:
+    their uncached tokens at the pace of the prompt's own prefill; None: pace unknown)."""
+
+    prompts: list[tuple[list[int], list[int]]]
+    ids: list[int]
+    price_s: float | None
+
+
+def _cycle(
+    session: Any, messages: Sequence[Any], letters: Sequence[str], n: int, pace_s: float | None
+) -> Cycle:
+    """The rotations of the last message's options (up to `n`), rendered and priced against
+    what the KV cache holds now (the prompt as asked: the question is cached)."""
+    text = str(messages[-1].get("content", "")) if messages else ""
+    ids = letter_ids(session.llm, letters) if letters and n > 0 else []
+    prompts = [
+        (session.tokenize(session.render([*messages[:-1], {**messages[-1], "content": p}])), o)
+        for p, o in (perm.rotations(text, letters, n) if ids else [])
+    ]
+    if not prompts or not pace_s:
+        return Cycle(prompts, ids, None)
+    held = session.llm._input_ids[: session.llm.n_tokens]
+    fresh = sum(len(t) - common_prefix(held, t) for t, _ in prompts)
+    return Cycle(prompts, ids, fresh * pace_s)
+
+
+def _rotated_kept(session: Any, cycle: Cycle, by: float | None) -> list[list[float]]:
     """`_rotated`, with the KV state the prompt as asked left (its prefill and held tokens,
     the answer's) copied out before and put back after: the answer that follows reuses it."""
     llm = session.llm
@@ -300,42 +321,25 @@ def _rotated_kept(
     if data is None:  # no copy of the answer's state: do not overwrite it
         return []
     try:
-        return _rotated(session, messages, text, letters, n, by, pace_s)
+        return _rotated(session, cycle, by)
     finally:
         session._restore(SavedState(held, data))
 
 
-def _rotated(
-    session: Any,
-    messages: Sequence[Any],
-    text: str,
-    letters: Sequence[str],
-    n: int,
-    by: float | None = None,
-    pace_s: float | None = None,
-) -> list[list[float]]:
-    """The option probabilities of each rotation of a multiple-choice prompt, by original
-    option; [] when the whole cycle would not end by `by` (a partial cycle is not what stage 2
-    learnt from: the letter bias cancels only over all of it). Before the first, the whole
-    cycle's uncached tokens are priced at `pace_s` (seconds a token of prefill, when known)."""
-    ids = letter_ids(session.llm, letters) if letters and n > 0 else []
-    cycle = perm.rotations(text, letters, n) if ids else []
-    prompts = [
-        (session.tokenize(session.render([*messages[:-1], {**messages[-1], "content": p}])), o)
-        for p, o in cycle
-    ]
-    if by is not None and prompts and pace_s:
-        held = session.llm._input_ids[: session.llm.n_tokens]
-        fresh = sum(len(t) - common_prefix(held, t) for t, _ in prompts)
-        if time.perf_counter() + fresh * pace_s > by:
-            return []
+def _rotated(session: Any, cycle: Cycle, by: float | None = None) -> list[list[float]]:
+    """The option probabilities of each rotation of `cycle`, by original option; [] when the
+    whole cycle would not end by `by` (a partial cycle is not what stage 2 learnt from: the
+    letter bias cancels only over all of it): not started when its price passes it, given up
+    when the next rotation would end past it at the pace of those before."""
+    if by is not None and cycle.price_s is not None and time.perf_counter() + cycle.price_s > by:
+        return []
     out: list[list[float]] = []
     t0 = time.perf_counter()
-    for tokens, order in prompts:
+    for tokens, order in cycle.prompts:
         pace = (time.perf_counter() - t0) / len(out) if out else 0.0
         if by is not None and time.perf_counter() + pace > by:
             return []
-        probs = _option_probs(session.llm, tokens, _reuse(session, tokens), ids)
+        probs = _option_probs(session.llm, tokens, _reuse(session, tokens), cycle.ids)
         out.append(perm.back_to_original(probs, order))
     return out
 

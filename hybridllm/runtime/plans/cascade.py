@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,7 +50,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.engines.capabilities import NamesItsModel, ReadsSignals
+from hybridllm.engines.capabilities import NamesItsModel, ReadsSignals, RotateIf
 from hybridllm.events import Chunk, Delta, Finish
 from hybridllm.policy import Policy
 from hybridllm.runtime.plans.race import race
@@ -77,6 +77,7 @@ class CascadeSettings:
     hedge: bool = False
     judge: Literal["prefix", "answer"] = "prefix"  # "answer": the whole local answer
     failover: bool = True  # a released local answer that fails goes on in the cloud
+    rotations_s: float = math.inf  # the most the option rotations may be priced at
 
 
 async def cascade(
@@ -113,7 +114,7 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            unsure = _rotations_matter(router, request.messages, settings.cut)
+            unsure = rotation_rule(router, request.messages, settings.cut, settings.rotations_s)
             sig, failed, held_ms = await _hold(local, request, n_answer, budget, unsure)
             info.held_ms = round(held_ms, 1)
             if failed is not None:
@@ -183,7 +184,7 @@ async def _hold(
     request: GenerationRequest,
     n_answer: int,
     budget: float,
-    rotate_if: Callable[[Mapping[str, float]], bool] | None = None,
+    rotate_if: RotateIf | None = None,
 ) -> tuple[LocalSignals | None, Exception | None, float]:
     """The local model's own signals read within the hold (`budget` seconds): the signals (None
     when the hold ran out first), the engine's error if it failed first, the ms held.
@@ -196,7 +197,7 @@ async def _hold(
             sig = await local.signals(
                 request.messages,
                 n_answer,
-                rotations_within_s=_rotations_within(budget),
+                rotations_within_s=rotations_within(budget),
                 rotate_if=rotate_if,
             )
         except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
@@ -424,8 +425,9 @@ def build_cascade(ctx: PlanContext) -> Plan:
     settings = CascadeSettings(
         hold_tokens=policy.cascade.hold_tokens,
         hold_s=policy.cascade.hold_ms / 1000.0,
-        cut=_cut(router, policy, _judged_by(router, judge)),
-        text_cut=_cut(router, policy, None),
+        rotations_s=policy.cascade.rotations_ms / 1000.0,
+        cut=policy_cut(router, policy, _judged_by(router, judge)),
+        text_cut=policy_cut(router, policy, None),
         hedge=policy.cascade.hedge,
         judge=judge,
         failover=decision.failover,
@@ -449,7 +451,7 @@ def _judged_by(router: Any, judge: str) -> str:
     return "combined_answer" if judge == "answer" and "combined_answer" in models else "combined"
 
 
-def _cut(router: Any, policy: Policy, kind: str | None) -> float:
+def policy_cut(router: Any, policy: Policy, kind: str | None) -> float:
     """The threshold a policy sets: `router_threshold` as it is, else from `target_cloud_share`
     or `quality_floor` on stage 2's calibration (`kind`) or stage 1's (None); default 30%."""
     if policy.routing.router_threshold is not None:
@@ -484,34 +486,47 @@ def warn_foreign_stage2(router: Any, engines: Iterable[object]) -> bool:
 
 
 async def score_messages(
-    router: Any, local: Engine | None, messages: Sequence[Message], n_answer: int = 8
+    router: Any,
+    local: Engine | None,
+    messages: Sequence[Message],
+    n_answer: int = 8,
+    *,
+    rotations_max_s: float | None = None,
 ) -> RouterScore:
     """`HybridClient.router_score`: stage 1, and with a local engine that reads its own
-    signals, stage 2 and the combination."""
+    signals, stage 2 and the combination; a multiple-choice prompt's option rotations are read
+    where they are priced at most `rotations_max_s` (None: always)."""
     from hybridllm.routing.stage2 import router_score
 
     if router is None:
         raise errors.ConfigError("router_score needs a router (the client has none)")
     if not isinstance(local, ReadsSignals):
         return router_score(router, messages, None)
-    sig = await local.signals(messages, n_answer)
+    cheap: RotateIf | None = None
+    if rotations_max_s is not None:
+        cap = rotations_max_s
+        cheap = lambda _values, price_s: price_s is None or price_s <= cap  # noqa: E731
+    sig = await local.signals(messages, n_answer, rotate_if=cheap)
     return router_score(router, messages, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
 
 
-def _rotations_matter(
-    router: Any, messages: Sequence[Message], cut: float
-) -> Callable[[Mapping[str, float]], bool]:
+def rotation_rule(router: Any, messages: Sequence[Message], cut: float, max_s: float) -> RotateIf:
     """The cascade reads a multiple-choice prompt's option rotations only where they may move
-    its decision at `cut` (`stage2.rotations_matter`); called on the llama thread."""
+    its decision at `cut` (`stage2.rotations_matter`) and are priced at most `max_s` (`[cascade]
+    rotations_ms`; a price not known yet is not refused); called on the llama thread."""
     from hybridllm.routing.stage2 import rotations_matter
 
-    return lambda values: rotations_matter(router, messages, values, cut)
+    def rotate_if(values: Mapping[str, float], price_s: float | None) -> bool:
+        cheap = price_s is None or price_s <= max_s
+        return cheap and rotations_matter(router, messages, values, cut)
+
+    return rotate_if
 
 
 ROTATION_SLACK_S = 0.05  # left in the hold after the rotations: the state put back, the heads
 
 
-def _rotations_within(budget: float) -> float | None:
+def rotations_within(budget: float) -> float | None:
     """By when, from the signals' start, the option rotations of a multiple-choice prompt must
     end: they come after the prompt itself and the held tokens, so the hold less a little
     slack for what follows them (none past the budget)."""
