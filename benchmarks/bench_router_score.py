@@ -1,26 +1,28 @@
 """What router stage 2 costs, and what it is worth: the local work of the score and its APGR.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_router_score.py [-n 230] [--json rows.json]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_router_score.py [-n 230]
+        [--rotations-ms 300,1200] [--json rows.json]
 
 Prompts: `-n` held-out labelled prompts (the test split of `models/router/splits.tsv`, which the
-shipped router never trained or calibrated on), round-robin over the sources, seeded. Local
-engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), default threads. Two passes over
-the same prompts, one per variant, so no prompt finds itself in the KV cache (the chat
+shipped router never trained or calibrated on), round-robin over the sources, in file order.
+Local engine: Qwen2.5-Coder-0.5B (the model stage 2 was trained on), default threads. One pass
+over the same prompts per variant, so no prompt finds itself in the KV cache (the chat
 template's start does, as in real use):
 
 - "always": the option rotations of every multiple-choice prompt (what `client.router_score()`
-  reads, and the cascade did before it gated them);
-- "cascade": what the cascade reads under a policy with the default threshold (30% to the
-  cloud) and the default hold: the rotations only where they may move the decision
-  (`stage2.rotations_matter`), and only when they end inside the hold.
+  reads without `rotations_ms=`, and the cascade read before `[cascade] rotations_ms`);
+- "bounded N ms": what the cascade reads under a policy with `[cascade] rotations_ms = N` and
+  the default hold (the rotations where what they add is priced at most N ms and they end
+  inside the hold); 300 is the default.
 
-Per variant: `cost` (all the local work of the score: the prompt's prefill, the 8 held
-tokens, the rotations), `extra` (the part of it a local answer that follows does not reuse:
-the rotations; the prefill and the held tokens stay in the KV cache for it), `cost where the
+Per variant: `cost` (all the local work of the score: the rotations, the prompt's prefill, the
+8 held tokens), `extra` (the part of it a local answer that follows does not reuse: the
+rotations but the question's prefill, which the prompt as asked finds cached), `cost where the
 cloud serves` (the score above the threshold: all its work was for the decision), the share of
 prompts whose rotations were read, APGR over the labels (the combined score ranks the prompts;
-local-only and cloud-only quality are the labels'), and at the threshold: quality, the cloud
-share, and the decisions that agree with "always". No timed assertions.
+local-only and cloud-only quality are the labels'), and at the default threshold (30% to the
+cloud): quality, the cloud share, and the decisions that agree with "always". No timed
+assertions.
 """
 
 from __future__ import annotations
@@ -40,11 +42,7 @@ from hybridllm import LlamaCppEngine, Policy
 from hybridllm.engines.llama.signals import option_letters
 from hybridllm.routing import Router
 from hybridllm.routing.stage2 import router_score
-from hybridllm.runtime.plans.cascade import (
-    policy_cut,
-    rotation_rule,
-    rotations_within,
-)
+from hybridllm.runtime.plans.cascade import policy_cut, rotations_within
 from hybridllm.training.data import load_examples
 from hybridllm.training.metrics import apgr, routing_curve
 
@@ -67,6 +65,9 @@ def held_out(n: int) -> list[Any]:
     return out
 
 
+Rows = list[dict[str, Any]]
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else math.nan
@@ -78,17 +79,15 @@ def line(name: str, xs: list[float]) -> str:
 
 
 async def measure(
-    local: LlamaCppEngine, router: Router, examples: list[Any], gated: bool, cut: float
+    local: LlamaCppEngine, router: Router, examples: list[Any], bound_ms: float | None
 ) -> list[dict[str, Any]]:
-    table = Policy(name="b").cascade
-    hold_s, rotations_s = table.hold_ms / 1000.0, table.rotations_ms / 1000.0
+    hold_s = Policy(name="b").cascade.hold_ms / 1000.0
+    kw: dict[str, Any] = {}
+    if bound_ms is not None:
+        kw = {"rotations_within_s": rotations_within(hold_s), "rotations_max_s": bound_ms / 1e3}
     rows = []
     for e in examples:
         msgs = [{"role": "user", "content": e.prompt}]
-        kw: dict[str, Any] = {}
-        if gated:
-            kw = {"rotations_within_s": rotations_within(hold_s),
-                  "rotate_if": rotation_rule(router, msgs, cut, rotations_s)}  # fmt: skip
         t0 = time.perf_counter()
         sig = await local.signals(msgs, 8, **kw)
         s = router_score(router, msgs, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
@@ -99,9 +98,6 @@ async def measure(
                      "value": s.value, "model": s.model, "local_correct": e.local_correct,
                      "cloud_correct": e.cloud_correct})  # fmt: skip
     return rows
-
-
-Rows = list[dict[str, Any]]
 
 
 def report(name: str, rows: Rows, cut: float, base: Rows) -> None:
@@ -127,12 +123,12 @@ def report(name: str, rows: Rows, cut: float, base: Rows) -> None:
           f"{statistics.mean(to_cloud):.1%}, decisions as 'always' {agree:.1%}")  # fmt: skip
 
 
-async def run(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def run(n: int, bounds: list[float]) -> dict[str, Rows]:
     router = Router.load()
     local = LlamaCppEngine("qwen2.5-coder-0.5b-instruct", n_ctx=2048)
-    cut = policy_cut(router, Policy(name="b"), "combined")
     examples = held_out(n)
     await local.start()
+    out: dict[str, Rows] = {}
     try:
         await local.signals([{"role": "user", "content": "warm-up"}], 8)
         s = local.settings
@@ -142,21 +138,24 @@ async def run(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         print(f"local engine: {local.model}, threads {s and s.n_threads}; {len(examples)} "
               f"held-out prompts, {mc} multiple choice; local-only quality {lq:.3f}, "
               f"cloud-only {cq:.3f}")  # fmt: skip
-        always = await measure(local, router, examples, False, cut)
-        gated = await measure(local, router, examples, True, cut)
+        out["always"] = await measure(local, router, examples, None)
+        for b in bounds:
+            out[f"bounded {b:.0f} ms"] = await measure(local, router, examples, b)
     finally:
         await local.aclose()
-    return always, gated
+    return out
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", type=int, default=230, help="held-out prompts (default 230)")
+    ap.add_argument("--rotations-ms", default="300", help="bounds to run, comma-separated")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
-    always, gated = anyio.run(run, args.n)
+    bounds = [float(x) for x in args.rotations_ms.split(",") if x.strip()]
+    runs = anyio.run(run, args.n, bounds)
     cut = policy_cut(Router.load(), Policy(name="b"), "combined")
-    report("always", always, cut, always)
-    report("cascade", gated, cut, always)
+    for name, rows in runs.items():
+        report(name, rows, cut, runs["always"])
     if args.json is not None:
-        args.json.write_text(json.dumps({"always": always, "cascade": gated}))
+        args.json.write_text(json.dumps(runs))

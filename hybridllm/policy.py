@@ -417,7 +417,9 @@ class HandoffTable(_Table):
 class CascadeTable(_Table):
     """`[cascade]` (runtime/plans/cascade.py): the local engine holds back at most `hold_tokens`
     first tokens, for at most `hold_ms` (counted against the deadline), while the router's stage
-    2 reads its confidence; `hedge`: the cloud starts at once where stage 1 alone would send the
+    2 reads its confidence; a multiple-choice prompt's option rotations are read after them only
+    where they may move the decision and are priced at most `rotations_ms` (the work a local
+    answer does not reuse); `hedge`: the cloud starts at once where stage 1 alone would send the
     prompt to the cloud. `judge`, under `complete()` (nothing streamed): "prefix", the held
     tokens as with `stream()`; "answer", the whole local answer is written first and judged."""
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
-from hybridllm.engines.capabilities import RotateIf
 from hybridllm.errors import ConfigError
 from hybridllm.events import Chunk, EngineName
 from hybridllm.guard.privacy import kinds as kinds_of
@@ -106,7 +105,7 @@ class OfflineLocalEngine(OfflineEngine):
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
-        rotate_if: RotateIf | None = None,
+        rotations_max_s: float | None = None,
     ) -> LocalSignals:
         raise ConfigError("hybridllm explain reads no signals")
 

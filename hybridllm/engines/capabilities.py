@@ -52,18 +52,12 @@ __all__ = [
     "NamesItsModel",
     "Outgoing",
     "ReadsSignals",
-    "RotateIf",
     "ScoresText",
     "SetsApiKey",
     "VerificationPost",
     "VerifiesAtEndpoint",
     "Wraps",
 ]
-
-# Whether a multiple-choice prompt's option rotations are worth reading (`ReadsSignals`): it
-# sees the figures read without them and what they are priced at (seconds of prefill at the
-# pace of the prompt's own, None where that pace is unknown).
-RotateIf = Callable[[Mapping[str, float], float | None], bool]
 
 # Sends one verifier request: POST a JSON body to a path of the endpoint ("completions",
 # "chat/completions"); the answer's JSON object. Failures are `hybridllm.errors.CloudError`s.
@@ -81,7 +75,7 @@ class ReadsSignals(Protocol):
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
-        rotate_if: RotateIf | None = None,
+        rotations_max_s: float | None = None,
     ) -> LocalSignals: ...
 
 

@@ -32,7 +32,7 @@ import anyio.to_thread
 from hybridllm import clock, errors
 from hybridllm.engines import validate
 from hybridllm.engines.base import EngineInfo, GenerationRequest, Message, estimate_prompt_tokens
-from hybridllm.engines.capabilities import EngineCheck, RotateIf
+from hybridllm.engines.capabilities import EngineCheck
 from hybridllm.engines.llama.kvdisk import DEFAULT_DISK_BYTES, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats
@@ -432,18 +432,18 @@ class LlamaCppEngine:
         n_answer: int = 8,
         *,
         rotations_within_s: float | None = None,
-        rotate_if: RotateIf | None = None,
+        rotations_max_s: float | None = None,
     ) -> LocalSignals:
         """The model's own confidence on `messages` (router stage 2): one queued job that
         prefills the prompt (left in the KV cache for the request that follows) and decodes up
         to `n_answer` greedy tokens (`engines/llama/signals.py`). A multiple-choice prompt is
-        then also read with its options rotated, and the prompt's state put back; with
-        `rotations_within_s` the rotations are not started, or given up (their figures NaN:
-        stage 2 then scores without them), when they would not end that long after the job
-        starts; `rotate_if` sees the figures without them and says whether to read them."""
+        first read with its options rotated; with `rotations_within_s` the rotations are not
+        started, or given up (their figures NaN: stage 2 then scores without them), when they
+        would not end that long after the job starts; with `rotations_max_s`, not read where
+        what they add that the answer does not reuse is priced past it."""
         from hybridllm.engines.llama.signals import engine_signals
 
-        return await engine_signals(self, messages, n_answer, rotations_within_s, rotate_if)
+        return await engine_signals(self, messages, n_answer, rotations_within_s, rotations_max_s)
 
     async def text_logprobs(self, prefix: str, text: str) -> tuple[float, ...]:
         """The log-probability of each token of the plain text `text` after `prefix` (no chat

@@ -248,26 +248,3 @@ def router_score(
     value = models[use["combined"]].score(logits, signals)
     clean = {k: float("nan") if v is None else float(v) for k, v in signals.items()}
     return RouterScore(text, local, value, clean, cost_ms, use["combined"], extra_ms)
-
-
-# How far from the threshold a multiple-choice prompt's score without the option rotations
-# may lie for the rotations to be read (`rotations_matter`). On the calibration split, at the
-# default threshold (30% to the cloud), the rotations moved the combined score by 0.033 at
-# the median, 0.071 at p80, 0.091 at p90: within 0.08 of the threshold they are read for 171
-# of the 223 multiple-choice rows and 99.8% of the decisions are the same as reading them
-# always (`benchmarks/bench_router_score.py` measures it on the test split).
-ROTATION_MARGIN = 0.08
-
-
-def rotations_matter(router: Any, messages: Any, signals: Signals, cut: float) -> bool:
-    """Whether a multiple-choice prompt's option rotations may move its decision at `cut`:
-    its combined score without them (the plain model) lies within `ROTATION_MARGIN` of it.
-    Without a plain model in the artifact (trained before it), always."""
-    models: dict[str, Stage2] = getattr(router, "stage2", {}) or {}
-    plain = models.get(PLAIN["combined"])
-    if plain is None:
-        return True
-    from hybridllm.routing import features as F
-
-    logits = router.head_logits(F.extract(messages))
-    return abs(plain.score(logits, signals) - cut) <= ROTATION_MARGIN

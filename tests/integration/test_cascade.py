@@ -67,8 +67,7 @@ async def test_router_score_reads_the_local_model(
     async with HybridClient(local=local, cloud=cloud, router=router) as client:
         score = await client.router_score(PROMPT)
         mc = await client.router_score(MC)
-        # the rotations ran after the prompt as asked, whose state was put back: it is what
-        # stays in the KV cache
+        # the rotations ran first: the prompt as asked is what stays in the KV cache
         session = local._session
         assert session is not None
         tokens = session.tokenize(session.render(question))

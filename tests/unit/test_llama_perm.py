@@ -63,11 +63,12 @@ def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
 
 
 class _Session:
-    """Enough of a `LlamaSession` for `_cycle`: rendering and tokenizing are identity-like; the
-    KV cache holds `cached` (the question, as after the prompt as asked)."""
+    """Enough of a `LlamaSession` for `_cycle` and `_rotated`: rendering and tokenizing are
+    identity-like; the KV cache holds `cached`; `pace_s`, the last prefill's pace."""
 
-    def __init__(self, cached: str = "") -> None:
+    def __init__(self, cached: str = "", pace_s: float | None = None) -> None:
         self.llm = SimpleNamespace(_input_ids=[ord(c) for c in cached], n_tokens=len(cached))
+        self.pace_s = pace_s
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return messages[-1]["content"]
@@ -96,52 +97,66 @@ def fake_prefill(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[float
     return calls, clock
 
 
+def _cycle(session: _Session, prompt: str = PROMPT) -> object:
+    from hybridllm.engines.llama import signals as llama_signals
+
+    msgs = [{"role": "user", "content": prompt}]
+    asked = session.tokenize(prompt)
+    return llama_signals._cycle(session, msgs, asked, option_letters(prompt), 4)
+
+
 def test_rotations_given_up_whole_when_past_their_time(
     fake_prefill: tuple[list[int], list[float]],
 ) -> None:
-    """The rule where no price is known: a rotation starts only if it would end by `by`, at
-    the pace of those before it."""
+    """The rule where no prefill pace is known yet: a rotation starts only if it would end by
+    `by`, at the pace of those before it."""
     from hybridllm.engines.llama import signals as llama_signals
 
     calls, clock = fake_prefill
-    msgs = [{"role": "user", "content": PROMPT}]
-    cycle = llama_signals._cycle(_Session(), msgs, option_letters(PROMPT), 4, None)
-    assert cycle.price_s is None and len(cycle.prompts) == 3
+    cycle = _cycle(_Session())
+    assert cycle.price_s is None and len(cycle.prompts) == 3  # type: ignore[attr-defined]
     rotate = llama_signals._rotated
-    assert len(rotate(_Session(), cycle)) == 3  # no time limit: all three
+    assert len(rotate(_Session(), cycle)) == 3  # type: ignore[arg-type]  # no limit: all three
     assert len(calls) == 3
     # time for one rotation and a half: the second would end late, so it is not started and
     # none is used
     calls.clear()
-    assert rotate(_Session(), cycle, clock[0] + 0.03) == []
+    assert rotate(_Session(), cycle, clock[0] + 0.03) == []  # type: ignore[arg-type]
     assert len(calls) == 1
     # time for two: the third would end late
     calls.clear()
-    assert rotate(_Session(), cycle, clock[0] + 0.05) == []
+    assert rotate(_Session(), cycle, clock[0] + 0.05) == []  # type: ignore[arg-type]
     assert len(calls) == 2
     calls.clear()
-    assert len(rotate(_Session(), cycle, clock[0] + 0.065)) == 3  # time for 3
+    assert len(rotate(_Session(), cycle, clock[0] + 0.065)) == 3  # type: ignore[arg-type]
     calls.clear()
-    assert rotate(_Session(), cycle, clock[0] - 1) == []
+    assert rotate(_Session(), cycle, clock[0] - 1) == []  # type: ignore[arg-type]
     assert calls == []  # past already: not one prefill
 
 
-def test_rotations_not_started_when_the_whole_cycle_is_priced_past_their_time(
+def test_the_cycle_is_priced_by_what_the_answer_does_not_reuse(
     fake_prefill: tuple[list[int], list[float]],
 ) -> None:
-    """With the pace of the prompt's own prefill known, the whole cycle's uncached tokens (the
-    question is cached) are priced before the first rotation: past `by`, not one is prefilled."""
+    """Counted against the KV cache (the template's start cached): the rotations prefill the
+    question once and three option blocks; the prompt as asked then finds the question cached,
+    so the price is the blocks alone, at the last prefill's pace. A whole cycle past `by` at that
+    pace is not started (not one rotation wasted)."""
     from hybridllm.engines.llama import signals as llama_signals
 
     calls, clock = fake_prefill
-    question = PROMPT.split("\n\n")[0]
-    session = _Session(cached=question)
-    msgs = [{"role": "user", "content": PROMPT}]
-    cycle = llama_signals._cycle(session, msgs, option_letters(PROMPT), 4, 0.001)
-    fresh = 3 * (len(PROMPT) - len(question))  # three rotations, each past the question
-    assert cycle.price_s == pytest.approx(fresh * 0.001)
+    prompt = "Which is a bird?\n\nA. ant\nB. bat\nC. crow\nD. dog\n\nAnswer with the letter only."
+    question = "Which is a bird?\n\nA. "  # every rotation keeps the letters: "A. " too
+    session = _Session(cached="Which", pace_s=0.001)
+    cycle = _cycle(session, prompt)
+    block = len(prompt) - len(question)  # each option text starts with its own character
+    assert cycle.fresh == len(prompt) - len("Which") + 2 * block  # type: ignore[attr-defined]
+    assert cycle.shared == len(question) - len("Which")  # type: ignore[attr-defined]
+    assert cycle.price_s == pytest.approx(3 * block * 0.001)  # type: ignore[attr-defined]
     rotate = llama_signals._rotated
-    assert rotate(session, cycle, clock[0] + cycle.price_s * 0.9) == []
+    whole = cycle.fresh * 0.001  # type: ignore[attr-defined]
+    assert rotate(session, cycle, clock[0] + whole * 0.9) == []  # type: ignore[arg-type]
     assert calls == []
-    assert len(rotate(session, cycle, clock[0] + cycle.price_s * 1.1 + 0.06)) == 3
-    assert len(calls) == 3
+    assert len(rotate(session, cycle, clock[0] + whole * 1.1)) == 3  # type: ignore[arg-type]
+    assert llama_signals._unshared_ms(cycle, 100.0) == pytest.approx(  # type: ignore[arg-type]
+        100.0 * 3 * block / cycle.fresh  # type: ignore[attr-defined]
+    )

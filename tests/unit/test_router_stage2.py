@@ -384,34 +384,3 @@ def test_the_shipped_answer_models_read_long_answers_better_than_their_heads() -
         return float(roc_auc_score(right, p))
 
     assert len(test) >= 30 and auc("signals_answer", whole) > max(0.6, auc("signals", head) + 0.1)
-
-
-def test_rotations_are_read_only_where_they_may_move_the_decision(trained: Path) -> None:
-    """`rotations_matter`: a multiple-choice prompt's rotations are read where its score
-    without them (the plain model's) lies within `ROTATION_MARGIN` of the threshold."""
-    from hybridllm.routing.stage2 import PLAIN, ROTATION_MARGIN, rotations_matter
-
-    r = Router.load(trained)
-    prompt = "Which is a bird?\n\nA. cat\nB. crow\n\nAnswer with the letter only."
-    sig = {"first_p": 0.6, "lp_mean": -0.4, "option_p": 0.6, "is_choice": 1.0}
-    plain = r.stage2[PLAIN["combined"]].score(r.head_logits(r.features(prompt)), sig)
-    for gap, read in ((0.0, True), (ROTATION_MARGIN * 0.9, True), (ROTATION_MARGIN * 1.5, False)):
-        assert rotations_matter(r, prompt, sig, plain + gap) is read
-        assert rotations_matter(r, prompt, sig, plain - gap) is read
-    r.stage2.pop(PLAIN["combined"])  # an artifact without a plain model: always read them
-    assert rotations_matter(r, prompt, sig, plain + 1.0)
-
-
-def test_the_cascade_reads_rotations_only_where_they_matter_and_are_cheap(trained: Path) -> None:
-    """`cascade.rotation_rule`: priced past `[cascade] rotations_ms`, not read though they
-    matter; a price not known yet is not refused; far from the threshold, not read at all."""
-    from hybridllm.routing.stage2 import PLAIN, ROTATION_MARGIN
-    from hybridllm.runtime.plans.cascade import rotation_rule
-
-    r = Router.load(trained)
-    prompt = "Which is a bird?\n\nA. cat\nB. crow\n\nAnswer with the letter only."
-    sig = {"first_p": 0.6, "lp_mean": -0.4, "option_p": 0.6, "is_choice": 1.0}
-    near = r.stage2[PLAIN["combined"]].score(r.head_logits(r.features(prompt)), sig)
-    rule = rotation_rule(r, prompt, near, 0.3)
-    assert rule(sig, 0.29) and rule(sig, None) and not rule(sig, 0.31)
-    assert not rotation_rule(r, prompt, near + 2 * ROTATION_MARGIN, 0.3)(sig, 0.01)

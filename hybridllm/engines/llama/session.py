@@ -46,6 +46,7 @@ from hybridllm.local import gguf, loader
 from hybridllm.local.settings import LlamaSettings
 
 log = logging.getLogger(__name__)
+PACE_MIN_TOKENS = 8  # a prefill of this many tokens or more tells the pace of the next ones
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -344,6 +345,11 @@ class LlamaSession:
         llm.n_tokens = n
         return True
 
+    def note_pace(self, tokens: int, seconds: float) -> None:
+        """A prefill of `tokens` took `seconds`: the pace, where that many tell it."""
+        if tokens >= PACE_MIN_TOKENS and seconds > 0.0:
+            self.pace_s = seconds / tokens
+
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading prompt tokens are already in the KV cache."""
         n = common_prefix(self.llm._input_ids[: self.llm.n_tokens], tokens)
@@ -382,7 +388,9 @@ class LlamaSession:
                 self._eval(tokens[reuse:end], yield_if)
                 self._save_to_disk(tokens[:end])
                 reuse = end
+            t0 = time.perf_counter()
             self._eval(tokens[reuse:-1], yield_if)  # generate() then evaluates the last one
+            self.note_pace(len(tokens) - 1 - reuse, time.perf_counter() - t0)
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():

@@ -30,14 +30,12 @@ import numpy as np
 import numpy.typing as npt
 
 from hybridllm import errors
-from hybridllm.engines.capabilities import RotateIf
 from hybridllm.engines.llama import option_rotations as perm
-from hybridllm.engines.llama.kvstore import SavedState, common_prefix
+from hybridllm.engines.llama.kvstore import common_prefix
 
 N_ANSWER = 8  # answer tokens whose log-probabilities are kept
 ROTATIONS = 4  # rotations of a multiple-choice prompt's options (a whole cycle up to 5 options)
 QUANTILES = (0.1, 0.25, 0.5)
-PACE_MIN_TOKENS = 8  # a prefill this long or longer tells the pace of the next ones
 # The names, in this order, of the figures `summarise` returns (a stage-2 model's inputs).
 SIGNAL_NAMES = (
     "first_p",
@@ -172,13 +170,14 @@ def measure(
     """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
     greedy tokens: (signals, answer token ids, their log-probabilities). `rotated`: the option
     probabilities of the rotated prompts (`option_rotations`), compared with this order's; `detail`,
-    when given, gets this order's option probabilities ("options"). Leaves the prompt and the
-    answer tokens but the last in the KV cache."""
+    when given, gets this order's option probabilities ("options") and the prefill's size and
+    seconds ("prefilled"). Leaves the prompt and the answer tokens but the last in the KV
+    cache."""
     llm.n_tokens = reuse
     t0 = time.perf_counter()
     llm.eval(list(tokens[reuse:]))
-    if detail is not None and len(tokens) - reuse >= PACE_MIN_TOKENS:
-        detail["pace_s"] = (time.perf_counter() - t0) / (len(tokens) - reuse)
+    if detail is not None:
+        detail["prefilled"] = (len(tokens) - reuse, time.perf_counter() - t0)
     tracker = TokenTracker(limit=n_answer)
     logits = last_logits(llm)
     tracker.add_options(logits, letter_ids(llm, letters))
@@ -215,20 +214,21 @@ def session_measure(
     rotations: int | None = None,
     detail: dict[str, Any] | None = None,
     rotations_by: float | None = None,
-    rotate_if: RotateIf | None = None,
+    rotations_max_s: float | None = None,
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
-    """`session_signals`, and the answer tokens' log-probabilities. The prompt as asked is
-    read first (its prefill is the answer's: it stays in the KV cache, with the held tokens).
-    A multiple-choice prompt is then read with its options rotated (up to `rotations` times,
-    default `ROTATIONS`, `option_rotations`): the question stays cached, only the options and
-    what follows them are prefilled again, and the answer's KV state is put back after them.
-    `rotate_if`, when given, sees the figures without the rotations and says whether they are
-    worth reading (`perm_*` NaN when not). `detail`, when given, gets the option probabilities
-    ("options" as asked, "rotated" by original option, for the labeller) and "rotations_ms"
-    (the rotations' work, none of which the answer reuses). `rotations_by` (a
-    `time.perf_counter()` time): the rotations are not started, none of them, when they would
-    end after it at the pace of the prompt's own prefill, and given up when the next one would
-    end after it at the pace of those before."""
+    """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
+    also read with its options rotated (up to `rotations` times, default `ROTATIONS`,
+    `option_rotations`) first, so that the prompt as asked is what stays in the KV cache (and
+    the figures are computed as the labeller computed them for stage 2's training). The
+    rotations' cost a local answer does not reuse (all their prefill but the question's, which
+    the prompt as asked then finds cached) is priced before the first one at the last measured
+    prefill pace (`LlamaSession.pace_s`); past `rotations_max_s` they are not read. `detail`,
+    when given, gets the option probabilities: "options" (as asked) and "rotated" (each
+    rotation's, by original option), for the labeller, and "rotations_ms", the work they added
+    that the answer does not reuse. `rotations_by` (a `time.perf_counter()` time): the
+    rotations are not started when their whole price would end after it, and given up, all of
+    them (the figures are NaN), when the next one would end after it at the pace of those
+    before."""
     rotations = ROTATIONS if rotations is None else rotations
     session._abort.clear()
     text = str(messages[-1].get("content", "")) if messages else ""
@@ -237,6 +237,13 @@ def session_measure(
     seen: dict[str, Any] = {} if detail is None else detail
     try:
         tokens = session.tokenize(session.render(messages))
+        cycle = _cycle(session, messages, tokens, letters, rotations)
+        cheap = rotations_max_s is None or cycle.price_s is None or cycle.price_s <= rotations_max_s
+        t0 = time.perf_counter()
+        rotated = _rotated(session, cycle, rotations_by) if cheap else []
+        seen["rotated"] = rotated
+        spent_ms = (time.perf_counter() - t0) * 1e3 if cheap else 0.0
+        seen["rotations_ms"] = _unshared_ms(cycle, spent_ms)
         signals, answer, logprobs = measure(
             session.llm,
             tokens,
@@ -244,20 +251,10 @@ def session_measure(
             letters=letters,
             n_answer=n_answer,
             is_eog=lambda t: bool(lc.llama_vocab_is_eog(vocab, t)),
+            rotated=rotated,
             detail=seen,
         )
-        options = seen.get("options") or []
-        if seen.get("pace_s"):
-            session.pace_s = seen["pace_s"]
-        cycle = _cycle(session, messages, letters, rotations, getattr(session, "pace_s", None))
-        wanted = bool(options and cycle.prompts) and (
-            rotate_if is None or rotate_if(signals, cycle.price_s)
-        )
-        t0 = time.perf_counter()
-        rotated = _rotated_kept(session, cycle, rotations_by) if wanted else []
-        seen["rotations_ms"] = (time.perf_counter() - t0) * 1e3 if wanted else 0.0
-        seen["rotated"] = rotated
-        signals.update(perm.summarise(options, rotated))
+        session.note_pace(*seen["prefilled"])
     except RuntimeError as exc:
         session._after_abort()
         if session._abort.is_set():
@@ -286,52 +283,62 @@ def _option_probs(llm: Any, tokens: Sequence[int], reuse: int, ids: Sequence[int
 @dataclass(frozen=True)
 class Cycle:
     """A multiple-choice prompt's option rotations, rendered: each one's tokens and option
-    order, the option letters' token ids, and what prefilling them is priced at (`price_s`:
-    their uncached tokens at the pace of the prompt's own prefill; None: pace unknown)."""
+    order, the option letters' token ids, the tokens they prefill (`fresh`), of which the
+    prompt as asked then finds `shared` cached (the question), and what the rest, the work a
+    local answer does not reuse, is priced at (`price_s`; None: no prefill pace known yet)."""
 
     prompts: list[tuple[list[int], list[int]]]
     ids: list[int]
-    price_s: float | None
+    fresh: int = 0
+    shared: int = 0
+    price_s: float | None = None
 
 
 def _cycle(
-    session: Any, messages: Sequence[Any], letters: Sequence[str], n: int, pace_s: float | None
+    session: Any,
+    messages: Sequence[Any],
+    asked: Sequence[int],
+    letters: Sequence[str],
+    n: int,
 ) -> Cycle:
-    """The rotations of the last message's options (up to `n`), rendered and priced against
-    what the KV cache holds now (the prompt as asked: the question is cached)."""
+    """The rotations of the last message's options (up to `n`), rendered, counted against what
+    the KV cache holds now and priced at `session.pace_s`; `asked`: the prompt as asked."""
     text = str(messages[-1].get("content", "")) if messages else ""
     ids = letter_ids(session.llm, letters) if letters and n > 0 else []
     prompts = [
         (session.tokenize(session.render([*messages[:-1], {**messages[-1], "content": p}])), o)
         for p, o in (perm.rotations(text, letters, n) if ids else [])
     ]
-    if not prompts or not pace_s:
-        return Cycle(prompts, ids, None)
-    held = session.llm._input_ids[: session.llm.n_tokens]
-    fresh = sum(len(t) - common_prefix(held, t) for t, _ in prompts)
-    return Cycle(prompts, ids, fresh * pace_s)
+    if not prompts:
+        return Cycle(prompts, ids)
+    held: Sequence[int] = session.llm._input_ids[: session.llm.n_tokens]
+    fresh = 0
+    for tokens, _ in prompts:
+        fresh += len(tokens) - min(common_prefix(held, tokens), len(tokens) - 1)
+        held = tokens
+    before = common_prefix(session.llm._input_ids[: session.llm.n_tokens], asked)
+    shared = max(common_prefix(held, asked) - before, 0)
+    pace_s = getattr(session, "pace_s", None)
+    price = None if pace_s is None else (fresh - shared) * pace_s
+    return Cycle(prompts, ids, fresh, shared, price)
 
 
-def _rotated_kept(session: Any, cycle: Cycle, by: float | None) -> list[list[float]]:
-    """`_rotated`, with the KV state the prompt as asked left (its prefill and held tokens,
-    the answer's) copied out before and put back after: the answer that follows reuses it."""
-    llm = session.llm
-    held = np.array(llm._input_ids[: llm.n_tokens], dtype=np.int32)
-    data = session._live_bytes()
-    if data is None:  # no copy of the answer's state: do not overwrite it
-        return []
-    try:
-        return _rotated(session, cycle, by)
-    finally:
-        session._restore(SavedState(held, data))
+def _unshared_ms(cycle: Cycle, spent_ms: float) -> float:
+    """Of the rotations' `spent_ms`, the part a local answer does not reuse: all but the
+    question's share of the tokens they prefilled (`Cycle.shared`)."""
+    if not cycle.fresh or spent_ms <= 0.0:
+        return 0.0
+    return spent_ms * (cycle.fresh - cycle.shared) / cycle.fresh
 
 
 def _rotated(session: Any, cycle: Cycle, by: float | None = None) -> list[list[float]]:
     """The option probabilities of each rotation of `cycle`, by original option; [] when the
     whole cycle would not end by `by` (a partial cycle is not what stage 2 learnt from: the
-    letter bias cancels only over all of it): not started when its price passes it, given up
-    when the next rotation would end past it at the pace of those before."""
-    if by is not None and cycle.price_s is not None and time.perf_counter() + cycle.price_s > by:
+    letter bias cancels only over all of it): not started when its whole prefill, at the last
+    measured pace, would end past it; given up when the next rotation would end past it at the
+    pace of those before."""
+    pace_s = getattr(session, "pace_s", None)
+    if by is not None and pace_s is not None and time.perf_counter() + cycle.fresh * pace_s > by:
         return []
     out: list[list[float]] = []
     t0 = time.perf_counter()
@@ -386,19 +393,24 @@ async def engine_signals(
     messages: Sequence[Any],
     n_answer: int,
     rotations_within_s: float | None = None,
-    rotate_if: RotateIf | None = None,
+    rotations_max_s: float | None = None,
 ) -> LocalSignals:
     """Run `session_measure` as one queued job of `engine` (a `LlamaCppEngine`);
     `rotations_within_s`: the option rotations must end this long after the job starts, or
-    none is used (`session_measure`'s `rotations_by`); `rotate_if`: whether they are worth
-    reading, from the figures without them."""
+    none is used (`session_measure`'s `rotations_by`); `rotations_max_s`: the most they may add
+    that the answer does not reuse, priced before they start."""
 
     def job(session: Any) -> LocalSignals:  # on the llama thread
         t0 = time.perf_counter()
         by = None if rotations_within_s is None else t0 + rotations_within_s
         seen: dict[str, Any] = {}
         values, prompt_tokens, answer, logprobs = session_measure(
-            session, messages, n_answer, detail=seen, rotations_by=by, rotate_if=rotate_if
+            session,
+            messages,
+            n_answer,
+            detail=seen,
+            rotations_by=by,
+            rotations_max_s=rotations_max_s,
         )
         cost_ms = (time.perf_counter() - t0) * 1e3
         ended = bool(answer) and bool(session._lc.llama_vocab_is_eog(session._vocab, answer[-1]))

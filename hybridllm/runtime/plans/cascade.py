@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,7 +50,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from hybridllm import clock, errors
 from hybridllm.engines.base import Engine, GenerationRequest, Message
-from hybridllm.engines.capabilities import NamesItsModel, ReadsSignals, RotateIf
+from hybridllm.engines.capabilities import NamesItsModel, ReadsSignals
 from hybridllm.events import Chunk, Delta, Finish
 from hybridllm.policy import Policy
 from hybridllm.runtime.plans.race import race
@@ -114,8 +114,9 @@ async def cascade(
             cloud_scope = anyio.CancelScope()
             if hedged:
                 buffer = _start_buffered(tg, run, cloud, request, cloud_scope)
-            unsure = rotation_rule(router, request.messages, settings.cut, settings.rotations_s)
-            sig, failed, held_ms = await _hold(local, request, n_answer, budget, unsure)
+            sig, failed, held_ms = await _hold(
+                local, request, n_answer, budget, settings.rotations_s
+            )
             info.held_ms = round(held_ms, 1)
             if failed is not None:
                 run.outcome(local.name, failed)
@@ -184,11 +185,11 @@ async def _hold(
     request: GenerationRequest,
     n_answer: int,
     budget: float,
-    rotate_if: RotateIf | None = None,
+    rotations_max_s: float | None = None,
 ) -> tuple[LocalSignals | None, Exception | None, float]:
     """The local model's own signals read within the hold (`budget` seconds): the signals (None
     when the hold ran out first), the engine's error if it failed first, the ms held.
-    `rotate_if`: whether a multiple-choice prompt's option rotations are worth reading."""
+    `rotations_max_s`: the most a multiple-choice prompt's option rotations may add."""
     t0 = clock.now()
     sig = None
     failed: Exception | None = None
@@ -198,7 +199,7 @@ async def _hold(
                 request.messages,
                 n_answer,
                 rotations_within_s=rotations_within(budget),
-                rotate_if=rotate_if,
+                rotations_max_s=rotations_max_s,
             )
         except errors.EngineError as exc:  # queue full, engine failure: the cloud answers
             failed = exc
@@ -502,25 +503,8 @@ async def score_messages(
         raise errors.ConfigError("router_score needs a router (the client has none)")
     if not isinstance(local, ReadsSignals):
         return router_score(router, messages, None)
-    cheap: RotateIf | None = None
-    if rotations_max_s is not None:
-        cap = rotations_max_s
-        cheap = lambda _values, price_s: price_s is None or price_s <= cap  # noqa: E731
-    sig = await local.signals(messages, n_answer, rotate_if=cheap)
+    sig = await local.signals(messages, n_answer, rotations_max_s=rotations_max_s)
     return router_score(router, messages, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
-
-
-def rotation_rule(router: Any, messages: Sequence[Message], cut: float, max_s: float) -> RotateIf:
-    """The cascade reads a multiple-choice prompt's option rotations only where they may move
-    its decision at `cut` (`stage2.rotations_matter`) and are priced at most `max_s` (`[cascade]
-    rotations_ms`; a price not known yet is not refused); called on the llama thread."""
-    from hybridllm.routing.stage2 import rotations_matter
-
-    def rotate_if(values: Mapping[str, float], price_s: float | None) -> bool:
-        cheap = price_s is None or price_s <= max_s
-        return cheap and rotations_matter(router, messages, values, cut)
-
-    return rotate_if
 
 
 ROTATION_SLACK_S = 0.05  # left in the hold after the rotations: the state put back, the heads
