@@ -211,7 +211,8 @@ class CascadeRecord:
     score of the prompt (`text`), whether the cloud started at once (`hedged`), the cut and the
     judge; then the time the local start was held, the decision, and, when it was scored, the
     combined score (`value`), the stage-2 model, the local model's own confidence (`local`),
-    the signals read and their cost, and the characters held; for a whole-answer judgement the
+    the signals read and their cost (`cost_ms`; `extra_ms` of it, what a local answer does not
+    reuse: the option rotations), and the characters held; for a whole-answer judgement the
     whole answer's figures (`answer_signals`) and its tokens; why a released local answer failed
     over to the cloud (`failover`). None: not reached."""
 
@@ -226,6 +227,7 @@ class CascadeRecord:
     local: float | None = None
     signals: dict[str, float | None] | None = None
     cost_ms: float | None = None
+    extra_ms: float | None = None
     held_chars: int | None = None
     answer_signals: dict[str, float | None] | None = None
     local_tokens: int | None = None

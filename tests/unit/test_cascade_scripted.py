@@ -54,7 +54,10 @@ class SignalScriptedEngine(ScriptedEngine):
         lps = tuple(-0.1 * (i + 1) for i in range(n))
         values = {"first_p": 0.9, "answer_tokens": float(n), "lp_mean": sum(lps) / n,
                   "lp_min": min(lps), "is_choice": 0.0, "option_p": math.nan}  # fmt: skip
-        return LocalSignals(values, 10, self.answer, self.ended, self.hold_s * 1e3, lps)
+        cost_ms = self.hold_s * 1e3
+        return LocalSignals(
+            values, 10, self.answer, self.ended, cost_ms, lps, rotations_ms=cost_ms / 4
+        )
 
     def stream(self, request: Any) -> Any:
         self.continued_from.append(request.assistant_prefix)
@@ -110,6 +113,7 @@ async def test_confident_local_releases_held_text_and_continues_from_it_scripted
     assert trace.started == ("local",) and trace.engine == "local"
     assert trace.cascade.decision == "local" and trace.cascade.held_ms >= 45
     assert trace.cascade.value == pytest.approx(0.10) and trace.cascade.cut == 0.5
+    assert trace.cascade.extra_ms == pytest.approx(trace.cascade.cost_ms / 4, abs=0.1)
 
 
 async def test_unconfident_local_defers_before_anything_is_shown_scripted() -> None:
@@ -194,6 +198,7 @@ async def test_router_score_reports_stage1_stage2_and_the_local_cost_scripted() 
     assert score.local == pytest.approx(0.1) and score.value == pytest.approx(0.3)
     assert score.signals["answer_tokens"] == 3.0 and math.isnan(score.signals["option_p"])
     assert score.cost_ms == pytest.approx(local.hold_s * 1e3) and score.model == "combined"
+    assert score.extra_ms == pytest.approx(score.cost_ms / 4)  # what the engine said: rotations
 
 
 async def test_the_preview_shows_the_cascade_the_stream_runs_scripted() -> None:

@@ -283,6 +283,7 @@ def _describe(info: CascadeRecord, score: RouterScore, release: bool, held_chars
     info.local = None if score.local is None else round(score.local, 6)
     info.signals = {k: (None if math.isnan(v) else round(v, 6)) for k, v in score.signals.items()}
     info.cost_ms = round(score.cost_ms, 1)
+    info.extra_ms = round(score.extra_ms, 1)
     info.held_chars = held_chars
 
 
