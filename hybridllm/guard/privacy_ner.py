@@ -160,7 +160,7 @@ class NerLayer:
                 if not self.available:
                     raise ConfigError(f"the privacy NER layer needs {', '.join(self.missing)}")
                 t0 = time.perf_counter()
-                self._analyzer = build_analyzer(self.models)
+                self._analyzer = shared_analyzer(self.models)
                 self.load_s = time.perf_counter() - t0
 
     def find(self, text: str) -> list[tuple[str, int, int]]:
@@ -256,6 +256,21 @@ def _a_name(text: str, start: int, end: int) -> bool:
         return True
     de = german(text)  # every noun capitalised: fewer words count as a name's
     return name_words(span, de) >= 2 and not names_public_figure(text, start, end, nouns=de)
+
+
+_analyzers: dict[tuple[tuple[str, str], ...], Any] = {}
+_analyzers_lock = threading.Lock()
+
+
+def shared_analyzer(models: Mapping[str, str]) -> Any:
+    """The process's analyzer over `models` (`build_analyzer`), built once and shared by every
+    scanner that reads the same pipelines: a second client, or a scanner made per call, does
+    not load spaCy's pipelines again (seconds, and their memory twice)."""
+    key = tuple(sorted(models.items()))
+    with _analyzers_lock:
+        if key not in _analyzers:
+            _analyzers[key] = build_analyzer(models)
+        return _analyzers[key]
 
 
 def build_analyzer(models: Mapping[str, str]) -> Any:

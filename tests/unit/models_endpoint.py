@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from tests.loopback import POLL_S
 from tests.unit.sse_endpoint import chunk
 
 
@@ -53,7 +54,7 @@ def serve_models() -> Iterator[tuple[str, type[Models]]]:
     """The endpoint's base URL and its handler class (set `status` on it), for a with block."""
     handler = type("Handler", (Models,), {})
     server = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}/v1", handler

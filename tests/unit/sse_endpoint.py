@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.loopback import POLL_S
+
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     """One `chat.completion.chunk` as OpenAI streams it."""
@@ -84,7 +86,7 @@ class Endpoint:
 
 def serving(endpoint: Endpoint) -> Iterator[Endpoint]:
     """Run `endpoint` on a thread for the duration of a fixture."""
-    thread = threading.Thread(target=endpoint.server.serve_forever, daemon=True)
+    thread = threading.Thread(target=endpoint.server.serve_forever, args=(POLL_S,), daemon=True)
     thread.start()
     try:
         yield endpoint

@@ -46,6 +46,7 @@ from hybridllm.errors import (
 from hybridllm.guard.guarded import RequestContext
 from hybridllm.policy import Policy
 from hybridllm.runtime.gather import Gatherer
+from tests.loopback import POLL_S
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +95,7 @@ def recorder(status: int = 200) -> Iterator[tuple[str, list[tuple[str, str, dict
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(POLL_S,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen

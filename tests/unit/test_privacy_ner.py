@@ -265,3 +265,23 @@ def test_a_piece_is_cut_at_whitespace_and_read_with_its_margins() -> None:
         assert p.read_from == 0 or text[p.read_from - 1].isspace()
         assert p.own_from - p.read_from >= 40 or p.read_from == 0
         assert p.read_to - p.own_to >= 40 or p.read_to == len(text)
+
+
+def test_scanners_over_the_same_pipelines_share_one_analyzer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second scanner (another client, one made per call) reads the pipelines the first one
+    loaded: they are built once per process and set of models."""
+    built: list[dict[str, str]] = []
+    monkeypatch.setattr(privacy_ner, "_analyzers", {})
+    monkeypatch.setattr(
+        privacy_ner, "build_analyzer", lambda models: built.append(dict(models)) or object()
+    )
+    monkeypatch.setattr(privacy_ner, "find_models", lambda languages: ({"en": "m_en"}, []))
+    first, second = privacy_ner.NerLayer(("en",)), privacy_ner.NerLayer(("en",))
+    first.load()
+    second.load()
+    assert built == [{"en": "m_en"}] and first.loaded and second.loaded
+    monkeypatch.setattr(privacy_ner, "find_models", lambda languages: ({"fr": "m_fr"}, []))
+    privacy_ner.NerLayer(("fr",)).load()  # other pipelines: built for themselves
+    assert built == [{"en": "m_en"}, {"fr": "m_fr"}]

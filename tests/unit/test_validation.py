@@ -33,6 +33,7 @@ from hybridllm.errors import (
     PrivacyBlockedError,
 )
 from hybridllm.testing import ScriptedEngine
+from tests.loopback import POLL_S
 
 pytestmark = pytest.mark.anyio
 NAN, INF = float("nan"), float("inf")
@@ -262,7 +263,9 @@ class Endpoint:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, args=(POLL_S,), daemon=True
+        )
 
     def __enter__(self) -> Endpoint:
         self.thread.start()
