@@ -508,14 +508,10 @@ async def score_messages(
     return router_score(router, messages, sig.values, sig.cost_ms, extra_ms=sig.rotations_ms)
 
 
-ROTATION_SLACK_S = 0.05  # left in the hold after the rotations: the state put back, the heads
-
-
 def rotations_within(budget: float) -> float | None:
-    """By when, from the signals' start, the option rotations of a multiple-choice prompt must
-    end: they come after the prompt itself and the held tokens, so the hold less a little
-    slack for what follows them (none past the budget)."""
-    return None if math.isinf(budget) else max(budget - ROTATION_SLACK_S, 0.0)
+    """How long the option rotations of a multiple-choice prompt may take inside the hold: half
+    of it, the rest left for the prompt itself and the held tokens (none past the budget)."""
+    return None if math.isinf(budget) else max(budget, 0.0) / 2
 
 
 register("cascade", build_cascade, builtin=True)
