@@ -222,7 +222,8 @@ def session_measure(
     the figures are computed as the labeller computed them for stage 2's training). The
     rotations' cost a local answer does not reuse (all their prefill but the question's, which
     the prompt as asked then finds cached) is priced before the first one at the last measured
-    prefill pace (`LlamaSession.pace_s`); past `rotations_max_s` they are not read. `detail`,
+    prefill pace (`LlamaSession.pace_s`); past `rotations_max_s` they are not read (with no
+    pace known yet, the session's first prefill, they are). `detail`,
     when given, gets the option probabilities: "options" (as asked) and "rotated" (each
     rotation's, by original option), for the labeller, and "rotations_ms", the work they added
     that the answer does not reuse. `rotations_by` (a `time.perf_counter()` time): the
