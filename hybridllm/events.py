@@ -350,6 +350,21 @@ class Resumed(Mark):
 
 
 @dataclass(frozen=True, slots=True, init=False)
+class CallOpened(Mark):
+    """The mark "call_opened": a tool call's name is chosen (`call_name`) while its arguments
+    are still being written; the call itself comes whole, as a `Called`, when they are. For the
+    first-token deadline the answer has started here (a race crowns the engine that opened a
+    call; `Trace.marks["call_opened"]`)."""
+
+    call_name: str
+
+    def __init__(self, t: float, *, call_name: str) -> None:
+        object.__setattr__(self, "name", "call_opened")
+        object.__setattr__(self, "t", t)
+        object.__setattr__(self, "call_name", call_name)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Partial(Mark):
     """The mark "partial_json": a held JSON answer's text so far (`text`) parsed into `value`
     (`runtime.checked`); the stream turns it into a `PartialJSON` event."""

@@ -76,6 +76,7 @@ class CallAssembler:
         self._next = 0  # the index of the next call to hand back
         self.handed = 0  # calls handed back
         self.received = False  # whether any piece came (content received)
+        self.opened: list[str] = []  # the calls' names, each as its first piece named it
 
     @property
     def pending(self) -> int:
@@ -102,7 +103,10 @@ class CallAssembler:
         if function is not None:
             name = _text(_get(function, "name"), "name")
             arguments = _text(_get(function, "arguments"), "arguments")
+        named = call.name is None
         call.name = self._same(call, "name", call.name, name)
+        if named and call.name is not None:
+            self.opened.append(call.name)
         if arguments:
             call.arguments.append(arguments)
         return self._ready()

@@ -54,6 +54,7 @@ from hybridllm.engines.queue import BoundedQueue, Turn
 from hybridllm.events import (
     PRIORITIES,
     Called,
+    CallOpened,
     Chunk,
     Delta,
     EngineName,
@@ -84,7 +85,7 @@ if TYPE_CHECKING:
 
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-0.5b-instruct"
 # a token on its way from the llama thread to the loop (the thread waits for `ack`: Handoff)
-_Posted = tuple["Delta | Called", threading.Event]
+_Posted = tuple["Delta | Called | CallOpened", threading.Event]
 # the bytes of saved KV states a local engine keeps by default (`kv_cache_bytes`): about 20,000
 # tokens of Qwen 0.5B's KV, 9,000 of Qwen 1.5B's
 DEFAULT_KV_BYTES = 256 * 1024 * 1024
@@ -630,22 +631,24 @@ class LlamaCppEngine:
 
     async def _decode(
         self, session: LlamaSession, gen: Generation, turn: Turn
-    ) -> AsyncGenerator[Delta | Called, None]:
+    ) -> AsyncGenerator[Delta | Called | CallOpened, None]:
         """Decode on the llama thread without pausing between tokens; stop when told, or
         before the next step once a more urgent request preempts this one (`turn.preempt`).
-        A tool call comes as one `Called` once its JSON is complete (never as text)."""
+        A tool call comes as one `Called` once its JSON is complete (never as text), after a
+        `CallOpened` mark as soon as its JSON has chosen the function."""
         send, recv = anyio.create_memory_object_stream[_Posted](math.inf)
         stop = threading.Event()
         finished = anyio.Event()
         post = loop_caller()
         handoff = Handoff(post, self.handoff_wait_s)
 
-        def push(delta: Delta | Called, ack: threading.Event) -> None:
+        def push(delta: Delta | Called | CallOpened, ack: threading.Event) -> None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait((delta, ack))
 
         cut = _yields(turn) if gen._drafter is None else None  # a step cut at a preemption
         sent = [len(gen.calls)]  # calls already delivered (a resumed generation has some)
+        said = [len(gen.opened)]  # calls whose opening was said
 
         def decode() -> None:
             try:
@@ -657,6 +660,10 @@ class LlamaCppEngine:
                     self.steps_total += 1
                     if text:
                         handoff.send(partial(push, Delta(text, clock.now())))
+                    while len(gen.opened) > said[0]:
+                        opened = CallOpened(clock.now(), call_name=gen.opened[said[0]])
+                        said[0] += 1
+                        handoff.send(partial(push, opened))
                     while len(gen.calls) > sent[0]:
                         call = gen.calls[sent[0]]
                         sent[0] += 1

@@ -71,6 +71,7 @@ from hybridllm.engines.tokens import estimate_text_tokens
 from hybridllm.events import (
     PRIORITIES,
     Called,
+    CallOpened,
     Chunk,
     Delta,
     EngineName,
@@ -687,9 +688,10 @@ class _Seen:
         return calls
 
 
-def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called]:
-    """One streamed chunk's text, as deltas, and the tool calls it completes (assembled from
-    `delta.tool_calls`: `engines.call_deltas`); its usage and finish reason noted in `seen`."""
+def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called | CallOpened]:
+    """One streamed chunk's text, as deltas, and the tool calls it opens (a `CallOpened` as a
+    call's first piece names it) and completes (assembled from `delta.tool_calls`:
+    `engines.call_deltas`); its usage and finish reason noted in `seen`."""
     usage = getattr(chunk, "usage", None)
     if usage is not None:  # (counts that are not counts: estimated instead)
         seen.prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
@@ -708,7 +710,11 @@ def _deltas(chunk: Any, seen: _Seen) -> Iterator[Delta | Called]:
         if not isinstance(pieces, list | tuple):
             raise TypeError(f"delta tool_calls is {type(pieces).__name__}")
         for piece in pieces:
-            yield from seen.called(seen.calls.add(piece))
+            named = len(seen.calls.opened)
+            whole = seen.calls.add(piece)
+            for name in seen.calls.opened[named:]:
+                yield CallOpened(clock.now(), call_name=name)
+            yield from seen.called(whole)
         if choice.finish_reason:
             if not isinstance(choice.finish_reason, str):
                 raise TypeError(f"finish_reason is {type(choice.finish_reason).__name__}")

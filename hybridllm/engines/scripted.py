@@ -33,7 +33,16 @@ from hybridllm.engines.base import EngineInfo, GenerationRequest, Message
 from hybridllm.engines.capabilities import EngineCheck
 from hybridllm.engines.queue import BoundedQueue
 from hybridllm.errors import InvalidArgumentError
-from hybridllm.events import PRIORITIES, Called, Chunk, Delta, EngineName, Finish, RequestSent
+from hybridllm.events import (
+    PRIORITIES,
+    Called,
+    CallOpened,
+    Chunk,
+    Delta,
+    EngineName,
+    Finish,
+    RequestSent,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,9 @@ class ScriptedCall:
     arguments: str = "{}"
     id: str | None = None  # None: "call_<n>"
     confidence: float | None = None  # what `Called.confidence` says
+    # the seconds its arguments take once its name is chosen: a `CallOpened` mark comes first,
+    # the call that long after (None: the call comes whole, with no mark)
+    arguments_s: float | None = None
 
 
 Step = float | str | ScriptedCall | BaseException
@@ -84,6 +96,8 @@ class ScriptedEngine:
         for i, step in enumerate(script or ()):
             if not isinstance(step, str | ScriptedCall | BaseException):
                 validate.number(f"script[{i}]", step, minimum=0.0)
+            elif isinstance(step, ScriptedCall) and step.arguments_s is not None:
+                validate.number(f"script[{i}].arguments_s", step.arguments_s, minimum=0.0)
         if token_count is not None:
             validate.integer("token_count", token_count, minimum=0)
         self.n_ctx = None if n_ctx is None else validate.integer("n_ctx", n_ctx, minimum=1)
@@ -156,6 +170,9 @@ class ScriptedEngine:
                 if isinstance(step, ScriptedCall):
                     calls += 1
                     call_id = step.id or f"call_{calls}"
+                    if step.arguments_s is not None:
+                        yield CallOpened(clock.now(), call_name=step.name)
+                        await anyio.sleep(step.arguments_s)
                     now = clock.now()
                     yield Called(call_id, step.name, step.arguments, now, step.confidence)
                 elif isinstance(step, str):

@@ -330,6 +330,8 @@ class LatencyModel:
         ttft = ttft_ms / 1000.0
         if "rescue_first_token" in marks:  # a held rescue: its engine's own first token
             ttft = min(ttft, marks["rescue_first_token"] - trace.t_start)
+        if "call_opened" in marks:  # a tool call: the answer started once its name was chosen
+            ttft = min(ttft, marks["call_opened"] - trace.t_start)
         offset = {e: self._start_offset(trace, e) for e in trace.started}
         start = offset.get(served, 0.0)
         queue = None

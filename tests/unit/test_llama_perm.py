@@ -64,11 +64,10 @@ def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
 
 class _Session:
     """Enough of a `LlamaSession` for `_cycle` and `_rotated`: rendering and tokenizing are
-    identity-like; the KV cache holds `cached`; `pace_s`, the last prefill's pace."""
+    identity-like; the KV cache holds `cached`."""
 
-    def __init__(self, cached: str = "", pace_s: float | None = None) -> None:
+    def __init__(self, cached: str = "") -> None:
         self.llm = SimpleNamespace(_input_ids=[ord(c) for c in cached], n_tokens=len(cached))
-        self.pace_s = pace_s
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return messages[-1]["content"]
@@ -97,18 +96,18 @@ def fake_prefill(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[float
     return calls, clock
 
 
-def _cycle(session: _Session, prompt: str = PROMPT) -> object:
+def _cycle(session: _Session, prompt: str = PROMPT, pace_s: float | None = None) -> object:
     from hybridllm.engines.llama import signals as llama_signals
 
     msgs = [{"role": "user", "content": prompt}]
     asked = session.tokenize(prompt)
-    return llama_signals._cycle(session, msgs, asked, option_letters(prompt), 4)
+    return llama_signals._cycle(session, msgs, asked, option_letters(prompt), 4, pace_s)
 
 
 def test_rotations_given_up_whole_when_past_their_time(
     fake_prefill: tuple[list[int], list[float]],
 ) -> None:
-    """The rule where no prefill pace is known yet: a rotation starts only if it would end by
+    """The rule where the prefill speed is not known: a rotation starts only if it would end by
     `by`, at the pace of those before it."""
     from hybridllm.engines.llama import signals as llama_signals
 
@@ -139,15 +138,15 @@ def test_the_cycle_is_priced_by_what_the_answer_does_not_reuse(
 ) -> None:
     """Counted against the KV cache (the template's start cached): the rotations prefill the
     question once and three option blocks; the prompt as asked then finds the question cached,
-    so the price is the blocks alone, at the last prefill's pace. A whole cycle past `by` at that
-    pace is not started (not one rotation wasted)."""
+    so the price is the blocks alone, at the engine's prefill speed. A whole cycle past `by` at
+    that speed is not started (not one rotation wasted)."""
     from hybridllm.engines.llama import signals as llama_signals
 
     calls, clock = fake_prefill
     prompt = "Which is a bird?\n\nA. ant\nB. bat\nC. crow\nD. dog\n\nAnswer with the letter only."
     question = "Which is a bird?\n\nA. "  # every rotation keeps the letters: "A. " too
-    session = _Session(cached="Which", pace_s=0.001)
-    cycle = _cycle(session, prompt)
+    session = _Session(cached="Which")
+    cycle = _cycle(session, prompt, pace_s=0.001)  # the engine's prefill: 1,000 tokens/s
     block = len(prompt) - len(question)  # each option text starts with its own character
     assert cycle.fresh == len(prompt) - len("Which") + 2 * block  # type: ignore[attr-defined]
     assert cycle.shared == len(question) - len("Which")  # type: ignore[attr-defined]

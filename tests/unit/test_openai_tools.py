@@ -15,7 +15,7 @@ import pytest
 from hybridllm import GenerationRequest, HybridClient, OpenAIEngine, ToolCall
 from hybridllm.engines.call_deltas import CallAssembler
 from hybridllm.errors import CloudProtocolError
-from hybridllm.events import Called, Chunk, Delta, Finish
+from hybridllm.events import Called, CallOpened, Chunk, Delta, Finish
 from hybridllm.tools import tool_spec
 from tests.unit.sse_endpoint import Endpoint, chunk, serving
 
@@ -84,7 +84,7 @@ async def play(ep: Endpoint, req: GenerationRequest | None = None) -> list[Chunk
     try:
         stream: AsyncGenerator[Chunk, None] = engine.stream(req or request())
         async for c in stream:
-            if isinstance(c, Delta | Called | Finish):
+            if isinstance(c, Delta | Called | CallOpened | Finish):
                 out.append(c)
     finally:
         await engine.aclose()
@@ -158,6 +158,10 @@ async def test_two_parallel_calls_come_whole_in_index_order(endpoint: Endpoint) 
     ]
     out = await play(endpoint)
     assert called(out) == [("c1", "get_weather", a), ("c2", "set_timer", b)]
+    # each call said as its first piece names it, before its arguments come
+    said = [(type(c).__name__, getattr(c, "call_name", getattr(c, "name", None))) for c in out]
+    assert said[:3] == [("CallOpened", "get_weather"), ("CallOpened", "set_timer"),
+                        ("Called", "get_weather")]  # fmt: skip
 
 
 async def test_two_calls_interleaved_by_index(endpoint: Endpoint) -> None:
@@ -183,7 +187,7 @@ async def test_text_before_a_call_streams_as_text(endpoint: Endpoint) -> None:
     ]
     out = await play(endpoint)
     kinds = [type(c).__name__ for c in out]
-    assert kinds == ["Delta", "Delta", "Called", "Finish"]
+    assert kinds == ["Delta", "Delta", "CallOpened", "Called", "Finish"]
     assert "".join(c.text for c in out if isinstance(c, Delta)) == "Let me check."
 
 

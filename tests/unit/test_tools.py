@@ -17,6 +17,7 @@ from hybridllm.errors import (
     InvalidOutputError,
     UnsureCallError,
 )
+from hybridllm.events import DeadlineMissed
 from hybridllm.routing.decide import decide
 from hybridllm.routing.decision import LiveState, RequestFacts
 from hybridllm.runtime.checked import snapshot
@@ -312,6 +313,42 @@ async def test_a_tool_call_counts_as_the_first_token_for_the_deadline() -> None:
     assert s.trace.ttft_ms == pytest.approx(300.0) and s.trace.deadline_missed_ms is None
 
 
+async def test_a_call_named_inside_the_deadline_has_started_the_answer() -> None:
+    """Local first, a 500 ms deadline, the cloud's call ready at 0.1 s once started. The
+    local call is named at 0.3 s and comes whole at 1.3 s: its name inside the deadline starts
+    the answer (the cloud is never started, no deadline is missed), the call stays atomic."""
+    named = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=1.0)
+    local = ScriptedEngine("local", script=[0.3, named])
+    cloud = ScriptedEngine("cloud", script=[0.1, ScriptedCall("set_timer", '{"minutes": 2}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+        trace = s.trace
+        predicted = client.routing.latency.predict("local", 10, 1).ttft_s
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("local", {"minutes": 1})
+    ]
+    assert not cloud.requests and not any(isinstance(e, DeadlineMissed) for e in events)
+    assert trace.marks["call_opened"] - trace.t_start == pytest.approx(0.3)
+    assert trace.ttft_ms == pytest.approx(1300.0) and trace.deadline_missed_ms is None
+    assert predicted < 0.5  # learnt from the call's opening, not its end: no parallel start next
+
+
+async def test_a_call_not_named_by_the_deadline_is_rescued_by_the_cloud() -> None:
+    """The same local call, named at 0.7 s: past the deadline the cloud starts, and its call
+    (at 0.6 s + 0.1 s) comes before the local one is even named."""
+    named = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=1.0)
+    local = ScriptedEngine("local", script=[0.7, named])
+    cloud = ScriptedEngine("cloud", script=[0.1, ScriptedCall("set_timer", '{"minutes": 2}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("cloud", {"minutes": 2})
+    ]
+    assert "call_opened" not in s.trace.marks and s.trace.engine == "cloud"
+
+
 # ---- the plans a whole answer allows -------------------------------------------------------------
 
 
@@ -517,3 +554,18 @@ async def test_text_that_only_starts_like_markup_is_delivered_whole_and_in_order
 async def test_a_call_written_as_text_with_no_engine_left_raises_what_was_produced() -> None:
     error = await _alone_failing([0.05, "<tool_call>", '{"name": "set_timer"}'], "tea timer")
     assert error.produced == "<tool_call>" and error.what == "tool_call"
+
+
+async def test_a_named_call_that_fails_its_check_still_goes_to_the_cloud() -> None:
+    """Named inside the deadline (the answer started), then invalid: nothing was delivered, so
+    the cloud answers, as for a call that came whole."""
+    bad = ScriptedCall("set_timer", '{"minutes": "five"}', arguments_s=0.1)
+    local = ScriptedEngine("local", script=[0.05, bad])
+    cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("tea timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("cloud", {"minutes": 5})
+    ]
+    assert any(isinstance(e, Fallback) and e.to_engine == "cloud" for e in events)

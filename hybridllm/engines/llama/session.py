@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import random
+import re
 import statistics
 import threading
 import time
@@ -46,7 +47,8 @@ from hybridllm.local import gguf, loader
 from hybridllm.local.settings import LlamaSettings
 
 log = logging.getLogger(__name__)
-PACE_MIN_TOKENS = 8  # a prefill of this many tokens or more tells the pace of the next ones
+# a call's JSON once its function is chosen (the grammar writes the name first)
+CHOSEN_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -84,6 +86,9 @@ class Generation:
     _held: str = ""
     _drafter: PromptLookup | None = None
     calls: list[ParsedCall] = field(default_factory=list)  # the complete calls, in order
+    # the names of the calls opened so far, each as soon as its JSON has chosen it (before
+    # its arguments are written): the engine says so with a `CallOpened` mark
+    opened: list[str] = field(default_factory=list)
     _call_at: int | None = None  # where in tokens_out the call being generated starts
     _call_lps: list[float] = field(default_factory=list)  # its tokens' log-probabilities
     # the answer's first text, held while it may still open a call written as JSON (None:
@@ -129,9 +134,6 @@ class LlamaSession:
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
         self.n_ctx: int = self.llm.n_ctx()
         self._abort = threading.Event()
-        # seconds a prompt token took in the last prefill long enough to tell (router stage 2
-        # prices a multiple-choice prompt's option rotations with it: `signals._cycle`)
-        self.pace_s: float | None = None
         self._yield_if: Callable[[], bool] | None = None  # a preemptible prefill's signal
         self._abort_cb = llama_cpp.ggml_abort_callback(lambda _data: self._cut())
         llama_cpp.llama_set_abort_callback(self.llm.ctx, self._abort_cb, None)
@@ -345,11 +347,6 @@ class LlamaSession:
         llm.n_tokens = n
         return True
 
-    def note_pace(self, tokens: int, seconds: float) -> None:
-        """A prefill of `tokens` took `seconds`: the pace, where that many tell it."""
-        if tokens >= PACE_MIN_TOKENS and seconds > 0.0:
-            self.pace_s = seconds / tokens
-
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading prompt tokens are already in the KV cache."""
         n = common_prefix(self.llm._input_ids[: self.llm.n_tokens], tokens)
@@ -388,9 +385,7 @@ class LlamaSession:
                 self._eval(tokens[reuse:end], yield_if)
                 self._save_to_disk(tokens[:end])
                 reuse = end
-            t0 = time.perf_counter()
             self._eval(tokens[reuse:-1], yield_if)  # generate() then evaluates the last one
-            self.note_pace(len(tokens) - 1 - reuse, time.perf_counter() - t0)
         except RuntimeError as exc:
             self._after_abort()
             if self._abort.is_set():
@@ -606,6 +601,8 @@ class LlamaSession:
         assert gen._call_at is not None and gen.prepared.tools is not None
         if not self._lc.llama_vocab_is_eog(self._vocab, tok):
             gen.tokens_out.append(tok)
+            if len(gen.opened) <= len(gen.calls):  # its name not said yet
+                self._say_name(gen)
             return ""
         raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
         text = raw.decode("utf-8", "replace")
@@ -621,6 +618,14 @@ class LlamaSession:
             self._arm_opening(gen)  # another call may follow, in either form
         self._regenerate(gen)
         return ""
+
+    def _say_name(self, gen: Generation) -> None:
+        """The call's JSON so far has chosen its function (`"name": "..."` closed): note it."""
+        assert gen._call_at is not None
+        raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
+        named = CHOSEN_NAME.match(raw.decode("utf-8", "replace"))
+        if named is not None:
+            gen.opened.append(named.group(1))
 
     def _call_confidence(self, gen: Generation) -> float | None:
         """The confidence of the call just closed (`toolcalls.call_confidence`) from its JSON's

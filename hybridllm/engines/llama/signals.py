@@ -170,14 +170,10 @@ def measure(
     """Prefill `tokens` (the first `reuse` already in the KV cache) and decode up to `n_answer`
     greedy tokens: (signals, answer token ids, their log-probabilities). `rotated`: the option
     probabilities of the rotated prompts (`option_rotations`), compared with this order's; `detail`,
-    when given, gets this order's option probabilities ("options") and the prefill's size and
-    seconds ("prefilled"). Leaves the prompt and the answer tokens but the last in the KV
-    cache."""
+    when given, gets this order's option probabilities ("options").
+    Leaves the prompt and the answer tokens but the last in the KV cache."""
     llm.n_tokens = reuse
-    t0 = time.perf_counter()
     llm.eval(list(tokens[reuse:]))
-    if detail is not None:
-        detail["prefilled"] = (len(tokens) - reuse, time.perf_counter() - t0)
     tracker = TokenTracker(limit=n_answer)
     logits = last_logits(llm)
     tracker.add_options(logits, letter_ids(llm, letters))
@@ -215,6 +211,7 @@ def session_measure(
     detail: dict[str, Any] | None = None,
     rotations_by: float | None = None,
     rotations_max_s: float | None = None,
+    pace_s: float | None = None,
 ) -> tuple[dict[str, float], int, list[int], list[float]]:
     """`session_signals`, and the answer tokens' log-probabilities. A multiple-choice prompt is
     also read with its options rotated (up to `rotations` times, default `ROTATIONS`,
@@ -222,8 +219,8 @@ def session_measure(
     the figures are computed as the labeller computed them for stage 2's training). The
     rotations' cost a local answer does not reuse (all their prefill but the question's, which
     the prompt as asked then finds cached) is priced before the first one at the last measured
-    prefill pace (`LlamaSession.pace_s`); past `rotations_max_s` they are not read (with no
-    pace known yet, the session's first prefill, they are). `detail`,
+    `pace_s` (seconds a prompt token takes: the engine's measured prefill speed); past
+    `rotations_max_s` they are not read (with no pace known, they are). `detail`,
     when given, gets the option probabilities: "options" (as asked) and "rotated" (each
     rotation's, by original option), for the labeller, and "rotations_ms", the work they added
     that the answer does not reuse. `rotations_by` (a `time.perf_counter()` time): the
@@ -238,7 +235,7 @@ def session_measure(
     seen: dict[str, Any] = {} if detail is None else detail
     try:
         tokens = session.tokenize(session.render(messages))
-        cycle = _cycle(session, messages, tokens, letters, rotations)
+        cycle = _cycle(session, messages, tokens, letters, rotations, pace_s)
         cheap = rotations_max_s is None or cycle.price_s is None or cycle.price_s <= rotations_max_s
         t0 = time.perf_counter()
         rotated = _rotated(session, cycle, rotations_by) if cheap else []
@@ -255,7 +252,6 @@ def session_measure(
             rotated=rotated,
             detail=seen,
         )
-        session.note_pace(*seen["prefilled"])
     except RuntimeError as exc:
         session._after_abort()
         if session._abort.is_set():
@@ -293,6 +289,7 @@ class Cycle:
     fresh: int = 0
     shared: int = 0
     price_s: float | None = None
+    pace_s: float | None = None  # seconds a prompt token takes (None: unknown)
 
 
 def _cycle(
@@ -301,9 +298,10 @@ def _cycle(
     asked: Sequence[int],
     letters: Sequence[str],
     n: int,
+    pace_s: float | None = None,
 ) -> Cycle:
     """The rotations of the last message's options (up to `n`), rendered, counted against what
-    the KV cache holds now and priced at `session.pace_s`; `asked`: the prompt as asked."""
+    the KV cache holds now and priced at `pace_s`; `asked`: the prompt as asked."""
     text = str(messages[-1].get("content", "")) if messages else ""
     ids = letter_ids(session.llm, letters) if letters and n > 0 else []
     prompts = [
@@ -319,9 +317,8 @@ def _cycle(
         held = tokens
     before = common_prefix(session.llm._input_ids[: session.llm.n_tokens], asked)
     shared = max(common_prefix(held, asked) - before, 0)
-    pace_s = getattr(session, "pace_s", None)
     price = None if pace_s is None else (fresh - shared) * pace_s
-    return Cycle(prompts, ids, fresh, shared, price)
+    return Cycle(prompts, ids, fresh, shared, price, pace_s)
 
 
 def _unshared_ms(cycle: Cycle, spent_ms: float) -> float:
@@ -338,8 +335,8 @@ def _rotated(session: Any, cycle: Cycle, by: float | None = None) -> list[list[f
     letter bias cancels only over all of it): not started when its whole prefill, at the last
     measured pace, would end past it; given up when the next rotation would end past it at the
     pace of those before."""
-    pace_s = getattr(session, "pace_s", None)
-    if by is not None and pace_s is not None and time.perf_counter() + cycle.fresh * pace_s > by:
+    whole_s = None if cycle.pace_s is None else cycle.fresh * cycle.pace_s
+    if by is not None and whole_s is not None and time.perf_counter() + whole_s > by:
         return []
     out: list[list[float]] = []
     t0 = time.perf_counter()
@@ -401,6 +398,9 @@ async def engine_signals(
     none is used (`session_measure`'s `rotations_by`); `rotations_max_s`: the most they may add
     that the answer does not reuse, priced before they start."""
 
+    tps = engine.prefill_tps
+    pace_s = 1.0 / tps if tps else None  # the engine's measured prefill speed
+
     def job(session: Any) -> LocalSignals:  # on the llama thread
         t0 = time.perf_counter()
         by = None if rotations_within_s is None else t0 + rotations_within_s
@@ -412,6 +412,7 @@ async def engine_signals(
             detail=seen,
             rotations_by=by,
             rotations_max_s=rotations_max_s,
+            pace_s=pace_s,
         )
         cost_ms = (time.perf_counter() - t0) * 1e3
         ended = bool(answer) and bool(session._lc.llama_vocab_is_eog(session._vocab, answer[-1]))

@@ -64,6 +64,7 @@ from hybridllm.errors import (
 )
 from hybridllm.events import (
     Called,
+    CallOpened,
     Chunk,
     Delta,
     FallbackCause,
@@ -317,10 +318,12 @@ class _Race:
     # ---- one handler per kind of item -------------------------------------------------------
 
     def _on_chunk(self, cid: int, chunk: Delta | Called | Mark) -> None:
-        """A content token crowns its contender (if none won yet) and reaches the app; a mark
-        or an empty delta before the crown never wins (marks are kept for the winner)."""
+        """A content token crowns its contender (if none won yet) and reaches the app, and so
+        does a tool call opened (`CallOpened`: its name chosen, the answer has started; the
+        call comes whole later); another mark or an empty delta before the crown never wins
+        (marks are kept for the winner)."""
         if self.winner is None:
-            if not is_content(chunk):
+            if not is_content(chunk) and not isinstance(chunk, CallOpened):
                 if isinstance(chunk, Mark):
                     self.contenders[cid].marks.append(chunk)
                 return
