@@ -2,7 +2,8 @@
 run (issue 26).
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_tools.py [--n 10] [--offset K]
-        [--arms local,cloud,hybrid,hybrid-confidence]
+        [--arms local,cloud,hybrid,hybrid-confidence,preset:chat,preset:voice-assistant]
+        [--pin]
         [--calibrate M [--calibration-offset K] [--calibration-rows PATH]
          | --bound B [--fit-bound F]] [--max-share 0.5] [--json out.json]
 
@@ -16,7 +17,11 @@ emails would keep items off the cloud-only arm), through `HybridClient.complete(
 - hybrid: both, local first; a local answer that fails its check (an invalid call, a call
   written as text) escalates to the cloud before anything is delivered, and so does a valid
   local call below either `[tools]` bound (`min_call_confidence` and `min_tool_fit`);
-- hybrid-confidence: the same with `min_call_confidence` alone.
+- hybrid-confidence: the same with `min_call_confidence` alone;
+- preset:NAME: a preset policy as it ships (`chat`: the router decides, 500 ms deadline;
+  `voice-assistant`: local first, 400 ms, parallel cloud starts), the privacy guard off, with
+  the hybrid's `[tools]` bounds; a call counts as started once its name is chosen
+  (`CallOpened`), so its deadline is met or missed there.
 The bounds are `--bound` / `--fit-bound`, or with `--calibrate M` chosen first on M other items
 of each category (after the reported ones, or from item `--calibration-offset` on), run local
 only and cloud only, as the bounds that maximise accuracy with at most `--max-share` of those
@@ -27,14 +32,17 @@ are read as those rules have them: `reread`).
 Reported per arm: accuracy per category, the schema-valid share of delivered calls (checked here
 again with jsonschema, independently of hybridllm's own check), the refusals (an
 `InvalidOutputError` where no engine was left), the cloud share (the engine that served),
-and the time to the first token or call (p50, p95). Models and cores are shared: the arms run
-one after the other, never at once.
+the time to the first token or whole call (p50, p95) and to the first call named (p50, p95:
+the `call_opened` mark). The arms run one after the other, never at once. `--pin`: the stand-in
+cloud on CPU 1 (one thread), this process and the local engine on CPU 0 (one thread), so the
+two do not share a core (2-core machines).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,6 +56,8 @@ from benchmarks import bfcl  # noqa: E402
 from benchmarks._report import cpu_model  # noqa: E402
 from hybridllm.tools.fit import question_of, tool_fit  # noqa: E402
 
+CLOUD_CPU, DEVICE_CPU = 1, 0  # `--pin`: the stand-in cloud's core; this process's
+PINNED = False  # `--pin` given: one thread each
 LOCAL = "qwen2.5-coder-0.5b-instruct"
 CLOUD = "qwen2.5-coder-1.5b-instruct"
 ALIAS, API_KEY = "stand-in", "sk-bench"
@@ -56,6 +66,12 @@ ALIAS, API_KEY = "stand-in", "sk-bench"
 def items(n: int, skip: int = 0) -> list[dict[str, Any]]:
     """Items `skip` to `skip + n` of each category."""
     return [it for cat in bfcl.CATEGORIES for it in bfcl.load(cat)[skip : skip + n]]
+
+
+def opened_ms(trace: Any) -> float | None:
+    """When the answer's first call was named (ms from the request's start), if one was."""
+    at = trace.marks.get("call_opened")
+    return None if at is None else (at - trace.t_start) * 1e3
 
 
 def schema_valid(tools: list[dict[str, Any]], name: str, arguments: str) -> bool:
@@ -98,6 +114,7 @@ async def ask(client: Any, item: dict[str, Any]) -> dict[str, Any]:
         fit=tool_fit(question, done.tool_calls[0].name) if done.tool_calls else None,
         engine=done.trace.engine,
         ttft_ms=done.trace.ttft_ms,
+        opened_ms=opened_ms(done.trace),
         total_ms=(time.perf_counter() - t0) * 1e3,
         text=done.text[:120],
         error=None,
@@ -115,7 +132,8 @@ async def run_arm(
 
     local = cloud = None
     if arm != "cloud":
-        local = LlamaCppEngine(resolve_model(LOCAL, pull=True), n_ctx=4096, n_threads=2)
+        threads = 1 if PINNED else 2
+        local = LlamaCppEngine(resolve_model(LOCAL, pull=True), n_ctx=4096, n_threads=threads)
     if arm != "local":
         cloud = OpenAIEngine(base_url=cloud_url, api_key=API_KEY, model=ALIAS, timeout=120.0)
     prefer = "cloud" if arm == "cloud" else "local"
@@ -125,8 +143,14 @@ async def run_arm(
     policy = Policy(
         name=f"tools-{arm}", routing=routing, privacy={"mode": "off"}, tools=table or {}
     )
+    router: dict[str, Any] = {"router": None}
+    if arm.startswith("preset:"):  # the preset as it ships, with its router
+        preset = Policy.preset(arm.split(":", 1)[1])
+        policy = preset.with_(name=f"tools-{preset.name}", privacy={"mode": "off"},
+                              tools=table or {})  # fmt: skip
+        router = {}
     out = []
-    async with HybridClient(local=local, cloud=cloud, policy=policy, router=None) as client:
+    async with HybridClient(local=local, cloud=cloud, policy=policy, **router) as client:
         for i, item in enumerate(rows_in):
             out.append(await ask(client, item))
             r = out[-1]
@@ -141,6 +165,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         by_cat[r["category"]].append(r["right"])
     valid = [v for r in rows for v in r.get("valid", [])]
     ttft = sorted(r["ttft_ms"] for r in rows if r["ttft_ms"] is not None)
+    opened = sorted(r["opened_ms"] for r in rows if r.get("opened_ms") is not None)
     served = Counter(r["engine"] for r in rows)
     return {
         "accuracy": {c: sum(v) / len(v) for c, v in by_cat.items()},
@@ -151,6 +176,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cloud_share": served.get("cloud", 0) / len(rows),
         "ttft_p50": statistics.median(ttft) if ttft else None,
         "ttft_p95": ttft[min(len(ttft) - 1, int(0.95 * len(ttft)))] if ttft else None,
+        "opened_p50": statistics.median(opened) if opened else None,
+        "opened_p95": opened[min(len(opened) - 1, int(0.95 * len(opened)))] if opened else None,
     }
 
 
@@ -219,14 +246,15 @@ def render(res: dict[str, Any]) -> str:
     lines.append("")
     cats = list(bfcl.CATEGORIES)
     head = "arm              " + "".join(f"{c:>15}" for c in cats)
-    lines.append(head + "    overall  valid calls  cloud   TTFT p50 / p95  errors")
+    lines.append(head + "    overall  valid calls  cloud   TTFT p50 / p95  named p50 / p95  errors")
     for arm, s in res["arms"].items():
         acc = "".join(f"{s['accuracy'].get(c, 0):>15.2f}" for c in cats)
         valid = "-" if s["schema_valid"] is None else f"{s['schema_valid']:.0%} of {s['calls']}"
         ttft = f"{s['ttft_p50'] or 0:,.0f} / {s['ttft_p95'] or 0:,.0f} ms"
+        named = f"{s.get('opened_p50') or 0:,.0f} / {s.get('opened_p95') or 0:,.0f} ms"
         lines.append(
             f"{arm:<17}{acc}{s['overall']:>11.2f}  {valid:>11}  {s['cloud_share']:>5.0%}  "
-            f"{ttft:>15}  {dict(s['errors'])}"
+            f"{ttft:>15}  {named:>15}  {dict(s['errors'])}"
         )
     return "\n".join(lines)
 
@@ -262,18 +290,33 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     res: dict[str, Any] = {"cpu": cpu_model(), "n": args.n, "offset": args.offset}
     res |= {"arms": {}, "rows": {}, "tables": {}}
+
+    class Pinned(HybridServer):  # the stand-in cloud on a core of its own (`--pin`)
+        def command(self, port: int) -> list[str]:
+            return ["taskset", "-c", str(CLOUD_CPU), *super().command(port)]
+
+    global PINNED
+    PINNED = args.pin
+    if args.pin:
+        os.sched_setaffinity(0, {DEVICE_CPU})
     model = resolve_model(CLOUD, pull=True)
-    with HybridServer(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=2) as server:
+    kind = Pinned if args.pin else HybridServer
+    threads = 1 if args.pin else 2
+    with kind(model, alias=ALIAS, api_key=API_KEY, n_ctx=4096, n_threads=threads) as server:
         url = f"http://127.0.0.1:{server.port}/v1"
         tables = {
             "hybrid": {"min_call_confidence": args.bound, "min_tool_fit": args.fit_bound},
             "hybrid-confidence": {"min_call_confidence": args.bound},
         }
+        for arm in args.arms.split(","):
+            if arm.startswith("preset:"):  # the hybrid's bounds, under the preset
+                tables[arm] = tables["hybrid"]
         if args.calibrate:  # the held-out items follow the calibration ones
             local, cloud = await calibration_rows(args, url)
             cal = {arm: calibrate(local, cloud, args.max_share, arm == "hybrid") for arm in tables}
             res["calibration"] = cal
             tables = {arm: bounds(c) for arm, c in cal.items()}
+            tables |= {a: tables["hybrid"] for a in args.arms.split(",") if a.startswith("preset:")}
         arms = list(filter(None, args.arms.split(",")))  # "": the calibration only
         res["tables"] = {arm: t for arm, t in tables.items() if arm in arms}
         for arm in arms:
@@ -306,6 +349,7 @@ def cli() -> None:
         help="write the calibration items' rows here, or read them if an earlier run did",
     )  # fmt: skip
     ap.add_argument("--max-share", type=float, default=0.5, help="cloud share the bounds may use")
+    ap.add_argument("--pin", action="store_true", help="the cloud on CPU 1, the device on CPU 0")
     ap.add_argument("--json", help="write the rows and the summary here")
     args = ap.parse_args()
     res = anyio.run(main, args)

@@ -12,7 +12,7 @@ import pytest
 
 from hybridllm.engines.base import GenerationRequest, Message
 from hybridllm.engines.llamacpp import LlamaCppEngine
-from hybridllm.events import Called, Delta, Finish
+from hybridllm.events import Called, CallOpened, Delta, Finish
 from hybridllm.local.resolve import resolve_model
 from hybridllm.tools import check_answer, check_call, tool_spec
 
@@ -97,6 +97,29 @@ async def test_a_required_call_is_schema_valid_and_never_text() -> None:
                     assert {c.name for c in calls} == {"set_timer"}
     finally:
         await local.aclose()
+
+
+async def test_each_call_is_named_before_it_comes_whole() -> None:
+    """The real engine says a call's function as soon as its JSON has written the name (a
+    `CallOpened` mark), before the call's arguments and the whole call (`Called`)."""
+    local = engine()
+    spec = tool_spec(TOOLS, "required", None)
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": ASKS[0]}], tools=spec, max_tokens=80
+    )
+    seen: list[tuple[str, str, float]] = []
+    try:
+        async for chunk in local.stream(request):
+            if isinstance(chunk, CallOpened):
+                seen.append(("opened", chunk.call_name, chunk.t))
+            elif isinstance(chunk, Called):
+                seen.append(("called", chunk.name, chunk.t))
+    finally:
+        await local.aclose()
+    kinds = [k for k, _, _ in seen]
+    assert kinds[:2] == ["opened", "called"] and kinds.count("opened") == kinds.count("called")
+    (_, opened, t_opened), (_, name, t_called) = seen[0], seen[1]
+    assert opened == name and t_opened < t_called  # the arguments came after the name
 
 
 async def test_tool_choice_none_answers_in_text() -> None:
