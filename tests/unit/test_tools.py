@@ -569,3 +569,29 @@ async def test_a_named_call_that_fails_its_check_still_goes_to_the_cloud() -> No
         ("cloud", {"minutes": 5})
     ]
     assert any(isinstance(e, Fallback) and e.to_engine == "cloud" for e in events)
+
+
+async def test_after_a_named_call_fails_the_next_engine_has_its_first_token_time() -> None:
+    """The stall limit is for gaps in a started answer: after a named local call fails its
+    check (nothing delivered), a cloud that takes longer than `stall_ms` to its first token
+    still answers (it was cut as a stall before)."""
+    policy = LOCAL_FIRST.with_(routing={"stall_ms": 1000})
+    bad = ScriptedCall("set_timer", '{"minutes": "five"}', arguments_s=0.1)
+    local = ScriptedEngine("local", script=[0.05, bad])
+    cloud = ScriptedEngine("cloud", script=[3.0, ScriptedCall("set_timer", '{"minutes": 5}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
+        async with client.stream("tea timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("cloud", {"minutes": 5})
+    ]
+    # a named call that stops writing its arguments is a stall, as any started answer
+    stuck = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=5.0)
+    local = ScriptedEngine("local", script=[0.05, stuck])
+    cloud = ScriptedEngine("cloud", script=[0.1, ScriptedCall("set_timer", '{"minutes": 2}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
+        async with client.stream("tea timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("cloud", {"minutes": 2})
+    ]

@@ -116,6 +116,7 @@ class _Contender:
     held: list[Chunk | None] | None = None
     # a held rescue stopped at its first text token: it goes on from there on the release
     parked: bool = False
+    opened: bool = False  # it named a tool call (`CallOpened`): its answer has started
 
 
 def fallback_lead_s(
@@ -271,8 +272,8 @@ class _Race:
         """Wait for the next item (while an engine is serving, at most the stall limit) and hand
         it to its handler."""
         limit = self.stall_s
-        if limit is None or self.winner is None or self.paused:
-            limit = math.inf  # no stall limit before the crown
+        if limit is None or self.winner is None or self.paused or not self._answer_started():
+            limit = math.inf  # no stall limit before the crown, nor before the answer starts
         with anyio.move_on_after(limit) as quiet:
             item = await self.recv.receive()
         if quiet.cancelled_caught:
@@ -285,6 +286,14 @@ class _Race:
             self._on_backup_due()
         else:
             self._dispatch(*item)
+
+    def _answer_started(self) -> bool:
+        """The answer has started: text or a call reached the app, or the serving engine named
+        a call (a crowned engine that goes on from nothing delivered, after a named call that
+        failed its check, has its first token's time: the stall limit is for gaps)."""
+        assert self.winner is not None
+        run = self.run
+        return bool(run.delivered_text or run.calls) or self.contenders[self.winner].opened
 
     def _dispatch(self, cid: int, got: Chunk | Exception | None) -> None:
         """Hand one contender's item to its handler (a held rescue's chunks wait)."""
@@ -328,6 +337,8 @@ class _Race:
                     self.contenders[cid].marks.append(chunk)
                 return
             self.crown(cid)
+        if isinstance(chunk, CallOpened):
+            self.contenders[cid].opened = True
         if isinstance(chunk, Mark) and chunk.name in ("paused", "resumed"):
             self.paused = chunk.name == "paused"  # waiting for the device is not a stall
             engine = self.contenders[cid].engine
