@@ -127,6 +127,7 @@ class RequestRun:
         # snapshots shown and not yet committed (a `Retract` takes them back)
         self._json_answer = False
         self._partial: tuple[EngineName, str] | None = None
+        self._opened_first = False  # the answer started with a call named (`CallOpened`)
         self.scope = anyio.CancelScope()
         self.finished = anyio.Event()
 
@@ -297,8 +298,9 @@ class RequestRun:
                     pause.prefill_tokens,
                 )
             )
-        if isinstance(chunk, CallOpened) and self._first_call_opening():
-            self._check_deadline(engine, chunk.t)  # the answer has started: a call is named
+        if isinstance(chunk, CallOpened) and not self.trace.token_times and not self._opened_first:
+            self._opened_first = True  # the answer has started: a call is named
+            self._check_deadline(engine, chunk.t)
         if isinstance(chunk, Mark):
             if isinstance(chunk, RequestSent) and chunk.limit is not None:
                 self.rec.token_limit(chunk.limit)  # what the serving engine was asked
@@ -306,7 +308,7 @@ class RequestRun:
                 self.rec.continued_in(chunk.continuation)
             self.rec.mark(chunk.name, chunk.t)
         elif isinstance(chunk, Called):  # a tool call counts as a token for the deadline
-            if not self.trace.token_times and "call_opened" not in self.trace.marks:
+            if not self.trace.token_times and not self._opened_first:
                 self._check_deadline(engine, chunk.t)
             self.rec.token(chunk.t, engine, clock.now())
             self.rec.tool_call(chunk.name)
@@ -335,10 +337,6 @@ class RequestRun:
         ):
             self._partial = None
             self.emit(Retract(clock.now(), shown))
-
-    def _first_call_opening(self) -> bool:
-        """No token and no call opened before: a call opened now starts the answer."""
-        return not self.trace.token_times and "call_opened" not in self.trace.marks
 
     def _check_deadline(self, engine: EngineName, t: float) -> None:
         """The first token (at `t`) came: say so if it missed the first-token deadline."""

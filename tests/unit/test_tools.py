@@ -595,3 +595,29 @@ async def test_after_a_named_call_fails_the_next_engine_has_its_first_token_time
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 2})
     ]
+
+
+async def test_a_call_named_after_the_deadline_does_not_stop_the_racing_cloud() -> None:
+    """Named at 0.7 s, past the 500 ms deadline: the cloud started at the deadline keeps
+    racing. The local call, whole at 0.9 s, comes first and serves (a missed deadline, said);
+    when it fails its check instead, the cloud already under way answers (no second request)."""
+    late = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=0.2)
+    local = ScriptedEngine("local", script=[0.7, late])
+    cloud = ScriptedEngine("cloud", script=[1.0, ScriptedCall("set_timer", '{"minutes": 2}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("local", {"minutes": 1})
+    ]
+    assert len(cloud.requests) == 1 and any(isinstance(e, DeadlineMissed) for e in events)
+    bad = ScriptedCall("set_timer", '{"minutes": "one"}', arguments_s=0.2)
+    local = ScriptedEngine("local", script=[0.7, bad])
+    cloud = ScriptedEngine("cloud", script=[1.0, ScriptedCall("set_timer", '{"minutes": 2}')])
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
+        async with client.stream("timer", tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
+        ("cloud", {"minutes": 2})
+    ]
+    assert len(cloud.requests) == 1

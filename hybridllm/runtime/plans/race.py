@@ -287,6 +287,11 @@ class _Race:
         else:
             self._dispatch(*item)
 
+    def _opened_in_time(self, chunk: Delta | Called | Mark) -> bool:
+        """A tool call named inside the first-token deadline (or where there is none)."""
+        at = self.deadline_at
+        return isinstance(chunk, CallOpened) and (at is None or chunk.t <= at)
+
     def _answer_started(self) -> bool:
         """The answer has started: text or a call reached the app, or the serving engine named
         a call (a crowned engine that goes on from nothing delivered, after a named call that
@@ -328,11 +333,12 @@ class _Race:
 
     def _on_chunk(self, cid: int, chunk: Delta | Called | Mark) -> None:
         """A content token crowns its contender (if none won yet) and reaches the app, and so
-        does a tool call opened (`CallOpened`: its name chosen, the answer has started; the
-        call comes whole later); another mark or an empty delta before the crown never wins
-        (marks are kept for the winner)."""
+        does a tool call opened inside the deadline (`CallOpened`: its name chosen, the answer
+        has started; the call comes whole later; one opened later does not stop the engines
+        already racing it); another mark or an empty delta before the crown never wins (marks
+        are kept for the winner)."""
         if self.winner is None:
-            if not is_content(chunk) and not isinstance(chunk, CallOpened):
+            if not is_content(chunk) and not self._opened_in_time(chunk):
                 if isinstance(chunk, Mark):
                     self.contenders[cid].marks.append(chunk)
                 return
