@@ -313,6 +313,16 @@ async def test_a_tool_call_counts_as_the_first_token_for_the_deadline() -> None:
     assert s.trace.ttft_ms == pytest.approx(300.0) and s.trace.deadline_missed_ms is None
 
 
+async def _called(
+    local: ScriptedEngine, cloud: ScriptedEngine, policy: Policy, prompt: str
+) -> tuple[list[Any], Any]:
+    """The events and trace of one streamed request offering the timer tool."""
+    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
+        async with client.stream(prompt, tools=[TIMER]) as s:
+            events = [e async for e in s.events()]
+    return events, s.trace
+
+
 async def test_a_call_named_inside_the_deadline_has_started_the_answer() -> None:
     """Local first, a 500 ms deadline, the cloud's call ready at 0.1 s once started. The
     local call is named at 0.3 s and comes whole at 1.3 s: its name inside the deadline starts
@@ -340,13 +350,11 @@ async def test_a_call_not_named_by_the_deadline_is_rescued_by_the_cloud() -> Non
     named = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=1.0)
     local = ScriptedEngine("local", script=[0.7, named])
     cloud = ScriptedEngine("cloud", script=[0.1, ScriptedCall("set_timer", '{"minutes": 2}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
-        async with client.stream("timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, LOCAL_FIRST, "timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 2})
     ]
-    assert "call_opened" not in s.trace.marks and s.trace.engine == "cloud"
+    assert "call_opened" not in trace.marks and trace.engine == "cloud"
 
 
 # ---- the plans a whole answer allows -------------------------------------------------------------
@@ -401,9 +409,7 @@ async def test_an_unsure_local_call_goes_to_the_cloud(
     call = ScriptedCall("set_timer", '{"minutes": 4}', confidence=confidence)
     local = ScriptedEngine("local", script=[0.05, call])
     cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=SURE) as client:
-        async with client.stream("timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, SURE, "timer")
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [c.engine for c in calls] == [served] and len(calls) == 1
     assert calls[0].confidence == (confidence if served == "local" else None)
@@ -411,7 +417,7 @@ async def test_an_unsure_local_call_goes_to_the_cloud(
     if served == "cloud":
         fallback = next(e for e in events if isinstance(e, Fallback))
         assert fallback.cause == "failed"  # the unsure local call (0.40 < 0.6) was not delivered
-        local_attempt = s.trace.attempts[0]
+        local_attempt = trace.attempts[0]
         assert (local_attempt.engine, local_attempt.error_type) == ("local", UnsureCallError)
 
 
@@ -534,9 +540,7 @@ async def test_a_call_written_as_text_escalates_before_any_of_it_is_shown() -> N
     markup = ["<to", "ols>\n", '{"type": "function", ', '"function": {"name": "set_timer"}}']
     local = ScriptedEngine("local", script=[0.05, *markup])
     cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
-        async with client.stream("tea timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, LOCAL_FIRST, "tea timer")
     assert not [e for e in events if isinstance(e, Token)]
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [(c.engine, c.parsed()) for c in calls] == [("cloud", {"minutes": 5})]
@@ -562,9 +566,7 @@ async def test_a_named_call_that_fails_its_check_still_goes_to_the_cloud() -> No
     bad = ScriptedCall("set_timer", '{"minutes": "five"}', arguments_s=0.1)
     local = ScriptedEngine("local", script=[0.05, bad])
     cloud = ScriptedEngine("cloud", script=[0.2, ScriptedCall("set_timer", '{"minutes": 5}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
-        async with client.stream("tea timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, LOCAL_FIRST, "tea timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 5})
     ]
@@ -579,9 +581,7 @@ async def test_after_a_named_call_fails_the_next_engine_has_its_first_token_time
     bad = ScriptedCall("set_timer", '{"minutes": "five"}', arguments_s=0.1)
     local = ScriptedEngine("local", script=[0.05, bad])
     cloud = ScriptedEngine("cloud", script=[3.0, ScriptedCall("set_timer", '{"minutes": 5}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
-        async with client.stream("tea timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, policy, "tea timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 5})
     ]
@@ -589,9 +589,7 @@ async def test_after_a_named_call_fails_the_next_engine_has_its_first_token_time
     stuck = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=5.0)
     local = ScriptedEngine("local", script=[0.05, stuck])
     cloud = ScriptedEngine("cloud", script=[0.1, ScriptedCall("set_timer", '{"minutes": 2}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=policy) as client:
-        async with client.stream("tea timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, policy, "tea timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 2})
     ]
@@ -604,9 +602,7 @@ async def test_a_call_named_after_the_deadline_does_not_stop_the_racing_cloud() 
     late = ScriptedCall("set_timer", '{"minutes": 1}', arguments_s=0.2)
     local = ScriptedEngine("local", script=[0.7, late])
     cloud = ScriptedEngine("cloud", script=[1.0, ScriptedCall("set_timer", '{"minutes": 2}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
-        async with client.stream("timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, LOCAL_FIRST, "timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("local", {"minutes": 1})
     ]
@@ -614,9 +610,7 @@ async def test_a_call_named_after_the_deadline_does_not_stop_the_racing_cloud() 
     bad = ScriptedCall("set_timer", '{"minutes": "one"}', arguments_s=0.2)
     local = ScriptedEngine("local", script=[0.7, bad])
     cloud = ScriptedEngine("cloud", script=[1.0, ScriptedCall("set_timer", '{"minutes": 2}')])
-    async with HybridClient(local=local, cloud=cloud, router=None, policy=LOCAL_FIRST) as client:
-        async with client.stream("timer", tools=[TIMER]) as s:
-            events = [e async for e in s.events()]
+    events, trace = await _called(local, cloud, LOCAL_FIRST, "timer")
     assert [(e.engine, e.parsed()) for e in events if isinstance(e, ToolCall)] == [
         ("cloud", {"minutes": 2})
     ]
