@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 import random
-import re
 import statistics
 import threading
 import time
@@ -47,8 +46,6 @@ from hybridllm.local import gguf, loader
 from hybridllm.local.settings import LlamaSettings
 
 log = logging.getLogger(__name__)
-# a call's JSON once its function is chosen (the grammar writes the name first)
-CHOSEN_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -623,9 +620,9 @@ class LlamaSession:
         """The call's JSON so far has chosen its function (`"name": "..."` closed): note it."""
         assert gen._call_at is not None
         raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
-        named = CHOSEN_NAME.match(raw.decode("utf-8", "replace"))
+        named = intended_name(raw.decode("utf-8", "replace"))  # the grammar writes it first
         if named is not None:
-            gen.opened.append(named.group(1))
+            gen.opened.append(named)
 
     def _call_confidence(self, gen: Generation) -> float | None:
         """The confidence of the call just closed (`toolcalls.call_confidence`) from its JSON's

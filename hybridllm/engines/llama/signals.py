@@ -288,8 +288,11 @@ class Cycle:
     ids: list[int]
     fresh: int = 0
     shared: int = 0
-    price_s: float | None = None
     pace_s: float | None = None  # seconds a prompt token takes (None: unknown)
+
+    @property
+    def price_s(self) -> float | None:
+        return None if self.pace_s is None else (self.fresh - self.shared) * self.pace_s
 
 
 def _cycle(
@@ -317,8 +320,7 @@ def _cycle(
         held = tokens
     before = common_prefix(session.llm._input_ids[: session.llm.n_tokens], asked)
     shared = max(common_prefix(held, asked) - before, 0)
-    price = None if pace_s is None else (fresh - shared) * pace_s
-    return Cycle(prompts, ids, fresh, shared, price, pace_s)
+    return Cycle(prompts, ids, fresh, shared, pace_s)
 
 
 def _unshared_ms(cycle: Cycle, spent_ms: float) -> float:
