@@ -10,6 +10,10 @@ Arms, each a greedy answer to the same prompt (which asks for JSON), decoded thr
 - json_object: under the grammar of any JSON object;
 - tool call: `tool_choice` naming a tool (the call's JSON under the call grammar);
 - banned: `tool_choice="none"` (the `<tool_call>` token banned by a logits processor).
+Each grammar arm runs twice: "checked" (the engine's way, `grammar.CheckedGrammar`: the tokens
+the sampler can keep are checked first, the whole vocabulary only when none passes) and "whole"
+(llama.cpp's grammar sampler over the whole vocabulary at every step, as before issue 45); the
+table says whether the two wrote the same tokens (greedy: they must).
 ms/token = the decode steps' total time / their count, the first step (which evaluates the
 prompt's last token) left out; up to --tokens steps per answer. Medians over the rounds, and
 each arm's ratio to plain. No timed assertions.
@@ -69,8 +73,23 @@ ARMS: dict[str, Any] = {
 }
 
 
-def decode(session: LlamaSession, arm: str, tokens: int) -> tuple[int, float]:
-    """Decode one answer; return (timed steps, seconds they took)."""
+GRAMMAR_ARMS = ("json_schema", "json_object", "tool call")
+RUNS = [
+    (arm, check)
+    for arm in ARMS
+    for check in (("checked", "whole") if arm in GRAMMAR_ARMS else ("checked",))
+]
+
+
+def label(arm: str, check: str) -> str:
+    return f"{arm} ({check})" if arm in GRAMMAR_ARMS else arm
+
+
+def decode(
+    session: LlamaSession, arm: str, check: str, tokens: int
+) -> tuple[int, float, list[int]]:
+    """Decode one answer; return (timed steps, seconds they took, the tokens written)."""
+    session.grammar_check = check
     request = GenerationRequest(
         messages=[{"role": "user", "content": PROMPT}],
         max_tokens=tokens + 1,
@@ -87,30 +106,39 @@ def decode(session: LlamaSession, arm: str, tokens: int) -> tuple[int, float]:
         steps += 1
         if out is None:
             break
+    written = list(gen.tokens_out)
     session.close(gen)
-    return steps, spent
+    return steps, spent, written
 
 
 def run(model: str, rounds: int, tokens: int) -> dict[str, Any]:
     path = resolve_model(model)
     session = LlamaSession(path, n_ctx=2048, settings=DEFAULT_SETTINGS.resolved(), extra={})
     session.warm_up()
-    per: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    counts: dict[str, list[int]] = {arm: [] for arm in ARMS}
+    names = [label(arm, check) for arm, check in RUNS]
+    per: dict[str, list[float]] = {name: [] for name in names}
+    counts: dict[str, list[int]] = {name: [] for name in names}
+    texts: dict[str, list[int]] = {}
     for _ in range(rounds):
-        for arm in ARMS:  # interleaved: each round runs every arm once
-            steps, spent = decode(session, arm, tokens)
-            per[arm].append(1000 * spent / max(steps, 1))
-            counts[arm].append(steps)
+        for (arm, check), name in zip(RUNS, names, strict=True):  # interleaved: every arm a round
+            steps, spent, written = decode(session, arm, check, tokens)
+            per[name].append(1000 * spent / max(steps, 1))
+            counts[name].append(steps)
+            texts[name] = written
     session.unload()
-    ms = {arm: statistics.median(v) for arm, v in per.items()}
+    ms = {name: statistics.median(v) for name, v in per.items()}
+    same = {
+        label(arm, "checked"): texts[label(arm, "checked")] == texts[label(arm, "whole")]
+        for arm in GRAMMAR_ARMS
+    }
     return {
         "cpu": cpu_model(),
         "model": model,
         "rounds": rounds,
         "tokens": tokens,
         "ms_per_token": ms,
-        "ratio_to_plain": {arm: ms[arm] / ms["plain"] for arm in ARMS},
+        "ratio_to_plain": {name: ms[name] / ms["plain"] for name in names},
+        "same_as_whole": same,
         "steps": counts,
         "samples_ms": per,
     }
@@ -120,11 +148,12 @@ def render(res: dict[str, Any]) -> str:
     lines = [
         f"grammar cost per token: {res['model']}, {res['rounds']} rounds, <= {res['tokens']} "
         f"steps per answer, CPU {res['cpu']}",
-        f"{'arm':<12} {'ms/token':>9} {'x plain':>8}  steps",
+        f"{'arm':<24} {'ms/token':>9} {'x plain':>8}  same tokens as whole  steps",
     ]
     for arm, ms in res["ms_per_token"].items():
         ratio = res["ratio_to_plain"][arm]
-        lines.append(f"{arm:<12} {ms:>9.1f} {ratio:>8.2f}  {res['steps'][arm]}")
+        same = {True: "yes", False: "NO"}.get(res.get("same_as_whole", {}).get(arm), "")
+        lines.append(f"{arm:<24} {ms:>9.1f} {ratio:>8.2f}  {same:<20}  {res['steps'][arm]}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
+from hybridllm.engines.llama.grammar import CheckedGrammar
 from hybridllm.engines.llama.kvdisk import DISK_MIN_TOKENS, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore, SavedState, common_prefix
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
@@ -46,6 +47,7 @@ from hybridllm.local import gguf, loader
 from hybridllm.local.settings import LlamaSettings
 
 log = logging.getLogger(__name__)
+TOP_K, MIN_P = 40, 0.05  # the sampler's truncation (llama-cpp-python's defaults)
 
 _CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -138,6 +140,9 @@ class LlamaSession:
         self._vocab = self.llm._model.vocab
         self._formatter = self._make_formatter()
         self._grammars: set[str] = set()  # grammars llama.cpp has parsed once
+        # "checked": a grammar checks the tokens the sampler can keep (`grammar.CheckedGrammar`);
+        # "whole": llama.cpp's sampler checks the whole vocabulary each step (bench_grammar's arm)
+        self.grammar_check: str = "checked"
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
@@ -442,18 +447,30 @@ class LlamaSession:
             processors.append(_banned_once(self._json_openers(), len(tokens)))
         if bias:
             processors.append(_biased(bias)[0])
+        whole = grammar is not None and self.grammar_check == "whole"
+        if grammar is not None and not whole:  # last: after the bans, as llama.cpp's would be
+            processors.append(self._checked(grammar, req.temperature))
         generated: Iterator[int] = self.llm.generate(
             list(tokens),
             temp=req.temperature,
             top_p=req.top_p,
-            top_k=40,
-            min_p=0.05,
+            top_k=TOP_K,
+            min_p=MIN_P,
             repeat_penalty=1.0,
             reset=True,
             logits_processor=processors or None,
-            grammar=self._lc.LlamaGrammar.from_string(grammar) if grammar else None,
+            grammar=self._lc.LlamaGrammar.from_string(grammar) if whole else None,
         )
         return generated
+
+    def _checked(self, grammar: str, temperature: float) -> CheckedGrammar:
+        """The grammar as a processor over the tokens the sampler can keep (`_generator`'s
+        top_k and min_p)."""
+        greedy = temperature == 0.0
+        min_p = MIN_P if temperature > 0.0 else 0.0
+        return CheckedGrammar(
+            self._lc, self._vocab, grammar, greedy=greedy, top_k=TOP_K, min_p=min_p
+        )
 
     def resume(
         self,
