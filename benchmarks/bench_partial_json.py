@@ -1,5 +1,6 @@
-"""The first `PartialJSON` of a JSON answer against the same prompt's plain-text TTFT (issue 45
-item 2): how soon an app can show a JSON answer's object as it streams.
+"""The first `PartialJSON` of a JSON answer, and a local tool call, against the same prompt's
+plain-text TTFT (issue 45 item 2): how soon an app can show a JSON answer's object as it streams,
+and what a call costs beyond its own tokens.
 
     python benchmarks/bench_partial_json.py [--model NAME] [--rounds N] [--max-tokens N]
                                             [--json PATH]
@@ -9,6 +10,12 @@ request with its own first words (so no arm reuses another's prompt from the KV 
 - plain: the prompt as text; its TTFT (the first `Token`);
 - json_schema: the same prompt with a `json_schema` response format (the local grammar); the
   time to its first `PartialJSON`, to its last, and to the whole checked answer (the `Token`).
+- tool call: the same prompt with one tool (`add_employees`, the same schema) that must be
+  called; the time to its name (`trace.marks["call_opened"]`) and to the whole checked call
+  (`ToolCall`), and the call's cost beyond its own decode: (time to the call - its completion
+  tokens x the plain answer's TPOT of the same round) / the plain TTFT (target: at most 1.3).
+  The tools block is the same every round, so from the second round on its KV state can be
+  found saved (`cached` column).
 Medians and p90 over the rounds, and the first snapshot's lag behind plain TTFT (target: at most
 50 ms). The answer's parsed object is checked against the schema by the client (the run fails
 on an invalid one). No timed assertions.
@@ -29,13 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._report import cpu_model, report  # noqa: E402
 from benchmarks.bench_grammar import SCHEMA as STAFF  # noqa: E402
-from hybridllm import HybridClient, LlamaCppEngine, PartialJSON, Policy, Token  # noqa: E402
+from hybridllm import HybridClient, LlamaCppEngine, PartialJSON, Policy, Token, ToolCall  # noqa: E402
 
 # bench_grammar's staff schema without the skills lists (an answer that ends within --max-tokens)
 SCHEMA = copy.deepcopy(STAFF)
 SCHEMA["properties"]["employees"]["items"]["properties"].pop("skills")
 SCHEMA["properties"]["employees"]["items"]["required"].remove("skills")
 FORMAT = {"type": "json_schema", "json_schema": {"name": "staff", "schema": SCHEMA}}
+TOOL = {"type": "function", "function": {"name": "add_employees", "parameters": SCHEMA}}
+MUST_CALL = {"type": "function", "function": {"name": "add_employees"}}
 WORDS = ["two", "three", "two", "three"]  # short enough to finish within --max-tokens
 
 
@@ -44,14 +53,15 @@ def prompt(i: int) -> str:
     return f"Round {i}: describe {n} employees of a small bakery as JSON: name, age and role."
 
 
-async def one(
-    client: HybridClient, text: str, json_answer: bool, max_tokens: int
-) -> dict[str, Any]:
+async def one(client: HybridClient, text: str, arm: str, max_tokens: int) -> dict[str, Any]:
+    """One request of `arm` ("plain", "json" or "call"): when its events came (ms)."""
     args: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
-    if json_answer:
+    if arm == "json":
         args["response_format"] = FORMAT
+    elif arm == "call":
+        args["tools"], args["tool_choice"] = [TOOL], MUST_CALL
     partials: list[float] = []
-    first_token: float | None = None
+    first_token = called = None
     async with client.stream(text, **args) as s:
         async for event in s.events():
             at = (event.t - s.trace.t_start) * 1e3
@@ -59,20 +69,35 @@ async def one(
                 partials.append(at)
             elif isinstance(event, Token) and first_token is None:
                 first_token = at
-    return {"partials": partials, "token_ms": first_token, "finish": s.trace.finish_reason}
+            elif isinstance(event, ToolCall) and called is None:
+                called = at
+    t = s.trace
+    named = t.marks.get("call_opened")
+    return {
+        "partials": partials,
+        "token_ms": first_token,
+        "named_ms": None if named is None else (named - t.t_start) * 1e3,
+        "call_ms": called,
+        "finish": t.finish_reason,
+        "completion_tokens": t.completion_tokens,
+        "tpot_ms": t.produced_tpot_ms,
+        "prompt_tokens": t.prompt_tokens,
+        "cached": t.cached_prompt_tokens,
+    }
 
 
 async def run(model: str, rounds: int, max_tokens: int) -> dict[str, Any]:
     policy = Policy(name="bench", routing={"prefer": "local", "allow_cloud": False})
     rows: list[dict[str, Any]] = []
     async with HybridClient(local=LlamaCppEngine(model), policy=policy, router=None) as client:
-        await one(client, prompt(999), False, 8)  # warm-up: the model loaded, not counted
-        await one(client, prompt(998), True, max_tokens)
+        await one(client, prompt(999), "plain", 8)  # warm-up: the model loaded, not counted
+        await one(client, prompt(998), "json", max_tokens)
         for i in range(rounds):
-            # each arm its own first words, so neither reuses the other's prompt in the cache
-            plain = await one(client, f"Ask {i}A. {prompt(i)}", False, max_tokens)
-            shaped = await one(client, f"Ask {i}B. {prompt(i)}", True, max_tokens)
-            rows.append({"plain": plain, "json": shaped})
+            # each arm its own first words, so none reuses another's prompt in the cache
+            plain = await one(client, f"Ask {i}A. {prompt(i)}", "plain", max_tokens)
+            shaped = await one(client, f"Ask {i}B. {prompt(i)}", "json", max_tokens)
+            call = await one(client, f"Ask {i}C. {prompt(i)}", "call", max_tokens)
+            rows.append({"plain": plain, "json": shaped, "call": call})
     return {"cpu": cpu_model(), "model": model, "rounds": rows, "max_tokens": max_tokens}
 
 
@@ -105,7 +130,32 @@ def render(res: dict[str, Any]) -> str:
         p50, p90 = _q(values)
         lines.append(f"| {name} | {p50:.1f} | {p90:.1f} |")
     lines.append(f"snapshots per answer: median {statistics.median(counts):.0f}")
-    return "\n".join(lines)
+    return "\n".join(lines + call_lines(rows))
+
+
+def call_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The tool-call arm: times, and the call's cost beyond its own decode."""
+    calls = [r for r in rows if r.get("call", {}).get("call_ms") is not None]
+    if not calls:
+        return []
+
+    def beyond(r: dict[str, Any]) -> float:
+        own = (r["call"]["completion_tokens"] or 0) * (r["plain"]["tpot_ms"] or 0.0)
+        return float((r["call"]["call_ms"] - own) / r["plain"]["token_ms"])
+
+    lines = ["", "| tool call | p50 | p90 |", "|---|---|---|"]
+    for name, values in (
+        ("its name (call_opened), ms", [r["call"]["named_ms"] for r in calls]),
+        ("the whole checked call (ToolCall), ms", [r["call"]["call_ms"] for r in calls]),
+        ("its completion tokens", [r["call"]["completion_tokens"] or 0 for r in calls]),
+        ("plain TPOT (same round), ms", [r["plain"]["tpot_ms"] or 0.0 for r in calls]),
+        ("(call - its tokens x plain TPOT) / plain TTFT", [beyond(r) for r in calls]),
+        ("its prompt tokens", [r["call"]["prompt_tokens"] or 0 for r in calls]),
+        ("of them found cached", [r["call"]["cached"] or 0 for r in calls]),
+    ):
+        p50, p90 = _q([float(v) for v in values])
+        lines.append(f"| {name} | {p50:.2f} | {p90:.2f} |")
+    return lines
 
 
 def main() -> None:
