@@ -90,28 +90,145 @@ def workload(n: int, seed: int) -> dict[str, Any]:
     return {"lab": lab, "items": items, "faults": faults}
 
 
-def set_fault(proxy: Any, fault: tuple[str, float]) -> None:
+def set_fault(cloud: Any, fault: tuple[str, float]) -> None:
+    """Request i's fault on cloud a: a replay cloud's own (per request), or its proxy's."""
     from hybridllm.testing import Faults
 
     kind, delay = fault
-    proxy.faults = Faults(http_status=500) if kind == "500" else Faults(first_byte_stall_ms=delay)
+    if isinstance(cloud, ReplayCloud):
+        cloud.post("/replay/fault", {"status": 500} if kind == "500" else {"delay_ms": delay})
+        return
+    cloud.faults = Faults(http_status=500) if kind == "500" else Faults(first_byte_stall_ms=delay)
+
+
+class ReplayCloud:
+    """A `_replay_cloud.py` endpoint on `port`: its URL, its faults and counts."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        import urllib.request
+
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def counts(self) -> dict[str, int]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/replay/stats", timeout=5) as resp:
+            counts: dict[str, int] = json.loads(resp.read())
+            return counts
 
 
 @contextlib.contextmanager
-def two_clouds(cloud_model: str = CLOUD) -> Iterator[tuple[Any, Any]]:
-    """Two stand-in servers (one thread each), each behind a recording proxy: cloud a, cloud b
-    (two processes: a request on one does not slow the other, as with two providers)."""
-    from hybridllm.local.resolve import resolve_model
-    from hybridllm.testing import FaultProxy, HybridServer
+def two_clouds(w: dict[str, Any], cloud_model: str, mode: str) -> Iterator[tuple[Any, Any]]:
+    """Clouds a and b behind their fault proxies: two live stand-ins (`--clouds live`) or two
+    replays of one recording (`--clouds replay`, the default)."""
+    with live_clouds(cloud_model) if mode == "live" else replay_clouds(w, cloud_model) as ab:
+        yield ab
 
-    class Pinned(HybridServer):  # the clouds on CLOUD_CPU: off the device, as real ones are
+
+@contextlib.contextmanager
+def replay_clouds(w: dict[str, Any], cloud_model: str) -> Iterator[tuple[Any, Any]]:
+    """One stand-in server (one thread, CLOUD_CPU) answers every prompt once, alone; two replay
+    endpoints (`_replay_cloud.py`, CLOUD_CPU) then serve those streams at their recorded pace:
+    two clouds whose compute is elsewhere, as two providers' is, where two live stand-ins on one
+    core slow each other (a request a replay never saw goes live). Cloud a's faults are the
+    replay's own, per request (a proxy's HTTP faults hit only new connections, so a client that
+    keeps its connection open would miss them)."""
+    import anyio
+
+    from benchmarks._replay_cloud import record
+
+    bodies = [
+        {
+            "model": ALIAS,
+            "messages": [{"role": "user", "content": it.prompt}],
+            "max_tokens": it.max_tokens,
+            "temperature": 0.0,
+        }
+        for it in w["items"]
+    ]
+    with (
+        pinned_server(cloud_model) as upstream,
+        tempfile.NamedTemporaryFile("w", suffix=".json") as rec,
+    ):
+        log(f"recording {len(bodies)} answers of the stand-in ({cloud_model}), alone on its core")
+        rec.write(json.dumps(anyio.run(record, upstream.url, API_KEY, bodies)))
+        rec.flush()
+        with _replay(upstream.url, rec.name) as ra, _replay(upstream.url, rec.name) as rb:
+            yield ReplayCloud(ra), ReplayCloud(rb)
+
+
+@contextlib.contextmanager
+def _replay(upstream: str, recording: str) -> Iterator[int]:
+    """A `_replay_cloud.py` process on CLOUD_CPU; yields its port."""
+    cmd = [
+        "taskset",
+        "-c",
+        str(CLOUD_CPU),
+        sys.executable,
+        str(ROOT / "benchmarks" / "_replay_cloud.py"),
+    ]
+    cmd += ["--upstream", upstream, "--recording", recording]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("port "):
+            raise RuntimeError(f"the replay cloud did not start: {line!r}")
+        port = int(line.split()[1])
+        _wait_ready(port)
+        yield port
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        proc.kill()
+
+
+def _wait_ready(port: int) -> None:
+    import urllib.request
+
+    for _ in range(200):
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/replay/stats", timeout=1).read()
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the replay cloud does not answer")
+
+
+def replay_counts(cloud: Any) -> dict[str, int] | None:
+    """How many requests a replay cloud replayed, sent live and failed (None for a live one)."""
+    return cloud.counts() if isinstance(cloud, ReplayCloud) else None
+
+
+def pinned_server(cloud_model: str) -> Any:
+    """A stand-in server (one thread) on CLOUD_CPU: off the device, as real clouds are."""
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.testing import HybridServer
+
+    class Pinned(HybridServer):
         def command(self, port: int) -> list[str]:
             return ["taskset", "-c", str(CLOUD_CPU), *super().command(port)]
 
     model = resolve_model(cloud_model, pull=True)
+    return Pinned(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1)
+
+
+@contextlib.contextmanager
+def live_clouds(cloud_model: str = CLOUD) -> Iterator[tuple[Any, Any]]:
+    """Two stand-in servers (one thread each), each behind a recording proxy: cloud a, cloud b
+    (two processes: a request on one does not slow the other, as with two providers)."""
+    from hybridllm.testing import FaultProxy
+
     with (
-        Pinned(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as sa,
-        Pinned(model, alias=ALIAS, api_key=API_KEY, n_ctx=2048, n_threads=1) as sb,
+        pinned_server(cloud_model) as sa,
+        pinned_server(cloud_model) as sb,
         FaultProxy(upstream=("127.0.0.1", sa.port), record=True) as a,
         FaultProxy(upstream=("127.0.0.1", sb.port), record=True) as b,
     ):
@@ -337,11 +454,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"n": args.n, "seed": args.seed, "cpu": cpu_model(), "runs": {}}
     res["deadline_ms"], res["cloud_model"] = args.deadline_ms, args.cloud_model
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-    with two_clouds(args.cloud_model) as (a, b):
+    res["clouds"] = args.clouds
+    with two_clouds(w, args.cloud_model, args.clouds) as (a, b):
         if "hybridllm" in wanted:
             res["runs"]["hybridllm"] = anyio.run(run_hybrid, w, a, b, args.deadline_ms)
+            res["replay_hybridllm"] = [replay_counts(a), replay_counts(b)]
         if "litellm" in wanted:
             res["runs"]["litellm"] = run_litellm(args, w, a, b)
+        res["replay_all"] = [replay_counts(a), replay_counts(b)]
     res["summary"] = summaries(res["runs"], w)
     return res
 
@@ -352,6 +472,11 @@ def cli() -> None:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--deadline-ms", type=float, default=DEADLINE_MS)
     ap.add_argument("--cloud-model", default=CLOUD, help=f"the clouds' model (default {CLOUD})")
+    ap.add_argument(
+        "--clouds", choices=("replay", "live"), default="replay",
+        help="replay: one stand-in's recorded streams, replayed at their pace (the default); "
+        "live: two stand-ins sharing one core",
+    )  # fmt: skip
     ap.add_argument("--litellm-python", default="/tmp/litellm-venv/bin/python")
     ap.add_argument("--variants", default="hybridllm,litellm")
     ap.add_argument("--json", help="write every row here")
@@ -365,7 +490,10 @@ def cli() -> None:
     else:
         res = main(args)
     head = f"CPU: {res['cpu']}; n = {res['n']}, seed {res['seed']}"
-    print(f"{head}, deadline {args.deadline_ms:.0f} ms, clouds: {args.cloud_model}")
+    clouds = f"{res.get('clouds', 'live')} {args.cloud_model}"
+    print(f"{head}, deadline {args.deadline_ms:.0f} ms, clouds: {clouds}")
+    if res.get("replay_all"):
+        print(f"replay clouds a, b (replayed / live): {res['replay_all']}")
     print(render(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
