@@ -235,6 +235,8 @@ def _serve(
     if rescue and release_s is None:
         release_s = math.inf if deadline is None else deadline
         _rescue_reason(fallback, deadline, reasons)
+        if deadline is not None:
+            release_s = _rescue_release(primary, fallback, deadline, state, reasons)
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(
@@ -289,6 +291,30 @@ def _rescue_reason(
             f"the {_ms(deadline)} deadline passes without a cloud token, or the cloud fails)"
         )
     reasons.append(Reason("quality_rescue", text))
+
+
+def _rescue_release(
+    primary: EngineName,
+    fallback: EngineName | None,
+    deadline: float,
+    state: LiveState,
+    reasons: list[Reason],
+) -> float:
+    """When a rescue's held tokens go out without a cloud token: at the deadline; but a rescue
+    expected no sooner than the cloud, both past the deadline, cannot save the deadline, and
+    released at it would take a quality answer's place for no time gained: it waits for the
+    cloud's p95 time to a first token (a cloud that stalls is still rescued, there)."""
+    mine = state.latency.get(primary)
+    theirs = None if fallback is None else state.latency.get(fallback)
+    if mine is None or theirs is None or theirs.ttft_s <= deadline or theirs.ttft_s < mine.ttft_s:
+        return deadline
+    text = (
+        f"{fallback} predicted at {_ms(theirs.ttft_s)}, no sooner than {primary} "
+        f"({_ms(mine.ttft_s)}), both past the {_ms(deadline)} deadline -> its tokens are held "
+        f"until {primary}'s p95 ({_ms(mine.ttft_p95_s)})"
+    )
+    reasons.append(Reason("rescue_no_sooner", text))
+    return max(deadline, mine.ttft_p95_s)
 
 
 def _pick(

@@ -110,12 +110,14 @@ ReasonCode = Literal[
     "slow_decode_cloud",
     "slow_decode_deadline",
     # 5. the plan: a fixed hedge, an automatic hedge (or none pays); a quality decision's local
-    # rescue; no mid-stream failover; speculation (expected to pay, asked for, does not pay,
+    # rescue, and one held to the cloud's p95 (expected no sooner than the cloud, both past the
+    # deadline); no mid-stream failover; speculation (expected to pay, asked for, does not pay,
     # needs both engines); the cascade (listed under "auto", asked for, cannot run)
     "hedge",
     "auto_hedge",
     "auto_hedge_none",
     "quality_rescue",
+    "rescue_no_sooner",
     "no_failover",
     "speculative",
     "speculative_asked",

@@ -87,6 +87,37 @@ def test_a_cloud_chosen_for_quality_keeps_the_request_when_predicted_late() -> N
     assert d.rescue and "quality_keeps" in d.codes
 
 
+def test_a_rescue_no_sooner_than_the_cloud_waits_for_the_clouds_p95() -> None:
+    """Both past the 600 ms deadline, the device expected no sooner than the cloud: released at
+    the deadline, its answer would replace the cloud's for no time gained (the benchmark's long
+    prompts); it is held to the cloud's p95 instead, where a stalled cloud is still rescued."""
+    state = LiveState(latency={"cloud": pred("cloud", 1.2), "local": pred("local", 1.4)})
+    d = decide(routed(0.9), AUTO, state)
+    assert d.rescue and d.release_s == pytest.approx(1.8)  # the cloud's p95: 1.5 x 1.2
+    assert "rescue_no_sooner" in d.codes
+    for local in (0.9, 0.3):  # sooner than the cloud, or inside the deadline: held to it
+        state = LiveState(latency={"cloud": pred("cloud", 1.2), "local": pred("local", local)})
+        d = decide(routed(0.9), AUTO, state)
+        assert d.release_s == pytest.approx(0.6) and "rescue_no_sooner" not in d.codes
+
+
+async def test_a_rescue_held_to_the_clouds_p95_lets_a_late_cloud_answer() -> None:
+    """The race honours the later release: the cloud's token at 1.3 s wins over the device's,
+    ready at 1.1 s, both past the 600 ms deadline."""
+    cloud = ScriptedEngine("cloud", tokens=["Paris", "."], ttft_s=1.3, tpot_s=0.01)
+    local = ScriptedEngine("local", tokens=["Lyon", "."], ttft_s=1.1, tpot_s=0.01)
+    pol = Policy(name="q", routing={"prefer": "cloud", "ttft_deadline_ms": 600})
+    async with HybridClient(local=local, cloud=cloud, policy=pol, router=None) as client:
+        for cloud_s in (1.1, 1.2, 1.3, 1.4, 1.5, 1.6):  # expected 1.35 s, p95 past 1.5 s
+            client.routing.latency.engine("cloud").observe(0, cloud_s)
+            client.routing.latency.engine("local").observe(0, 1.4)
+        s = client.stream("Capital of France?", max_tokens=8)
+        async with s:
+            text = "".join([t async for t in s])
+    assert (text, s.trace.engine) == ("Paris.", "cloud")
+    assert s.trace.decision is not None and "rescue_no_sooner" in s.trace.decision.codes
+
+
 def test_without_a_deadline_the_rescue_waits_for_a_failure() -> None:
     d = decide(FACTS, Policy(name="c", routing={"prefer": "cloud"}), LiveState())
     assert d.release_s == math.inf and d.rescue
