@@ -2,17 +2,25 @@
 against LiteLLM's Router with fallbacks a -> b -> local, on the same delays and failures.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_engines.py [--n 60] [--seed 5]
+        [--clouds replay|live] [--cloud-model NAME] [--deadline-ms MS]
         [--litellm-python /tmp/litellm-venv/bin/python] [--variants hybridllm,litellm]
         [--json PATH]
 
-Clouds: two stand-in servers (`hybridllm serve-model`, Qwen2.5-Coder-0.5B, one thread each),
-"a" and "b", each through its own `FaultProxy`, both on CPU 1 (as clouds off the device; the
-benchmark, its device engine and LiteLLM's side run on CPU 0). Cloud a is heavy-tailed and failing:
-request i's first byte is held a delay drawn once per run from `heavy_tail` (lognormal, median
-150 ms, p99 3 s, 3% stalls of 10 s, seeded), and 10% of the requests (seeded) are answered
-with HTTP 500 instead. Cloud b is healthy (no fault). The device: SmolLM2-135M, one thread
-(`LlamaCppEngine` in process for hybridllm; a llama.cpp server, `LlamaServer`, for LiteLLM):
-the last resort, a smaller and worse model.
+Clouds "a" and "b" answer with the stand-in model (`hybridllm serve-model`, Qwen2.5-Coder-0.5B
+by default, one thread) on CPU 1, off the device (the benchmark, its device engine and
+LiteLLM's side run on CPU 0):
+- `--clouds replay` (the default): the stand-in answers every prompt once, alone on its core,
+  and two replay endpoints (`_replay_cloud.py`) serve those streams at their recorded pace,
+  so a and b are two clouds whose compute is elsewhere, as two providers' is. A request the
+  recording lacks (a continuation) goes to the stand-in live; the run prints how many did.
+- `--clouds live`: two stand-in servers, each behind its own `FaultProxy`, sharing CPU 1 (a
+  request on one slows the other, which two providers would not do).
+Cloud a is heavy-tailed and failing: request i's first byte is held a delay drawn once per run
+from `heavy_tail` (lognormal, median 150 ms, p99 3 s, 3% stalls of 10 s, seeded), and 10% of
+the requests (seeded) are answered with HTTP 500 instead (replay: by the endpoint, per request;
+live: by the proxy, on new connections only). Cloud b is healthy (no fault). The device:
+SmolLM2-135M, one thread (`LlamaCppEngine` in process for hybridllm; a llama.cpp server,
+`LlamaServer`, for LiteLLM): the last resort, a smaller and worse model.
 
 hybridllm: `HybridClient(engines={"local", "a", "b"})`, policy `prefer = "a"`, `fallback_order
 = ["a", "b", "local"]` (a quality decision: the device's engine is a held rescue), privacy off
