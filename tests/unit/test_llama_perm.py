@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from hybridllm.engines.llama.option_rotations import (
@@ -13,7 +14,7 @@ from hybridllm.engines.llama.option_rotations import (
     rotations,
     summarise,
 )
-from hybridllm.engines.llama.signals import SIGNAL_NAMES, option_letters
+from hybridllm.engines.llama.signals import SIGNAL_NAMES, distribution, logprob, option_letters
 
 PROMPT = "Which is a bird?\n\nA. cat\nB. crow\nC. dog\nD. eel\n\nAnswer with the letter only."
 
@@ -159,3 +160,15 @@ def test_the_cycle_is_priced_by_what_the_answer_does_not_reuse(
     assert llama_signals._unshared_ms(cycle, 100.0) == pytest.approx(  # type: ignore[arg-type]
         100.0 * 3 * block / cycle.fresh  # type: ignore[attr-defined]
     )
+
+
+def test_a_tokens_logprob_alone_is_the_distributions() -> None:
+    """`logprob` (a call's confidence, every token) gives `distribution`'s figure for a wide
+    row of logits, far from zero included."""
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=151_936) * 4).astype(np.float32)
+    logits[7] += 40.0
+    for token in (0, 7, 151_935):
+        assert logprob(logits, token) == pytest.approx(
+            distribution(logits, token).logprob, abs=1e-6
+        )

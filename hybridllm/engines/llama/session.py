@@ -29,7 +29,7 @@ from hybridllm.engines.llama.kvdisk import DISK_MIN_TOKENS, DiskStates
 from hybridllm.engines.llama.kvstore import KVStore, SavedState, common_prefix
 from hybridllm.engines.llama.prompt_lookup import DraftMode, DraftStats, PromptLookup
 from hybridllm.engines.llama.score import Scorer
-from hybridllm.engines.llama.signals import distribution, last_logits
+from hybridllm.engines.llama.signals import last_logits, logprob
 from hybridllm.engines.llama.toolcalls import (
     NAME_WAIT_CHARS,
     ParsedCall,
@@ -607,7 +607,7 @@ class LlamaSession:
     def _logprob(self, tok: int) -> float:
         """The model's log-probability of `tok` at the last evaluated position, from the raw
         logits (before any grammar or logit bias)."""
-        return distribution(last_logits(self.llm), tok).logprob
+        return logprob(last_logits(self.llm), tok)
 
     def _call_token(self, gen: Generation, tok: int) -> str:
         """One token of a call's JSON; the end of the text (all the grammar then allows) closes

@@ -90,6 +90,14 @@ def distribution(logits: Logits, chosen: int) -> Distribution:
     )
 
 
+def logprob(logits: Logits, token: int) -> float:
+    """The log-probability of `token` under raw logits (one row): `distribution`'s `logprob`
+    alone, a fifth of its work (no float64 copy of the row, no entropy or top-2)."""
+    m = float(logits.max())
+    total = float(np.exp(logits - m).sum(dtype=np.float64))
+    return float(logits[token]) - m - math.log(total)
+
+
 @dataclass
 class TokenTracker:
     """Collects the first `limit` answer tokens' distributions while a generation runs."""
