@@ -7,6 +7,7 @@ first choice allowed, refused with an allowed token among the best, and refused 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import random
 from pathlib import Path
@@ -157,3 +158,47 @@ def answer(
         return step
     finally:
         whole.close()
+
+
+def test_a_json_answer_resumed_mid_way_goes_on_under_its_grammar(model_path: Path) -> None:
+    """A JSON answer paused mid-object (a preemption), the KV cache used by another request,
+    then resumed: its grammar goes on from what it had written, not from the start (which
+    would force a second object into the first one's middle)."""
+    import jsonschema
+
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.engines.llama.session import LlamaSession
+    from hybridllm.local.settings import DEFAULT_SETTINGS
+
+    session = LlamaSession(model_path, n_ctx=1024, settings=DEFAULT_SETTINGS.resolved(), extra={})
+    small = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": small}}
+    asked = GenerationRequest(
+        messages=[{"role": "user", "content": "Describe a baker as JSON: name and age."}],
+        max_tokens=200,
+        temperature=0.0,
+        tools=tool_spec(None, None, fmt),
+    )
+    try:
+        gen = session.prefill(session.prepare(asked))
+        text = [session.step(gen) or "" for _ in range(5)]
+        assert gen.finish_reason is None and "".join(text).lstrip().startswith("{")
+        session.close(gen)
+        other = GenerationRequest(
+            messages=[{"role": "user", "content": "Say hello to the team."}], max_tokens=4
+        )
+        between = session.prefill(session.prepare(other))
+        for _ in range(4):
+            session.step(between)
+        session.close(between)
+        session.resume(gen)
+        while (piece := session.step(gen)) is not None:
+            text.append(piece)
+        jsonschema.validate(json.loads("".join(text)), small)
+        assert gen.finish_reason == "stop"
+    finally:
+        session.unload()

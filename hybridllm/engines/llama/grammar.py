@@ -14,7 +14,8 @@ llama.cpp's own sampler does (sample, then check; the whole vocabulary only when
   except where tokens below `min_p`'s cut would move `top_p`'s boundary by their share.
 
 The processor feeds the grammar each token the loop sampled (it reads them from `input_ids` on
-its next call), so its state follows the generation as llama.cpp's own sampler's does.
+its next call), so its state follows the generation as llama.cpp's own sampler's does; a
+generation resumed mid-phase (after a preemption) feeds it the phase's tokens already written.
 """
 
 from __future__ import annotations
@@ -35,15 +36,26 @@ class CheckedGrammar:
     tokens that can be chosen. `lc` is the `llama_cpp` module, `vocab` the model's vocabulary."""
 
     def __init__(
-        self, lc: Any, vocab: Any, grammar: str, *, greedy: bool, top_k: int, min_p: float
+        self,
+        lc: Any,
+        vocab: Any,
+        grammar: str,
+        *,
+        greedy: bool,
+        top_k: int,
+        min_p: float,
+        start: int | None = None,
     ) -> None:
+        """`start`: where the grammar's text begins in the sequence the processor will see (a
+        resumed generation's phase began before it: those tokens are fed to the grammar first);
+        None: at the end of the sequence on the first call."""
         self._lc = lc
         self._sampler = lc.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self._sampler:
             raise ValueError("llama.cpp refused the grammar")
         self._greedy, self._k = greedy, max(1, top_k)
         self._floor = math.log(min_p) if 0.0 < min_p < 1.0 else -math.inf
-        self._seen: int | None = None
+        self._seen: int | None = start
         self.steps = self.whole = 0  # steps checked; those that needed the whole vocabulary
 
     def __del__(self) -> None:

@@ -435,9 +435,9 @@ class LlamaSession:
         of the phase `gen` is in: a call's JSON, a JSON answer, or none."""
         prepared, req = gen.prepared, gen.prepared.request
         plan = prepared.tools
-        grammar = None
+        grammar, start = None, len(prepared.tokens)  # where the phase's text began
         if plan is not None and gen._call_at is not None:
-            grammar = plan.call_grammar
+            grammar, start = plan.call_grammar, start + gen._call_at
         elif plan is not None and not gen.calls:
             grammar = plan.answer_grammar
         bias = dict(prepared.logit_bias or {})
@@ -449,7 +449,7 @@ class LlamaSession:
             processors.append(_biased(bias)[0])
         whole = grammar is not None and self.grammar_check == "whole"
         if grammar is not None and not whole:  # last: after the bans, as llama.cpp's would be
-            processors.append(self._checked(grammar, req.temperature))
+            processors.append(self._checked(grammar, req.temperature, start))
         generated: Iterator[int] = self.llm.generate(
             list(tokens),
             temp=req.temperature,
@@ -463,13 +463,13 @@ class LlamaSession:
         )
         return generated
 
-    def _checked(self, grammar: str, temperature: float) -> CheckedGrammar:
+    def _checked(self, grammar: str, temperature: float, start: int) -> CheckedGrammar:
         """The grammar as a processor over the tokens the sampler can keep (`_generator`'s
-        top_k and min_p)."""
+        top_k and min_p), fed what the phase wrote from `start` (a resumed JSON answer)."""
         greedy = temperature == 0.0
         min_p = MIN_P if temperature > 0.0 else 0.0
         return CheckedGrammar(
-            self._lc, self._vocab, grammar, greedy=greedy, top_k=TOP_K, min_p=min_p
+            self._lc, self._vocab, grammar, greedy=greedy, top_k=TOP_K, min_p=min_p, start=start
         )
 
     def resume(
