@@ -303,18 +303,22 @@ def _rescue_release(
     """When a rescue's held tokens go out without a cloud token: at the deadline; but a rescue
     expected no sooner than the cloud, both past the deadline, cannot save the deadline, and
     released at it would take a quality answer's place for no time gained: it waits for the
-    cloud's p95 time to a first token (a cloud that stalls is still rescued, there)."""
+    cloud's p95 time to a first token (a cloud that stalls is still rescued, there), but never
+    more than one deadline past its own expected first token (a heavy-tailed cloud's p95 could
+    hold it for seconds)."""
     mine = state.latency.get(primary)
     theirs = None if fallback is None else state.latency.get(fallback)
     if mine is None or theirs is None or theirs.ttft_s <= deadline or theirs.ttft_s < mine.ttft_s:
         return deadline
+    release = max(deadline, min(mine.ttft_p95_s, theirs.ttft_s + deadline))
     text = (
         f"{fallback} predicted at {_ms(theirs.ttft_s)}, no sooner than {primary} "
         f"({_ms(mine.ttft_s)}), both past the {_ms(deadline)} deadline -> its tokens are held "
-        f"until {primary}'s p95 ({_ms(mine.ttft_p95_s)})"
+        f"until {_ms(release)} ({primary}'s p95 {_ms(mine.ttft_p95_s)}, at most a deadline "
+        f"past {fallback}'s own)"
     )
     reasons.append(Reason("rescue_no_sooner", text))
-    return max(deadline, mine.ttft_p95_s)
+    return release
 
 
 def _pick(

@@ -8,6 +8,7 @@ virtual clock (tests/unit/conftest.py), so the times asserted are the scripts' o
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -95,6 +96,9 @@ def test_a_rescue_no_sooner_than_the_cloud_waits_for_the_clouds_p95() -> None:
     d = decide(routed(0.9), AUTO, state)
     assert d.rescue and d.release_s == pytest.approx(1.8)  # the cloud's p95: 1.5 x 1.2
     assert "rescue_no_sooner" in d.codes
+    tail = replace(pred("cloud", 1.2), ttft_p95_s=8.0)  # a heavy tail: at most a deadline more
+    state = LiveState(latency={"cloud": tail, "local": pred("local", 1.4)})
+    assert decide(routed(0.9), AUTO, state).release_s == pytest.approx(2.0)
     for local in (0.9, 0.3):  # sooner than the cloud, or inside the deadline: held to it
         state = LiveState(latency={"cloud": pred("cloud", 1.2), "local": pred("local", local)})
         d = decide(routed(0.9), AUTO, state)
