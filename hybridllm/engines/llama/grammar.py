@@ -20,6 +20,7 @@ generation resumed mid-phase (after a preemption) feeds it the phase's tokens al
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 from typing import Any
@@ -61,7 +62,8 @@ class CheckedGrammar:
     def __del__(self) -> None:
         sampler, self._sampler = getattr(self, "_sampler", None), None
         if sampler:
-            self._lc.llama_sampler_free(sampler)
+            with contextlib.suppress(Exception):  # at interpreter exit the module may be gone
+                self._lc.llama_sampler_free(sampler)
 
     def __call__(self, input_ids: Any, scores: np.ndarray) -> np.ndarray:
         self._accept(input_ids)
