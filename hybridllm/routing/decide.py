@@ -236,7 +236,8 @@ def _serve(
         release_s = math.inf if deadline is None else deadline
         _rescue_reason(fallback, deadline, reasons)
         if deadline is not None:
-            release_s = _rescue_release(primary, fallback, deadline, state, reasons)
+            price_s = _wrong_p(facts) * policy.hedge.quality_weight_ms / 1000
+            release_s = _rescue_release(primary, fallback, deadline, price_s, state, reasons)
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(
@@ -297,25 +298,30 @@ def _rescue_release(
     primary: EngineName,
     fallback: EngineName | None,
     deadline: float,
+    price_s: float,
     state: LiveState,
     reasons: list[Reason],
 ) -> float:
-    """When a rescue's held tokens go out without a cloud token: at the deadline; but a rescue
-    expected no sooner than the cloud, both past the deadline, cannot save the deadline, and
-    released at it would take a quality answer's place for no time gained: it waits for the
-    cloud's p95 time to a first token (a cloud that stalls is still rescued, there), but never
-    more than one deadline past its own expected first token (a heavy-tailed cloud's p95 could
-    hold it for seconds)."""
+    """When a rescue's held tokens go out without a cloud token: at the deadline. A rescue that
+    cannot make the deadline itself, released at its first token, would take the quality
+    answer's place for the time it saves; where the cloud is expected within one deadline of it
+    and that time is worth less than the quality it may lose (`price_s`: P(local wrong) x the
+    policy's `quality_weight_ms`), it is held for the cloud's p95 time to a first token, at most
+    one deadline past its own expected one (a stalled cloud is still rescued, there)."""
     mine = state.latency.get(primary)
     theirs = None if fallback is None else state.latency.get(fallback)
-    if mine is None or theirs is None or theirs.ttft_s <= deadline or theirs.ttft_s < mine.ttft_s:
+    if mine is None or theirs is None or theirs.ttft_s <= deadline:
+        return deadline
+    saved = mine.ttft_s - theirs.ttft_s
+    if saved >= deadline or saved >= price_s:
         return deadline
     release = max(deadline, min(mine.ttft_p95_s, theirs.ttft_s + deadline))
     text = (
-        f"{fallback} predicted at {_ms(theirs.ttft_s)}, no sooner than {primary} "
-        f"({_ms(mine.ttft_s)}), both past the {_ms(deadline)} deadline -> its tokens are held "
-        f"until {_ms(release)} ({primary}'s p95 {_ms(mine.ttft_p95_s)}, at most a deadline "
-        f"past {fallback}'s own)"
+        f"{fallback} predicted at {_ms(theirs.ttft_s)}, past the {_ms(deadline)} deadline, and "
+        f"{primary} at {_ms(mine.ttft_s)}: the time a release at its first token would save is "
+        f"worth less than the answer's quality ({_ms(price_s)}) -> its tokens are held until "
+        f"{_ms(release)} ({primary}'s p95 {_ms(mine.ttft_p95_s)}, at most a deadline past "
+        f"{fallback}'s own)"
     )
     reasons.append(Reason("rescue_no_sooner", text))
     return release

@@ -14,7 +14,7 @@ import pytest
 
 from hybridllm import Fallback, HybridClient, Policy, Token
 from hybridllm.events import EngineName
-from hybridllm.routing import LiveState, RequestFacts, decide
+from hybridllm.routing import Decision, LiveState, RequestFacts, decide
 from hybridllm.routing.decide import PROBE_AFTER
 from hybridllm.routing.hedging import backup_ttft_s, choose_hedge_delay, lead_s
 from hybridllm.routing.inputs import Prediction
@@ -88,20 +88,29 @@ def test_a_cloud_chosen_for_quality_keeps_the_request_when_predicted_late() -> N
     assert d.rescue and "quality_keeps" in d.codes
 
 
-def test_a_rescue_no_sooner_than_the_cloud_waits_for_the_clouds_p95() -> None:
-    """Both past the 600 ms deadline, the device expected no sooner than the cloud: released at
-    the deadline, its answer would replace the cloud's for no time gained (the benchmark's long
-    prompts); it is held to the cloud's p95 instead, where a stalled cloud is still rescued."""
-    state = LiveState(latency={"cloud": pred("cloud", 1.2), "local": pred("local", 1.4)})
-    d = decide(routed(0.9), AUTO, state)
-    assert d.rescue and d.release_s == pytest.approx(1.8)  # the cloud's p95: 1.5 x 1.2
-    assert "rescue_no_sooner" in d.codes
+def test_a_rescue_that_cannot_make_the_deadline_waits_for_the_clouds_p95() -> None:
+    """Both past the 600 ms deadline, the cloud expected within a deadline of the device:
+    released at its own first token, the device's answer would replace the cloud's for less
+    time than its quality is worth (the benchmark's long prompts); it is held to the cloud's
+    p95 instead, at most a deadline past its own first token (a stalled cloud is still
+    rescued, there)."""
+
+    def release(cloud: Prediction, local: float, policy: Policy = AUTO) -> Decision:
+        state = LiveState(latency={"cloud": cloud, "local": pred("local", local)})
+        return decide(routed(0.9), policy, state)
+
+    no_sooner = release(pred("cloud", 1.2), 1.4)
+    assert no_sooner.rescue and no_sooner.release_s == pytest.approx(1.8)  # p95: 1.5 x 1.2
+    assert "rescue_no_sooner" in no_sooner.codes
+    assert release(pred("cloud", 1.2), 0.9).release_s == pytest.approx(1.5)  # 0.9 + a deadline
     tail = replace(pred("cloud", 1.2), ttft_p95_s=8.0)  # a heavy tail: at most a deadline more
-    state = LiveState(latency={"cloud": tail, "local": pred("local", 1.4)})
-    assert decide(routed(0.9), AUTO, state).release_s == pytest.approx(2.0)
-    for local in (0.9, 0.3):  # sooner than the cloud, or inside the deadline: held to it
-        state = LiveState(latency={"cloud": pred("cloud", 1.2), "local": pred("local", local)})
-        d = decide(routed(0.9), AUTO, state)
+    assert release(tail, 1.4).release_s == pytest.approx(2.0)
+    kept = [
+        release(pred("cloud", 1.2), 0.3),  # the rescue makes the deadline
+        release(pred("cloud", 3.0), 0.9),  # the cloud not expected within a deadline of it
+        release(pred("cloud", 1.2), 0.9, AUTO.with_(hedge={"quality_weight_ms": 100})),  # cheap
+    ]
+    for d in kept:
         assert d.release_s == pytest.approx(0.6) and "rescue_no_sooner" not in d.codes
 
 
