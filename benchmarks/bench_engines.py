@@ -246,7 +246,9 @@ def live_clouds(cloud_model: str = CLOUD) -> Iterator[tuple[Any, Any]]:
 # ---- hybridllm -----------------------------------------------------------------------------------
 
 
-async def run_hybrid(w: dict[str, Any], a: Any, b: Any, deadline_ms: float) -> list[dict[str, Any]]:
+async def run_hybrid(
+    w: dict[str, Any], a: Any, b: Any, deadline_ms: float, quality_weight_ms: float | None = None
+) -> list[dict[str, Any]]:
     from hybridllm import HybridClient, LlamaCppEngine, OpenAIEngine, Policy
     from hybridllm.errors import HybridError
     from hybridllm.local.resolve import resolve_model
@@ -260,6 +262,8 @@ async def run_hybrid(w: dict[str, Any], a: Any, b: Any, deadline_ms: float) -> l
             "retries": 0,
         },
         sampling={"temperature": 0.0},
+        # the price of a local answer in place of the cloud's (None: the policy's default)
+        hedge={} if quality_weight_ms is None else {"quality_weight_ms": quality_weight_ms},
         # LiteLLM scans nothing: with the default keep-local, the 5 of 40 prompts naming a person
         # ("Barney is a cat", "Moby Dick") stay on the device, which is privacy, not routing
         privacy={"mode": "off"},
@@ -462,10 +466,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"n": args.n, "seed": args.seed, "cpu": cpu_model(), "runs": {}}
     res["deadline_ms"], res["cloud_model"] = args.deadline_ms, args.cloud_model
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-    res["clouds"] = args.clouds
+    res["clouds"], res["quality_weight_ms"] = args.clouds, args.quality_weight_ms
     with two_clouds(w, args.cloud_model, args.clouds) as (a, b):
         if "hybridllm" in wanted:
-            res["runs"]["hybridllm"] = anyio.run(run_hybrid, w, a, b, args.deadline_ms)
+            run = (w, a, b, args.deadline_ms, args.quality_weight_ms)
+            res["runs"]["hybridllm"] = anyio.run(run_hybrid, *run)
             res["replay_hybridllm"] = [replay_counts(a), replay_counts(b)]
         if "litellm" in wanted:
             res["runs"]["litellm"] = run_litellm(args, w, a, b)
@@ -484,6 +489,10 @@ def cli() -> None:
         "--clouds", choices=("replay", "live"), default="replay",
         help="replay: one stand-in's recorded streams, replayed at their pace (the default); "
         "live: two stand-ins sharing one core",
+    )  # fmt: skip
+    ap.add_argument(
+        "--quality-weight-ms", type=float, default=None,
+        help="the policy's [hedge] quality_weight_ms (default: the policy's own, 10000)",
     )  # fmt: skip
     ap.add_argument("--litellm-python", default="/tmp/litellm-venv/bin/python")
     ap.add_argument("--variants", default="hybridllm,litellm")
