@@ -20,18 +20,21 @@ from hybridllm.engines.llama.grammar import CheckedGrammar
 from hybridllm.engines.llama.toolcalls import answer_gbnf, call_gbnf
 from hybridllm.tools import tool_spec
 
-SCHEMA = {
+SCHEMA = {  # a forecast request: strings, an enum, a bounded integer, an optional nested object
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "role": {"type": "string", "enum": ["baker", "cashier", "manager"]},
-        "skills": {"type": "array", "items": {"type": "string"}},
+        "city": {"type": "string"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "at": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+        },
     },
-    "required": ["name", "age", "role", "skills"],
+    "required": ["city", "days", "unit"],
 }
-TOOL = {"type": "function", "function": {"name": "add_employee", "parameters": SCHEMA}}
-FORMAT = {"type": "json_schema", "json_schema": {"name": "employee", "schema": SCHEMA}}
+TOOL = {"type": "function", "function": {"name": "forecast", "parameters": SCHEMA}}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "forecast", "schema": SCHEMA}}
 GRAMMARS = {
     "json_schema": lambda: answer_gbnf(tool_spec(None, None, FORMAT).response_format),
     "json_object": lambda: answer_gbnf(
