@@ -71,7 +71,7 @@ from hybridllm.routing.decision import (
     RoutePreview,
 )
 from hybridllm.routing.decode_speed import decode_rule
-from hybridllm.routing.hedging import hedge_delay
+from hybridllm.routing.hedging import hedge_delay, quality_price_s
 
 # an engine the load rules have kept from a first token this many requests is probed: the rules
 # leave it its place once (the deadline race still rescues it), so a prediction never locks it out
@@ -233,11 +233,13 @@ def _serve(
         if hedged.delivers:  # an automatic hedge priced with the quality it may lose
             release_s = hedge_s
     if rescue and release_s is None:
-        release_s = math.inf if deadline is None else deadline
         _rescue_reason(fallback, deadline, reasons)
-        if deadline is not None:
-            price_s = _wrong_p(facts) * policy.hedge.quality_weight_ms / 1000
-            release_s = _rescue_release(primary, fallback, deadline, price_s, state, reasons)
+        price_s = quality_price_s(policy, _wrong_p(facts))
+        release_s = (
+            math.inf
+            if deadline is None
+            else _rescue_release(primary, fallback, deadline, price_s, state, reasons)
+        )
     plan: PlanKind = "handoff" if handoff else "hedge" if hedge_s is not None else "single"
     failover = _failover(primary, fallback, state, reasons)
     return Decision(

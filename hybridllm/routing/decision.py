@@ -110,9 +110,10 @@ ReasonCode = Literal[
     "slow_decode_cloud",
     "slow_decode_deadline",
     # 5. the plan: a fixed hedge, an automatic hedge (or none pays); a quality decision's local
-    # rescue, and one held to the cloud's p95 (expected no sooner than the cloud, both past the
-    # deadline); no mid-stream failover; speculation (expected to pay, asked for, does not pay,
-    # needs both engines); the cascade (listed under "auto", asked for, cannot run)
+    # rescue, and one held for the cloud's p95 (it cannot make the deadline, and the time a
+    # release would save is worth less than the quality at stake); no mid-stream failover;
+    # speculation (expected to pay, asked for, does not pay, needs both engines); the cascade
+    # (listed under "auto", asked for, cannot run)
     "hedge",
     "auto_hedge",
     "auto_hedge_none",

@@ -222,6 +222,12 @@ def hedge_delay(
     return HedgeStart(auto.delay_s, delivers=wrong_p is not None and not auto.held)
 
 
+def quality_price_s(policy: Policy, wrong_p: float) -> float:
+    """What a local answer delivered in the cloud's place is expected to cost, in seconds of
+    waiting: P(local wrong) x the policy's `[hedge] quality_weight_ms`."""
+    return wrong_p * policy.hedge.quality_weight_ms / 1000.0
+
+
 def _auto_hedge(
     policy: Policy,
     primary: EngineName,
@@ -254,7 +260,7 @@ def _auto_hedge(
         cap = deadline - (lead if early_start else 0.0)
     quality_s = 0.0
     if wrong_p is not None:
-        quality_s = wrong_p * policy.hedge.quality_weight_ms / 1000.0
+        quality_s = quality_price_s(policy, wrong_p)
         weight_ms = policy.hedge.quality_weight_ms
         cost += f"; a local answer delivered costs P(wrong) {wrong_p:.2f} x {weight_ms:g} ms"
     c = choose_hedge_delay(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hybridllm import errors
 from hybridllm.engines.base import GenerationRequest, Message
@@ -142,7 +142,7 @@ class LlamaSession:
         self._grammars: set[str] = set()  # grammars llama.cpp has parsed once
         # "checked": a grammar checks the tokens the sampler can keep (`grammar.CheckedGrammar`);
         # "whole": llama.cpp's sampler checks the whole vocabulary each step (bench_grammar's arm)
-        self.grammar_check: str = "checked"
+        self.grammar_check: Literal["checked", "whole"] = "checked"
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
