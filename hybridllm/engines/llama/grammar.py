@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridllm import errors
+
 __all__ = ["CheckedGrammar"]
 
 _TOKEN_DATA = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
@@ -53,7 +55,8 @@ class CheckedGrammar:
         self._lc = lc
         self._sampler = lc.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self._sampler:
-            raise ValueError("llama.cpp refused the grammar")
+            # (the request's grammars were parsed at admission: `LlamaSession.plan`)
+            raise errors.LocalEngineError("llama.cpp refused the grammar", engine="local")
         self._greedy, self._k = greedy, max(1, top_k)
         self._floor = math.log(min_p) if 0.0 < min_p < 1.0 else -math.inf
         self._seen: int | None = start
