@@ -11,9 +11,25 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 
-from hybridllm.testing.redis_server import RedisServer, find_redis_server
+def _share_the_cores() -> None:
+    """In a pytest-xdist worker, give BLAS and OpenMP (numpy, scikit-learn) the worker's share
+    of the cores, before either is loaded: each library otherwise starts a thread per core in
+    every worker, and their spinning threads slow the other workers' tests several times over."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+        share = str(max(1, cores // workers))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, share)
+
+
+_share_the_cores()
+
+import pytest  # noqa: E402
+
+from hybridllm.testing.redis_server import RedisServer, find_redis_server  # noqa: E402
 
 INTEGRATION = Path(__file__).parent / "integration"
 

@@ -208,6 +208,8 @@ def test_train_from_log_end_to_end(
     assert router.score("Translate to French: the 99 red cars") > router.score(
         "Is a cat bigger than a castle? Answer yes or no."
     )
+    if make_log.kind != "sqlite":
+        return  # what follows reads the trained router, not the log: once is enough
 
     base = tmp_path / "base"
     assert main(["router", "train", "--data", str(labels), "--out", str(base)]) == 0

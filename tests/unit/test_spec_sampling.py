@@ -4,6 +4,7 @@ shape, built here from a known synthetic vocabulary, named as such)."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 from typing import Any
@@ -100,15 +101,23 @@ def test_a_nucleus_inside_the_returned_top_is_p_exactly_and_a_wide_one_is_refuse
     )
 
 
+@functools.cache
+def ranked(row: bytes) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """A row of logits (as bytes: the same row is ranked once): its raw log-probabilities,
+    their order, and the top-20 entries as vLLM writes them."""
+    lp = raw_logprobs(np.frombuffer(row))
+    order = np.argsort(-lp, kind="stable")
+    top = {str(int(i)): {"logprob": float(lp[i]), "rank": r + 1} for r, i in enumerate(order[:TOP])}
+    return lp, order, top
+
+
 def answer(ctx: int, draft: list[int], rows: list[np.ndarray], own: int) -> dict[str, Any]:
     """A vLLM-shaped answer: raw top-20 per drafted position (plus the drafted token with its
     rank), and the generated token `own` (the cloud's draw after the draft, as a token id)."""
     plp: list[Any] = [None] + [{"1": {"logprob": -0.1, "rank": 1}}] * (ctx - 1)
     for x, z in zip(draft, rows, strict=True):
-        lp = raw_logprobs(z)
-        order = np.argsort(-lp, kind="stable")
-        e = {str(int(i)): {"logprob": float(lp[i]), "rank": r + 1}
-             for r, i in enumerate(order[:TOP])}  # fmt: skip
+        lp, order, top = ranked(z.tobytes())
+        e = dict(top)
         e.setdefault(str(x), {"logprob": float(lp[x]),
                               "rank": int(np.flatnonzero(order == x)[0]) + 1})  # fmt: skip
         plp.append(e)
@@ -130,14 +139,15 @@ def test_rounds_of_sampled_drafts_commit_sequences_distributed_as_the_clouds() -
     qs = [nucleus_of_logits(z, t, top_p) for z in local]
     rng, n = random.Random(99), 12_000
     joint: Counter[tuple[int, int]] = Counter()
+    after = [direct_p(z, t, top_p) for z in cloud]  # the cloud's own draw after a draft
+    draws = [(list(p), list(p.values())) for p in after]
     for _ in range(n):
         out: list[int] = []
         while len(out) < 2:
             pos = len(out)
             k = 2
             draft = [sample(qs[pos + j], rng) for j in range(k)]
-            p_after = direct_p(cloud[pos + k], t, top_p)  # the cloud's own draw after it
-            own = rng.choices(list(p_after), weights=list(p_after.values()))[0]
+            own = rng.choices(draws[pos + k][0], weights=draws[pos + k][1])[0]
             data = answer(3, draft, cloud[pos : pos + k], own)
             rd = Round("P", "", [1, 2, 3], draft, ["a"] * k, (), lambda ids: "a" * len(ids),
                        Sampling(t, top_p, rng, qs[pos : pos + k], V))  # fmt: skip
