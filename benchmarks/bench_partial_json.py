@@ -15,7 +15,10 @@ request with its own first words (so no arm reuses another's prompt from the KV 
   (`ToolCall`), and the call's cost beyond its own decode: (time to the call - its completion
   tokens x the plain answer's TPOT of the same round) / the plain TTFT (target: at most 1.3).
   The tools block is the same every round, so from the second round on its KV state can be
-  found saved (`cached` column).
+  found saved (`cached` column). The call's JSON up to its arguments is read with the prompt
+  (the request names the function: `ToolPlan.opening`);
+- tool call, the model writing its opening: the same, with the opening decoded a token at a
+  time as before (`LlamaSession.open_named_calls = False`), for the comparison.
 Medians and p90 over the rounds, and the first snapshot's lag behind plain TTFT (target: at most
 50 ms). The answer's parsed object is checked against the schema by the client (the run fails
 on an invalid one). No timed assertions.
@@ -54,11 +57,12 @@ def prompt(i: int) -> str:
 
 
 async def one(client: HybridClient, text: str, arm: str, max_tokens: int) -> dict[str, Any]:
-    """One request of `arm` ("plain", "json" or "call"): when its events came (ms)."""
+    """One request of `arm` ("plain", "json", "call" or "call_model"): when its events came
+    (ms)."""
     args: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0}
     if arm == "json":
         args["response_format"] = FORMAT
-    elif arm == "call":
+    elif arm in ("call", "call_model"):
         args["tools"], args["tool_choice"] = [TOOL], MUST_CALL
     partials: list[float] = []
     first_token = called = None
@@ -89,15 +93,21 @@ async def one(client: HybridClient, text: str, arm: str, max_tokens: int) -> dic
 async def run(model: str, rounds: int, max_tokens: int) -> dict[str, Any]:
     policy = Policy(name="bench", routing={"prefer": "local", "allow_cloud": False})
     rows: list[dict[str, Any]] = []
-    async with HybridClient(local=LlamaCppEngine(model), policy=policy, router=None) as client:
+    engine = LlamaCppEngine(model)
+    async with HybridClient(local=engine, policy=policy, router=None) as client:
         await one(client, prompt(999), "plain", 8)  # warm-up: the model loaded, not counted
         await one(client, prompt(998), "json", max_tokens)
+        session: Any = engine._session
         for i in range(rounds):
             # each arm its own first words, so none reuses another's prompt in the cache
             plain = await one(client, f"Ask {i}A. {prompt(i)}", "plain", max_tokens)
             shaped = await one(client, f"Ask {i}B. {prompt(i)}", "json", max_tokens)
             call = await one(client, f"Ask {i}C. {prompt(i)}", "call", max_tokens)
-            rows.append({"plain": plain, "json": shaped, "call": call})
+            session.open_named_calls = False
+            by_model = await one(client, f"Ask {i}D. {prompt(i)}", "call_model", max_tokens)
+            session.open_named_calls = True
+            row = {"plain": plain, "json": shaped, "call": call, "call_model": by_model}
+            rows.append(row)
     return {"cpu": cpu_model(), "model": model, "rounds": rows, "max_tokens": max_tokens}
 
 
@@ -130,28 +140,29 @@ def render(res: dict[str, Any]) -> str:
         p50, p90 = _q(values)
         lines.append(f"| {name} | {p50:.1f} | {p90:.1f} |")
     lines.append(f"snapshots per answer: median {statistics.median(counts):.0f}")
-    return "\n".join(lines + call_lines(rows))
+    lines += call_lines(rows, "call", "opened with the prompt")
+    return "\n".join(lines + call_lines(rows, "call_model", "the model writing its opening"))
 
 
-def call_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The tool-call arm: times, and the call's cost beyond its own decode."""
-    calls = [r for r in rows if r.get("call", {}).get("call_ms") is not None]
+def call_lines(rows: list[dict[str, Any]], arm: str, title: str) -> list[str]:
+    """A tool-call arm: times, and the call's cost beyond its own decode."""
+    calls = [r for r in rows if r.get(arm, {}).get("call_ms") is not None]
     if not calls:
         return []
 
     def beyond(r: dict[str, Any]) -> float:
-        own = (r["call"]["completion_tokens"] or 0) * (r["plain"]["tpot_ms"] or 0.0)
-        return float((r["call"]["call_ms"] - own) / r["plain"]["token_ms"])
+        own = (r[arm]["completion_tokens"] or 0) * (r["plain"]["tpot_ms"] or 0.0)
+        return float((r[arm]["call_ms"] - own) / r["plain"]["token_ms"])
 
-    lines = ["", "| tool call | p50 | p90 |", "|---|---|---|"]
+    lines = ["", f"| tool call, {title} | p50 | p90 |", "|---|---|---|"]
     for name, values in (
-        ("its name (call_opened), ms", [r["call"]["named_ms"] for r in calls]),
-        ("the whole checked call (ToolCall), ms", [r["call"]["call_ms"] for r in calls]),
-        ("its completion tokens", [r["call"]["completion_tokens"] or 0 for r in calls]),
+        ("its name (call_opened), ms", [r[arm]["named_ms"] for r in calls]),
+        ("the whole checked call (ToolCall), ms", [r[arm]["call_ms"] for r in calls]),
+        ("its completion tokens", [r[arm]["completion_tokens"] or 0 for r in calls]),
         ("plain TPOT (same round), ms", [r["plain"]["tpot_ms"] or 0.0 for r in calls]),
         ("(call - its tokens x plain TPOT) / plain TTFT", [beyond(r) for r in calls]),
-        ("its prompt tokens", [r["call"]["prompt_tokens"] or 0 for r in calls]),
-        ("of them found cached", [r["call"]["cached"] or 0 for r in calls]),
+        ("its prompt tokens", [r[arm]["prompt_tokens"] or 0 for r in calls]),
+        ("of them found cached", [r[arm]["cached"] or 0 for r in calls]),
     ):
         p50, p90 = _q([float(v) for v in values])
         lines.append(f"| {name} | {p50:.2f} | {p90:.2f} |")

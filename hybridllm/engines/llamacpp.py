@@ -497,6 +497,8 @@ class LlamaCppEngine:
             t1 = clock.now()
             yield Mark("prefill_done", t1)
             self._learn_prefill(len(prepared.tokens) - gen.reused_tokens, t1 - t0)
+            for name in gen.opened:  # a call the prompt opened (a named function): named now
+                yield CallOpened(t1, call_name=name)
             while True:
                 self._queue.active = (clock.now(), self._left_s(gen))
                 async with contextlib.aclosing(self._decode(session, gen, turn)) as deltas:
@@ -510,10 +512,10 @@ class LlamaCppEngine:
                 yield await self._resume(session, gen, draft, turn, hold, paused_at)
             yield Finish(
                 gen.finish_reason or "stop",
-                len(prepared.tokens),
+                prepared.prompt_tokens,
                 gen.completion_tokens,
                 clock.now(),
-                cached_prompt_tokens=gen.reused_tokens,
+                cached_prompt_tokens=min(gen.reused_tokens, prepared.prompt_tokens),
             )
         finally:
             with anyio.CancelScope(shield=True):

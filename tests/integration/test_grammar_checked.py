@@ -205,3 +205,59 @@ def test_a_json_answer_resumed_mid_way_goes_on_under_its_grammar(model_path: Pat
         assert gen.finish_reason == "stop"
     finally:
         session.unload()
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_named_functions_call_is_opened_by_the_prompt_and_resumed_after_it() -> None:
+    """`tool_choice` naming the function: the call's JSON up to its arguments is read with the
+    prompt (`ToolPlan.opening`), so the call is named before any token is decoded; it counts as
+    the answer's tokens, not the prompt's; its confidence reads the arguments alone; and a call
+    paused mid-way and resumed goes on under its grammar from after that opening."""
+    from hybridllm.engines.base import GenerationRequest
+    from hybridllm.engines.llama.session import LlamaSession
+    from hybridllm.engines.llama.toolcalls import call_opening
+    from hybridllm.local.resolve import resolve_model
+    from hybridllm.local.settings import DEFAULT_SETTINGS
+
+    qwen = resolve_model("qwen2.5-coder-0.5b-instruct", pull=True)  # a model that calls tools
+    session = LlamaSession(qwen, n_ctx=2048, settings=DEFAULT_SETTINGS.resolved(), extra={})
+    messages = [{"role": "user", "content": "What is the weather like in Lyon today?"}]
+    asked = GenerationRequest(
+        messages=messages, max_tokens=60, temperature=0.0, tools=tool_spec([WEATHER], NAMED, None)
+    )
+    try:
+        prepared = session.prepare(asked)
+        opening = session.tokenize(call_opening("get_weather"))
+        assert prepared.forced == len(opening) and prepared.tokens[-len(opening) :] == opening
+        assert prepared.prompt_tokens == len(prepared.tokens) - len(opening)
+        gen = session.prefill(prepared)
+        assert gen.opened == ["get_weather"] and gen.completion_tokens == len(opening)
+        for _ in range(3):  # into the arguments, then paused for another request
+            assert session.step(gen) == ""
+        session.close(gen)
+        other = GenerationRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        between = session.prefill(session.prepare(other))
+        session.step(between)
+        session.close(between)
+        session.resume(gen)
+        while session.step(gen) is not None:
+            pass
+        assert gen.finish_reason == "tool_calls" and [c.name for c in gen.calls] == ["get_weather"]
+        call = gen.calls[0]
+        assert isinstance(json.loads(call.arguments)["city"], str)
+        assert call.confidence is not None and 0.0 < call.confidence <= 1.0
+    finally:
+        session.unload()

@@ -222,6 +222,27 @@ def test_a_calls_confidence_is_its_weaker_part_the_markup_before_the_name_left_o
     assert toolcalls.call_confidence([], []) is None
 
 
+def test_a_named_functions_call_is_opened_for_the_model_and_its_arguments_alone_count() -> None:
+    lp = math.log
+    tools = [{"type": "function", "function": {"name": "set_timer"}}]
+
+    def plan_of(choice: Any) -> toolcalls.ToolPlan | None:
+        spec = tool_spec(tools, choice, None)
+        return toolcalls.tool_plan(spec, renders_tools=True, token_of=lambda _: 7,
+                                   tokenize=lambda _: [1])  # fmt: skip
+
+    plan = plan_of({"type": "function", "function": {"name": "set_timer"}})
+    opened = toolcalls.call_opening("set_timer")
+    assert plan is not None and plan.start_in_call and plan.opening == opened
+    required = plan_of("required")
+    assert required is not None and required.start_in_call and required.opening == ""
+    assert toolcalls.parse_call(opened + '{"minutes": 5}}').name == "set_timer"
+    # the rest of `{"name": "set_timer", "arguments": {"minutes": 5}}` after the opening: the
+    # name was the request's, so the arguments' part is the figure
+    pieces, lps = [" {", '"minutes', '":', " ", "5", "}}"], [0.0, 0.0, 0.0, 0.0, lp(0.25), 0.0]
+    assert toolcalls.call_confidence(pieces, lps, opened) == pytest.approx(0.25 ** (1 / 6))
+
+
 def test_the_name_a_call_written_as_json_states_is_read_once_complete() -> None:
     assert toolcalls.intended_name('```json\n{\n  "name": "get_wea') is None
     assert toolcalls.intended_name('{"name": "get_weather", "argu') == "get_weather"

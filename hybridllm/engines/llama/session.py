@@ -67,6 +67,13 @@ class Prepared:
     # where the prompt's opening system message ends (its KV state is kept on disk: `kvdisk`);
     # 0: none, or no disk store
     system_tokens: int = 0
+    # the answer's first tokens, written at the end of `tokens` (`ToolPlan.opening`: a named
+    # function's call opened there); they count as the answer's, not the prompt's
+    forced: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.tokens) - self.forced
 
 
 @dataclass
@@ -143,6 +150,9 @@ class LlamaSession:
         # "checked": a grammar checks the tokens the sampler can keep (`grammar.CheckedGrammar`);
         # "whole": llama.cpp's sampler checks the whole vocabulary each step (bench_grammar's arm)
         self.grammar_check: Literal["checked", "whole"] = "checked"
+        # a named function's call opened with the prompt (`ToolPlan.opening`); False: the model
+        # writes the opening itself, a token at a time (bench_partial_json's comparison arm)
+        self.open_named_calls = True
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
@@ -186,8 +196,12 @@ class LlamaSession:
         spec = request.tools
         defined = [dict(t.raw) for t in spec.tools] if spec is not None else None
         tokens = self.tokenize(self.render(request.messages, defined) + request.assistant_prefix)
+        forced: list[int] = []
         if plan is not None and plan.start_in_call and plan.trigger is not None:
             tokens.append(plan.trigger)
+            if plan.opening and self.open_named_calls and self.grammar_check == "checked":
+                forced = self.tokenize(plan.opening)
+                tokens += forced
         room = self.n_ctx - len(tokens)
         if room < 1:
             raise errors.ContextOverflowError(
@@ -205,6 +219,7 @@ class LlamaSession:
             bias or None,
             plan,
             self._system_end(request.messages, defined, tokens),
+            len(forced),
         )
 
     def _system_end(
@@ -405,6 +420,9 @@ class LlamaSession:
         plan = prepared.tools
         if plan is not None and plan.start_in_call:
             gen._call_at = 0
+            if prepared.forced and req.tools is not None and req.tools.forced is not None:
+                gen.opened.append(req.tools.forced)  # opened with the prompt: named already
+                gen.completion_tokens = prepared.forced
         elif plan is not None and plan.trigger is not None and plan.answer_grammar is None:
             self._arm_opening(gen)  # "auto": a call written as JSON is read as a call
         gen._gen = self._generator(gen, tokens)
@@ -437,7 +455,8 @@ class LlamaSession:
         plan = prepared.tools
         grammar, start = None, len(prepared.tokens)  # where the phase's text began
         if plan is not None and gen._call_at is not None:
-            grammar, start = plan.call_grammar, start + gen._call_at
+            opened = prepared.forced if gen._call_at == 0 else 0  # a call the prompt opened
+            grammar, start = plan.call_grammar, start + gen._call_at - opened
         elif plan is not None and not gen.calls:
             grammar = plan.answer_grammar
         bias = dict(prepared.logit_bias or {})
@@ -618,8 +637,7 @@ class LlamaSession:
             if len(gen.opened) <= len(gen.calls):  # its name not said yet
                 self._say_name(gen)
             return ""
-        raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
-        text = raw.decode("utf-8", "replace")
+        text = self._call_text(gen)
         try:
             call = parse_call(text)
         except ValueError as exc:  # not under a working grammar: the runtime would refuse it
@@ -635,11 +653,22 @@ class LlamaSession:
 
     def _say_name(self, gen: Generation) -> None:
         """The call's JSON so far has chosen its function (`"name": "..."` closed): note it."""
-        assert gen._call_at is not None
-        raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
-        named = intended_name(raw.decode("utf-8", "replace"))  # the grammar writes it first
+        named = intended_name(self._call_text(gen))  # the grammar writes it first
         if named is not None:
             gen.opened.append(named)
+
+    def _call_opened(self, gen: Generation) -> str:
+        """The call's text the prompt wrote for the model (`ToolPlan.opening`; "": none)."""
+        plan = gen.prepared.tools
+        if plan is None or gen._call_at != 0 or not gen.prepared.forced:
+            return ""
+        return plan.opening
+
+    def _call_text(self, gen: Generation) -> str:
+        """The call's JSON so far: what the prompt opened it with, then what the model wrote."""
+        assert gen._call_at is not None
+        raw = bytes(self.llm.detokenize(gen.tokens_out[gen._call_at :]))
+        return self._call_opened(gen) + raw.decode("utf-8", "replace")
 
     def _call_confidence(self, gen: Generation) -> float | None:
         """The confidence of the call just closed (`toolcalls.call_confidence`) from its JSON's
@@ -651,7 +680,7 @@ class LlamaSession:
         if len(lps) != len(tokens):
             return confidence(gen._call_lps)
         pieces = [bytes(self.llm.detokenize([t])).decode("utf-8", "replace") for t in tokens]
-        return call_confidence(pieces, lps)
+        return call_confidence(pieces, lps, self._call_opened(gen))
 
     def _regenerate(self, gen: Generation) -> None:
         """A new sampling loop for the phase `gen` has entered (the KV prefix reused)."""

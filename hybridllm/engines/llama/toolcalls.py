@@ -48,6 +48,7 @@ __all__ = [
     "answer_gbnf",
     "call_gbnf",
     "call_confidence",
+    "call_opening",
     "call_id",
     "call_schema",
     "check_spec",
@@ -71,7 +72,10 @@ class ToolPlan:
     answer may not call); `call_grammar`: GBNF of a call's JSON; `answer_grammar`: GBNF of the
     whole text answer (a JSON response format); `start_in_call`: the answer is a call from its
     first token (tool_choice "required" or a named tool); `banned`: tokens never sampled (the
-    trigger under tool_choice "none"); `close`: the tokens written after a call's JSON."""
+    trigger under tool_choice "none"); `close`: the tokens written after a call's JSON;
+    `opening`: where `tool_choice` names the function, the call's JSON up to its arguments
+    (`call_opening`: nothing in it is the model's to choose, so it is read with the prompt, in
+    one batch, instead of decoded a token at a time)."""
 
     trigger: int | None = None
     call_grammar: str | None = None
@@ -79,6 +83,7 @@ class ToolPlan:
     start_in_call: bool = False
     banned: tuple[int, ...] = ()
     close: tuple[int, ...] = ()
+    opening: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,15 @@ def tool_plan(
         answer_grammar=answer,
         start_in_call=spec.must_call,
         close=tuple(tokenize(CALL_CLOSE)),
+        opening=call_opening(spec.forced) if spec.forced is not None else "",
     )
+
+
+def call_opening(name: str) -> str:
+    """The text a call to `name` opens with after `<tool_call>`, as the template writes it and
+    the call grammar (`call_gbnf`) admits it: up to its arguments' colon (the model writes the
+    space and brace after it as one token, ` {`, which a space written here would split)."""
+    return '\n{"name": ' + json.dumps(name) + ', "arguments":'
 
 
 def call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
@@ -279,15 +292,20 @@ def confidence(logprobs: Sequence[float]) -> float | None:
     return math.exp(sum(logprobs) / len(logprobs)) if logprobs else None
 
 
-def call_confidence(pieces: Sequence[str], logprobs: Sequence[float]) -> float | None:
+def call_confidence(
+    pieces: Sequence[str], logprobs: Sequence[float], opened: str = ""
+) -> float | None:
     """A call's confidence from its JSON's tokens (`pieces`, their texts) and their
     log-probabilities: the lower of the geometric means over the name's part (from `"name"`
     to `"arguments"`) and the arguments' part (the rest). The markup before the name is left
     out: the grammar forces it, and its first token (`{"`) is where the model, left alone,
     would have written a code fence, so its probability says nothing of the call. A call
-    whose parts cannot be told apart gets the geometric mean of all its tokens."""
+    whose parts cannot be told apart gets the geometric mean of all its tokens. `opened`: the
+    call's text written for the model before `pieces` (`call_opening`: a name the request chose,
+    so the arguments' part alone counts)."""
     parts: dict[str, list[float]] = {"head": [], "name": [], "arguments": []}
-    text, part = "", "head"
+    text = opened
+    part = "arguments" if '"arguments"' in text else "name" if '"name"' in text else "head"
     for piece, lp in zip(pieces, logprobs, strict=True):
         parts[part].append(lp)
         text += piece
