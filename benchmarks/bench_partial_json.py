@@ -17,8 +17,9 @@ request with its own first words (so no arm reuses another's prompt from the KV 
   The tools block is the same every round, so from the second round on its KV state can be
   found saved (`cached` column). The call's JSON up to its arguments is read with the prompt
   (the request names the function: `ToolPlan.opening`);
-- tool call, the model writing its opening: the same, with the opening decoded a token at a
-  time as before (`LlamaSession.open_named_calls = False`), for the comparison.
+- tool call, the model writing its opening: the same tool under `tool_choice="required"` (the
+  same prompt and call grammar, the function not named by the request), so the opening is
+  decoded a token at a time as before, for the comparison.
 Medians and p90 over the rounds, and the first snapshot's lag behind plain TTFT (target: at most
 50 ms). The answer's parsed object is checked against the schema by the client (the run fails
 on an invalid one). No timed assertions.
@@ -63,7 +64,8 @@ async def one(client: HybridClient, text: str, arm: str, max_tokens: int) -> dic
     if arm == "json":
         args["response_format"] = FORMAT
     elif arm in ("call", "call_model"):
-        args["tools"], args["tool_choice"] = [TOOL], MUST_CALL
+        args["tools"] = [TOOL]
+        args["tool_choice"] = MUST_CALL if arm == "call" else "required"
     partials: list[float] = []
     first_token = called = None
     async with client.stream(text, **args) as s:
@@ -93,19 +95,15 @@ async def one(client: HybridClient, text: str, arm: str, max_tokens: int) -> dic
 async def run(model: str, rounds: int, max_tokens: int) -> dict[str, Any]:
     policy = Policy(name="bench", routing={"prefer": "local", "allow_cloud": False})
     rows: list[dict[str, Any]] = []
-    engine = LlamaCppEngine(model)
-    async with HybridClient(local=engine, policy=policy, router=None) as client:
+    async with HybridClient(local=LlamaCppEngine(model), policy=policy, router=None) as client:
         await one(client, prompt(999), "plain", 8)  # warm-up: the model loaded, not counted
         await one(client, prompt(998), "json", max_tokens)
-        session: Any = engine._session
         for i in range(rounds):
             # each arm its own first words, so none reuses another's prompt in the cache
             plain = await one(client, f"Ask {i}A. {prompt(i)}", "plain", max_tokens)
             shaped = await one(client, f"Ask {i}B. {prompt(i)}", "json", max_tokens)
             call = await one(client, f"Ask {i}C. {prompt(i)}", "call", max_tokens)
-            session.open_named_calls = False
             by_model = await one(client, f"Ask {i}D. {prompt(i)}", "call_model", max_tokens)
-            session.open_named_calls = True
             row = {"plain": plain, "json": shaped, "call": call, "call_model": by_model}
             rows.append(row)
     return {"cpu": cpu_model(), "model": model, "rounds": rows, "max_tokens": max_tokens}

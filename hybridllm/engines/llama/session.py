@@ -150,9 +150,6 @@ class LlamaSession:
         # "checked": a grammar checks the tokens the sampler can keep (`grammar.CheckedGrammar`);
         # "whole": llama.cpp's sampler checks the whole vocabulary each step (bench_grammar's arm)
         self.grammar_check: Literal["checked", "whole"] = "checked"
-        # a named function's call opened with the prompt (`ToolPlan.opening`); False: the model
-        # writes the opening itself, a token at a time (bench_partial_json's comparison arm)
-        self.open_named_calls = True
         self._openers: list[int] | None = None  # `_json_openers`, once needed
         self.draft_stats = DraftStats()
         self.kv: KVStore | None = None  # saved KV states of past prompts (`kvstore`)
@@ -199,7 +196,7 @@ class LlamaSession:
         forced: list[int] = []
         if plan is not None and plan.start_in_call and plan.trigger is not None:
             tokens.append(plan.trigger)
-            if plan.opening and self.open_named_calls and self.grammar_check == "checked":
+            if plan.opening and self.grammar_check == "checked":  # fed to the checked grammar
                 forced = self.tokenize(plan.opening)
                 tokens += forced
         room = self.n_ctx - len(tokens)
@@ -455,8 +452,8 @@ class LlamaSession:
         plan = prepared.tools
         grammar, start = None, len(prepared.tokens)  # where the phase's text began
         if plan is not None and gen._call_at is not None:
-            opened = prepared.forced if gen._call_at == 0 else 0  # a call the prompt opened
-            grammar, start = plan.call_grammar, start + gen._call_at - opened
+            start += gen._call_at - _opened_tokens(gen)  # a call the prompt opened: from there
+            grammar = plan.call_grammar
         elif plan is not None and not gen.calls:
             grammar = plan.answer_grammar
         bias = dict(prepared.logit_bias or {})
@@ -660,9 +657,7 @@ class LlamaSession:
     def _call_opened(self, gen: Generation) -> str:
         """The call's text the prompt wrote for the model (`ToolPlan.opening`; "": none)."""
         plan = gen.prepared.tools
-        if plan is None or gen._call_at != 0 or not gen.prepared.forced:
-            return ""
-        return plan.opening
+        return plan.opening if plan is not None and _opened_tokens(gen) else ""
 
     def _call_text(self, gen: Generation) -> str:
         """The call's JSON so far: what the prompt opened it with, then what the model wrote."""
@@ -804,6 +799,12 @@ class LlamaSession:
 
 class DecodeAborted(Exception):
     """A decode was aborted on request (llama.cpp's abort callback)."""
+
+
+def _opened_tokens(gen: Generation) -> int:
+    """The tokens of the call under way that the prompt wrote (`Prepared.forced`: a named
+    function's call, opened at the answer's start; 0: none, or a later call)."""
+    return gen.prepared.forced if gen._call_at == 0 else 0
 
 
 class PrefillPreempted(Exception):  # noqa: N818  (a signal, not an error)
