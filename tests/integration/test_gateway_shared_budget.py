@@ -159,10 +159,13 @@ async def test_two_gateways_never_overspend_one_shared_cap(
     async def one(i: int) -> None:
         results.append(await _stream(http, urls[i % 2], i, keys[names[i % len(names)]]))
 
+    started = time.time()
     async with httpx.AsyncClient(timeout=300.0) as http:
         async with anyio.create_task_group() as tg:
             for i in range(STREAMS):
                 tg.start_soon(one, i)
+    if time.gmtime(started).tm_yday != time.gmtime().tm_yday:  # CI run 21 met one at 00:00
+        pytest.skip("the streams crossed a UTC midnight: the daily caps rolled over mid-test")
     assert [r.status for r in results] == [200] * STREAMS  # none lost, none refused
     engines = [r.engine for r in results]
     assert None not in engines, engines  # each stream ended with its decision
