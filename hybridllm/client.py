@@ -356,7 +356,7 @@ class HybridClient:
                 log.warning("privacy judge: the bar for names was not measured (%s)", exc)
 
     async def _load_default_router(self) -> None:
-        from hybridllm.routing.router import Router  # scikit-learn loads only here
+        from hybridllm.routing.router import Router
 
         try:
             self.routing.router = await anyio.to_thread.run_sync(Router.load)

@@ -152,7 +152,7 @@ class ArtifactRouter:
 
     def _loaded(self) -> Scorer:
         if self._router is None:
-            from hybridllm.routing.router import Router  # scikit-learn loads only here
+            from hybridllm.routing.router import Router
 
             self._router = Router.load(self.path)
         return self._router

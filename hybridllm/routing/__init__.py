@@ -4,8 +4,8 @@ decision of where a request runs (`decide`) with its inputs.
 `Router` (the score: P(local answer wrong)), `DecisionLog` (SQLite; `RedisDecisionLog` for
 several gateways, `decision_log_from_url` picks one) and `decide` are the public entry
 points. Nothing here imports an engine or the runtime: routing is a pure function of facts,
-policy and live state. Names load on first use; scikit-learn and skops load only to train or
-load an artifact.
+policy and live state. Names load on first use; scikit-learn and skops load only to train, or
+to load an artifact without its weights file (`artifact.read_weights`).
 """
 
 from __future__ import annotations

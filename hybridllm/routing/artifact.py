@@ -1,4 +1,5 @@
-"""The router artifact on disk: `router.skops` plus `manifest.json`, in one directory.
+"""The router artifact on disk: `router.skops` plus `manifest.json`, in one directory, and
+(since issue 45) `router.npz`, the same fitted numbers as plain arrays.
 
 The skops file holds the fitted scikit-learn estimators, per head of the router (see
 `router.FORMS`) a linear classifier and its Platt calibrator, and is loaded with an explicit
@@ -15,15 +16,25 @@ format, the skops file's hash matches, the feature version matches; then the ver
   golden scores check exactly that (and numpy, and the features) on this install;
 - without `golden` (older manifests), the scikit-learn minor version must match the training's.
 
+`router.npz` holds each estimator's `coef_` and `intercept_` (all that scoring reads), written
+beside the skops file at training; the manifest's `weights` records its sha256 and the skops
+file's it was taken from. Loading reads it, with numpy alone (`allow_pickle=False`), where it
+is there and was taken from the skops file present: importing scikit-learn and skops to unpickle
+took 2 s of a client's start here (issue 45). A weights file whose hash does not match is
+tampered with; one taken from another skops file (that file replaced since), or none, and the
+skops file is unpickled as before. The golden scores check what was read either way.
+
 Each failure is a RouterArtifactError with a `reason`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +50,7 @@ from hybridllm.routing.labels import LABELS
 FORMAT = 2  # 2: estimators per head, manifest "heads"; 1: one head, {classifier, calibrator}
 READS = (1, 2)
 MODEL_FILE = "router.skops"
+WEIGHTS_FILE = "router.npz"
 MANIFEST_FILE = "manifest.json"
 ROUTER_DIR_ENV = "HYBRIDLLM_ROUTER_DIR"
 TRUSTED_TYPES = ["sklearn.linear_model._logistic.LogisticRegression"]
@@ -114,9 +126,11 @@ def load_parts(directory: Path) -> Parts:
         )
     _check_versions(manifest, mpath)
     names = list(manifest.get("heads", FORMS["single"]))
+    estimators = read_weights(directory, manifest, names) if fmt != 1 else None
     try:
-        estimators = _load_estimators(blob, fpath, names, flat=fmt == 1,
-                                      verified="golden" in manifest)  # fmt: skip
+        if estimators is None:
+            estimators = _load_estimators(blob, fpath, names, flat=fmt == 1,
+                                          verified="golden" in manifest)  # fmt: skip
     except RouterArtifactError as exc:
         trained, here = _sklearn_versions(manifest)
         if exc.reason == "malformed" and _minor(trained) != _minor(here):
@@ -171,7 +185,69 @@ def load_extra(directory: Path, manifest: dict[str, Any], keys: list[str]) -> di
     if sha256_hex(blob) != manifest["artifact"]["sha256"]:
         raise RouterArtifactError("router file changed since its manifest was checked",
                                   path=fpath, reason="tampered")  # fmt: skip
+    weights = read_weights(directory, manifest, keys)
+    if weights is not None:
+        return weights
     return _load_estimators(blob, fpath, keys, flat=False, verified=True)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A fitted linear model's numbers as scoring reads them (`coef_`, `intercept_`), read
+    from `router.npz` in place of the scikit-learn estimator they were taken from."""
+
+    coef_: np.ndarray
+    intercept_: np.ndarray
+
+
+def weights_blob(estimators: dict[str, Any]) -> bytes:
+    """`router.npz`'s bytes for {key: {"classifier", "calibrator"}} fitted estimators: each
+    one's `coef_` and `intercept_` as float64 arrays, in name order, with fixed zip dates (the
+    same numbers, the same bytes)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for key, pair in sorted(estimators.items()):
+            for role in ("classifier", "calibrator"):
+                for part in ("coef_", "intercept_"):
+                    info = zipfile.ZipInfo(f"{key}|{role}|{part}.npy", (1980, 1, 1, 0, 0, 0))
+                    array = np.ascontiguousarray(getattr(pair[role], part), dtype=np.float64)
+                    with z.open(info, "w") as f:
+                        np.lib.format.write_array(f, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def read_weights(
+    directory: Path, manifest: dict[str, Any], keys: list[str]
+) -> dict[str, Any] | None:
+    """{key: {"classifier", "calibrator"}} as `Linear`s from `router.npz`, or None where there
+    is none taken from the skops file the manifest names (`_load_estimators` reads that)."""
+    entry = manifest.get("weights")
+    wpath = directory / WEIGHTS_FILE
+    if not isinstance(entry, dict) or entry.get("of") != manifest["artifact"]["sha256"]:
+        return None
+    if not wpath.is_file():
+        return None
+    blob = wpath.read_bytes()
+    if sha256_hex(blob) != entry.get("sha256"):
+        raise RouterArtifactError(
+            "router weights file sha256 does not match the manifest's (modified or tampered with)",
+            path=wpath,
+            reason="tampered",
+        )
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        return {
+            key: {
+                role: Linear(arrays[f"{key}|{role}|coef_"], arrays[f"{key}|{role}|intercept_"])
+                for role in ("classifier", "calibrator")
+            }
+            for key in keys
+        }
+    except (ValueError, KeyError, OSError) as exc:
+        raise RouterArtifactError(
+            f"router weights file does not load ({exc!r})", path=wpath, reason="malformed"
+        ) from exc
 
 
 def _check_versions(manifest: dict[str, Any], mpath: Path) -> None:

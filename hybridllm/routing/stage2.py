@@ -98,7 +98,7 @@ class Stage2:
         return threshold_of(self.calibration, cloud_share, quality_floor)
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest's description (the heads' numbers are in the skops file)."""
+        """The manifest's description (the heads' numbers are in the skops and weights files)."""
         return {
             "signal_names": list(self.signal_names),
             "text_inputs": self.text_inputs,

@@ -16,8 +16,10 @@ from hybridllm.routing.artifact import (
     FORMAT,
     MANIFEST_FILE,
     MODEL_FILE,
+    WEIGHTS_FILE,
     library_versions,
     sha256_hex,
+    weights_blob,
 )
 from hybridllm.routing.heads import Head
 from hybridllm.routing.router import Router
@@ -39,15 +41,19 @@ def save_router(
     manifest: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write `router.skops` and `manifest.json` (the manifest gains format, versions, hashes).
+    """Write `router.skops`, `router.npz` (the same numbers as plain arrays, read at load
+    without scikit-learn) and `manifest.json` (it gains format, versions, hashes).
 
     `estimators`: {head name: {"classifier", "calibrator"}} in `router.FORMS` order; `extra`:
     more estimators under other keys in the same file (stage 2, `load_extra`)."""
     import skops.io as sio
 
     directory.mkdir(parents=True, exist_ok=True)
-    blob = sio.dumps({**estimators, **(extra or {})})
+    every = {**estimators, **(extra or {})}
+    blob = sio.dumps(every)
     (directory / MODEL_FILE).write_bytes(blob)
+    weights = weights_blob(every)
+    (directory / WEIGHTS_FILE).write_bytes(weights)
     full = {
         "format": FORMAT,
         "feature_version": F.FEATURE_VERSION,
@@ -57,6 +63,7 @@ def save_router(
         **manifest,
         "heads": list(estimators),
         "artifact": {"file": MODEL_FILE, "sha256": sha256_hex(blob), "bytes": len(blob)},
+        "weights": {"file": WEIGHTS_FILE, "sha256": sha256_hex(weights), "of": sha256_hex(blob)},
     }
     text = json.dumps(full, indent=1, sort_keys=False) + "\n"
     (directory / MANIFEST_FILE).write_text(text)
@@ -65,7 +72,8 @@ def save_router(
 
 def save_recalibrated(router: Router, directory: Path) -> Path:
     """Write a copy of `router`'s artifact with its current calibration (e.g. after
-    `Router.recalibrate` on traffic) to `directory`; the skops file is copied unchanged."""
+    `Router.recalibrate` on traffic) to `directory`; the skops and weights files are copied
+    unchanged."""
     if router.path is None:
         raise RouterArtifactError("router was not loaded from disk", path=directory,
                                   reason="missing")  # fmt: skip
@@ -76,6 +84,9 @@ def save_recalibrated(router: Router, directory: Path) -> Path:
                                   path=router.path / MODEL_FILE, reason="tampered")  # fmt: skip
     if directory.resolve() != router.path.resolve():
         (directory / MODEL_FILE).write_bytes(blob)
+        weights = router.path / WEIGHTS_FILE  # its numbers, read at load (absent: unpickled)
+        if weights.is_file():
+            (directory / WEIGHTS_FILE).write_bytes(weights.read_bytes())
     manifest = {**router.manifest, "calibration": router.calibration.to_json()}
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
     return directory

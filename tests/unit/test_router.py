@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from hybridllm.errors import RouterArtifactError, RouterThresholdError
 from hybridllm.routing import Router
+from hybridllm.routing.artifact import default_dir as artifact_dir
 from hybridllm.training.data import by_split, load_examples, split_of
 from hybridllm.training.metrics import calibration_from_labelled
 from hybridllm.training.train import feature_matrix, train
@@ -180,6 +183,88 @@ def test_tampered_file_is_refused(artifact: Path) -> None:
     assert _reason(artifact) == "tampered"
 
 
+def _load_in_a_fresh_interpreter(path: Path | None) -> dict[str, Any]:
+    code = (
+        "import json, sys\n"
+        "from hybridllm.routing import Router\n"
+        f"r = Router.load({str(path)!r} if {path is not None} else None)\n"
+        "print(json.dumps({'score': r.score('Who wrote Moby-Dick?'), 'stage2': sorted(r.stage2),"
+        " 'imported': [m for m in ('sklearn', 'skops', 'scipy') if m in sys.modules]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("which", ["trained", "shipped"])
+def test_the_weights_file_is_read_without_scikit_learn(
+    trained: Path, tmp_path: Path, which: str
+) -> None:
+    """Loading reads `router.npz` with numpy alone (the golden scores check it); without it,
+    the skops file is unpickled, to the same scores."""
+    source = trained if which == "trained" else None
+    fast = _load_in_a_fresh_interpreter(source)
+    assert fast["imported"] == []
+    copy = Path(shutil.copytree(source or artifact_dir(), tmp_path / "copy"))
+    (copy / "router.npz").unlink()
+    slow = _load_in_a_fresh_interpreter(copy)
+    assert "sklearn" in slow["imported"] and "skops" in slow["imported"]
+    assert fast["score"] == slow["score"] and fast["stage2"] == slow["stage2"]
+    if which == "shipped":
+        assert fast["stage2"]  # stage 2's estimators come from the weights file too
+
+
+def test_a_weights_file_that_does_not_match_its_hash_is_refused(artifact: Path) -> None:
+    blob = bytearray((artifact / "router.npz").read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (artifact / "router.npz").write_bytes(bytes(blob))
+    assert _reason(artifact) == "tampered"
+
+
+def test_weights_taken_from_another_skops_file_are_not_read(
+    artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridllm.routing import artifact as artifact_module
+
+    unpickled: list[list[str]] = []
+    real = artifact_module._load_estimators
+
+    def counted(blob: bytes, fpath: Path, heads: list[str], **kw: Any) -> dict[str, Any]:
+        unpickled.append(heads)
+        return real(blob, fpath, heads, **kw)
+
+    monkeypatch.setattr(artifact_module, "_load_estimators", counted)
+    score = Router.load(artifact).score("Who wrote Moby-Dick?")
+    assert unpickled == []
+    m = json.loads((artifact / "manifest.json").read_text())
+    m["weights"]["of"] = "0" * 64  # taken from a skops file since replaced
+    (artifact / "manifest.json").write_text(json.dumps(m))
+    assert Router.load(artifact).score("Who wrote Moby-Dick?") == score
+    assert unpickled == [["cloud_right", "local_right"]]
+
+
+def test_weights_missing_a_head_are_malformed(artifact: Path) -> None:
+    import hashlib
+
+    from hybridllm.routing.artifact import Linear, weights_blob
+
+    with np.load(artifact / "router.npz") as npz:
+        arrays = {n: npz[n] for n in npz.files}
+    pairs = {
+        "cloud_right": {
+            role: Linear(
+                arrays[f"cloud_right|{role}|coef_"], arrays[f"cloud_right|{role}|intercept_"]
+            )
+            for role in ("classifier", "calibrator")
+        }
+    }
+    blob = weights_blob(pairs)
+    (artifact / "router.npz").write_bytes(blob)
+    entry = json.loads((artifact / "manifest.json").read_text())["weights"]
+    _edit_manifest(artifact, weights={**entry, "sha256": hashlib.sha256(blob).hexdigest()})
+    assert _reason(artifact) == "malformed"
+
+
 def test_missing_files_are_refused(artifact: Path, tmp_path: Path) -> None:
     assert _reason(tmp_path / "nowhere") == "missing"
     (artifact / "router.skops").unlink()
@@ -280,6 +365,7 @@ def test_file_that_fails_to_unpickle_under_another_version_is_a_version_error(
         raise RouterArtifactError("router file does not load", path=artifact, reason="malformed")
 
     monkeypatch.setattr(artifact_module, "_load_estimators", broken)
+    (artifact / "router.npz").unlink()  # the skops file is what is unpickled
     assert _reason(artifact) == "malformed"  # same version: a broken file
     _fake_sklearn(monkeypatch, "0.99.0")  # another minor than the training's, whatever it was
     with pytest.raises(RouterArtifactError, match="does not load with this install") as info:

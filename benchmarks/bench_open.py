@@ -1,0 +1,67 @@
+"""What opening a client costs: `async with HybridClient(...)` with the local engine and a cloud,
+the shipped router loaded (the default) against none (`router=None`), each in a fresh
+interpreter, alternating.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_open.py [--runs N] [--model NAME]
+
+The cloud is a scripted engine (opening it costs nothing), so the figure is the local engine's
+start, the router's load and what runs beside them (the privacy scan's NER pipelines start
+loading on a thread as the cloud's guard opens). Prints each run's seconds and whether the
+router's load imported scikit-learn. No timed assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from benchmarks._report import cpu_model
+
+CHILD = """
+import json, sys, time, anyio
+from hybridllm import HybridClient, LlamaCppEngine
+from hybridllm.engines.scripted import ScriptedEngine
+
+async def main():
+    kw = {} if sys.argv[1] == "default" else {"router": None}
+    local = LlamaCppEngine(sys.argv[2], n_ctx=2048)
+    t = time.perf_counter()
+    async with HybridClient(local=local, cloud=ScriptedEngine("cloud", tokens=["c"]), **kw) as c:
+        opened = time.perf_counter() - t
+        print(json.dumps({"open_s": opened, "router": c.routing.router is not None,
+                          "sklearn": "sklearn" in sys.modules}))
+
+anyio.run(main)
+"""
+
+
+def one(arm: str, model: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, arm, model], capture_output=True, text=True, check=True
+    )
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    args = parser.parse_args()
+    seconds: dict[str, list[float]] = {"default": [], "none": []}
+    print(f"opening a client: {args.model} and a scripted cloud, CPU {cpu_model()}")
+    for _ in range(args.runs):
+        for arm in seconds:
+            r = one(arm, args.model)
+            seconds[arm].append(float(r["open_s"]))  # type: ignore[arg-type]
+            print(f"  router {arm:<8} {r['open_s']:.2f} s (router loaded: {r['router']}, "
+                  f"scikit-learn imported: {r['sklearn']})")  # fmt: skip
+    for arm, xs in seconds.items():
+        print(f"router {arm}: median {statistics.median(xs):.2f} s over {len(xs)} runs")
+
+
+if __name__ == "__main__":
+    main()
