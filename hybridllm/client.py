@@ -271,8 +271,8 @@ class HybridClient:
         self.policy = self.policies.get(policy)
         roster.check(self.policy)  # an engine it names that the client lacks: PolicyError
         preload = _ner_preload(self.policy.under_client(privacy))
-        for guard in self._guards.values():  # its start() loads the privacy scan's NER pipelines
-            guard.preload_privacy = preload
+        for guard in self._guards.values():  # the privacy scan's NER pipelines: `__aenter__`
+            guard.preload_privacy, guard.preload_at_start = preload, False
         gate = GuardBudget(self._guards) if self._guards else None  # a ledger may come later
         self.decision_log = as_decision_log(decision_log)
         self.telemetry = _telemetry(telemetry)
@@ -337,6 +337,8 @@ class HybridClient:
             raise errors.first_error(group) from None
         self.routing.seed_from(self.engines)
         warn_foreign_stage2(self.routing.router, self.engines.values())
+        for guard in self._guards.values():  # once the engines have started, not beside them
+            guard.preload()
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack

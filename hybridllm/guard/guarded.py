@@ -224,9 +224,10 @@ class GuardedEngine:
         get an in-memory one (this process only); a ledger for a model no price covers is a
         `ConfigError`;
         `scanner`: the privacy scan (None: the process's shared one, patterns + NER when
-        installed). `start()` loads its NER pipelines when privacy is on (`privacy` here, or
-        `preload_privacy` set by a client whose policy turns it on). `judge`: the local model
-        as the judge of borderline prompts under "keep-local" (`privacy_judge`; None: none)."""
+        installed). `start()` (or `preload()`) loads its NER pipelines when privacy is on
+        (`privacy` here, or `preload_privacy` set by a client whose policy turns it on).
+        `judge`: the local model as the judge of borderline prompts under "keep-local"
+        (`privacy_judge`; None: none)."""
         if privacy not in PRIVACY_MODES:
             raise ConfigError(f"privacy must be one of {PRIVACY_MODES}, not {privacy!r}")
         if ledger is not None:
@@ -243,6 +244,10 @@ class GuardedEngine:
         self.scanner = scanner or default_scanner()
         self.judge = judge
         self.preload_privacy = False
+        # a client preloads once all its engines have started (`preload`): the pipelines' load
+        # holds the GIL for seconds and slowed the local engine's start beside it 3x
+        self.preload_at_start = True
+        self._preloading = False
         self.ledger: Ledger | None = ledger
         self.caps = tuple(caps)
         # caps of one scope (a policy's own budget), set by the client as it meets the policy
@@ -259,9 +264,15 @@ class GuardedEngine:
 
     async def start(self) -> None:
         await self.inner.start()
-        if self.privacy != "off" or self.preload_privacy:  # off the first request's path
-            # in the background: opening the client does not wait for the NER pipelines (a
-            # scan that needs them meanwhile waits for them on its worker thread)
+        if self.preload_at_start:
+            self.preload()
+
+    def preload(self) -> None:
+        """Load the privacy scan's NER pipelines on a thread where privacy is on (`privacy`, or
+        `preload_privacy`), once: off the first request's path (a scan that needs them
+        meanwhile waits for them on its worker thread)."""
+        if (self.privacy != "off" or self.preload_privacy) and not self._preloading:
+            self._preloading = True
             threading.Thread(target=self.scanner.warm, name="hybridllm-ner", daemon=True).start()
 
     def info(self) -> EngineInfo:

@@ -5,14 +5,17 @@ test_privacy_ner_integration.py; the corpus figures: benchmarks/bench_privacy.py
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 
+import anyio
 import pytest
 
 from hybridllm import ConfigError, HybridClient, Policy
 from hybridllm.engines.base import GenerationRequest
 from hybridllm.guard import privacy_ner
+from hybridllm.guard.guarded import GuardedEngine
 from hybridllm.guard.privacy import kinds
 from hybridllm.guard.privacy_ner import (
     NerLayer,
@@ -285,3 +288,38 @@ def test_scanners_over_the_same_pipelines_share_one_analyzer(
     monkeypatch.setattr(privacy_ner, "find_models", lambda languages: ({"fr": "m_fr"}, []))
     privacy_ner.NerLayer(("fr",)).load()  # other pipelines: built for themselves
     assert built == [{"en": "m_en"}, {"fr": "m_fr"}]
+
+
+class _SlowStart(ScriptedEngine):
+    """A scripted local engine whose start takes a moment (a model's load), noting its end."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__("local", tokens=["l"])
+        self.order = order
+
+    async def start(self) -> None:
+        await super().start()
+        await anyio.sleep(0.02)
+        self.order.append("local started")
+
+
+async def test_a_client_loads_the_ner_pipelines_once_its_engines_have_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pipelines' load holds the GIL for seconds: started beside the local engine's start,
+    it slowed that start about 3x (benchmarks/bench_open.py), so the client starts it after."""
+    order: list[str] = []
+    monkeypatch.setattr(PrivacyScanner, "warm", lambda self: order.append("ner"))
+    cloud = ScriptedEngine("cloud", tokens=["c"])  # its guard opens at once
+    async with HybridClient(local=_SlowStart(order), cloud=cloud, router=None) as client:
+        for thread in threading.enumerate():
+            if thread.name == "hybridllm-ner":
+                thread.join(5)
+        assert order == ["local started", "ner"]
+        assert [g.preload_at_start for g in client._guards.values()] == [False]
+    guard = GuardedEngine(ScriptedEngine("cloud", tokens=["c"]), privacy="keep-local")
+    await guard.start()  # alone, a guard still loads them as it starts
+    for thread in threading.enumerate():
+        if thread.name == "hybridllm-ner":
+            thread.join(5)
+    assert order == ["local started", "ner", "ner"]
