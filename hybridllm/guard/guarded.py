@@ -711,7 +711,7 @@ class BoundGuard:
 def _preload_quietly(scanner: PrivacyScanner) -> None:
     """Load the NER pipelines (seconds of Python, holding the GIL) at the lowest CPU priority
     where a thread can have its own (Linux): on two cores, loading beside a local answer had
-    slowed its decode steps from 27 ms to 330-390 ms; at nice 19 they kept their pace
+    slowed its decode steps from 27 ms to 330-435 ms; at nice 19 they kept their pace
     (benchmarks/bench_open.py). Where nothing else runs, the load takes as long as before."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
