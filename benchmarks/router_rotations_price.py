@@ -7,7 +7,7 @@
 The prompts are bench_router_score's (`-n` held-out prompts of the labels' test split, in the
 same order, one pass). For each multiple-choice prompt, its cycle of rotations is rendered and
 counted against what the KV cache holds after the prompt before it (what bench_router_score's
-engine holds then), exactly as `signals._cycle` counts them before the first rotation: the
+engine holds then), exactly as `signals.rotation_cycle` counts them before the first rotation: the
 tokens they prefill (`fresh`) and the part a local answer does not reuse (`fresh - shared`).
 The engine reads a cycle where that part, at its measured prefill pace, is priced within the
 bound and the whole cycle ends within half the cascade's hold (`rotations_within`); else the
@@ -30,7 +30,7 @@ from benchmarks._report import cpu_model
 from benchmarks.bench_router_score import held_out, pct
 from hybridllm import Policy
 from hybridllm.engines.llama.session import LlamaSession
-from hybridllm.engines.llama.signals import ROTATIONS, _cycle, option_letters
+from hybridllm.engines.llama.signals import ROTATIONS, option_letters, rotation_cycle
 from hybridllm.local.resolve import resolve_model
 from hybridllm.local.settings import DEFAULT_SETTINGS
 from hybridllm.runtime.plans.cascade import rotations_within
@@ -47,7 +47,7 @@ def counts(session: LlamaSession, examples: list[Any]) -> list[tuple[int, int]]:
         if letters:
             session.llm.input_ids[: len(held)] = held  # what the KV cache holds now
             session.llm.n_tokens = len(held)
-            cycle = _cycle(session, msgs, asked, letters, ROTATIONS)
+            cycle = rotation_cycle(session, msgs, asked, letters, ROTATIONS)
             out.append((cycle.fresh, cycle.fresh - cycle.shared))
         held = asked
     session.llm.n_tokens = 0

@@ -180,14 +180,14 @@ def _read_manifest(mpath: Path) -> dict[str, Any]:
 def load_extra(directory: Path, manifest: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """The estimators stored under `keys` beside the heads (stage 2), checked as the heads are
     (file hash, trusted types); a missing key is a RouterArtifactError."""
+    weights = read_weights(directory, manifest, keys)
+    if weights is not None:  # the skops file is not read again
+        return weights
     fpath = directory / MODEL_FILE
     blob = fpath.read_bytes()
     if sha256_hex(blob) != manifest["artifact"]["sha256"]:
         raise RouterArtifactError("router file changed since its manifest was checked",
                                   path=fpath, reason="tampered")  # fmt: skip
-    weights = read_weights(directory, manifest, keys)
-    if weights is not None:
-        return weights
     return _load_estimators(blob, fpath, keys, flat=False, verified=True)
 
 
@@ -221,10 +221,9 @@ def read_weights(
 ) -> dict[str, Any] | None:
     """{key: {"classifier", "calibrator"}} as `Linear`s from `router.npz`, or None where there
     is none taken from the skops file the manifest names (`_load_estimators` reads that)."""
-    entry = manifest.get("weights")
-    wpath = directory / WEIGHTS_FILE
+    entry, wpath = manifest.get("weights"), directory / WEIGHTS_FILE
     if not isinstance(entry, dict) or entry.get("of") != manifest["artifact"]["sha256"]:
-        return None
+        return None  # none, or taken from a skops file since replaced
     if not wpath.is_file():
         return None
     blob = wpath.read_bytes()

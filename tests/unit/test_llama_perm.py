@@ -64,7 +64,7 @@ def test_summarise_without_options_is_nan_and_names_are_signals() -> None:
 
 
 class _Session:
-    """Enough of a `LlamaSession` for `_cycle` and `_rotated`: rendering and tokenizing are
+    """Enough of a `LlamaSession` for `rotation_cycle` and `_rotated`: rendering and tokenizing are
     identity-like; the KV cache holds `cached`."""
 
     def __init__(self, cached: str = "") -> None:
@@ -102,7 +102,7 @@ def _cycle(session: _Session, prompt: str = PROMPT, pace_s: float | None = None)
 
     msgs = [{"role": "user", "content": prompt}]
     asked = session.tokenize(prompt)
-    return llama_signals._cycle(session, msgs, asked, option_letters(prompt), 4, pace_s)
+    return llama_signals.rotation_cycle(session, msgs, asked, option_letters(prompt), 4, pace_s)
 
 
 def test_rotations_given_up_whole_when_past_their_time(

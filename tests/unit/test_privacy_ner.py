@@ -327,7 +327,8 @@ async def test_the_ner_pipelines_load_once_the_engines_have_started_at_the_lowes
             if thread.name == "hybridllm-ner":
                 thread.join(5)
         assert order == ["local started", "ner"]
-        assert [g.preload_at_start for g in client._guards.values()] == [False]
+        guard = client.cloud
+        assert isinstance(guard, GuardedEngine) and guard.preload_at_start is False
     guard = GuardedEngine(ScriptedEngine("cloud", tokens=["c"]), privacy="keep-local")
     await guard.start()  # alone, a guard still loads them as it starts
     for thread in threading.enumerate():

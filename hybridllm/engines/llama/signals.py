@@ -243,7 +243,7 @@ def session_measure(
     seen: dict[str, Any] = {} if detail is None else detail
     try:
         tokens = session.tokenize(session.render(messages))
-        cycle = _cycle(session, messages, tokens, letters, rotations, pace_s)
+        cycle = rotation_cycle(session, messages, tokens, letters, rotations, pace_s)
         cheap = rotations_max_s is None or cycle.price_s is None or cycle.price_s <= rotations_max_s
         t0 = time.perf_counter()
         rotated = _rotated(session, cycle, rotations_by) if cheap else []
@@ -303,7 +303,7 @@ class Cycle:
         return None if self.pace_s is None else (self.fresh - self.shared) * self.pace_s
 
 
-def _cycle(
+def rotation_cycle(
     session: Any,
     messages: Sequence[Any],
     asked: Sequence[int],
