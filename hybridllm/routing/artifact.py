@@ -243,7 +243,7 @@ def read_weights(
             }
             for key in keys
         }
-    except (ValueError, KeyError, OSError) as exc:
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
         raise RouterArtifactError(
             f"router weights file does not load ({exc!r})", path=wpath, reason="malformed"
         ) from exc

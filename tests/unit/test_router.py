@@ -243,6 +243,16 @@ def test_weights_taken_from_another_skops_file_are_not_read(
     assert unpickled == [["cloud_right", "local_right"]]
 
 
+def test_a_weights_file_that_is_not_an_npz_is_malformed(artifact: Path) -> None:
+    import hashlib
+
+    blob = b"PK\x03\x04 not a zip archive"
+    (artifact / "router.npz").write_bytes(blob)
+    entry = json.loads((artifact / "manifest.json").read_text())["weights"]
+    _edit_manifest(artifact, weights={**entry, "sha256": hashlib.sha256(blob).hexdigest()})
+    assert _reason(artifact) == "malformed"
+
+
 def test_weights_missing_a_head_are_malformed(artifact: Path) -> None:
     import hashlib
 
